@@ -1,0 +1,713 @@
+//! The receiving side: verify each block, write it, and make each file appear under its final
+//! name only once it is complete, verified and durable.
+//!
+//! Per file the receiver goes through these states:
+//!
+//! ```text
+//!   (first frame of the file)
+//!        │ exists & policy=skip ──▶ Skipped ─┐
+//!        │ exists & policy=fail ──▶ Failed ──┤
+//!        ▼                                   │
+//!     Writing ── write error / sender gave up ──▶ Failed (temp removed)
+//!        │ all bytes written, digest matches     │
+//!        ▼                                       │
+//!    Finalizing ── (batched: syncfs, rename, fsync dir) ──▶ Done ──▶ resolved
+//! ```
+//!
+//! Data lands in a hidden temporary file `.ferry-<session>-<id>.part` next to the final name.
+//! The file digest is computed in offset order: a block that arrives in order is hashed from
+//! memory; a block that arrives ahead of the cursor is written and hashed later by reading it
+//! back, which comes from the page cache because it was just written. Only algorithms with a
+//! tree structure could avoid that copy; MD5/SHA-256 users need the sequential digest anyway.
+//!
+//! Durability is grouped: the finalizer takes every file that is ready, makes the batch durable
+//! with one `syncfs` (or one `fsync` for a lone file), renames each with `RENAME_NOREPLACE`
+//! unless overwriting, then fsyncs each parent directory once. Many small files therefore share
+//! one sync latency instead of paying one each in series.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fs::File;
+use std::os::fd::OwnedFd;
+use std::os::unix::fs::FileExt;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+
+use bytes::Bytes;
+use ferry_proto::{Block, ChecksumAlgo, CompleteSummary, ErrorCode, ExistingPolicy, FileId, FileMeta, Frame};
+
+use crate::digest::{block_digest, hex, FileHasher};
+use crate::error::FsError;
+use crate::path::{join, split_parent, validate_rel};
+use crate::report::Reporter;
+use crate::root::{self, Root};
+
+/// Where received entries go: `base` (a directory under `root`), with the transfer's top entry
+/// optionally renamed (as `cp src dst` does when `dst` is not a directory).
+#[derive(Debug)]
+pub struct Destination {
+    pub root: Root,
+    pub base: String,
+    pub rename_top: Option<String>,
+}
+
+impl Destination {
+    /// Maps a wire path to a path under the root, refusing anything that is not plainly relative.
+    pub fn map(&self, wire: &str) -> Result<String, FsError> {
+        validate_rel(wire)?;
+        if wire.is_empty() {
+            return Err(FsError::Path(crate::error::PathError::EmptyComponent(String::new())));
+        }
+        let mapped = match &self.rename_top {
+            Some(top) => match wire.split_once('/') {
+                Some((_, rest)) => join(top, rest),
+                None => top.clone(),
+            },
+            None => wire.to_owned(),
+        };
+        Ok(join(&self.base, &mapped))
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct ReceiverConfig {
+    pub existing: ExistingPolicy,
+    pub checksum: ChecksumAlgo,
+    /// Distinguishes this transfer's temporary files from any other's.
+    pub tag: u64,
+}
+
+/// A problem that ends the whole transfer, not just one file.
+#[derive(Debug, thiserror::Error)]
+pub enum RecvError {
+    #[error("peer sent a frame that does not belong on a data connection")]
+    UnexpectedFrame,
+    #[error("peer sent inconsistent metadata for file {0:?}")]
+    Inconsistent(FileId),
+}
+
+/// Merged set of byte ranges `[start, end)` written so far.
+#[derive(Default, Debug)]
+struct Ranges(BTreeMap<u64, u64>);
+
+impl Ranges {
+    /// Inserts a range; returns false when it was entirely present already.
+    fn insert(&mut self, start: u64, end: u64) -> bool {
+        if start == end || self.contains(start, end) {
+            return false;
+        }
+        let (mut s, mut e) = (start, end);
+        // Merge with every overlapping or touching neighbour.
+        let overlapping: Vec<u64> = self.0.range(..=end).filter(|(_, &ve)| ve >= start).map(|(&k, _)| k).collect();
+        for k in overlapping {
+            if let Some(ve) = self.0.remove(&k) {
+                s = s.min(k);
+                e = e.max(ve);
+            }
+        }
+        self.0.insert(s, e);
+        true
+    }
+
+    fn contains(&self, start: u64, end: u64) -> bool {
+        self.0.range(..=start).next_back().is_some_and(|(_, &e)| e >= end)
+    }
+
+    /// End of the contiguous run that contains `at`, if any.
+    fn run_end(&self, at: u64) -> Option<u64> {
+        self.0.range(..=at).next_back().filter(|(_, &e)| e > at).map(|(_, &e)| e)
+    }
+}
+
+struct Writing {
+    file: Arc<File>,
+    dir: Arc<OwnedFd>,
+    dir_rel: String,
+    temp: String,
+    name: String,
+    written: Ranges,
+    hasher: Option<FileHasher>,
+    /// Offset up to which the file digest has consumed the data.
+    cursor: u64,
+    expected: Option<Bytes>,
+}
+
+enum Slot {
+    Writing(Box<Writing>),
+    Finalizing,
+    Done,
+    Skipped,
+    Failed,
+}
+
+struct FileEntry {
+    meta: FileMeta,
+    slot: Mutex<Slot>,
+}
+
+struct FinalizeJob {
+    file: Arc<File>,
+    dir: Arc<OwnedFd>,
+    dir_rel: String,
+    temp: String,
+    name: String,
+    meta: FileMeta,
+    digest: Vec<u8>,
+}
+
+struct Counters {
+    expected: Mutex<Option<(u64, u64, u64)>>,
+    resolved_files: AtomicU64,
+    dirs: AtomicU64,
+    symlinks: AtomicU64,
+    files_done: AtomicU64,
+    bytes_done: AtomicU64,
+    skipped: AtomicU64,
+    failed: AtomicU64,
+    bad_blocks: AtomicU64,
+}
+
+/// A running receiver; `handle` may be called from many threads at once.
+pub struct Receiver {
+    dest: Destination,
+    config: ReceiverConfig,
+    control: flume::Sender<Frame>,
+    reporter: Arc<dyn Reporter>,
+    files: Mutex<HashMap<FileId, Arc<FileEntry>>>,
+    dir_meta: Mutex<Vec<(String, u32, i64)>>,
+    finalize_tx: Mutex<Option<flume::Sender<FinalizeJob>>>,
+    finalizer: Mutex<Option<JoinHandle<()>>>,
+    counters: Counters,
+    errors: Mutex<Vec<String>>,
+    manifest: Mutex<Vec<(String, String)>>,
+    complete: AtomicBool,
+    done_tx: flume::Sender<()>,
+    done_rx: flume::Receiver<()>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Receiver {
+    /// `control` carries `Resend`, `Skipped` and `FileFailed` back to the sender.
+    pub fn new(
+        dest: Destination,
+        config: ReceiverConfig,
+        control: flume::Sender<Frame>,
+        reporter: Arc<dyn Reporter>,
+    ) -> Result<Arc<Self>, FsError> {
+        dest.root.create_dir_all(&dest.base)?;
+        let (finalize_tx, finalize_rx) = flume::unbounded::<FinalizeJob>();
+        let (done_tx, done_rx) = flume::bounded(1);
+        let this = Arc::new(Self {
+            dest,
+            config,
+            control,
+            reporter,
+            files: Mutex::default(),
+            dir_meta: Mutex::default(),
+            finalize_tx: Mutex::new(Some(finalize_tx)),
+            finalizer: Mutex::new(None),
+            counters: Counters {
+                expected: Mutex::new(None),
+                resolved_files: AtomicU64::new(0),
+                dirs: AtomicU64::new(0),
+                symlinks: AtomicU64::new(0),
+                files_done: AtomicU64::new(0),
+                bytes_done: AtomicU64::new(0),
+                skipped: AtomicU64::new(0),
+                failed: AtomicU64::new(0),
+                bad_blocks: AtomicU64::new(0),
+            },
+            errors: Mutex::default(),
+            manifest: Mutex::default(),
+            complete: AtomicBool::new(false),
+            done_tx,
+            done_rx,
+        });
+        // The finalizer holds only a weak reference so that dropping the receiver ends it.
+        let weak = Arc::downgrade(&this);
+        let handle = std::thread::Builder::new()
+            .name("ferry-finalize".into())
+            .spawn(move || finalizer(weak, finalize_rx))
+            .expect("spawning a thread");
+        *lock(&this.finalizer) = Some(handle);
+        Ok(this)
+    }
+
+    /// Resolves (once) when every announced entry has been stored, skipped or failed.
+    pub fn done(&self) -> flume::Receiver<()> {
+        self.done_rx.clone()
+    }
+
+    /// The sender's totals (`Sent`): from now on completion can be detected.
+    pub fn expect(&self, files: u64, dirs: u64, symlinks: u64) {
+        *lock(&self.counters.expected) = Some((files, dirs, symlinks));
+        self.check_complete();
+    }
+
+    /// Handles one frame from a data connection (or a `FileFailed` from the sender).
+    pub fn handle(&self, frame: Frame) -> Result<(), RecvError> {
+        match frame {
+            Frame::Block(b) => self.handle_block(b),
+            Frame::Dir { path, mode, mtime_ns } => {
+                self.handle_dir(&path, mode, mtime_ns);
+                Ok(())
+            }
+            Frame::Symlink { path, target, mtime_ns } => {
+                self.handle_symlink(&path, &target, mtime_ns);
+                Ok(())
+            }
+            Frame::FileFailed { file, message, .. } => {
+                self.sender_gave_up(file, &message);
+                Ok(())
+            }
+            _ => Err(RecvError::UnexpectedFrame),
+        }
+    }
+
+    fn error(&self, msg: String) {
+        self.reporter.on_warning(&msg);
+        lock(&self.errors).push(msg);
+    }
+
+    fn handle_block(&self, block: Block) -> Result<(), RecvError> {
+        let id = block.file.id;
+        let len = block.data.len() as u64;
+        if block_digest(&block.data) != block.digest {
+            self.counters.bad_blocks.fetch_add(1, Ordering::Relaxed);
+            self.reporter.on_bad_block();
+            let _ = self.control.send(Frame::Resend { file: id, offset: block.offset, len: len as u32 });
+            return Ok(());
+        }
+        let entry = self.entry(&block.file)?;
+        let mut slot = lock(&entry.slot);
+        let Slot::Writing(w) = &mut *slot else {
+            return Ok(()); // skipped, failed or already done: late or duplicate block
+        };
+        if let Some(d) = block.file_digest.clone() {
+            w.expected = Some(d);
+        }
+        if w.written.contains(block.offset, block.offset + len) && len > 0 {
+            return Ok(());
+        }
+        let file = w.file.clone();
+        // Write without holding the slot, so other blocks of the same file proceed in parallel.
+        drop(slot);
+        let write = file.write_all_at(&block.data, block.offset);
+        let mut slot = lock(&entry.slot);
+        let Slot::Writing(w) = &mut *slot else {
+            return Ok(());
+        };
+        if let Err(e) = write {
+            let msg = format!("writing {}: {e}", entry.meta.path);
+            let code = FsError::io(&entry.meta.path, e).code();
+            drop(slot);
+            self.fail(&entry, code, msg, true);
+            return Ok(());
+        }
+        w.written.insert(block.offset, block.offset + len);
+        self.reporter.on_bytes(len);
+        // Feed the in-order digest: this block from memory, anything after it from the file.
+        if block.offset == w.cursor {
+            if let Some(h) = w.hasher.as_mut() {
+                h.update(&block.data);
+            }
+            w.cursor += len;
+        }
+        if let Err(e) = catch_up(w) {
+            let msg = format!("reading back {}: {e}", entry.meta.path);
+            drop(slot);
+            self.fail(&entry, ErrorCode::IO, msg, true);
+            return Ok(());
+        }
+        if w.cursor == entry.meta.size && w.expected.is_some() {
+            let Slot::Writing(w) = std::mem::replace(&mut *slot, Slot::Finalizing) else {
+                unreachable!("matched Writing above")
+            };
+            drop(slot);
+            self.verify_and_queue(&entry, *w);
+        }
+        Ok(())
+    }
+
+    fn verify_and_queue(&self, entry: &FileEntry, mut w: Writing) {
+        let digest = w.hasher.take().map(FileHasher::finalize).unwrap_or_default();
+        if Some(digest.as_slice()) != w.expected.as_deref() {
+            *lock(&entry.slot) = Slot::Writing(Box::new(w));
+            self.fail(
+                entry,
+                ErrorCode::CORRUPT,
+                format!("{}: file digest does not match the sender's; not stored", entry.meta.path),
+                true,
+            );
+            return;
+        }
+        let job = FinalizeJob {
+            file: w.file,
+            dir: w.dir,
+            dir_rel: w.dir_rel,
+            temp: w.temp,
+            name: w.name,
+            meta: entry.meta.clone(),
+            digest,
+        };
+        if let Some(tx) = lock(&self.finalize_tx).as_ref() {
+            let _ = tx.send(job);
+        }
+    }
+
+    /// Finds or opens the file a block belongs to.
+    fn entry(&self, meta: &FileMeta) -> Result<Arc<FileEntry>, RecvError> {
+        let mut files = lock(&self.files);
+        if let Some(e) = files.get(&meta.id) {
+            if e.meta != *meta {
+                return Err(RecvError::Inconsistent(meta.id));
+            }
+            return Ok(e.clone());
+        }
+        // The slot is settled before the entry becomes visible, so a block of the same file on
+        // another stream never sees a half-made entry.
+        let (slot, outcome) = match self.open_file(meta) {
+            Ok(Some(w)) => (Slot::Writing(Box::new(w)), Ok(false)),
+            Ok(None) => (Slot::Skipped, Ok(true)),
+            Err(e) => (Slot::Failed, Err(e)),
+        };
+        let entry = Arc::new(FileEntry { meta: meta.clone(), slot: Mutex::new(slot) });
+        files.insert(meta.id, entry.clone());
+        drop(files);
+        match outcome {
+            Ok(false) => {}
+            Ok(true) => {
+                self.counters.skipped.fetch_add(1, Ordering::Relaxed);
+                let _ = self.control.send(Frame::Skipped { file: meta.id });
+                self.resolved();
+            }
+            Err((code, msg)) => self.mark_failed(meta.id, code, msg, true),
+        }
+        Ok(entry)
+    }
+
+    /// Creates the temporary file; `Ok(None)` means "skip, it exists".
+    fn open_file(&self, meta: &FileMeta) -> Result<Option<Writing>, (ErrorCode, String)> {
+        let fail = |e: FsError| (e.code(), format!("{}: {e}", meta.path));
+        let rel = self.dest.map(&meta.path).map_err(fail)?;
+        let (dir_rel, name) = split_parent(&rel);
+        match self.dest.root.lstat(&rel) {
+            Ok(m) if m.kind == root::Kind::Dir => {
+                return Err((ErrorCode::EXISTS, format!("{rel}: a directory is in the way")));
+            }
+            Ok(_) => match self.config.existing {
+                ExistingPolicy::Skip => return Ok(None),
+                ExistingPolicy::Fail => {
+                    return Err((ErrorCode::EXISTS, format!("{rel}: exists (use --overwrite or --skip-existing)")));
+                }
+                ExistingPolicy::Overwrite => {}
+            },
+            Err(e) if e.is_not_found() => {}
+            Err(e) => return Err(fail(e)),
+        }
+        self.dest.root.create_dir_all(dir_rel).map_err(fail)?;
+        let dir = self.dest.root.open_dir(dir_rel).map_err(fail)?;
+        let temp = format!(".ferry-{:016x}-{}.part", self.config.tag, meta.id.0);
+        let file = self.dest.root.create_new_in(&dir, dir_rel, &temp).map_err(fail)?;
+        Ok(Some(Writing {
+            file: Arc::new(file),
+            dir: Arc::new(dir),
+            dir_rel: dir_rel.to_owned(),
+            temp,
+            name: name.to_owned(),
+            written: Ranges::default(),
+            hasher: Some(FileHasher::new(self.config.checksum)),
+            cursor: 0,
+            expected: None,
+        }))
+    }
+
+    /// Marks a file that is being written failed and removes its temporary file; a file in
+    /// any other state keeps it (a late failure cannot undo a file already stored).
+    fn fail(&self, entry: &FileEntry, code: ErrorCode, msg: String, tell: bool) {
+        let old = std::mem::replace(&mut *lock(&entry.slot), Slot::Failed);
+        match old {
+            Slot::Writing(w) => {
+                let _ = rustix::fs::unlinkat(&*w.dir, w.temp.as_str(), rustix::fs::AtFlags::empty());
+                self.mark_failed(entry.meta.id, code, msg, tell);
+            }
+            other => *lock(&entry.slot) = other,
+        }
+    }
+
+    /// Counts a failed file as resolved and, if `tell`, lets the sender stop sending it.
+    fn mark_failed(&self, id: FileId, code: ErrorCode, msg: String, tell: bool) {
+        self.counters.failed.fetch_add(1, Ordering::Relaxed);
+        self.error(msg.clone());
+        if tell {
+            let _ = self.control.send(Frame::FileFailed { file: id, code, message: msg });
+        }
+        self.resolved();
+    }
+
+    /// The sender could not read a file: drop what arrived of it.
+    fn sender_gave_up(&self, id: FileId, message: &str) {
+        let msg = format!("sender: {message}");
+        let mut files = lock(&self.files);
+        match files.get(&id).cloned() {
+            Some(entry) => {
+                drop(files);
+                self.fail(&entry, ErrorCode::IO, msg, false);
+            }
+            None => {
+                let meta = FileMeta { id, path: String::new(), size: 0, mode: 0, mtime_ns: 0 };
+                files.insert(id, Arc::new(FileEntry { meta, slot: Mutex::new(Slot::Failed) }));
+                drop(files);
+                self.mark_failed(id, ErrorCode::IO, msg, false);
+            }
+        }
+    }
+
+    fn handle_dir(&self, path: &str, mode: u32, mtime_ns: i64) {
+        match self.dest.map(path).and_then(|rel| self.dest.root.create_dir_all(&rel).map(|()| rel)) {
+            Ok(rel) => lock(&self.dir_meta).push((rel, mode, mtime_ns)),
+            Err(e) => {
+                self.counters.failed.fetch_add(1, Ordering::Relaxed);
+                self.error(format!("directory {path}: {e}"));
+            }
+        }
+        self.counters.dirs.fetch_add(1, Ordering::Relaxed);
+        self.check_complete();
+    }
+
+    fn handle_symlink(&self, path: &str, target: &str, mtime_ns: i64) {
+        if let Err(msg) = self.make_symlink(path, target, mtime_ns) {
+            self.counters.failed.fetch_add(1, Ordering::Relaxed);
+            self.error(msg);
+        }
+        self.counters.symlinks.fetch_add(1, Ordering::Relaxed);
+        self.check_complete();
+    }
+
+    fn make_symlink(&self, path: &str, target: &str, mtime_ns: i64) -> Result<(), String> {
+        if target.is_empty() || target.contains('\0') {
+            return Err(format!("symlink {path}: invalid target"));
+        }
+        let rel = self.dest.map(path).map_err(|e| format!("symlink {path}: {e}"))?;
+        let (dir_rel, name) = split_parent(&rel);
+        let err = |e: &dyn std::fmt::Display| format!("symlink {rel}: {e}");
+        if self.dest.root.lstat(&rel).is_ok() {
+            match self.config.existing {
+                ExistingPolicy::Skip => {
+                    self.counters.skipped.fetch_add(1, Ordering::Relaxed);
+                    return Ok(());
+                }
+                ExistingPolicy::Fail => return Err(err(&"exists (use --overwrite or --skip-existing)")),
+                ExistingPolicy::Overwrite => {}
+            }
+        }
+        self.dest.root.create_dir_all(dir_rel).map_err(|e| err(&e))?;
+        let dir = self.dest.root.open_dir(dir_rel).map_err(|e| err(&e))?;
+        let temp = format!(".ferry-{:016x}-l{}.part", self.config.tag, self.counters.symlinks.load(Ordering::Relaxed));
+        root::symlink_in(&dir, &temp, target).map_err(|e| err(&e))?;
+        let _ = root::set_link_mtime(&dir, &temp, mtime_ns);
+        let replace = self.config.existing == ExistingPolicy::Overwrite;
+        if let Err(e) = root::rename_in(&dir, &temp, name, replace) {
+            let _ = rustix::fs::unlinkat(&dir, temp.as_str(), rustix::fs::AtFlags::empty());
+            return Err(err(&e));
+        }
+        Ok(())
+    }
+
+    fn resolved(&self) {
+        self.counters.resolved_files.fetch_add(1, Ordering::AcqRel);
+        self.check_complete();
+    }
+
+    fn check_complete(&self) {
+        let Some((files, dirs, symlinks)) = *lock(&self.counters.expected) else {
+            return;
+        };
+        let c = &self.counters;
+        if c.resolved_files.load(Ordering::Acquire) >= files
+            && c.dirs.load(Ordering::Acquire) >= dirs
+            && c.symlinks.load(Ordering::Acquire) >= symlinks
+            && !self.complete.swap(true, Ordering::AcqRel)
+        {
+            let _ = self.done_tx.try_send(());
+        }
+    }
+
+    /// After completion: stops the finalizer, applies directory metadata (deepest first, since
+    /// creating entries changes a directory's mtime) and makes the directories durable.
+    pub fn finish(&self) -> CompleteSummary {
+        lock(&self.finalize_tx).take();
+        if let Some(h) = lock(&self.finalizer).take() {
+            let _ = h.join();
+        }
+        let mut dirs = std::mem::take(&mut *lock(&self.dir_meta));
+        dirs.sort_by_key(|(rel, _, _)| std::cmp::Reverse(rel.matches('/').count()));
+        let mut synced = HashSet::new();
+        for (rel, mode, mtime) in &dirs {
+            if let Err(e) = self.dest.root.set_dir_meta(rel, *mode, *mtime) {
+                self.error(format!("directory {rel}: {e}"));
+            }
+            let (parent, _) = split_parent(rel);
+            for d in [rel.as_str(), parent] {
+                if synced.insert(d.to_owned()) {
+                    if let Ok(fd) = self.dest.root.open_dir(d) {
+                        let _ = root::fsync(&fd);
+                    }
+                }
+            }
+        }
+        let c = &self.counters;
+        CompleteSummary {
+            files: c.files_done.load(Ordering::Relaxed),
+            bytes: c.bytes_done.load(Ordering::Relaxed),
+            skipped: c.skipped.load(Ordering::Relaxed),
+            failed: c.failed.load(Ordering::Relaxed),
+            bad_blocks: c.bad_blocks.load(Ordering::Relaxed),
+        }
+    }
+
+    /// The transfer broke off: remove the temporary files it created.
+    pub fn abort(&self) {
+        lock(&self.finalize_tx).take();
+        let files: Vec<_> = lock(&self.files).values().cloned().collect();
+        for e in files {
+            if let Slot::Writing(w) = &*lock(&e.slot) {
+                let _ = rustix::fs::unlinkat(&*w.dir, w.temp.as_str(), rustix::fs::AtFlags::empty());
+            }
+        }
+    }
+
+    pub fn errors(&self) -> Vec<String> {
+        lock(&self.errors).clone()
+    }
+
+    /// `(path under the root, hex digest)` of every stored file, for `--manifest`.
+    pub fn manifest(&self) -> Vec<(String, String)> {
+        let mut m = lock(&self.manifest).clone();
+        m.sort();
+        m
+    }
+
+    /// Bad blocks seen so far.
+    pub fn bad_blocks(&self) -> u64 {
+        self.counters.bad_blocks.load(Ordering::Relaxed)
+    }
+}
+
+/// Advances the in-order digest over blocks that were written ahead of the cursor.
+fn catch_up(w: &mut Writing) -> std::io::Result<()> {
+    let Some(end) = w.written.run_end(w.cursor) else {
+        return Ok(());
+    };
+    let Some(h) = w.hasher.as_mut() else {
+        return Ok(());
+    };
+    let mut buf = vec![0u8; (end - w.cursor).min(1 << 20) as usize];
+    while w.cursor < end {
+        let n = (end - w.cursor).min(buf.len() as u64) as usize;
+        w.file.read_exact_at(&mut buf[..n], w.cursor)?;
+        h.update(&buf[..n]);
+        w.cursor += n as u64;
+    }
+    Ok(())
+}
+
+/// Makes ready files durable in batches, then gives them their final names.
+fn finalizer(receiver: std::sync::Weak<Receiver>, jobs: flume::Receiver<FinalizeJob>) {
+    while let Ok(first) = jobs.recv() {
+        let mut batch = vec![first];
+        while batch.len() < 4096 {
+            match jobs.try_recv() {
+                Ok(j) => batch.push(j),
+                Err(_) => break,
+            }
+        }
+        let Some(rx) = receiver.upgrade() else { return };
+        rx.finalize_batch(batch);
+    }
+}
+
+impl Receiver {
+    fn finalize_batch(&self, batch: Vec<FinalizeJob>) {
+        let mut ok = Vec::with_capacity(batch.len());
+        for job in batch {
+            match root::set_file_meta(&job.file, job.meta.mode, job.meta.mtime_ns) {
+                Ok(()) => ok.push(job),
+                Err(e) => self.finalize_failed(&job, format!("{}: setting mode/mtime: {e}", job.meta.path), e),
+            }
+        }
+        // One sync for the batch: syncfs when several files share it, fsync for a lone file.
+        let sync = match ok.as_slice() {
+            [] => Ok(()),
+            [one] => root::fsync(&*one.file),
+            [first, ..] => root::syncfs(&*first.file),
+        };
+        if let Err(e) = sync {
+            for job in &ok {
+                self.finalize_failed(job, format!("{}: sync: {e}", job.meta.path), std::io::Error::from(e.kind()));
+            }
+            return;
+        }
+        let replace = self.config.existing == ExistingPolicy::Overwrite;
+        let mut dirs: HashMap<String, Arc<OwnedFd>> = HashMap::new();
+        for job in ok {
+            match root::rename_in(&job.dir, &job.temp, &job.name, replace) {
+                Ok(()) => {
+                    dirs.entry(job.dir_rel.clone()).or_insert_with(|| job.dir.clone());
+                    let c = &self.counters;
+                    c.files_done.fetch_add(1, Ordering::Relaxed);
+                    c.bytes_done.fetch_add(job.meta.size, Ordering::Relaxed);
+                    let path = join(&job.dir_rel, &job.name);
+                    lock(&self.manifest).push((path, hex(&job.digest)));
+                    if let Some(e) = lock(&self.files).get(&job.meta.id) {
+                        *lock(&e.slot) = Slot::Done;
+                    }
+                    self.reporter.on_file_done();
+                    self.resolved();
+                }
+                Err(e) => {
+                    let msg = format!("{}: cannot rename into place: {e}", join(&job.dir_rel, &job.name));
+                    self.finalize_failed(&job, msg, e);
+                }
+            }
+        }
+        for dir in dirs.values() {
+            let _ = root::fsync(&**dir);
+        }
+    }
+
+    fn finalize_failed(&self, job: &FinalizeJob, msg: String, e: std::io::Error) {
+        let _ = rustix::fs::unlinkat(&*job.dir, job.temp.as_str(), rustix::fs::AtFlags::empty());
+        if let Some(entry) = lock(&self.files).get(&job.meta.id) {
+            *lock(&entry.slot) = Slot::Failed;
+        }
+        let code = FsError::io(&job.meta.path, e).code();
+        self.counters.failed.fetch_add(1, Ordering::Relaxed);
+        self.error(msg.clone());
+        let _ = self.control.send(Frame::FileFailed { file: job.meta.id, code, message: msg });
+        self.resolved();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges_merge_and_report_runs() {
+        let mut r = Ranges::default();
+        assert!(r.insert(10, 20));
+        assert!(r.insert(30, 40));
+        assert_eq!(r.run_end(0), None);
+        assert!(r.insert(0, 10));
+        assert_eq!(r.run_end(0), Some(20));
+        assert!(!r.insert(12, 18));
+        assert!(r.insert(20, 30));
+        assert_eq!(r.run_end(5), Some(40));
+        assert!(r.contains(0, 40));
+        assert!(!r.contains(0, 41));
+    }
+}

@@ -1,0 +1,23 @@
+//! Progress reporting. Libraries never print: they tell a [`Reporter`], and the binary decides
+//! whether that becomes a progress bar, a final line, JSON or nothing.
+
+/// Receives progress events from any thread. Every method has an empty default.
+pub trait Reporter: Send + Sync {
+    /// The walk found more work (files and bytes), before it is sent.
+    fn on_discovered(&self, _files: u64, _bytes: u64) {}
+    /// The walk is over: totals are final, so an ETA is meaningful.
+    fn on_walk_done(&self) {}
+    /// Payload bytes sent (sender) or written (receiver).
+    fn on_bytes(&self, _n: u64) {}
+    /// A file finished (read completely on the sender, durable under its name on the receiver).
+    fn on_file_done(&self) {}
+    /// A block failed its digest and will be sent again.
+    fn on_bad_block(&self) {}
+    /// Something worth telling the user that does not stop the transfer.
+    fn on_warning(&self, _msg: &str) {}
+}
+
+/// A reporter that ignores everything.
+pub struct NoReporter;
+
+impl Reporter for NoReporter {}

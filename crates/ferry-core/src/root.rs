@@ -1,0 +1,305 @@
+//! A directory that all file operations of a transfer are confined to.
+//!
+//! Paths are never resolved by string: every operation opens the parent directory with
+//! `openat2(RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS)` relative to the root's fd and then acts on
+//! the last component relative to that parent, which the kernel does not follow. A `..`, an
+//! absolute symlink, or a symlink swapped in mid-transfer that leads outside therefore fails with
+//! `EXDEV` instead of touching anything outside the root. Symlinks that stay inside are followed,
+//! as `cp` would.
+
+use std::fs::File;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::path::{Path, PathBuf};
+
+use rustix::fs::{self as rfs, AtFlags, FileType, Mode, OFlags, ResolveFlags, Timespec, Timestamps};
+
+use crate::error::FsError;
+use crate::path::{split_parent, validate_rel};
+
+const RESOLVE: ResolveFlags = ResolveFlags::BENEATH.union(ResolveFlags::NO_MAGICLINKS);
+
+/// What a path names, without following a final symlink.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    File,
+    Dir,
+    Symlink,
+    Other,
+}
+
+/// `lstat` of an entry, reduced to what ferry transfers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Meta {
+    pub kind: Kind,
+    pub size: u64,
+    pub mode: u32,
+    pub mtime_ns: i64,
+}
+
+impl Meta {
+    pub fn from_stat(st: &rfs::Stat) -> Self {
+        let kind = match FileType::from_raw_mode(st.st_mode) {
+            FileType::RegularFile => Kind::File,
+            FileType::Directory => Kind::Dir,
+            FileType::Symlink => Kind::Symlink,
+            _ => Kind::Other,
+        };
+        Self {
+            kind,
+            size: st.st_size as u64,
+            mode: st.st_mode & 0o7777,
+            mtime_ns: (st.st_mtime as i64)
+                .saturating_mul(1_000_000_000)
+                .saturating_add(st.st_mtime_nsec as i64),
+        }
+    }
+}
+
+/// Converts nanoseconds since the epoch into the kernel's timestamp pair (atime = mtime).
+pub fn timestamps(mtime_ns: i64) -> Timestamps {
+    let ts = Timespec {
+        tv_sec: mtime_ns.div_euclid(1_000_000_000),
+        tv_nsec: mtime_ns.rem_euclid(1_000_000_000) as _,
+    };
+    Timestamps { last_access: ts, last_modification: ts }
+}
+
+/// An open directory that confines every relative path given to it.
+#[derive(Debug)]
+pub struct Root {
+    fd: OwnedFd,
+    path: PathBuf,
+}
+
+impl Root {
+    /// Opens `path` (which must be a directory) as a root.
+    pub fn open(path: impl AsRef<Path>) -> Result<Self, FsError> {
+        let path = path.as_ref();
+        let fd = rfs::open(path, OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())
+            .map_err(|e| FsError::io(path.display().to_string(), e))?;
+        Ok(Self { fd, path: path.to_path_buf() })
+    }
+
+    /// Where this root is, for messages only; never used to resolve anything.
+    pub fn display_path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+
+    /// Opens a sub-directory as a new root confined to it.
+    pub fn subroot(&self, rel: &str) -> Result<Self, FsError> {
+        let fd = self.open_dir(rel)?;
+        Ok(Self { fd, path: self.path.join(rel) })
+    }
+
+    /// Opens a directory beneath the root (the root itself for `""`).
+    pub fn open_dir(&self, rel: &str) -> Result<OwnedFd, FsError> {
+        validate_rel(rel)?;
+        let p = if rel.is_empty() { "." } else { rel };
+        rfs::openat2(
+            &self.fd,
+            p,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+            RESOLVE,
+        )
+        .map_err(|e| FsError::io(rel, e))
+    }
+
+    /// Opens the parent of `rel` and returns it with the final component.
+    fn parent<'a>(&self, rel: &'a str) -> Result<(OwnedFd, &'a str), FsError> {
+        validate_rel(rel)?;
+        let (parent, name) = split_parent(rel);
+        if name.is_empty() {
+            return Err(FsError::io(rel, rustix::io::Errno::INVAL));
+        }
+        Ok((self.open_dir(parent)?, name))
+    }
+
+    /// `lstat` beneath the root: a final symlink is reported, not followed.
+    pub fn lstat(&self, rel: &str) -> Result<Meta, FsError> {
+        if rel.is_empty() {
+            let st = rfs::fstat(&self.fd).map_err(|e| FsError::io(rel, e))?;
+            return Ok(Meta::from_stat(&st));
+        }
+        let (dir, name) = self.parent(rel)?;
+        let st = rfs::statat(&dir, name, AtFlags::SYMLINK_NOFOLLOW).map_err(|e| FsError::io(rel, e))?;
+        Ok(Meta::from_stat(&st))
+    }
+
+    /// Opens a regular file for reading. A final symlink is refused (`O_NOFOLLOW`), so a link
+    /// swapped in after the walk saw a file cannot redirect the read.
+    pub fn open_read(&self, rel: &str) -> Result<File, FsError> {
+        validate_rel(rel)?;
+        let fd = rfs::openat2(
+            &self.fd,
+            rel,
+            OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+            RESOLVE,
+        )
+        .map_err(|e| FsError::io(rel, e))?;
+        Ok(File::from(fd))
+    }
+
+    /// Reads a symlink's target.
+    pub fn read_link(&self, rel: &str) -> Result<String, FsError> {
+        let (dir, name) = self.parent(rel)?;
+        let target = rfs::readlinkat(&dir, name, Vec::new()).map_err(|e| FsError::io(rel, e))?;
+        target
+            .into_string()
+            .map_err(|_| FsError::io(rel, std::io::Error::other("symlink target is not UTF-8")))
+    }
+
+    /// Lists a directory's entries (names only, without `.` and `..`), sorted for determinism.
+    pub fn read_dir(&self, rel: &str) -> Result<Vec<(String, Option<Kind>)>, FsError> {
+        let fd = self.open_dir(rel)?;
+        let mut dir = rfs::Dir::new(fd).map_err(|e| FsError::io(rel, e))?;
+        let mut out = Vec::new();
+        while let Some(ent) = dir.read() {
+            let ent = ent.map_err(|e| FsError::io(rel, e))?;
+            let name = ent.file_name().to_bytes();
+            if name == b"." || name == b".." {
+                continue;
+            }
+            let Ok(name) = std::str::from_utf8(name) else {
+                return Err(FsError::io(
+                    format!("{rel}/{}", String::from_utf8_lossy(name)),
+                    std::io::Error::other("file name is not UTF-8; ferry transfers UTF-8 names only"),
+                ));
+            };
+            let kind = match ent.file_type() {
+                FileType::RegularFile => Some(Kind::File),
+                FileType::Directory => Some(Kind::Dir),
+                FileType::Symlink => Some(Kind::Symlink),
+                FileType::Unknown => None,
+                _ => Some(Kind::Other),
+            };
+            out.push((name.to_owned(), kind));
+        }
+        out.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        Ok(out)
+    }
+
+    /// Creates `rel` and any missing parents, like `mkdir -p`, each step confined.
+    pub fn create_dir_all(&self, rel: &str) -> Result<(), FsError> {
+        validate_rel(rel)?;
+        if rel.is_empty() {
+            return Ok(());
+        }
+        // Fast path: most calls find the directory already there.
+        if self.open_dir(rel).is_ok() {
+            return Ok(());
+        }
+        let mut done = 0;
+        for (i, _) in rel.match_indices('/').chain(std::iter::once((rel.len(), ""))) {
+            let prefix = &rel[..i];
+            let (dir, name) = self.parent(prefix)?;
+            match rfs::mkdirat(&dir, name, Mode::from_raw_mode(0o755)) {
+                Ok(()) => {}
+                Err(rustix::io::Errno::EXIST) => {
+                    // Must be a directory (or a link to one inside the root).
+                    self.open_dir(prefix)?;
+                }
+                Err(e) => return Err(FsError::io(prefix, e)),
+            }
+            done = i;
+        }
+        debug_assert_eq!(done, rel.len());
+        Ok(())
+    }
+
+    /// Creates a new file `name` in directory `dir_rel` with `O_EXCL`, readable only by the
+    /// owner until it is finished.
+    pub fn create_new_in(&self, dir: &OwnedFd, dir_rel: &str, name: &str) -> Result<File, FsError> {
+        let fd = rfs::openat2(
+            dir,
+            name,
+            OFlags::RDWR | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::from_raw_mode(0o600),
+            RESOLVE,
+        )
+        .map_err(|e| FsError::io(crate::path::join(dir_rel, name), e))?;
+        Ok(File::from(fd))
+    }
+
+    /// Unlinks a file (not a directory) beneath the root; missing is fine.
+    pub fn remove_file(&self, rel: &str) -> Result<(), FsError> {
+        let (dir, name) = self.parent(rel)?;
+        match rfs::unlinkat(&dir, name, AtFlags::empty()) {
+            Ok(()) | Err(rustix::io::Errno::NOENT) => Ok(()),
+            Err(e) => Err(FsError::io(rel, e)),
+        }
+    }
+
+    /// Sets mode and mtime of a directory or a file (following nothing at the last component).
+    pub fn set_dir_meta(&self, rel: &str, mode: u32, mtime_ns: i64) -> Result<(), FsError> {
+        let fd = self.open_dir(rel)?;
+        rfs::fchmod(&fd, Mode::from_raw_mode(mode & 0o7777)).map_err(|e| FsError::io(rel, e))?;
+        rfs::futimens(&fd, &timestamps(mtime_ns)).map_err(|e| FsError::io(rel, e))?;
+        Ok(())
+    }
+}
+
+/// Renames `from` to `to` within one directory; with `replace` false an existing `to` is kept
+/// and `EEXIST` returned (`RENAME_NOREPLACE`), so a file that appeared meanwhile is never lost.
+pub fn rename_in(dir: &OwnedFd, from: &str, to: &str, replace: bool) -> std::io::Result<()> {
+    let flags = if replace { rfs::RenameFlags::empty() } else { rfs::RenameFlags::NOREPLACE };
+    rfs::renameat_with(dir, from, dir, to, flags).map_err(Into::into)
+}
+
+/// Creates a symlink `name` in `dir`.
+pub fn symlink_in(dir: &OwnedFd, name: &str, target: &str) -> std::io::Result<()> {
+    rfs::symlinkat(target, dir, name).map_err(Into::into)
+}
+
+/// Sets a symlink's own mtime.
+pub fn set_link_mtime(dir: &OwnedFd, name: &str, mtime_ns: i64) -> std::io::Result<()> {
+    rfs::utimensat(dir, name, &timestamps(mtime_ns), AtFlags::SYMLINK_NOFOLLOW).map_err(Into::into)
+}
+
+/// Sets mode and mtime on an open file.
+pub fn set_file_meta(file: &File, mode: u32, mtime_ns: i64) -> std::io::Result<()> {
+    rfs::fchmod(file, Mode::from_raw_mode(mode & 0o7777))?;
+    rfs::futimens(file, &timestamps(mtime_ns))?;
+    Ok(())
+}
+
+/// Flushes the whole file system holding `fd`: one call makes a batch of small files durable
+/// instead of one fsync latency per file.
+pub fn syncfs(fd: impl AsFd) -> std::io::Result<()> {
+    rfs::syncfs(fd).map_err(Into::into)
+}
+
+pub fn fsync(fd: impl AsFd) -> std::io::Result<()> {
+    rfs::fsync(fd).map_err(Into::into)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn confines_symlinks_and_dotdot() {
+        let outer = tempfile::tempdir().unwrap();
+        let root_dir = outer.path().join("root");
+        std::fs::create_dir(&root_dir).unwrap();
+        std::fs::write(outer.path().join("secret"), b"s").unwrap();
+        std::os::unix::fs::symlink("../secret", root_dir.join("up")).unwrap();
+        std::os::unix::fs::symlink("/etc", root_dir.join("abs")).unwrap();
+        std::os::unix::fs::symlink("..", root_dir.join("dotdot")).unwrap();
+        let root = Root::open(&root_dir).unwrap();
+        assert!(root.open_read("up").is_err());
+        assert!(matches!(root.open_read("abs/passwd"), Err(FsError::Escapes { .. })));
+        assert!(root.open_read("dotdot/secret").is_err());
+        assert!(root.create_dir_all("dotdot/x").is_err());
+        assert!(root.create_dir_all("abs/x").is_err());
+        assert!(!outer.path().join("x").exists());
+        root.create_dir_all("a/b/c").unwrap();
+        assert!(root_dir.join("a/b/c").is_dir());
+        assert_eq!(root.lstat("up").unwrap().kind, Kind::Symlink);
+    }
+}

@@ -1,0 +1,432 @@
+//! The sending side: walk the sources, read files in blocks, and queue frames for the streams.
+//!
+//! ```text
+//!  walker ──jobs──▶ reader × R ──┐
+//!    │                           ├──frames──▶ (driver) stream × N
+//!    └────── Dir / Symlink ──────┘
+//!  resend worker ◀── Resend requests from the receiver ──┘
+//! ```
+//! The walker streams jobs as it discovers files, so sending starts before the walk ends. Each
+//! reader owns one file at a time and reads it in order, so the file digest is computed in the
+//! same pass as the reads. Frames go into one bounded queue that every stream pulls from: any
+//! stream carries any block of any file, and the bound is what limits memory.
+
+use std::collections::{HashMap, HashSet};
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+use bytes::Bytes;
+use ferry_proto::{Block, ChecksumAlgo, ErrorCode, FileId, FileMeta, Frame};
+
+use crate::digest::{block_digest, FileHasher};
+use crate::error::FsError;
+use crate::path::join;
+use crate::report::Reporter;
+use crate::root::{Kind, Meta, Root};
+
+/// One thing to send: `rel` under `root`, arriving as `name` at the destination.
+#[derive(Debug)]
+pub struct Source {
+    pub root: Root,
+    pub rel: String,
+    pub name: String,
+}
+
+/// Sender tuning.
+#[derive(Clone, Debug)]
+pub struct SenderConfig {
+    pub block_size: u32,
+    pub checksum: ChecksumAlgo,
+    /// Files read at once. Storage often wants fewer threads than the network has streams.
+    pub readers: usize,
+    /// Test-only fault hook: sequence numbers (0-based, in the order blocks are read) of blocks
+    /// whose data is altered after the digest is computed, once each.
+    pub corrupt_blocks: Vec<u64>,
+}
+
+/// Totals known when the walk is over; they become the `Sent` frame.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WalkTotals {
+    pub files: u64,
+    pub dirs: u64,
+    pub symlinks: u64,
+    pub bytes: u64,
+}
+
+/// What the sender remembers of a file so that a block can be read again on request.
+struct FileRecord {
+    source: usize,
+    rel: String,
+    meta: FileMeta,
+    final_digest: Mutex<Option<Bytes>>,
+    digest: Mutex<Option<Vec<u8>>>,
+}
+
+struct Job {
+    record: Arc<FileRecord>,
+}
+
+struct Shared {
+    sources: Vec<Source>,
+    config: SenderConfig,
+    frames: flume::Sender<Frame>,
+    reporter: Arc<dyn Reporter>,
+    records: Mutex<HashMap<FileId, Arc<FileRecord>>>,
+    skipped: Mutex<HashSet<FileId>>,
+    errors: Mutex<Vec<String>>,
+    block_seq: AtomicU64,
+    corrupt: Mutex<HashSet<u64>>,
+}
+
+/// A running sender. Dropping the frame receiver makes every thread stop at its next send.
+pub struct Sender {
+    shared: Arc<Shared>,
+    walker: Option<JoinHandle<()>>,
+    readers: Vec<JoinHandle<()>>,
+    resend_tx: Option<flume::Sender<(FileId, u64, u32)>>,
+    resender: Option<JoinHandle<()>>,
+    totals_rx: flume::Receiver<WalkTotals>,
+}
+
+impl Sender {
+    /// Starts the walker, readers and the resend worker. Frames appear on `frames`.
+    pub fn start(
+        sources: Vec<Source>,
+        config: SenderConfig,
+        frames: flume::Sender<Frame>,
+        reporter: Arc<dyn Reporter>,
+    ) -> Self {
+        let corrupt = Mutex::new(config.corrupt_blocks.iter().copied().collect());
+        let readers_n = config.readers.max(1);
+        let shared = Arc::new(Shared {
+            sources,
+            config,
+            frames,
+            reporter,
+            records: Mutex::default(),
+            skipped: Mutex::default(),
+            errors: Mutex::default(),
+            block_seq: AtomicU64::new(0),
+            corrupt,
+        });
+        // A small job queue: the walk runs ahead of the readers but not unboundedly.
+        let (job_tx, job_rx) = flume::bounded::<Job>(256);
+        let (totals_tx, totals_rx) = flume::bounded(1);
+        let walker = {
+            let shared = shared.clone();
+            std::thread::Builder::new()
+                .name("ferry-walk".into())
+                .spawn(move || {
+                    let totals = walk(&shared, &job_tx);
+                    shared.reporter.on_walk_done();
+                    let _ = totals_tx.send(totals);
+                })
+                .expect("spawning a thread")
+        };
+        let readers = (0..readers_n)
+            .map(|i| {
+                let shared = shared.clone();
+                let job_rx = job_rx.clone();
+                std::thread::Builder::new()
+                    .name(format!("ferry-read-{i}"))
+                    .spawn(move || {
+                        for job in job_rx.iter() {
+                            if !send_file(&shared, &job.record) {
+                                break;
+                            }
+                        }
+                    })
+                    .expect("spawning a thread")
+            })
+            .collect();
+        let (resend_tx, resend_rx) = flume::unbounded::<(FileId, u64, u32)>();
+        let resender = {
+            let shared = shared.clone();
+            std::thread::Builder::new()
+                .name("ferry-resend".into())
+                .spawn(move || {
+                    for (file, offset, len) in resend_rx.iter() {
+                        if !resend_block(&shared, file, offset, len) {
+                            break;
+                        }
+                    }
+                })
+                .expect("spawning a thread")
+        };
+        Self {
+            shared,
+            walker: Some(walker),
+            readers,
+            resend_tx: Some(resend_tx),
+            resender: Some(resender),
+            totals_rx,
+        }
+    }
+
+    /// Resolves once the walk is over, with what it found.
+    pub fn totals(&self) -> flume::Receiver<WalkTotals> {
+        self.totals_rx.clone()
+    }
+
+    /// The receiver found a bad block: read it again and queue it.
+    pub fn resend(&self, file: FileId, offset: u64, len: u32) {
+        if let Some(tx) = &self.resend_tx {
+            let _ = tx.send((file, offset, len));
+        }
+    }
+
+    /// The receiver will not store this file: stop reading it.
+    pub fn skip(&self, file: FileId) {
+        self.shared.skipped.lock().unwrap_or_else(|e| e.into_inner()).insert(file);
+    }
+
+    /// Local problems (unreadable files, files changed while read), for the final report.
+    pub fn errors(&self) -> Vec<String> {
+        self.shared.errors.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Source path and digest of each file read completely, for `--manifest`.
+    pub fn digests(&self) -> Vec<(FileId, String, Vec<u8>)> {
+        let records = self.shared.records.lock().unwrap_or_else(|e| e.into_inner());
+        let mut out: Vec<_> = records
+            .values()
+            .filter_map(|r| {
+                let d = r.digest.lock().unwrap_or_else(|e| e.into_inner()).clone()?;
+                Some((r.meta.id, r.meta.path.clone(), d))
+            })
+            .collect();
+        out.sort_by_key(|(id, _, _)| *id);
+        out
+    }
+
+    /// Waits for the walker and readers; resends stay possible until [`Sender::finish`].
+    pub fn join_readers(&mut self) {
+        if let Some(w) = self.walker.take() {
+            let _ = w.join();
+        }
+        for r in self.readers.drain(..) {
+            let _ = r.join();
+        }
+    }
+
+    /// Stops the resend worker and waits for all threads.
+    pub fn finish(mut self) {
+        self.join_readers();
+        self.resend_tx.take();
+        if let Some(r) = self.resender.take() {
+            let _ = r.join();
+        }
+    }
+}
+
+impl Shared {
+    fn error(&self, msg: String) {
+        self.reporter.on_warning(&msg);
+        self.errors.lock().unwrap_or_else(|e| e.into_inner()).push(msg);
+    }
+
+    /// Queues a frame; false when the transfer is over (the driver dropped the queue).
+    fn push(&self, frame: Frame) -> bool {
+        self.frames.send(frame).is_ok()
+    }
+
+    /// Tells the receiver that a file will not come, so it does not wait for it.
+    fn fail_file(&self, record: &FileRecord, code: ErrorCode, msg: String) -> bool {
+        self.error(msg.clone());
+        self.push(Frame::FileFailed { file: record.meta.id, code, message: msg })
+    }
+
+    fn is_skipped(&self, id: FileId) -> bool {
+        self.skipped.lock().unwrap_or_else(|e| e.into_inner()).contains(&id)
+    }
+}
+
+/// Depth-first walk of every source; directories are listed in name order.
+fn walk(shared: &Shared, jobs: &flume::Sender<Job>) -> WalkTotals {
+    let mut totals = WalkTotals::default();
+    let mut next_id = 0u64;
+    for (i, src) in shared.sources.iter().enumerate() {
+        let mut stack = vec![(src.rel.clone(), src.name.clone())];
+        while let Some((rel, wire)) = stack.pop() {
+            let meta = match src.root.lstat(&rel) {
+                Ok(m) => m,
+                Err(e) => {
+                    shared.error(format!("skipped {}: {e}", src.root.display_path().join(&rel).display()));
+                    continue;
+                }
+            };
+            match meta.kind {
+                Kind::File => {
+                    let id = FileId(next_id);
+                    next_id += 1;
+                    totals.files += 1;
+                    totals.bytes += meta.size;
+                    shared.reporter.on_discovered(1, meta.size);
+                    let record = Arc::new(FileRecord {
+                        source: i,
+                        rel,
+                        meta: FileMeta {
+                            id,
+                            path: wire,
+                            size: meta.size,
+                            mode: meta.mode,
+                            mtime_ns: meta.mtime_ns,
+                        },
+                        final_digest: Mutex::new(None),
+                        digest: Mutex::new(None),
+                    });
+                    shared.records.lock().unwrap_or_else(|e| e.into_inner()).insert(id, record.clone());
+                    if jobs.send(Job { record }).is_err() {
+                        return totals;
+                    }
+                }
+                Kind::Dir => {
+                    totals.dirs += 1;
+                    let frame = Frame::Dir { path: wire.clone(), mode: meta.mode, mtime_ns: meta.mtime_ns };
+                    if !shared.push(frame) {
+                        return totals;
+                    }
+                    match src.root.read_dir(&rel) {
+                        Ok(entries) => {
+                            // Reversed so that popping the stack visits names in order.
+                            for (name, _) in entries.into_iter().rev() {
+                                stack.push((join(&rel, &name), join(&wire, &name)));
+                            }
+                        }
+                        Err(e) => shared.error(format!("cannot list {}: {e}", wire)),
+                    }
+                }
+                Kind::Symlink => match src.root.read_link(&rel) {
+                    Ok(target) => {
+                        totals.symlinks += 1;
+                        if !shared.push(Frame::Symlink { path: wire, target, mtime_ns: meta.mtime_ns }) {
+                            return totals;
+                        }
+                    }
+                    Err(e) => shared.error(format!("skipped symlink {wire}: {e}")),
+                },
+                Kind::Other => shared.error(format!("skipped {wire}: not a regular file, directory or symlink")),
+            }
+        }
+    }
+    totals
+}
+
+/// Opens a source file and checks it is still the regular file the walk saw.
+fn open_checked(shared: &Shared, record: &FileRecord) -> Result<(File, Meta), FsError> {
+    let src = &shared.sources[record.source];
+    let file = src.root.open_read(&record.rel)?;
+    let st = rustix::fs::fstat(&file).map_err(|e| FsError::io(&record.meta.path, e))?;
+    Ok((file, Meta::from_stat(&st)))
+}
+
+/// Reads one file in order and queues its blocks. Returns false when the transfer is over.
+fn send_file(shared: &Shared, record: &FileRecord) -> bool {
+    let meta = &record.meta;
+    let (file, before) = match open_checked(shared, record) {
+        Ok(x) => x,
+        Err(e) => return shared.fail_file(record, e.code(), format!("cannot read {}: {e}", meta.path)),
+    };
+    if before.kind != Kind::File || before.size != meta.size || before.mtime_ns != meta.mtime_ns {
+        return shared.fail_file(
+            record,
+            ErrorCode::IO,
+            format!("{} changed between listing and reading; run again to send it", meta.path),
+        );
+    }
+    let block = u64::from(shared.config.block_size);
+    let mut hasher = FileHasher::new(shared.config.checksum);
+    let mut offset = 0u64;
+    loop {
+        if shared.is_skipped(meta.id) {
+            return true;
+        }
+        let len = (meta.size - offset).min(block);
+        let mut data = vec![0u8; len as usize];
+        if let Err(e) = file.read_exact_at(&mut data, offset) {
+            return shared.fail_file(record, ErrorCode::IO, format!("reading {}: {e}", meta.path));
+        }
+        hasher.update(&data);
+        let digest = block_digest(&data);
+        let last = offset + len == meta.size;
+        let mut file_digest = None;
+        if last {
+            // The end of the file: make sure it did not change under us before vouching for it.
+            let after = rustix::fs::fstat(&file).map(|st| Meta::from_stat(&st));
+            if after.ok() != Some(before) {
+                return shared.fail_file(
+                    record,
+                    ErrorCode::IO,
+                    format!("{} changed while being sent; not stored; run again to send it", meta.path),
+                );
+            }
+            let d = std::mem::replace(&mut hasher, FileHasher::new(ChecksumAlgo::Xxh3)).finalize();
+            let bytes = Bytes::from(d.clone());
+            *record.final_digest.lock().unwrap_or_else(|e| e.into_inner()) = Some(bytes.clone());
+            *record.digest.lock().unwrap_or_else(|e| e.into_inner()) = Some(d);
+            file_digest = Some(bytes);
+        }
+        let seq = shared.block_seq.fetch_add(1, Ordering::Relaxed);
+        if len > 0 && shared.corrupt.lock().unwrap_or_else(|e| e.into_inner()).remove(&seq) {
+            data[0] ^= 0xff;
+        }
+        let frame = Frame::Block(Block {
+            file: meta.clone(),
+            offset,
+            digest,
+            file_digest,
+            data: Bytes::from(data),
+        });
+        if !shared.push(frame) {
+            return false;
+        }
+        offset += len;
+        if last {
+            shared.reporter.on_file_done();
+            return true;
+        }
+    }
+}
+
+/// Reads a block again after the receiver found it damaged.
+fn resend_block(shared: &Shared, id: FileId, offset: u64, len: u32) -> bool {
+    let record = shared.records.lock().unwrap_or_else(|e| e.into_inner()).get(&id).cloned();
+    let Some(record) = record else {
+        shared.error(format!("receiver asked again for unknown file {id:?}"));
+        return true;
+    };
+    let meta = &record.meta;
+    let len = u64::from(len).min(meta.size.saturating_sub(offset));
+    let result = open_checked(shared, &record).and_then(|(file, now)| {
+        let mut data = vec![0u8; len as usize];
+        file.read_exact_at(&mut data, offset).map_err(|e| FsError::io(&meta.path, e))?;
+        Ok((now, data))
+    });
+    let (now, data) = match result {
+        Ok(x) => x,
+        Err(e) => return shared.fail_file(&record, e.code(), format!("re-reading {}: {e}", meta.path)),
+    };
+    if now.size != meta.size || now.mtime_ns != meta.mtime_ns {
+        return shared.fail_file(
+            &record,
+            ErrorCode::IO,
+            format!("{} changed while being sent; not stored; run again to send it", meta.path),
+        );
+    }
+    let file_digest = if offset + len == meta.size {
+        record.final_digest.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    } else {
+        None
+    };
+    let frame = Frame::Block(Block {
+        file: meta.clone(),
+        offset,
+        digest: block_digest(&data),
+        file_digest,
+        data: Bytes::from(data),
+    });
+    shared.push(frame)
+}

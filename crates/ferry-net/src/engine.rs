@@ -1,0 +1,371 @@
+//! Runs one transfer over a control connection and N data connections, on either end.
+//!
+//! The same two loops serve both directions: the client runs [`drive_sender`] for `put` and
+//! [`drive_receiver`] for `get`; the server runs the other one. Control traffic:
+//!
+//! ```text
+//!   sender                                   receiver
+//!     │── Block/Dir/Symlink/FileFailed ─▶ (any data connection)
+//!     │── Sent{totals} ─────────────────▶ (control; as soon as the walk is over)
+//!     │◀─ Resend / Skipped / FileFailed ─ (control; whenever they happen)
+//!     │◀─ Complete{summary} ──────────── (control; once every entry is resolved)
+//!     └─ closes data connections
+//! ```
+//! Nothing is acknowledged per file: the sender never waits, and the receiver's only
+//! obligation is the final `Complete`.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::BytesMut;
+use ferry_core::recv::Receiver;
+use ferry_core::send::Sender;
+use ferry_core::Reporter;
+use ferry_proto::{CompleteSummary, Frame, MAX_BLOCK_PAYLOAD, MAX_CONTROL_PAYLOAD};
+use serde::Serialize;
+use tokio::io::{AsyncWriteExt, BufReader, BufWriter};
+use tokio::net::tcp::OwnedReadHalf;
+use tokio::net::TcpStream;
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinSet;
+
+use crate::conn::{read_frame, send, write_frame};
+use crate::error::SessionError;
+use crate::tcp::{tcp_info, TcpInfo};
+
+/// How a data connection fared.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct StreamReport {
+    pub bytes: u64,
+    pub tcp: Option<TcpInfo>,
+}
+
+/// Time of the last frame seen or sent on any connection of the session, for the idle timeout.
+#[derive(Clone)]
+pub(crate) struct Activity {
+    start: Instant,
+    last_ms: Arc<AtomicU64>,
+}
+
+impl Activity {
+    pub(crate) fn new() -> Self {
+        Self { start: Instant::now(), last_ms: Arc::default() }
+    }
+
+    fn touch(&self) {
+        self.last_ms.store(self.start.elapsed().as_millis() as u64, Ordering::Relaxed);
+    }
+
+    fn idle(&self) -> Duration {
+        let last = Duration::from_millis(self.last_ms.load(Ordering::Relaxed));
+        self.start.elapsed().saturating_sub(last)
+    }
+}
+
+/// Resolves with an error once the session has been idle for `limit`.
+async fn watchdog(activity: &Activity, limit: Duration) -> SessionError {
+    loop {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        if activity.idle() > limit {
+            return SessionError::Timeout("waiting for the peer (no traffic on any connection)");
+        }
+    }
+}
+
+/// Reads control frames in their own task: a read cut short by `select!` would lose bytes.
+fn spawn_control_reader(mut r: OwnedReadHalf, activity: Activity) -> mpsc::Receiver<Result<Frame, SessionError>> {
+    let (tx, rx) = mpsc::channel(64);
+    tokio::spawn(async move {
+        loop {
+            let item = match read_frame(&mut r, MAX_CONTROL_PAYLOAD).await {
+                Ok(Some(f)) => Ok(f),
+                Ok(None) => Err(SessionError::Closed("control")),
+                Err(e) => Err(e),
+            };
+            activity.touch();
+            let stop = item.is_err();
+            if tx.send(item).await.is_err() || stop {
+                return;
+            }
+        }
+    });
+    rx
+}
+
+/// Limits shared by both loops.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Limits {
+    pub(crate) idle: Duration,
+}
+
+/// Runs the sending end until the receiver reports `Complete`.
+pub(crate) async fn drive_sender(
+    control: TcpStream,
+    data: Vec<TcpStream>,
+    sender: Sender,
+    frames: flume::Receiver<Frame>,
+    reporter: Arc<dyn Reporter>,
+    limits: Limits,
+) -> Result<(CompleteSummary, Vec<StreamReport>, Vec<String>, Sender), SessionError> {
+    let activity = Activity::new();
+    let (ctrl_r, mut ctrl_w) = control.into_split();
+    let mut ctrl_rx = spawn_control_reader(ctrl_r, activity.clone());
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let mut streams = JoinSet::new();
+    for (i, s) in data.into_iter().enumerate() {
+        let frames = frames.clone();
+        let (stop, act, rep) = (stop_rx.clone(), activity.clone(), reporter.clone());
+        streams.spawn(async move { (i, send_stream(s, frames, stop, act, rep).await) });
+    }
+    // Only the stream tasks may hold the queue now: when they end, readers blocked on a full
+    // queue see it disconnected and stop.
+    drop(frames);
+    let totals = sender.totals();
+    let mut sent = false;
+    let mut remote_errors = Vec::new();
+    let result = loop {
+        tokio::select! {
+            t = totals.recv_async(), if !sent => {
+                sent = true;
+                if let Ok(t) = t {
+                    let frame = Frame::Sent { files: t.files, dirs: t.dirs, symlinks: t.symlinks, bytes: t.bytes };
+                    if let Err(e) = send(&mut ctrl_w, &frame).await {
+                        break Err(e.into());
+                    }
+                }
+            }
+            f = ctrl_rx.recv() => match f {
+                Some(Ok(Frame::Resend { file, offset, len })) => sender.resend(file, offset, len),
+                Some(Ok(Frame::Skipped { file })) => sender.skip(file),
+                Some(Ok(Frame::FileFailed { file, message, .. })) => {
+                    sender.skip(file);
+                    remote_errors.push(message);
+                }
+                Some(Ok(Frame::Complete(summary))) => break Ok(summary),
+                Some(Ok(Frame::Error { code, message })) => break Err(SessionError::Remote { code, message }),
+                Some(Ok(other)) => break Err(SessionError::Protocol(format!("unexpected {:?} on control", other.frame_type()))),
+                Some(Err(e)) => break Err(e),
+                None => break Err(SessionError::Closed("control")),
+            },
+            Some(joined) = streams.join_next() => match joined {
+                Ok((_, Err(e))) => break Err(e),
+                Ok((_, Ok(_))) => break Err(SessionError::Protocol("data connection ended early".into())),
+                Err(e) => break Err(SessionError::Protocol(format!("stream task failed: {e}"))),
+            },
+            e = watchdog(&activity, limits.idle) => break Err(e),
+        }
+    };
+    let _ = stop_tx.send(true);
+    let mut reports = Vec::new();
+    // A stream stuck writing to a peer that went away must not hold the session forever.
+    let deadline = tokio::time::sleep(Duration::from_secs(10));
+    tokio::pin!(deadline);
+    loop {
+        tokio::select! {
+            j = streams.join_next() => match j {
+                Some(Ok((i, Ok(r)))) => reports.push((i, r)),
+                Some(_) => {}
+                None => break,
+            },
+            _ = &mut deadline => {
+                streams.abort_all();
+                break;
+            }
+        }
+    }
+    reports.sort_by_key(|(i, _)| *i);
+    let _ = ctrl_w.shutdown().await;
+    let sender = tokio::task::spawn_blocking(move || {
+        let mut s = sender;
+        s.join_readers();
+        s
+    })
+    .await
+    .map_err(|e| SessionError::Protocol(format!("reader threads failed: {e}")))?;
+    let summary = result?;
+    Ok((summary, reports.into_iter().map(|(_, r)| r).collect(), remote_errors, sender))
+}
+
+/// Pulls frames from the shared queue and writes them until told to stop.
+async fn send_stream(
+    stream: TcpStream,
+    frames: flume::Receiver<Frame>,
+    mut stop: watch::Receiver<bool>,
+    activity: Activity,
+    reporter: Arc<dyn Reporter>,
+) -> Result<StreamReport, SessionError> {
+    let (_r, w) = stream.into_split();
+    let mut w = BufWriter::with_capacity(256 << 10, w);
+    let mut scratch = BytesMut::with_capacity(8 << 10);
+    let mut bytes = 0u64;
+    loop {
+        let frame = match frames.try_recv() {
+            Ok(f) => f,
+            Err(flume::TryRecvError::Disconnected) => break,
+            Err(flume::TryRecvError::Empty) => {
+                // Nothing queued: push out what is buffered before waiting.
+                w.flush().await?;
+                tokio::select! {
+                    f = frames.recv_async() => match f { Ok(f) => f, Err(_) => break },
+                    _ = stop.wait_for(|s| *s) => break,
+                }
+            }
+        };
+        let n = write_frame(&mut w, &frame, &mut scratch).await?;
+        bytes += n as u64;
+        activity.touch();
+        if let Frame::Block(b) = &frame {
+            reporter.on_bytes(b.data.len() as u64);
+        }
+        if *stop.borrow() {
+            break;
+        }
+    }
+    w.flush().await?;
+    let info = tcp_info(w.get_ref().as_ref());
+    let _ = w.shutdown().await;
+    Ok(StreamReport { bytes, tcp: info })
+}
+
+/// Runs the receiving end until every announced entry is resolved, then sends `Complete`.
+pub(crate) async fn drive_receiver(
+    control: TcpStream,
+    data: Vec<TcpStream>,
+    receiver: Arc<Receiver>,
+    control_out: flume::Receiver<Frame>,
+    writers: usize,
+    limits: Limits,
+) -> Result<(CompleteSummary, Vec<StreamReport>), SessionError> {
+    let activity = Activity::new();
+    let (ctrl_r, mut ctrl_w) = control.into_split();
+    let mut ctrl_rx = spawn_control_reader(ctrl_r, activity.clone());
+    // A short queue between network and storage: a slow disk pushes back on TCP instead of
+    // filling memory.
+    let (to_writers, from_streams) = flume::bounded::<Frame>(writers.max(1) * 2);
+    let (fatal_tx, fatal_rx) = flume::bounded::<String>(1);
+    let mut writer_threads = Vec::new();
+    for i in 0..writers.max(1) {
+        let (rx, receiver, fatal) = (from_streams.clone(), receiver.clone(), fatal_tx.clone());
+        let t = std::thread::Builder::new().name(format!("ferry-write-{i}")).spawn(move || {
+            for frame in rx.iter() {
+                if let Err(e) = receiver.handle(frame) {
+                    let _ = fatal.try_send(e.to_string());
+                    return;
+                }
+            }
+        })?;
+        writer_threads.push(t);
+    }
+    drop(from_streams);
+    let mut streams = JoinSet::new();
+    for (i, s) in data.into_iter().enumerate() {
+        let (tx, act) = (to_writers.clone(), activity.clone());
+        streams.spawn(async move { (i, recv_stream(s, tx, act).await) });
+    }
+    drop(to_writers);
+    let done = receiver.done();
+    let result: Result<(), SessionError> = loop {
+        tokio::select! {
+            f = ctrl_rx.recv() => match f {
+                Some(Ok(Frame::Sent { files, dirs, symlinks, .. })) => receiver.expect(files, dirs, symlinks),
+                Some(Ok(Frame::Error { code, message })) => break Err(SessionError::Remote { code, message }),
+                Some(Ok(other)) => break Err(SessionError::Protocol(format!("unexpected {:?} on control", other.frame_type()))),
+                Some(Err(e)) => break Err(e),
+                None => break Err(SessionError::Closed("control")),
+            },
+            Ok(frame) = control_out.recv_async() => {
+                if let Err(e) = send(&mut ctrl_w, &frame).await {
+                    break Err(e.into());
+                }
+                activity.touch();
+            }
+            _ = done.recv_async() => break Ok(()),
+            Ok(msg) = fatal_rx.recv_async() => break Err(SessionError::Protocol(msg)),
+            Some(joined) = streams.join_next() => match joined {
+                Ok((_, Err(e))) => break Err(e),
+                Ok((_, Ok(_))) => break Err(SessionError::Closed("data")),
+                Err(e) => break Err(SessionError::Protocol(format!("stream task failed: {e}"))),
+            },
+            e = watchdog(&activity, limits.idle) => break Err(e),
+        }
+    };
+    let mut reports: Vec<(usize, StreamReport)> = Vec::new();
+    let outcome = match result {
+        Ok(()) => {
+            // Failures found while finishing still reach the sender before `Complete`.
+            let r = receiver.clone();
+            let summary = tokio::task::spawn_blocking(move || r.finish())
+                .await
+                .map_err(|e| SessionError::Protocol(format!("finalizer failed: {e}")))?;
+            let mut res = Ok(summary.clone());
+            for frame in control_out.drain() {
+                if let Err(e) = send(&mut ctrl_w, &frame).await {
+                    res = Err(e.into());
+                }
+            }
+            if res.is_ok() {
+                if let Err(e) = send(&mut ctrl_w, &Frame::Complete(summary)).await {
+                    res = Err(e.into());
+                }
+            }
+            // Let the sender close the data connections; their EOF ends the stream tasks.
+            let deadline = tokio::time::sleep(Duration::from_secs(10));
+            tokio::pin!(deadline);
+            loop {
+                tokio::select! {
+                    j = streams.join_next() => match j {
+                        Some(Ok((i, Ok(r)))) => reports.push((i, r)),
+                        Some(_) => {}
+                        None => break,
+                    },
+                    _ = &mut deadline => break,
+                }
+            }
+            res
+        }
+        Err(e) => {
+            let _ = send(&mut ctrl_w, &Frame::Error { code: e.code(), message: e.to_string() }).await;
+            Err(e)
+        }
+    };
+    streams.abort_all();
+    if outcome.is_err() {
+        let r = receiver.clone();
+        let _ = tokio::task::spawn_blocking(move || r.abort()).await;
+    }
+    let _ = tokio::task::spawn_blocking(move || {
+        for t in writer_threads {
+            let _ = t.join();
+        }
+    })
+    .await;
+    let _ = ctrl_w.shutdown().await;
+    reports.sort_by_key(|(i, _)| *i);
+    outcome.map(|s| (s, reports.into_iter().map(|(_, r)| r).collect()))
+}
+
+/// Reads data frames from one connection and hands them to the writers.
+async fn recv_stream(stream: TcpStream, to_writers: flume::Sender<Frame>, activity: Activity) -> Result<StreamReport, SessionError> {
+    let (r, _w) = stream.into_split();
+    let mut r = BufReader::with_capacity(256 << 10, r);
+    let mut bytes = 0u64;
+    loop {
+        let frame = match read_frame(&mut r, MAX_BLOCK_PAYLOAD).await {
+            Ok(Some(f)) => f,
+            Ok(None) => break,
+            Err(e) => return Err(e),
+        };
+        activity.touch();
+        match &frame {
+            Frame::Block(b) => bytes += b.data.len() as u64,
+            Frame::Dir { .. } | Frame::Symlink { .. } | Frame::FileFailed { .. } => {}
+            other => return Err(SessionError::Protocol(format!("unexpected {:?} on a data connection", other.frame_type()))),
+        }
+        if to_writers.send_async(frame).await.is_err() {
+            break;
+        }
+    }
+    let info = tcp_info(r.get_ref().as_ref());
+    Ok(StreamReport { bytes, tcp: info })
+}

@@ -1,0 +1,53 @@
+//! Errors of a session, typed by who is at fault so the caller knows whether a retry can help.
+
+use std::io;
+
+use ferry_core::FsError;
+use ferry_proto::{DecodeError, ErrorCode};
+
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    /// The connection failed: a retry may well succeed.
+    #[error("connection failed: {0}")]
+    Io(#[from] io::Error),
+    /// The peer sent bytes that are not a valid frame.
+    #[error("peer sent a malformed frame: {0}")]
+    Decode(#[from] DecodeError),
+    /// The peer sent a valid frame at the wrong time.
+    #[error("protocol violation: {0}")]
+    Protocol(String),
+    /// The peer refused or failed the request and said why.
+    #[error("{message} (remote error: {code})")]
+    Remote { code: ErrorCode, message: String },
+    /// Nothing happened for too long.
+    #[error("timed out {0}")]
+    Timeout(&'static str),
+    /// A local file-system problem that stops the whole transfer.
+    #[error(transparent)]
+    Fs(#[from] FsError),
+    /// The peer closed a connection the session still needed.
+    #[error("peer closed the {0} connection unexpectedly")]
+    Closed(&'static str),
+}
+
+impl SessionError {
+    /// Whether running the same transfer again may succeed without changing anything.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            Self::Io(_) | Self::Timeout(_) | Self::Closed(_) => true,
+            Self::Remote { code, .. } => matches!(*code, ErrorCode::BUSY | ErrorCode::TIMEOUT | ErrorCode::IO),
+            Self::Decode(_) | Self::Protocol(_) | Self::Fs(_) => false,
+        }
+    }
+
+    /// The code to send to the peer when this error ends a session.
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            Self::Decode(_) | Self::Protocol(_) => ErrorCode::PROTOCOL,
+            Self::Remote { code, .. } => *code,
+            Self::Timeout(_) => ErrorCode::TIMEOUT,
+            Self::Fs(e) => e.code(),
+            Self::Io(_) | Self::Closed(_) => ErrorCode::IO,
+        }
+    }
+}

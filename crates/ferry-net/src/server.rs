@@ -1,0 +1,413 @@
+//! The daemon: one port for control and data connections, a connection cap, timeouts on every
+//! wait, and graceful shutdown. An error in one connection is logged and never reaches the
+//! listener (the mini-redis skeleton).
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use ferry_core::recv::{Destination, Receiver, ReceiverConfig};
+use ferry_core::root::Kind;
+use ferry_core::send::{Sender, SenderConfig, Source};
+use ferry_core::{path, FsError, NoReporter, Root};
+use ferry_proto::{
+    Capabilities, ErrorCode, Frame, FrameHeader, FrameType, ListEntry, Role, SessionId, TransferOpts, HEADER_LEN,
+    MAX_CONTROL_PAYLOAD, MAX_LIST_ENTRIES, PROTOCOL_VERSION,
+};
+use subtle::ConstantTimeEq;
+use tokio::io::AsyncReadExt;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{broadcast, mpsc, Semaphore};
+use tokio::task::JoinSet;
+use tracing::{debug, info, warn};
+
+use crate::conn::{expect_frame, send};
+use crate::engine::{drive_receiver, drive_sender, Limits};
+use crate::error::SessionError;
+use crate::tcp::{set_window, tune};
+
+/// Largest `Hello` accepted: before authentication a peer may not make us allocate more.
+const MAX_HELLO: u32 = 1024;
+
+#[derive(Clone, Debug)]
+pub struct ServerConfig {
+    pub root: PathBuf,
+    pub token: String,
+    /// Connections open at once (control and data together); more are refused with `BUSY`.
+    pub max_connections: usize,
+    pub max_streams: u16,
+    /// Upper bound on a session's buffered block data: streams × block size is lowered to fit.
+    pub session_memory: u64,
+    pub handshake_timeout: Duration,
+    pub idle_timeout: Duration,
+    /// Delay before answering a wrong token, so guessing is slow.
+    pub auth_failure_delay: Duration,
+    pub readers: usize,
+    pub writers: usize,
+}
+
+impl ServerConfig {
+    pub fn new(root: impl Into<PathBuf>, token: impl Into<String>) -> Self {
+        Self {
+            root: root.into(),
+            token: token.into(),
+            max_connections: 512,
+            max_streams: 64,
+            session_memory: 1 << 30,
+            handshake_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(120),
+            auth_failure_delay: Duration::from_secs(1),
+            readers: 4,
+            writers: 4,
+        }
+    }
+}
+
+/// A session waiting for its data connections to join.
+struct Pending {
+    secret: [u8; 32],
+    joins: mpsc::Sender<(u16, TcpStream)>,
+}
+
+struct Shared {
+    config: ServerConfig,
+    root: Root,
+    pending: Mutex<HashMap<SessionId, Pending>>,
+}
+
+pub struct Server {
+    listener: TcpListener,
+    shared: Arc<Shared>,
+}
+
+impl Server {
+    pub async fn bind(addr: SocketAddr, config: ServerConfig) -> Result<Self, SessionError> {
+        let root = Root::open(&config.root)?;
+        let listener = TcpListener::bind(addr).await?;
+        Ok(Self { listener, shared: Arc::new(Shared { config, root, pending: Mutex::default() }) })
+    }
+
+    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+
+    /// Serves until `shutdown` resolves, then stops accepting, tells every session to end, and
+    /// waits (bounded) for them.
+    pub async fn run(self, shutdown: impl Future<Output = ()>) {
+        let limit = Arc::new(Semaphore::new(self.shared.config.max_connections));
+        let (stop_tx, _) = broadcast::channel::<()>(1);
+        let mut tasks = JoinSet::new();
+        tokio::pin!(shutdown);
+        let mut backoff = Duration::from_millis(10);
+        loop {
+            let accepted = tokio::select! {
+                a = self.listener.accept() => a,
+                _ = &mut shutdown => break,
+                Some(_) = tasks.join_next() => continue,
+            };
+            let (stream, peer) = match accepted {
+                Ok(x) => {
+                    backoff = Duration::from_millis(10);
+                    x
+                }
+                Err(e) => {
+                    // Out of file descriptors and the like: wait instead of spinning.
+                    warn!("accept failed: {e}");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(1));
+                    continue;
+                }
+            };
+            let Ok(permit) = limit.clone().try_acquire_owned() else {
+                tasks.spawn(refuse_busy(stream));
+                continue;
+            };
+            let shared = self.shared.clone();
+            let mut stop = stop_tx.subscribe();
+            tasks.spawn(async move {
+                let _permit = permit;
+                tokio::select! {
+                    r = handle(shared, stream, peer) => {
+                        if let Err(e) = r {
+                            debug!(%peer, "connection ended: {e}");
+                        }
+                    }
+                    _ = stop.recv() => {}
+                }
+            });
+        }
+        info!("shutting down: no new connections; ending {} active", tasks.len());
+        drop(self.listener);
+        let _ = stop_tx.send(());
+        let _ = tokio::time::timeout(Duration::from_secs(10), async { while tasks.join_next().await.is_some() {} }).await;
+    }
+}
+
+async fn refuse_busy(mut stream: TcpStream) {
+    let frame = Frame::Error { code: ErrorCode::BUSY, message: "server is at its connection limit; try again".into() };
+    let _ = tokio::time::timeout(Duration::from_secs(1), send(&mut stream, &frame)).await;
+}
+
+/// Reads the first frame of a connection, which must be a small `Hello`.
+async fn read_hello(stream: &mut TcpStream) -> Result<Role, SessionError> {
+    let mut head = [0u8; HEADER_LEN];
+    stream.read_exact(&mut head).await?;
+    let header = FrameHeader::parse(&head)?;
+    if header.ty != FrameType::HELLO || header.len > MAX_HELLO {
+        return Err(SessionError::Protocol("connection did not start with a ferry Hello".into()));
+    }
+    let mut payload = vec![0u8; header.len as usize];
+    stream.read_exact(&mut payload).await?;
+    match Frame::decode(header.ty, payload.into())? {
+        Frame::Hello { version, role, .. } => {
+            ferry_proto::negotiate_version(version).map_err(|e| SessionError::Remote { code: e.code, message: e.reason })?;
+            Ok(role)
+        }
+        _ => Err(SessionError::Protocol("expected Hello".into())),
+    }
+}
+
+async fn handle(shared: Arc<Shared>, mut stream: TcpStream, peer: SocketAddr) -> Result<(), SessionError> {
+    tune(&stream);
+    let role = match tokio::time::timeout(shared.config.handshake_timeout, read_hello(&mut stream)).await {
+        Ok(Ok(role)) => role,
+        Ok(Err(e)) => {
+            let _ = send(&mut stream, &Frame::Error { code: e.code(), message: e.to_string() }).await;
+            return Err(e);
+        }
+        Err(_) => return Err(SessionError::Timeout("waiting for Hello")),
+    };
+    match role {
+        Role::Control { token } => {
+            let ok: bool = token.as_bytes().ct_eq(shared.config.token.as_bytes()).into();
+            if !ok {
+                warn!(%peer, "wrong token");
+                tokio::time::sleep(shared.config.auth_failure_delay).await;
+                let frame = Frame::Error { code: ErrorCode::AUTH, message: "authentication failed: wrong token".into() };
+                let _ = send(&mut stream, &frame).await;
+                return Err(SessionError::Remote { code: ErrorCode::AUTH, message: "wrong token".into() });
+            }
+            control_session(&shared, stream).await
+        }
+        Role::Data { session, secret, stream: index } => {
+            let joins = {
+                let pending = shared.pending.lock().unwrap_or_else(|e| e.into_inner());
+                pending
+                    .get(&session)
+                    .filter(|p| bool::from(p.secret.ct_eq(&secret)))
+                    .map(|p| p.joins.clone())
+            };
+            let Some(joins) = joins else {
+                let frame = Frame::Error { code: ErrorCode::AUTH, message: "unknown session or wrong secret".into() };
+                let _ = send(&mut stream, &frame).await;
+                return Err(SessionError::Protocol("data connection for an unknown session".into()));
+            };
+            welcome(&mut stream, session, secret).await?;
+            let _ = joins.send((index, stream)).await;
+            Ok(())
+        }
+    }
+}
+
+async fn welcome(stream: &mut TcpStream, session: SessionId, secret: [u8; 32]) -> std::io::Result<()> {
+    let frame = Frame::Welcome { version: PROTOCOL_VERSION, capabilities: Capabilities::ours(), session, secret };
+    send(stream, &frame).await
+}
+
+fn random<const N: usize>() -> [u8; N] {
+    let mut b = [0u8; N];
+    getrandom::fill(&mut b).expect("the OS random source works");
+    b
+}
+
+/// The work a control connection asked for, ready to run.
+enum Work {
+    Done,
+    Put { dest: Destination, opts: TransferOpts, data: Vec<TcpStream> },
+    Get { source: Source, opts: TransferOpts, data: Vec<TcpStream> },
+}
+
+async fn control_session(shared: &Shared, mut stream: TcpStream) -> Result<(), SessionError> {
+    let session = SessionId(u64::from_le_bytes(random()));
+    let secret = random::<32>();
+    // Errors before the transfer starts are reported here; the engines report their own.
+    let work = match prepare(shared, &mut stream, session, secret).await {
+        Ok(w) => w,
+        Err(e) => {
+            if !matches!(e, SessionError::Io(_) | SessionError::Closed(_)) {
+                let _ = send(&mut stream, &Frame::Error { code: e.code(), message: e.to_string() }).await;
+            }
+            return Err(e);
+        }
+    };
+    let limits = Limits { idle: shared.config.idle_timeout };
+    match work {
+        Work::Done => Ok(()),
+        Work::Put { dest, opts, data } => {
+            let (tx, rx) = flume::unbounded();
+            let config = ReceiverConfig { existing: opts.existing, checksum: opts.checksum, tag: session.0 };
+            let receiver = Receiver::new(dest, config, tx, Arc::new(NoReporter))?;
+            let (summary, _) = drive_receiver(stream, data, receiver, rx, shared.config.writers, limits).await?;
+            info!(files = summary.files, bytes = summary.bytes, "put complete");
+            Ok(())
+        }
+        Work::Get { source, opts, data } => {
+            let (tx, rx) = flume::bounded(opts.streams as usize * 2);
+            let config = SenderConfig {
+                block_size: opts.block_size,
+                checksum: opts.checksum,
+                readers: shared.config.readers,
+                corrupt_blocks: Vec::new(),
+            };
+            let sender = Sender::start(vec![source], config, tx, Arc::new(NoReporter));
+            let result = drive_sender(stream, data, sender, rx, Arc::new(NoReporter), limits).await;
+            let (summary, _, _, sender) = result?;
+            let _ = tokio::task::spawn_blocking(move || sender.finish()).await;
+            info!(files = summary.files, bytes = summary.bytes, "get complete");
+            Ok(())
+        }
+    }
+}
+
+async fn prepare(
+    shared: &Shared,
+    stream: &mut TcpStream,
+    session: SessionId,
+    secret: [u8; 32],
+) -> Result<Work, SessionError> {
+    welcome(stream, session, secret).await?;
+    let request = tokio::time::timeout(shared.config.idle_timeout, expect_frame(stream, MAX_CONTROL_PAYLOAD, "control"))
+        .await
+        .map_err(|_| SessionError::Timeout("waiting for a request"))??;
+    match request {
+        Frame::ListRequest { path } => {
+            list(shared, stream, &path).await?;
+            Ok(Work::Done)
+        }
+        Frame::PutRequest { dest, sources, opts } => {
+            let dest = resolve_dest(&shared.root, &dest, sources)?;
+            let opts = clamp(&shared.config, opts);
+            let data = gather(shared, stream, session, secret, &opts).await?;
+            Ok(Work::Put { dest, opts, data })
+        }
+        Frame::GetRequest { src, opts } => {
+            let rel = path::normalize_remote(&src).map_err(FsError::from)?;
+            shared.root.lstat(&rel)?;
+            let name = path::split_parent(&rel).1;
+            let name = if name.is_empty() { "root".to_owned() } else { name.to_owned() };
+            let source = Source { root: shared.root.subroot("")?, rel, name };
+            let opts = clamp(&shared.config, opts);
+            let data = gather(shared, stream, session, secret, &opts).await?;
+            Ok(Work::Get { source, opts, data })
+        }
+        other => Err(SessionError::Protocol(format!("unexpected {:?} as a request", other.frame_type()))),
+    }
+}
+
+/// Lowers what a client asked for to what this server allows, keeping memory bounded.
+fn clamp(config: &ServerConfig, mut opts: TransferOpts) -> TransferOpts {
+    opts.streams = opts.streams.clamp(1, config.max_streams.max(1));
+    // Frames in flight per session: one per stream, the writer queue and one per writer.
+    let slots = u64::from(opts.streams) + 3 * config.writers.max(1) as u64;
+    while u64::from(opts.block_size) * slots > config.session_memory && opts.block_size > (1 << 20) {
+        opts.block_size /= 2;
+    }
+    opts
+}
+
+/// Announces the session's parameters and waits for its data connections.
+async fn gather(
+    shared: &Shared,
+    stream: &mut TcpStream,
+    session: SessionId,
+    secret: [u8; 32],
+    opts: &TransferOpts,
+) -> Result<Vec<TcpStream>, SessionError> {
+    let n = opts.streams as usize;
+    let (tx, mut rx) = mpsc::channel(n);
+    shared.pending.lock().unwrap_or_else(|e| e.into_inner()).insert(session, Pending { secret, joins: tx });
+    struct Unregister<'a>(&'a Shared, SessionId);
+    impl Drop for Unregister<'_> {
+        fn drop(&mut self) {
+            self.0.pending.lock().unwrap_or_else(|e| e.into_inner()).remove(&self.1);
+        }
+    }
+    let _guard = Unregister(shared, session);
+    send(stream, &Frame::Ready { streams: opts.streams, block_size: opts.block_size }).await?;
+    let mut slots: Vec<Option<TcpStream>> = (0..n).map(|_| None).collect();
+    let deadline = tokio::time::Instant::now() + shared.config.handshake_timeout;
+    let mut joined = 0;
+    while joined < n {
+        let (index, s) = tokio::time::timeout_at(deadline, rx.recv())
+            .await
+            .map_err(|_| SessionError::Timeout("waiting for data connections to join"))?
+            .ok_or(SessionError::Closed("data"))?;
+        let slot = slots
+            .get_mut(index as usize)
+            .ok_or_else(|| SessionError::Protocol(format!("data connection index {index} out of range")))?;
+        if slot.replace(s).is_some() {
+            return Err(SessionError::Protocol(format!("data connection {index} joined twice")));
+        }
+        joined += 1;
+    }
+    let data: Vec<TcpStream> = slots.into_iter().flatten().collect();
+    for s in &data {
+        if let Err(e) = set_window(s, opts.tcp_window) {
+            warn!("cannot set TCP window: {e}");
+        }
+    }
+    Ok(data)
+}
+
+/// Where a put lands: inside `dest` if it is a directory (or clearly meant as one), else
+/// under the name `dest` itself, like `cp`.
+fn resolve_dest(root: &Root, dest: &str, sources: u32) -> Result<Destination, SessionError> {
+    let rel = path::normalize_remote(dest).map_err(FsError::from)?;
+    let is_dir = match root.lstat(&rel) {
+        Ok(m) => m.kind == Kind::Dir,
+        Err(e) if e.is_not_found() => false,
+        Err(e) => return Err(e.into()),
+    };
+    let dest = if is_dir || dest.ends_with('/') || sources > 1 || rel.is_empty() {
+        Destination { root: root.subroot("")?, base: rel, rename_top: None }
+    } else {
+        let (parent, name) = path::split_parent(&rel);
+        Destination { root: root.subroot("")?, base: parent.to_owned(), rename_top: Some(name.to_owned()) }
+    };
+    Ok(dest)
+}
+
+async fn list(shared: &Shared, stream: &mut TcpStream, raw: &str) -> Result<(), SessionError> {
+    let rel = path::normalize_remote(raw).map_err(FsError::from)?;
+    let meta = shared.root.lstat(&rel)?;
+    let entry = |name: String, m: ferry_core::root::Meta| ListEntry {
+        name,
+        kind: match m.kind {
+            Kind::File => ferry_proto::EntryKind::File,
+            Kind::Dir => ferry_proto::EntryKind::Dir,
+            Kind::Symlink => ferry_proto::EntryKind::Symlink,
+            Kind::Other => ferry_proto::EntryKind::Other,
+        },
+        size: m.size,
+        mode: m.mode,
+        mtime_ns: m.mtime_ns,
+    };
+    let mut entries = Vec::new();
+    if meta.kind == Kind::Dir {
+        for (name, _) in shared.root.read_dir(&rel)? {
+            if let Ok(m) = shared.root.lstat(&path::join(&rel, &name)) {
+                entries.push(entry(name, m));
+            }
+        }
+    } else {
+        entries.push(entry(path::split_parent(&rel).1.to_owned(), meta));
+    }
+    for chunk in entries.chunks(MAX_LIST_ENTRIES) {
+        send(stream, &Frame::ListEntries { entries: chunk.to_vec() }).await?;
+    }
+    send(stream, &Frame::ListEnd).await?;
+    Ok(())
+}

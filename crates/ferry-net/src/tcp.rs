@@ -1,0 +1,70 @@
+//! Socket options and the kernel's view of a connection.
+
+use std::os::fd::AsRawFd;
+use std::time::Duration;
+
+use serde::Serialize;
+use socket2::{SockRef, TcpKeepalive};
+use tokio::net::TcpStream;
+
+/// Options every ferry connection gets. Keepalive stops firewalls from silently dropping a
+/// control connection that is idle while the data connections work.
+pub(crate) fn tune(stream: &TcpStream) {
+    let _ = stream.set_nodelay(true);
+    let sock = SockRef::from(stream);
+    let ka = TcpKeepalive::new().with_time(Duration::from_secs(30)).with_interval(Duration::from_secs(10));
+    let _ = sock.set_tcp_keepalive(&ka);
+}
+
+/// Fixes SO_SNDBUF/SO_RCVBUF. This disables the kernel's autotuning for the socket, which is
+/// why it only happens when the user asks for it.
+pub(crate) fn set_window(stream: &TcpStream, bytes: u32) -> std::io::Result<()> {
+    if bytes == 0 {
+        return Ok(());
+    }
+    let sock = SockRef::from(stream);
+    sock.set_send_buffer_size(bytes as usize)?;
+    sock.set_recv_buffer_size(bytes as usize)?;
+    Ok(())
+}
+
+/// What the kernel knows about a TCP connection, from `TCP_INFO` and the socket buffers.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct TcpInfo {
+    pub rtt_us: u32,
+    pub rttvar_us: u32,
+    pub snd_cwnd: u32,
+    pub snd_mss: u32,
+    pub total_retrans: u32,
+    pub min_rtt_us: u32,
+    pub pacing_rate_bps: u64,
+    /// Effective SO_SNDBUF/SO_RCVBUF (the kernel doubles what is asked for).
+    pub sndbuf: usize,
+    pub rcvbuf: usize,
+}
+
+pub(crate) fn tcp_info(stream: &TcpStream) -> Option<TcpInfo> {
+    let fd = stream.as_raw_fd();
+    let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+    // SAFETY: `info` is a properly sized, writable tcp_info and `len` holds its size; the kernel
+    // writes at most `len` bytes and updates `len`.
+    let rc = unsafe {
+        libc::getsockopt(fd, libc::IPPROTO_TCP, libc::TCP_INFO, (&raw mut info).cast(), &mut len)
+    };
+    if rc != 0 {
+        return None;
+    }
+    let sock = SockRef::from(stream);
+    Some(TcpInfo {
+        rtt_us: info.tcpi_rtt,
+        rttvar_us: info.tcpi_rttvar,
+        snd_cwnd: info.tcpi_snd_cwnd,
+        snd_mss: info.tcpi_snd_mss,
+        total_retrans: info.tcpi_total_retrans,
+        min_rtt_us: info.tcpi_min_rtt,
+        pacing_rate_bps: info.tcpi_pacing_rate.saturating_mul(8),
+        sndbuf: sock.send_buffer_size().unwrap_or(0),
+        rcvbuf: sock.recv_buffer_size().unwrap_or(0),
+    })
+}

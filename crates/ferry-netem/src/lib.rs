@@ -1,0 +1,188 @@
+//! ferry-netem: a user-space WAN emulator for ferry's tests.
+//!
+//! Two network namespaces ("client" and "server" hosts) each get a TUN
+//! device; a forwarder thread holding both TUN file descriptors moves raw
+//! IP packets between them, per direction applying random loss, a
+//! drop-tail queue, serialisation at the link rate and a one-way delay of
+//! RTT/2. The kernels at both ends see the real RTT.
+//!
+//! ```no_run
+//! use ferry_netem::{can_run, BedConfig, Host, Regime, TestBed};
+//! use std::time::Duration;
+//!
+//! if let Err(why) = can_run() {
+//!     eprintln!("skipping: {why}");
+//!     return;
+//! }
+//! let bed = TestBed::up(BedConfig {
+//!     rtt: Duration::from_millis(50),
+//!     rate_bps: Some(1_000_000_000),
+//!     loss: 0.0,
+//!     mtu: 9000,
+//!     regime: Regime::Default,
+//!     queue_bytes: None,
+//! })
+//! .unwrap();
+//! let out = bed
+//!     .command(Host::Client, "ping")
+//!     .args(["-c", "1", &bed.server_addr().to_string()])
+//!     .output()
+//!     .unwrap();
+//! assert!(out.status.success());
+//! bed.set_loss(1.0); // blackhole
+//! println!("{}", serde_json::to_string(&bed.stats()).unwrap());
+//! // dropping `bed` removes the namespaces and devices
+//! ```
+
+mod bed;
+pub mod forward;
+pub mod sched;
+
+use std::time::Duration;
+
+pub use bed::{
+    can_run, delete_netns, find_in_path, list_netns, open_tun, reap_stale, regime_sysctls, BedConfig, BedOptions,
+    Host, Regime, Stats, TestBed, CLIENT_ADDR, DEFAULT_WMEM_MAX, DEVICE, PREFIX_LEN, SERVER_ADDR, TUNED_BUF,
+};
+pub use forward::DirStats;
+
+fn split_num(s: &str) -> (&str, &str) {
+    let i = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == 'e' || c == '_'))
+        .unwrap_or(s.len());
+    (&s[..i], s[i..].trim())
+}
+
+/// Parses "50ms", "0.1s", "250us", "1500ns"; a bare number means
+/// milliseconds.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let (num, unit) = split_num(s);
+    let v: f64 = num.replace('_', "").parse().map_err(|_| format!("bad duration {s:?}"))?;
+    let secs = match unit {
+        "" | "ms" => v / 1e3,
+        "s" => v,
+        "us" | "µs" => v / 1e6,
+        "ns" => v / 1e9,
+        _ => return Err(format!("bad duration unit in {s:?} (use s, ms, us, ns)")),
+    };
+    if !secs.is_finite() || secs < 0.0 {
+        return Err(format!("bad duration {s:?}"));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+/// Parses a rate like tc does: "1gbit", "200mbit", "500kbit", "1000000"
+/// (bit/s), "1gbps"/"10mbps" (bytes/s). "0", "none", "unlimited" = None.
+pub fn parse_rate(s: &str) -> Result<Option<u64>, String> {
+    let s = s.trim().to_ascii_lowercase();
+    if matches!(s.as_str(), "0" | "none" | "unlimited" | "inf") {
+        return Ok(None);
+    }
+    let (num, unit) = split_num(&s);
+    let v: f64 = num.replace('_', "").parse().map_err(|_| format!("bad rate {s:?}"))?;
+    let mult = match unit {
+        "" | "bit" | "bps" => 1.0,
+        "kbit" | "k" => 1e3,
+        "mbit" | "m" => 1e6,
+        "gbit" | "g" => 1e9,
+        "kibit" => 1024.0,
+        "mibit" => 1024.0 * 1024.0,
+        "gibit" => 1024.0 * 1024.0 * 1024.0,
+        "kbps" => 8e3,
+        "mbps" => 8e6,
+        "gbps" => 8e9,
+        _ => return Err(format!("bad rate unit in {s:?} (use bit, kbit, mbit, gbit)")),
+    };
+    let bps = (v * mult).round();
+    if !(bps >= 1.0 && bps < 1e15) {
+        return Err(format!("bad rate {s:?}"));
+    }
+    Ok(Some(bps as u64))
+}
+
+/// Parses a byte count: "12500000", "64k", "12.5M", "4MiB", "1GiB".
+/// k/M/G are decimal, Ki/Mi/Gi binary; a trailing "B" is optional.
+pub fn parse_bytes(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let (num, unit) = split_num(t);
+    let v: f64 = num.replace('_', "").parse().map_err(|_| format!("bad size {s:?}"))?;
+    let unit = unit.strip_suffix('B').unwrap_or(unit);
+    let mult = match unit.to_ascii_lowercase().as_str() {
+        "" => 1.0,
+        "k" => 1e3,
+        "m" => 1e6,
+        "g" => 1e9,
+        "ki" => 1024.0,
+        "mi" => 1024.0 * 1024.0,
+        "gi" => 1024.0 * 1024.0 * 1024.0,
+        _ => return Err(format!("bad size unit in {s:?}")),
+    };
+    let b = (v * mult).round();
+    if !(0.0..1e18).contains(&b) {
+        return Err(format!("bad size {s:?}"));
+    }
+    Ok(b as u64)
+}
+
+/// Parses a loss probability: "0.01" or "1%".
+pub fn parse_loss(s: &str) -> Result<f64, String> {
+    let t = s.trim();
+    let v = match t.strip_suffix('%') {
+        Some(p) => p.trim().parse::<f64>().map(|x| x / 100.0),
+        None => t.parse::<f64>(),
+    }
+    .map_err(|_| format!("bad loss {s:?}"))?;
+    if !(0.0..=1.0).contains(&v) {
+        return Err(format!("loss {s:?} out of 0..=1"));
+    }
+    Ok(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parsing() {
+        assert_eq!(parse_duration("50ms").unwrap(), Duration::from_millis(50));
+        assert_eq!(parse_duration("50").unwrap(), Duration::from_millis(50));
+        assert_eq!(parse_duration("0.1s").unwrap(), Duration::from_millis(100));
+        assert_eq!(parse_duration("250us").unwrap(), Duration::from_micros(250));
+        assert!(parse_duration("5 parsecs").is_err());
+        assert_eq!(parse_rate("1gbit").unwrap(), Some(1_000_000_000));
+        assert_eq!(parse_rate("200Mbit").unwrap(), Some(200_000_000));
+        assert_eq!(parse_rate("1.5mbit").unwrap(), Some(1_500_000));
+        assert_eq!(parse_rate("10mbps").unwrap(), Some(80_000_000));
+        assert_eq!(parse_rate("unlimited").unwrap(), None);
+        assert!(parse_rate("fast").is_err());
+        assert_eq!(parse_bytes("12500000").unwrap(), 12_500_000);
+        assert_eq!(parse_bytes("12.5M").unwrap(), 12_500_000);
+        assert_eq!(parse_bytes("4MiB").unwrap(), 4 << 20);
+        assert_eq!(parse_bytes("64k").unwrap(), 64_000);
+        assert_eq!(parse_loss("0.01").unwrap(), 0.01);
+        assert_eq!(parse_loss("10%").unwrap(), 0.1);
+        assert!(parse_loss("2").is_err());
+    }
+
+    #[test]
+    fn default_queue_is_one_bdp() {
+        let c = BedConfig {
+            rtt: Duration::from_millis(100),
+            rate_bps: Some(1_000_000_000),
+            ..Default::default()
+        };
+        assert_eq!(c.effective_queue_bytes(), 12_500_000);
+        let c = BedConfig {
+            rtt: Duration::ZERO,
+            rate_bps: Some(1_000_000_000),
+            ..Default::default()
+        };
+        assert_eq!(c.effective_queue_bytes(), 64 * 9000);
+        let c = BedConfig {
+            queue_bytes: Some(100),
+            ..Default::default()
+        };
+        assert_eq!(c.effective_queue_bytes(), 9000);
+    }
+}

@@ -1,0 +1,647 @@
+//! Byte layout of every frame; `docs/PROTOCOL.md` is its prose twin and must change with it.
+//!
+//! Decoding treats the payload as hostile: every read is bounds-checked, every length is checked
+//! against its limit before anything is allocated, and nothing allocates more than the payload
+//! is long, so a peer's bytes can produce an error but never a panic or a large allocation.
+//!
+//! Encoding trusts its input (it comes from this process): it writes the values it is given
+//! and leaves the limits to the peer's decoder, which names the field that broke one. Only a
+//! length that cannot be represented in its length prefix at all panics, because writing it
+//! would desynchronise the stream.
+
+use std::ops::Range;
+
+use bytes::{BufMut, Bytes, BytesMut};
+
+use crate::error::DecodeError;
+use crate::frame::{
+    Block, Capabilities, ChecksumAlgo, CompleteSummary, EntryKind, ErrorCode, ExistingPolicy,
+    FileId, FileMeta, Frame, FrameType, ListEntry, Role, SessionId, TransferOpts, HEADER_LEN,
+    MAGIC, MAX_BLOCK_DATA, MAX_DIGEST, MAX_LIST_ENTRIES, MAX_MESSAGE, MAX_PATH, MAX_STREAMS,
+    MAX_TOKEN, MIN_BLOCK_SIZE,
+};
+
+const ROLE_CONTROL: u8 = 0;
+const ROLE_DATA: u8 = 1;
+
+/// Smallest encoding of a [`ListEntry`] (empty name): bounds the capacity reserved for a listing
+/// by what the payload can actually hold, whatever count it claims.
+const MIN_ENTRY_LEN: usize = 2 + 1 + 8 + 4 + 8;
+
+/// The fixed 5-byte prefix of every frame.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FrameHeader {
+    pub ty: FrameType,
+    /// Payload length, not counting the header.
+    pub len: u32,
+}
+
+impl FrameHeader {
+    /// Validates a header before its payload is read, so that an unknown type or an oversized
+    /// length is refused before the driver allocates a buffer for it.
+    pub fn parse(buf: &[u8; HEADER_LEN]) -> Result<Self, DecodeError> {
+        let [ty, len @ ..] = *buf;
+        let header = Self {
+            ty: FrameType(ty),
+            len: u32::from_be_bytes(len),
+        };
+        check_payload_len(header.ty, header.len)?;
+        Ok(header)
+    }
+
+    pub fn encode(&self, out: &mut BytesMut) {
+        out.put_u8(self.ty.0);
+        out.put_u32(self.len);
+    }
+}
+
+fn check_payload_len(ty: FrameType, len: u32) -> Result<(), DecodeError> {
+    let max = ty
+        .max_payload()
+        .ok_or(DecodeError::UnknownFrameType(ty.0))?;
+    if len > max {
+        return Err(DecodeError::FrameTooLarge {
+            frame: ty.name(),
+            len,
+            max,
+        });
+    }
+    Ok(())
+}
+
+impl Frame {
+    pub fn frame_type(&self) -> FrameType {
+        match self {
+            Frame::Hello { .. } => FrameType::HELLO,
+            Frame::Welcome { .. } => FrameType::WELCOME,
+            Frame::Error { .. } => FrameType::ERROR,
+            Frame::PutRequest { .. } => FrameType::PUT_REQUEST,
+            Frame::GetRequest { .. } => FrameType::GET_REQUEST,
+            Frame::ListRequest { .. } => FrameType::LIST_REQUEST,
+            Frame::Ready { .. } => FrameType::READY,
+            Frame::ListEntries { .. } => FrameType::LIST_ENTRIES,
+            Frame::ListEnd => FrameType::LIST_END,
+            Frame::Block(_) => FrameType::BLOCK,
+            Frame::Dir { .. } => FrameType::DIR,
+            Frame::Symlink { .. } => FrameType::SYMLINK,
+            Frame::Sent { .. } => FrameType::SENT,
+            Frame::Resend { .. } => FrameType::RESEND,
+            Frame::Skipped { .. } => FrameType::SKIPPED,
+            Frame::FileFailed { .. } => FrameType::FILE_FAILED,
+            Frame::Complete(_) => FrameType::COMPLETE,
+        }
+    }
+
+    /// Decodes the payload of a frame whose header has been parsed.
+    ///
+    /// The whole payload must be consumed: trailing bytes mean the peer's layout differs from
+    /// ours, and silently ignoring them would hide exactly the drift the version number guards.
+    /// `Block` data and file digests are zero-copy slices of `payload`.
+    pub fn decode(ty: FrameType, payload: Bytes) -> Result<Frame, DecodeError> {
+        check_payload_len(ty, u32::try_from(payload.len()).unwrap_or(u32::MAX))?;
+        let mut r = Reader {
+            buf: &payload,
+            pos: 0,
+        };
+        let frame = match ty {
+            FrameType::HELLO => decode_hello(&mut r)?,
+            FrameType::WELCOME => Frame::Welcome {
+                version: r.u16("version")?,
+                capabilities: Capabilities(r.u64("capabilities")?),
+                session: SessionId(r.u64("session")?),
+                secret: r.array("secret")?,
+            },
+            FrameType::ERROR => Frame::Error {
+                code: ErrorCode(r.u16("code")?),
+                message: r.str("message", MAX_MESSAGE)?,
+            },
+            FrameType::PUT_REQUEST => Frame::PutRequest {
+                dest: r.str("dest", MAX_PATH)?,
+                sources: r.u32("sources")?,
+                opts: decode_opts(&mut r)?,
+            },
+            FrameType::GET_REQUEST => Frame::GetRequest {
+                src: r.str("src", MAX_PATH)?,
+                opts: decode_opts(&mut r)?,
+            },
+            FrameType::LIST_REQUEST => Frame::ListRequest {
+                path: r.str("path", MAX_PATH)?,
+            },
+            FrameType::READY => Frame::Ready {
+                streams: decode_streams(&mut r)?,
+                block_size: decode_block_size(&mut r)?,
+            },
+            FrameType::LIST_ENTRIES => decode_list_entries(&mut r)?,
+            FrameType::LIST_END => Frame::ListEnd,
+            FrameType::BLOCK => Frame::Block(decode_block(&mut r)?),
+            FrameType::DIR => Frame::Dir {
+                path: r.str("path", MAX_PATH)?,
+                mode: r.u32("mode")?,
+                mtime_ns: r.i64("mtime_ns")?,
+            },
+            FrameType::SYMLINK => Frame::Symlink {
+                path: r.str("path", MAX_PATH)?,
+                target: r.str("target", MAX_PATH)?,
+                mtime_ns: r.i64("mtime_ns")?,
+            },
+            FrameType::SENT => Frame::Sent {
+                files: r.u64("files")?,
+                dirs: r.u64("dirs")?,
+                symlinks: r.u64("symlinks")?,
+                bytes: r.u64("bytes")?,
+            },
+            FrameType::RESEND => Frame::Resend {
+                file: FileId(r.u64("file")?),
+                offset: r.u64("offset")?,
+                len: r.u32("len")?,
+            },
+            FrameType::SKIPPED => Frame::Skipped {
+                file: FileId(r.u64("file")?),
+            },
+            FrameType::FILE_FAILED => Frame::FileFailed {
+                file: FileId(r.u64("file")?),
+                code: ErrorCode(r.u16("code")?),
+                message: r.str("message", MAX_MESSAGE)?,
+            },
+            FrameType::COMPLETE => Frame::Complete(CompleteSummary {
+                files: r.u64("files")?,
+                bytes: r.u64("bytes")?,
+                skipped: r.u64("skipped")?,
+                failed: r.u64("failed")?,
+                bad_blocks: r.u64("bad_blocks")?,
+            }),
+            _ => return Err(DecodeError::UnknownFrameType(ty.0)),
+        };
+        r.finish(ty)?;
+        Ok(frame)
+    }
+
+    /// Appends the header and payload to `out`.
+    ///
+    /// Messages longer than [`MAX_MESSAGE`] are cut at a character boundary, because a
+    /// diagnostic that is too long should still reach the peer rather than be refused by it.
+    ///
+    /// # Panics
+    ///
+    /// If a string exceeds 65535 bytes, a listing 65535 entries, a file digest 255 bytes or the
+    /// payload 4 GiB: lengths the wire format cannot express (all far beyond its limits).
+    pub fn encode(&self, out: &mut BytesMut) {
+        encode_frame(out, self.frame_type(), 0, |out| self.encode_payload(out));
+    }
+
+    fn encode_payload(&self, out: &mut BytesMut) {
+        match self {
+            Frame::Hello {
+                version,
+                capabilities,
+                role,
+            } => {
+                out.put_slice(&MAGIC);
+                out.put_u16(*version);
+                out.put_u64(capabilities.0);
+                match role {
+                    Role::Control { token } => {
+                        out.put_u8(ROLE_CONTROL);
+                        put_str(out, token);
+                    }
+                    Role::Data {
+                        session,
+                        secret,
+                        stream,
+                    } => {
+                        out.put_u8(ROLE_DATA);
+                        out.put_u64(session.0);
+                        out.put_slice(secret);
+                        out.put_u16(*stream);
+                    }
+                }
+            }
+            Frame::Welcome {
+                version,
+                capabilities,
+                session,
+                secret,
+            } => {
+                out.put_u16(*version);
+                out.put_u64(capabilities.0);
+                out.put_u64(session.0);
+                out.put_slice(secret);
+            }
+            Frame::Error { code, message } => {
+                out.put_u16(code.0);
+                put_message(out, message);
+            }
+            Frame::PutRequest {
+                dest,
+                sources,
+                opts,
+            } => {
+                put_str(out, dest);
+                out.put_u32(*sources);
+                put_opts(out, opts);
+            }
+            Frame::GetRequest { src, opts } => {
+                put_str(out, src);
+                put_opts(out, opts);
+            }
+            Frame::ListRequest { path } => put_str(out, path),
+            Frame::Ready {
+                streams,
+                block_size,
+            } => {
+                out.put_u16(*streams);
+                out.put_u32(*block_size);
+            }
+            Frame::ListEntries { entries } => {
+                out.put_u16(wire_len(entries.len(), "list entries"));
+                for entry in entries {
+                    put_str(out, &entry.name);
+                    out.put_u8(entry.kind as u8);
+                    out.put_u64(entry.size);
+                    out.put_u32(entry.mode);
+                    out.put_i64(entry.mtime_ns);
+                }
+            }
+            Frame::ListEnd => {}
+            Frame::Block(block) => {
+                put_block_head(out, block);
+                out.put_slice(&block.data);
+            }
+            Frame::Dir {
+                path,
+                mode,
+                mtime_ns,
+            } => {
+                put_str(out, path);
+                out.put_u32(*mode);
+                out.put_i64(*mtime_ns);
+            }
+            Frame::Symlink {
+                path,
+                target,
+                mtime_ns,
+            } => {
+                put_str(out, path);
+                put_str(out, target);
+                out.put_i64(*mtime_ns);
+            }
+            Frame::Sent {
+                files,
+                dirs,
+                symlinks,
+                bytes,
+            } => {
+                for n in [files, dirs, symlinks, bytes] {
+                    out.put_u64(*n);
+                }
+            }
+            Frame::Resend { file, offset, len } => {
+                out.put_u64(file.0);
+                out.put_u64(*offset);
+                out.put_u32(*len);
+            }
+            Frame::Skipped { file } => out.put_u64(file.0),
+            Frame::FileFailed {
+                file,
+                code,
+                message,
+            } => {
+                out.put_u64(file.0);
+                out.put_u16(code.0);
+                put_message(out, message);
+            }
+            Frame::Complete(CompleteSummary {
+                files,
+                bytes,
+                skipped,
+                failed,
+                bad_blocks,
+            }) => {
+                for n in [files, bytes, skipped, failed, bad_blocks] {
+                    out.put_u64(*n);
+                }
+            }
+        }
+    }
+}
+
+impl Block {
+    /// Appends the frame header and every field up to and including the data length, but not
+    /// the data, so that a driver can write `data` straight from its own buffer (vectored
+    /// write) instead of copying megabytes into `out`. The header already counts the data.
+    ///
+    /// An empty `file_digest` encodes as absent. Panics like [`Frame::encode`].
+    pub fn encode_head(&self, out: &mut BytesMut) {
+        encode_frame(out, FrameType::BLOCK, self.data.len(), |out| {
+            put_block_head(out, self)
+        });
+    }
+}
+
+/// Writes a header for `ty`, then the payload written by `body`, then patches the header's length
+/// to the body's length plus `tail`: bytes the caller will write after `out` (Block data).
+/// Patching spares each frame type a second, hand-maintained size computation.
+fn encode_frame(out: &mut BytesMut, ty: FrameType, tail: usize, body: impl FnOnce(&mut BytesMut)) {
+    let start = out.len();
+    FrameHeader { ty, len: 0 }.encode(out);
+    body(out);
+    let len = (out.len() - start - HEADER_LEN)
+        .checked_add(tail)
+        .and_then(|len| u32::try_from(len).ok())
+        .expect("frame payload longer than u32::MAX bytes");
+    out[start + 1..start + HEADER_LEN].copy_from_slice(&len.to_be_bytes());
+}
+
+fn put_block_head(out: &mut BytesMut, block: &Block) {
+    let Block {
+        file,
+        offset,
+        digest,
+        file_digest,
+        data,
+    } = block;
+    out.put_u64(file.id.0);
+    put_str(out, &file.path);
+    out.put_u64(file.size);
+    out.put_u32(file.mode);
+    out.put_i64(file.mtime_ns);
+    out.put_u64(*offset);
+    out.put_u128(*digest);
+    let file_digest = file_digest.as_deref().unwrap_or_default();
+    out.put_u8(wire_len(file_digest.len(), "file digest"));
+    out.put_slice(file_digest);
+    out.put_u32(wire_len(data.len(), "block data"));
+}
+
+fn put_opts(out: &mut BytesMut, opts: &TransferOpts) {
+    out.put_u16(opts.streams);
+    out.put_u32(opts.block_size);
+    out.put_u8(opts.checksum as u8);
+    out.put_u8(opts.existing as u8);
+    out.put_u32(opts.tcp_window);
+}
+
+fn put_str(out: &mut BytesMut, s: &str) {
+    out.put_u16(wire_len(s.len(), "string"));
+    out.put_slice(s.as_bytes());
+}
+
+fn put_message(out: &mut BytesMut, message: &str) {
+    let mut end = message.len().min(MAX_MESSAGE);
+    while !message.is_char_boundary(end) {
+        end -= 1;
+    }
+    put_str(out, message.get(..end).unwrap_or_default());
+}
+
+/// Converts a local length to its length prefix type; see the panics of [`Frame::encode`].
+fn wire_len<T: TryFrom<usize>>(len: usize, what: &str) -> T {
+    T::try_from(len)
+        .unwrap_or_else(|_| panic!("{what} of length {len} does not fit its length prefix"))
+}
+
+fn decode_hello(r: &mut Reader<'_>) -> Result<Frame, DecodeError> {
+    if r.array::<8>("magic")? != MAGIC {
+        return Err(DecodeError::BadMagic);
+    }
+    let version = r.u16("version")?;
+    let capabilities = Capabilities(r.u64("capabilities")?);
+    let role = match r.u8("role")? {
+        ROLE_CONTROL => Role::Control {
+            token: r.str("token", MAX_TOKEN)?,
+        },
+        ROLE_DATA => Role::Data {
+            session: SessionId(r.u64("session")?),
+            secret: r.array("secret")?,
+            stream: r.u16("stream")?,
+        },
+        other => return Err(invalid("role", other)),
+    };
+    Ok(Frame::Hello {
+        version,
+        capabilities,
+        role,
+    })
+}
+
+fn decode_opts(r: &mut Reader<'_>) -> Result<TransferOpts, DecodeError> {
+    Ok(TransferOpts {
+        streams: decode_streams(r)?,
+        block_size: decode_block_size(r)?,
+        checksum: match r.u8("checksum")? {
+            1 => ChecksumAlgo::Blake3,
+            2 => ChecksumAlgo::Xxh3,
+            3 => ChecksumAlgo::Sha256,
+            4 => ChecksumAlgo::Md5,
+            other => return Err(invalid("checksum", other)),
+        },
+        existing: match r.u8("existing")? {
+            0 => ExistingPolicy::Fail,
+            1 => ExistingPolicy::Overwrite,
+            2 => ExistingPolicy::Skip,
+            other => return Err(invalid("existing", other)),
+        },
+        tcp_window: r.u32("tcp_window")?,
+    })
+}
+
+/// Checked at decode time (not left to the session) so that no stream count or block size
+/// outside the protocol's range ever reaches code that sizes buffers or spawns tasks from it.
+fn decode_streams(r: &mut Reader<'_>) -> Result<u16, DecodeError> {
+    match r.u16("streams")? {
+        n @ 1..=MAX_STREAMS => Ok(n),
+        other => Err(invalid("streams", other)),
+    }
+}
+
+fn decode_block_size(r: &mut Reader<'_>) -> Result<u32, DecodeError> {
+    match r.u32("block_size")? {
+        n @ MIN_BLOCK_SIZE..=MAX_BLOCK_DATA => Ok(n),
+        other => Err(invalid("block_size", other)),
+    }
+}
+
+fn decode_list_entries(r: &mut Reader<'_>) -> Result<Frame, DecodeError> {
+    let count = usize::from(r.u16("count")?);
+    if count > MAX_LIST_ENTRIES {
+        return Err(DecodeError::TooLong {
+            field: "count",
+            len: count,
+            max: MAX_LIST_ENTRIES,
+        });
+    }
+    let mut entries = Vec::with_capacity(count.min(r.remaining() / MIN_ENTRY_LEN));
+    for _ in 0..count {
+        entries.push(ListEntry {
+            name: r.str("name", MAX_PATH)?,
+            kind: match r.u8("kind")? {
+                0 => EntryKind::File,
+                1 => EntryKind::Dir,
+                2 => EntryKind::Symlink,
+                3 => EntryKind::Other,
+                other => return Err(invalid("kind", other)),
+            },
+            size: r.u64("size")?,
+            mode: r.u32("mode")?,
+            mtime_ns: r.i64("mtime_ns")?,
+        });
+    }
+    Ok(Frame::ListEntries { entries })
+}
+
+fn decode_block(r: &mut Reader<'_>) -> Result<Block, DecodeError> {
+    let file = FileMeta {
+        id: FileId(r.u64("file")?),
+        path: r.str("path", MAX_PATH)?,
+        size: r.u64("size")?,
+        mode: r.u32("mode")?,
+        mtime_ns: r.i64("mtime_ns")?,
+    };
+    let offset = r.u64("offset")?;
+    let digest = r.u128("digest")?;
+    let file_digest = match usize::from(r.u8("file_digest_len")?) {
+        0 => None,
+        len if len > MAX_DIGEST => {
+            return Err(DecodeError::TooLong {
+                field: "file_digest",
+                len,
+                max: MAX_DIGEST,
+            })
+        }
+        len => Some(r.bytes(len, "file_digest")?),
+    };
+    let data_len = r.u32("data_len")?;
+    if data_len > MAX_BLOCK_DATA {
+        return Err(DecodeError::TooLong {
+            field: "data",
+            len: usize::try_from(data_len).unwrap_or(usize::MAX),
+            max: usize::try_from(MAX_BLOCK_DATA).unwrap_or(usize::MAX),
+        });
+    }
+    let data = r.bytes(usize::try_from(data_len).unwrap_or(usize::MAX), "data")?;
+
+    // The receiver writes at `offset` into a file it preallocates to `size` and finalises the
+    // file on the block carrying its digest; a block that contradicts either would make it
+    // write past the end or verify a file that is still incomplete.
+    let end = offset
+        .checked_add(u64::from(data_len))
+        .ok_or(DecodeError::Inconsistent {
+            field: "offset",
+            reason: "offset + data length overflows",
+        })?;
+    if end > file.size {
+        return Err(DecodeError::Inconsistent {
+            field: "data",
+            reason: "block extends past the end of the file",
+        });
+    }
+    if file_digest.is_some() && end != file.size {
+        return Err(DecodeError::Inconsistent {
+            field: "file_digest",
+            reason: "present on a block that does not end the file",
+        });
+    }
+    Ok(Block {
+        file,
+        offset,
+        digest,
+        file_digest,
+        data,
+    })
+}
+
+fn invalid(field: &'static str, value: impl Into<u64>) -> DecodeError {
+    DecodeError::InvalidValue {
+        field,
+        value: value.into(),
+    }
+}
+
+/// Cursor over an untrusted payload. Reads fail with `Truncated` naming the field instead of
+/// panicking, which is what lets `Frame::decode` promise it never panics.
+struct Reader<'a> {
+    buf: &'a Bytes,
+    pos: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn remaining(&self) -> usize {
+        self.buf.len().saturating_sub(self.pos)
+    }
+
+    /// Claims the next `n` bytes, or fails without moving if fewer are left.
+    fn advance(&mut self, n: usize, field: &'static str) -> Result<Range<usize>, DecodeError> {
+        match self.pos.checked_add(n) {
+            Some(end) if end <= self.buf.len() => {
+                let range = self.pos..end;
+                self.pos = end;
+                Ok(range)
+            }
+            _ => Err(DecodeError::Truncated { field }),
+        }
+    }
+
+    fn take(&mut self, n: usize, field: &'static str) -> Result<&'a [u8], DecodeError> {
+        let range = self.advance(n, field)?;
+        self.buf.get(range).ok_or(DecodeError::Truncated { field })
+    }
+
+    /// A zero-copy slice sharing the payload's allocation.
+    fn bytes(&mut self, n: usize, field: &'static str) -> Result<Bytes, DecodeError> {
+        // `advance` returned a range within `buf`, so `slice` cannot panic.
+        Ok(self.buf.slice(self.advance(n, field)?))
+    }
+
+    fn array<const N: usize>(&mut self, field: &'static str) -> Result<[u8; N], DecodeError> {
+        self.take(N, field)?
+            .try_into()
+            .map_err(|_| DecodeError::Truncated { field })
+    }
+
+    fn u8(&mut self, field: &'static str) -> Result<u8, DecodeError> {
+        self.array(field).map(u8::from_be_bytes)
+    }
+
+    fn u16(&mut self, field: &'static str) -> Result<u16, DecodeError> {
+        self.array(field).map(u16::from_be_bytes)
+    }
+
+    fn u32(&mut self, field: &'static str) -> Result<u32, DecodeError> {
+        self.array(field).map(u32::from_be_bytes)
+    }
+
+    fn u64(&mut self, field: &'static str) -> Result<u64, DecodeError> {
+        self.array(field).map(u64::from_be_bytes)
+    }
+
+    fn i64(&mut self, field: &'static str) -> Result<i64, DecodeError> {
+        self.array(field).map(i64::from_be_bytes)
+    }
+
+    fn u128(&mut self, field: &'static str) -> Result<u128, DecodeError> {
+        self.array(field).map(u128::from_be_bytes)
+    }
+
+    /// A u16-length-prefixed UTF-8 string. The limit is checked before the bytes are touched,
+    /// so the allocation is bounded by `max` as well as by the payload.
+    fn str(&mut self, field: &'static str, max: usize) -> Result<String, DecodeError> {
+        let len = usize::from(self.u16(field)?);
+        if len > max {
+            return Err(DecodeError::TooLong { field, len, max });
+        }
+        let bytes = self.take(len, field)?;
+        std::str::from_utf8(bytes)
+            .map(str::to_owned)
+            .map_err(|_| DecodeError::InvalidUtf8 { field })
+    }
+
+    fn finish(self, ty: FrameType) -> Result<(), DecodeError> {
+        match self.remaining() {
+            0 => Ok(()),
+            extra => Err(DecodeError::TrailingBytes {
+                frame: ty.name(),
+                extra,
+            }),
+        }
+    }
+}

@@ -1,0 +1,345 @@
+//! The frames that travel on ferry's connections.
+//!
+//! Every frame on the wire is `type: u8 | len: u32 (big endian) | payload[len]`. The payload layout
+//! of each type is written down in `docs/PROTOCOL.md`; `Frame::decode` is its only reader.
+
+use bytes::Bytes;
+
+/// Bytes every ferry connection starts its `Hello` with, so that a stray client (an HTTP probe, a
+/// port scanner) is recognised and dropped at its first frame instead of being parsed further.
+pub const MAGIC: [u8; 8] = *b"FERRY\r\n\x1a";
+
+/// The protocol version this build speaks. Bumped on any incompatible change to a frame layout.
+pub const PROTOCOL_VERSION: u16 = 1;
+
+/// Size of the fixed frame header: type (1) and payload length (4).
+pub const HEADER_LEN: usize = 5;
+
+/// Largest payload of any frame but `Block`. Control frames are small; a bound this low means a
+/// peer cannot make us allocate much before it has authenticated.
+pub const MAX_CONTROL_PAYLOAD: u32 = 1 << 20;
+
+/// Largest block of file data one frame may carry (64 MiB, the largest `--block-size`).
+pub const MAX_BLOCK_DATA: u32 = 64 << 20;
+
+/// Largest `Block` payload: the data plus its header fields (path, digests).
+pub const MAX_BLOCK_PAYLOAD: u32 = MAX_BLOCK_DATA + (64 << 10);
+
+/// Longest relative path, in bytes, that a frame may name (Linux PATH_MAX).
+pub const MAX_PATH: usize = 4096;
+
+/// Longest free-text message (errors) in bytes.
+pub const MAX_MESSAGE: usize = 4096;
+
+/// Longest file digest in bytes (SHA-256 and BLAKE3 are 32; room for 64-byte digests).
+pub const MAX_DIGEST: usize = 64;
+
+/// Most entries one `ListEntries` frame may hold; longer listings are split over several frames.
+pub const MAX_LIST_ENTRIES: usize = 1024;
+
+/// Longest token, in bytes.
+pub const MAX_TOKEN: usize = 256;
+
+/// Most data connections one transfer may open. Beyond this, more streams only add contention.
+pub const MAX_STREAMS: u16 = 256;
+
+/// Smallest block size: below a page, per-frame overhead and syscalls dominate.
+pub const MIN_BLOCK_SIZE: u32 = 4 << 10;
+
+/// Frame type byte. Values are part of the protocol and never reused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct FrameType(pub u8);
+
+impl FrameType {
+    pub const HELLO: Self = Self(0x01);
+    pub const WELCOME: Self = Self(0x02);
+    pub const ERROR: Self = Self(0x03);
+    pub const PUT_REQUEST: Self = Self(0x10);
+    pub const GET_REQUEST: Self = Self(0x11);
+    pub const LIST_REQUEST: Self = Self(0x12);
+    pub const READY: Self = Self(0x13);
+    pub const LIST_ENTRIES: Self = Self(0x14);
+    pub const LIST_END: Self = Self(0x15);
+    pub const BLOCK: Self = Self(0x20);
+    pub const DIR: Self = Self(0x21);
+    pub const SYMLINK: Self = Self(0x22);
+    pub const SENT: Self = Self(0x30);
+    pub const RESEND: Self = Self(0x31);
+    pub const SKIPPED: Self = Self(0x32);
+    pub const FILE_FAILED: Self = Self(0x33);
+    pub const COMPLETE: Self = Self(0x34);
+
+    /// The largest payload a frame of this type may declare, or `None` for an unknown type.
+    /// Checked on the header alone, before any payload is read or allocated.
+    pub fn max_payload(self) -> Option<u32> {
+        match self {
+            Self::BLOCK => Some(MAX_BLOCK_PAYLOAD),
+            Self::HELLO
+            | Self::WELCOME
+            | Self::ERROR
+            | Self::PUT_REQUEST
+            | Self::GET_REQUEST
+            | Self::LIST_REQUEST
+            | Self::READY
+            | Self::LIST_ENTRIES
+            | Self::LIST_END
+            | Self::DIR
+            | Self::SYMLINK
+            | Self::SENT
+            | Self::RESEND
+            | Self::SKIPPED
+            | Self::FILE_FAILED
+            | Self::COMPLETE => Some(MAX_CONTROL_PAYLOAD),
+            _ => None,
+        }
+    }
+
+    /// Lower-case name for error messages and logs, `"unknown"` for a type this build lacks.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::HELLO => "hello",
+            Self::WELCOME => "welcome",
+            Self::ERROR => "error",
+            Self::PUT_REQUEST => "put_request",
+            Self::GET_REQUEST => "get_request",
+            Self::LIST_REQUEST => "list_request",
+            Self::READY => "ready",
+            Self::LIST_ENTRIES => "list_entries",
+            Self::LIST_END => "list_end",
+            Self::BLOCK => "block",
+            Self::DIR => "dir",
+            Self::SYMLINK => "symlink",
+            Self::SENT => "sent",
+            Self::RESEND => "resend",
+            Self::SKIPPED => "skipped",
+            Self::FILE_FAILED => "file_failed",
+            Self::COMPLETE => "complete",
+            _ => "unknown",
+        }
+    }
+}
+
+/// Session identifier the server hands out in `Welcome`; data connections quote it to join.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SessionId(pub u64);
+
+/// Identifies one file within a transfer; chosen by the sender, unique per transfer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct FileId(pub u64);
+
+/// Capability bits exchanged in `Hello`/`Welcome`; the session uses the intersection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Capabilities(pub u64);
+
+impl Capabilities {
+    /// Receiver can ask for a block again (`Resend`).
+    pub const RESEND: u64 = 1 << 0;
+
+    /// Everything this build supports.
+    pub const fn ours() -> Self {
+        Self(Self::RESEND)
+    }
+
+    pub fn intersect(self, other: Self) -> Self {
+        Self(self.0 & other.0)
+    }
+
+    pub fn has(self, bit: u64) -> bool {
+        self.0 & bit == bit
+    }
+}
+
+/// What a new connection is for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// The first connection of a session, authenticated by a token.
+    Control { token: String },
+    /// A data connection joining an existing session.
+    Data {
+        session: SessionId,
+        secret: [u8; 32],
+        stream: u16,
+    },
+}
+
+/// End-to-end file digest algorithm.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ChecksumAlgo {
+    Blake3 = 1,
+    Xxh3 = 2,
+    Sha256 = 3,
+    Md5 = 4,
+}
+
+/// What to do when the destination already exists.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ExistingPolicy {
+    /// Report the file as failed and leave the existing one alone.
+    Fail = 0,
+    /// Replace it (atomically, by rename).
+    Overwrite = 1,
+    /// Leave it and count it as skipped.
+    Skip = 2,
+}
+
+/// Parameters of one transfer, proposed by the client.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TransferOpts {
+    pub streams: u16,
+    pub block_size: u32,
+    pub checksum: ChecksumAlgo,
+    pub existing: ExistingPolicy,
+    /// SO_SNDBUF/SO_RCVBUF for data sockets; 0 leaves the kernel's autotuning alone.
+    pub tcp_window: u32,
+}
+
+/// Kind of a listed directory entry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum EntryKind {
+    File = 0,
+    Dir = 1,
+    Symlink = 2,
+    Other = 3,
+}
+
+/// One line of a remote listing.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ListEntry {
+    pub name: String,
+    pub kind: EntryKind,
+    pub size: u64,
+    pub mode: u32,
+    /// Modification time in nanoseconds since the Unix epoch.
+    pub mtime_ns: i64,
+}
+
+/// Metadata of a file, repeated in each of its blocks so that blocks can arrive in any order on
+/// any stream and the receiver can open the file from whichever comes first.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FileMeta {
+    pub id: FileId,
+    /// Path relative to the transfer's destination, `/`-separated, already validated by the sender.
+    pub path: String,
+    pub size: u64,
+    pub mode: u32,
+    pub mtime_ns: i64,
+}
+
+/// A piece of a file. Small files travel as a single block (offset 0, all data).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Block {
+    pub file: FileMeta,
+    pub offset: u64,
+    /// XXH3-128 of `data`, big endian.
+    pub digest: u128,
+    /// End-to-end digest of the whole file, present only on the block that ends the file
+    /// (`offset + data.len() == file.size`), because the sender knows it only then.
+    pub file_digest: Option<Bytes>,
+    pub data: Bytes,
+}
+
+/// Summary the receiver returns once every file is final.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CompleteSummary {
+    pub files: u64,
+    pub bytes: u64,
+    pub skipped: u64,
+    pub failed: u64,
+    pub bad_blocks: u64,
+}
+
+/// Every frame of the protocol.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Frame {
+    Hello {
+        version: u16,
+        capabilities: Capabilities,
+        role: Role,
+    },
+    Welcome {
+        version: u16,
+        capabilities: Capabilities,
+        session: SessionId,
+        secret: [u8; 32],
+    },
+    Error {
+        code: ErrorCode,
+        message: String,
+    },
+    PutRequest {
+        dest: String,
+        sources: u32,
+        opts: TransferOpts,
+    },
+    GetRequest {
+        src: String,
+        opts: TransferOpts,
+    },
+    ListRequest {
+        path: String,
+    },
+    /// Server accepted a put/get, possibly lowering the proposed streams and block size;
+    /// data connections may join now.
+    Ready {
+        streams: u16,
+        block_size: u32,
+    },
+    ListEntries {
+        entries: Vec<ListEntry>,
+    },
+    ListEnd,
+    Block(Block),
+    Dir {
+        path: String,
+        mode: u32,
+        mtime_ns: i64,
+    },
+    Symlink {
+        path: String,
+        target: String,
+        mtime_ns: i64,
+    },
+    /// Sender has queued everything: the receiver knows how many entries to expect.
+    Sent {
+        files: u64,
+        dirs: u64,
+        symlinks: u64,
+        bytes: u64,
+    },
+    /// Receiver found a bad block and asks for it again.
+    Resend {
+        file: FileId,
+        offset: u64,
+        len: u32,
+    },
+    /// Receiver skips this file (it exists); the sender may stop reading it.
+    Skipped {
+        file: FileId,
+    },
+    FileFailed {
+        file: FileId,
+        code: ErrorCode,
+        message: String,
+    },
+    Complete(CompleteSummary),
+}
+
+/// Error code carried on the wire in `Error` and `FileFailed`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ErrorCode(pub u16);
+
+impl ErrorCode {
+    pub const PROTOCOL: Self = Self(1);
+    pub const VERSION: Self = Self(2);
+    pub const AUTH: Self = Self(3);
+    pub const BAD_REQUEST: Self = Self(4);
+    pub const NOT_FOUND: Self = Self(5);
+    pub const PERMISSION: Self = Self(6);
+    pub const EXISTS: Self = Self(7);
+    pub const IO: Self = Self(8);
+    pub const CORRUPT: Self = Self(9);
+    pub const BUSY: Self = Self(10);
+    pub const TIMEOUT: Self = Self(11);
+    pub const INTERNAL: Self = Self(12);
+    pub const NO_SPACE: Self = Self(13);
+}

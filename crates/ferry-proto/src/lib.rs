@@ -1,0 +1,17 @@
+//! ferry's wire protocol, with no I/O.
+//!
+//! This crate knows frames and their byte layout and nothing about sockets, files or clocks, so
+//! it can be property-tested and fuzzed in isolation (the quinn-proto / rustls split). A driver
+//! reads [`HEADER_LEN`] bytes, checks them with [`FrameHeader::parse`] (which bounds the payload
+//! length per frame type before anything is allocated), reads the payload and hands it to
+//! [`Frame::decode`]. Encoding goes into a caller's buffer; `Block` data can be written
+//! separately after [`Block::encode_head`] so that megabytes of file data are never copied.
+#![forbid(unsafe_code)]
+
+mod codec;
+mod error;
+mod frame;
+
+pub use codec::FrameHeader;
+pub use error::{negotiate_version, DecodeError, ProtocolError};
+pub use frame::*;

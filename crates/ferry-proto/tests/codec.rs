@@ -1,0 +1,908 @@
+//! Codec tests through the public API only, as a driver or a peer would use it.
+
+use bytes::{Bytes, BytesMut};
+use ferry_proto::*;
+use proptest::collection::vec;
+use proptest::prelude::*;
+
+fn encode(frame: &Frame) -> BytesMut {
+    let mut out = BytesMut::new();
+    frame.encode(&mut out);
+    out
+}
+
+/// Splits an encoded frame the way a driver does: header first, then exactly `len` bytes.
+fn decode(mut encoded: BytesMut) -> Result<Frame, DecodeError> {
+    let payload = encoded.split_off(HEADER_LEN).freeze();
+    let header: [u8; HEADER_LEN] = encoded[..].try_into().expect("header is 5 bytes");
+    let header = FrameHeader::parse(&header)?;
+    assert_eq!(
+        header.len as usize,
+        payload.len(),
+        "header length must match the payload"
+    );
+    Frame::decode(header.ty, payload)
+}
+
+fn payload_of(frame: &Frame) -> Bytes {
+    encode(frame).split_off(HEADER_LEN).freeze()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Strategies: valid values only, i.e. within every limit the decoder enforces.
+
+/// Any chars, control and non-ASCII included; 64 chars are at most 256 bytes, within every
+/// string limit (the smallest is MAX_TOKEN = 256). Exact limits are tested separately.
+fn text() -> impl Strategy<Value = String> {
+    vec(any::<char>(), 0..64).prop_map(String::from_iter)
+}
+
+fn opts() -> impl Strategy<Value = TransferOpts> {
+    (
+        1..=MAX_STREAMS,
+        MIN_BLOCK_SIZE..=MAX_BLOCK_DATA,
+        prop_oneof![
+            Just(ChecksumAlgo::Blake3),
+            Just(ChecksumAlgo::Xxh3),
+            Just(ChecksumAlgo::Sha256),
+            Just(ChecksumAlgo::Md5),
+        ],
+        prop_oneof![
+            Just(ExistingPolicy::Fail),
+            Just(ExistingPolicy::Overwrite),
+            Just(ExistingPolicy::Skip),
+        ],
+        any::<u32>(),
+    )
+        .prop_map(
+            |(streams, block_size, checksum, existing, tcp_window)| TransferOpts {
+                streams,
+                block_size,
+                checksum,
+                existing,
+                tcp_window,
+            },
+        )
+}
+
+fn role() -> impl Strategy<Value = Role> {
+    prop_oneof![
+        text().prop_map(|token| Role::Control { token }),
+        (any::<u64>(), any::<[u8; 32]>(), any::<u16>()).prop_map(|(session, secret, stream)| {
+            Role::Data {
+                session: SessionId(session),
+                secret,
+                stream,
+            }
+        }),
+    ]
+}
+
+fn list_entry() -> impl Strategy<Value = ListEntry> {
+    (
+        text(),
+        prop_oneof![
+            Just(EntryKind::File),
+            Just(EntryKind::Dir),
+            Just(EntryKind::Symlink),
+            Just(EntryKind::Other),
+        ],
+        any::<u64>(),
+        any::<u32>(),
+        any::<i64>(),
+    )
+        .prop_map(|(name, kind, size, mode, mtime_ns)| ListEntry {
+            name,
+            kind,
+            size,
+            mode,
+            mtime_ns,
+        })
+}
+
+/// Blocks that satisfy the decoder's consistency rules: the data lies within the file, and a
+/// file digest only travels on the block that ends it.
+fn block() -> impl Strategy<Value = Block> {
+    (
+        (any::<u64>(), text(), any::<u32>(), any::<i64>()),
+        prop_oneof![Just(0), any::<u64>()],
+        any::<u64>(),
+        any::<u128>(),
+        proptest::option::of(vec(any::<u8>(), 1..=MAX_DIGEST)),
+        vec(any::<u8>(), 0..600),
+    )
+        .prop_map(
+            |((id, path, mode, mtime_ns), offset, tail, digest, file_digest, data)| {
+                let len = data.len() as u64;
+                let offset = offset.min(u64::MAX - len);
+                let end = offset + len;
+                let size = if file_digest.is_some() {
+                    end
+                } else {
+                    end.saturating_add(tail % 4)
+                };
+                Block {
+                    file: FileMeta {
+                        id: FileId(id),
+                        path,
+                        size,
+                        mode,
+                        mtime_ns,
+                    },
+                    offset,
+                    digest,
+                    file_digest: file_digest.map(Bytes::from),
+                    data: Bytes::from(data),
+                }
+            },
+        )
+}
+
+fn frame() -> impl Strategy<Value = Frame> {
+    prop_oneof![
+        (any::<u16>(), any::<u64>(), role())
+            .prop_map(|(version, caps, role)| Frame::Hello {
+                version,
+                capabilities: Capabilities(caps),
+                role
+            })
+            .boxed(),
+        (any::<u16>(), any::<u64>(), any::<u64>(), any::<[u8; 32]>())
+            .prop_map(|(version, caps, session, secret)| Frame::Welcome {
+                version,
+                capabilities: Capabilities(caps),
+                session: SessionId(session),
+                secret,
+            })
+            .boxed(),
+        (any::<u16>(), text())
+            .prop_map(|(code, message)| Frame::Error {
+                code: ErrorCode(code),
+                message
+            })
+            .boxed(),
+        (text(), any::<u32>(), opts())
+            .prop_map(|(dest, sources, opts)| Frame::PutRequest {
+                dest,
+                sources,
+                opts
+            })
+            .boxed(),
+        (text(), opts())
+            .prop_map(|(src, opts)| Frame::GetRequest { src, opts })
+            .boxed(),
+        text().prop_map(|path| Frame::ListRequest { path }).boxed(),
+        (1..=MAX_STREAMS, MIN_BLOCK_SIZE..=MAX_BLOCK_DATA)
+            .prop_map(|(streams, block_size)| Frame::Ready {
+                streams,
+                block_size
+            })
+            .boxed(),
+        vec(list_entry(), 0..8)
+            .prop_map(|entries| Frame::ListEntries { entries })
+            .boxed(),
+        Just(Frame::ListEnd).boxed(),
+        block().prop_map(Frame::Block).boxed(),
+        (text(), any::<u32>(), any::<i64>())
+            .prop_map(|(path, mode, mtime_ns)| Frame::Dir {
+                path,
+                mode,
+                mtime_ns
+            })
+            .boxed(),
+        (text(), text(), any::<i64>())
+            .prop_map(|(path, target, mtime_ns)| Frame::Symlink {
+                path,
+                target,
+                mtime_ns
+            })
+            .boxed(),
+        any::<[u64; 4]>()
+            .prop_map(|[files, dirs, symlinks, bytes]| Frame::Sent {
+                files,
+                dirs,
+                symlinks,
+                bytes
+            })
+            .boxed(),
+        (any::<u64>(), any::<u64>(), any::<u32>())
+            .prop_map(|(file, offset, len)| Frame::Resend {
+                file: FileId(file),
+                offset,
+                len
+            })
+            .boxed(),
+        any::<u64>()
+            .prop_map(|file| Frame::Skipped { file: FileId(file) })
+            .boxed(),
+        (any::<u64>(), any::<u16>(), text())
+            .prop_map(|(file, code, message)| Frame::FileFailed {
+                file: FileId(file),
+                code: ErrorCode(code),
+                message,
+            })
+            .boxed(),
+        any::<[u64; 5]>()
+            .prop_map(|[files, bytes, skipped, failed, bad_blocks]| {
+                Frame::Complete(CompleteSummary {
+                    files,
+                    bytes,
+                    skipped,
+                    failed,
+                    bad_blocks,
+                })
+            })
+            .boxed(),
+    ]
+}
+
+fn known_type() -> impl Strategy<Value = FrameType> {
+    proptest::sample::select(
+        sample_frames()
+            .iter()
+            .map(Frame::frame_type)
+            .collect::<Vec<_>>(),
+    )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(2048))]
+
+    #[test]
+    fn roundtrip(frame in frame()) {
+        let encoded = encode(&frame);
+        prop_assert_eq!(encoded[0], frame.frame_type().0);
+        prop_assert_eq!(decode(encoded), Ok(frame));
+    }
+
+    #[test]
+    fn block_head_plus_data_is_the_frame(block in block()) {
+        let mut split = BytesMut::new();
+        block.encode_head(&mut split);
+        split.extend_from_slice(&block.data);
+        prop_assert_eq!(split, encode(&Frame::Block(block)));
+    }
+
+    #[test]
+    fn trailing_bytes_are_rejected(frame in frame(), extra in vec(any::<u8>(), 1..4)) {
+        let mut payload = payload_of(&frame).to_vec();
+        payload.extend_from_slice(&extra);
+        let ty = frame.frame_type();
+        prop_assert_eq!(
+            Frame::decode(ty, payload.into()),
+            Err(DecodeError::TrailingBytes { frame: ty.name(), extra: extra.len() })
+        );
+    }
+
+    #[test]
+    fn arbitrary_bytes_never_panic(bytes in vec(any::<u8>(), 0..1024)) {
+        check_arbitrary_input(&bytes);
+    }
+
+    /// Random bytes rarely get past the first field; corrupting a valid frame reaches deep.
+    #[test]
+    fn corrupted_frames_never_panic(
+        frame in frame(),
+        flips in vec((any::<prop::sample::Index>(), any::<u8>()), 1..4),
+        cut in any::<prop::sample::Index>(),
+        truncate in any::<bool>(),
+    ) {
+        let mut bytes = encode(&frame).to_vec();
+        for (at, value) in flips {
+            let at = at.index(bytes.len());
+            bytes[at] = value;
+        }
+        if truncate {
+            bytes.truncate(cut.index(bytes.len() + 1));
+        }
+        check_arbitrary_input(&bytes);
+    }
+
+    #[test]
+    fn any_payload_of_a_known_type_never_panics(ty in known_type(), payload in vec(any::<u8>(), 0..256)) {
+        if let Ok(frame) = Frame::decode(ty, payload.clone().into()) {
+            prop_assert_eq!(&payload_of(&frame)[..], &payload[..]);
+        }
+    }
+}
+
+/// What the fuzz target checks: no panic, and whatever decodes re-encodes to the same bytes
+/// (the encoding is canonical) and decodes again to the same frame.
+fn check_arbitrary_input(bytes: &[u8]) {
+    let Some((header, payload)) = bytes.split_first_chunk::<HEADER_LEN>() else {
+        return;
+    };
+    let Ok(header) = FrameHeader::parse(header) else {
+        return;
+    };
+    if let Ok(frame) = Frame::decode(header.ty, Bytes::copy_from_slice(payload)) {
+        let encoded = encode(&frame);
+        assert_eq!(&encoded[HEADER_LEN..], payload);
+        assert_eq!(decode(encoded), Ok(frame));
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// One frame of each type, for the exhaustive per-type checks and the fuzz seed corpus.
+
+fn sample_opts() -> TransferOpts {
+    TransferOpts {
+        streams: 8,
+        block_size: 1 << 20,
+        checksum: ChecksumAlgo::Blake3,
+        existing: ExistingPolicy::Overwrite,
+        tcp_window: 0,
+    }
+}
+
+fn sample_frames() -> Vec<Frame> {
+    vec![
+        Frame::Hello {
+            version: PROTOCOL_VERSION,
+            capabilities: Capabilities::ours(),
+            role: Role::Control {
+                token: "s3cret".into(),
+            },
+        },
+        Frame::Hello {
+            version: PROTOCOL_VERSION,
+            capabilities: Capabilities::ours(),
+            role: Role::Data {
+                session: SessionId(7),
+                secret: [0xab; 32],
+                stream: 3,
+            },
+        },
+        Frame::Welcome {
+            version: PROTOCOL_VERSION,
+            capabilities: Capabilities::ours(),
+            session: SessionId(7),
+            secret: [0xab; 32],
+        },
+        Frame::Error {
+            code: ErrorCode::AUTH,
+            message: "bad token".into(),
+        },
+        Frame::PutRequest {
+            dest: "backups/today".into(),
+            sources: 2,
+            opts: sample_opts(),
+        },
+        Frame::GetRequest {
+            src: "data/ünïcode".into(),
+            opts: sample_opts(),
+        },
+        Frame::ListRequest {
+            path: "data".into(),
+        },
+        Frame::Ready {
+            streams: 4,
+            block_size: 4 << 20,
+        },
+        Frame::ListEntries {
+            entries: vec![
+                ListEntry {
+                    name: "a.txt".into(),
+                    kind: EntryKind::File,
+                    size: 12,
+                    mode: 0o644,
+                    mtime_ns: 1_700_000_000_000_000_000,
+                },
+                ListEntry {
+                    name: "sub".into(),
+                    kind: EntryKind::Dir,
+                    size: 0,
+                    mode: 0o755,
+                    mtime_ns: -1,
+                },
+            ],
+        },
+        Frame::ListEnd,
+        Frame::Block(Block {
+            file: FileMeta {
+                id: FileId(1),
+                path: "dir/file.bin".into(),
+                size: 10,
+                mode: 0o600,
+                mtime_ns: 42,
+            },
+            offset: 4,
+            digest: 0x0123_4567_89ab_cdef_fedc_ba98_7654_3210,
+            file_digest: Some(Bytes::from_static(&[0x5a; 32])),
+            data: Bytes::from_static(b"sixbyt"),
+        }),
+        Frame::Dir {
+            path: "dir".into(),
+            mode: 0o755,
+            mtime_ns: 0,
+        },
+        Frame::Symlink {
+            path: "link".into(),
+            target: "../elsewhere".into(),
+            mtime_ns: 5,
+        },
+        Frame::Sent {
+            files: 3,
+            dirs: 1,
+            symlinks: 1,
+            bytes: 1 << 30,
+        },
+        Frame::Resend {
+            file: FileId(9),
+            offset: 1 << 20,
+            len: 1 << 20,
+        },
+        Frame::Skipped { file: FileId(2) },
+        Frame::FileFailed {
+            file: FileId(2),
+            code: ErrorCode::EXISTS,
+            message: "exists".into(),
+        },
+        Frame::Complete(CompleteSummary {
+            files: 3,
+            bytes: 1 << 30,
+            skipped: 1,
+            failed: 1,
+            bad_blocks: 0,
+        }),
+    ]
+}
+
+#[test]
+fn samples_cover_every_frame_type() {
+    let mut types: Vec<u8> = sample_frames().iter().map(|f| f.frame_type().0).collect();
+    types.dedup();
+    assert_eq!(types.len(), 17);
+    for ty in 0..=u8::MAX {
+        assert_eq!(
+            FrameType(ty).max_payload().is_some(),
+            types.contains(&ty),
+            "type {ty:#04x}"
+        );
+    }
+}
+
+#[test]
+fn every_truncation_is_an_error() {
+    for frame in sample_frames() {
+        let payload = payload_of(&frame);
+        assert_eq!(
+            Frame::decode(frame.frame_type(), payload.clone()),
+            Ok(frame.clone())
+        );
+        for len in 0..payload.len() {
+            match Frame::decode(frame.frame_type(), payload.slice(..len)) {
+                Err(DecodeError::Truncated { .. }) => {}
+                other => panic!("{frame:?} cut to {len} bytes: {other:?}"),
+            }
+        }
+    }
+}
+
+#[test]
+fn every_type_rejects_a_trailing_byte() {
+    for frame in sample_frames() {
+        let ty = frame.frame_type();
+        let mut payload = payload_of(&frame).to_vec();
+        payload.push(0);
+        assert_eq!(
+            Frame::decode(ty, payload.into()),
+            Err(DecodeError::TrailingBytes {
+                frame: ty.name(),
+                extra: 1
+            })
+        );
+    }
+}
+
+/// Regenerates `fuzz/corpus/frame_decode` after a layout change:
+/// `cargo test -p ferry-proto --test codec -- --ignored write_fuzz_seeds`.
+#[test]
+#[ignore = "writes into fuzz/corpus; run by hand"]
+fn write_fuzz_seeds() {
+    let dir =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/corpus/frame_decode");
+    std::fs::create_dir_all(&dir).unwrap();
+    for (i, frame) in sample_frames().iter().enumerate() {
+        let name = format!("{i:02}-{}", frame.frame_type().name());
+        std::fs::write(dir.join(name), encode(frame)).unwrap();
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Pinned bytes: if one of these changes, the wire format changed and PROTOCOL_VERSION must too.
+
+#[test]
+fn pinned_hello() {
+    let frame = Frame::Hello {
+        version: 1,
+        capabilities: Capabilities(1),
+        role: Role::Control {
+            token: "tok".into(),
+        },
+    };
+    #[rustfmt::skip]
+    let expected: &[u8] = &[
+        0x01, 0, 0, 0, 0x18,                            // type, payload length 24
+        b'F', b'E', b'R', b'R', b'Y', b'\r', b'\n', 0x1a, // magic
+        0, 1,                                           // version
+        0, 0, 0, 0, 0, 0, 0, 1,                         // capabilities
+        0,                                              // role: control
+        0, 3, b't', b'o', b'k',                         // token
+    ];
+    assert_eq!(&encode(&frame)[..], expected);
+    assert_eq!(decode(expected.into()), Ok(frame));
+}
+
+#[test]
+fn pinned_resend() {
+    let frame = Frame::Resend {
+        file: FileId(0x0102),
+        offset: 0x0a0b_0c0d_0e0f,
+        len: 0xffff_0001,
+    };
+    #[rustfmt::skip]
+    let expected: &[u8] = &[
+        0x31, 0, 0, 0, 20,                  // type, payload length
+        0, 0, 0, 0, 0, 0, 0x01, 0x02,       // file
+        0, 0, 0x0a, 0x0b, 0x0c, 0x0d, 0x0e, 0x0f, // offset
+        0xff, 0xff, 0, 1,                   // len
+    ];
+    assert_eq!(&encode(&frame)[..], expected);
+    assert_eq!(decode(expected.into()), Ok(frame));
+}
+
+#[test]
+fn pinned_block() {
+    let frame = Frame::Block(Block {
+        file: FileMeta {
+            id: FileId(5),
+            path: "a".into(),
+            size: 3,
+            mode: 0o644,
+            mtime_ns: -1,
+        },
+        offset: 1,
+        digest: 0x11,
+        file_digest: Some(Bytes::from_static(&[0xee, 0xff])),
+        data: Bytes::from_static(b"xy"),
+    });
+    #[rustfmt::skip]
+    let expected: &[u8] = &[
+        0x20, 0, 0, 0, 64,                  // type, payload length
+        0, 0, 0, 0, 0, 0, 0, 5,             // file id
+        0, 1, b'a',                         // path
+        0, 0, 0, 0, 0, 0, 0, 3,             // size
+        0, 0, 0x01, 0xa4,                   // mode 0o644
+        0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, // mtime_ns -1
+        0, 0, 0, 0, 0, 0, 0, 1,             // offset
+        0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x11, // digest
+        2, 0xee, 0xff,                      // file digest
+        0, 0, 0, 2,                         // data length
+        b'x', b'y',                         // data
+    ];
+    assert_eq!(&encode(&frame)[..], expected);
+    assert_eq!(decode(expected.into()), Ok(frame));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Limits and validation, at their exact boundaries.
+
+#[test]
+fn header_rejects_unknown_types_and_oversized_payloads() {
+    assert_eq!(
+        FrameHeader::parse(&[0x7f, 0, 0, 0, 0]),
+        Err(DecodeError::UnknownFrameType(0x7f))
+    );
+    let over = (MAX_CONTROL_PAYLOAD + 1).to_be_bytes();
+    assert_eq!(
+        FrameHeader::parse(&[0x01, over[0], over[1], over[2], over[3]]),
+        Err(DecodeError::FrameTooLarge {
+            frame: "hello",
+            len: MAX_CONTROL_PAYLOAD + 1,
+            max: MAX_CONTROL_PAYLOAD
+        })
+    );
+    let max = MAX_BLOCK_PAYLOAD.to_be_bytes();
+    assert_eq!(
+        FrameHeader::parse(&[0x20, max[0], max[1], max[2], max[3]]),
+        Ok(FrameHeader {
+            ty: FrameType::BLOCK,
+            len: MAX_BLOCK_PAYLOAD
+        })
+    );
+    assert_eq!(
+        Frame::decode(FrameType(0), Bytes::new()),
+        Err(DecodeError::UnknownFrameType(0))
+    );
+}
+
+#[test]
+fn hello_needs_the_magic() {
+    let mut payload = payload_of(&sample_frames()[0]).to_vec();
+    payload[0] = b'G';
+    assert_eq!(
+        Frame::decode(FrameType::HELLO, payload.into()),
+        Err(DecodeError::BadMagic)
+    );
+}
+
+#[test]
+fn strings_are_limited_before_allocation() {
+    let at_limit = Frame::ListRequest {
+        path: "p".repeat(MAX_PATH),
+    };
+    assert_eq!(decode(encode(&at_limit)), Ok(at_limit));
+
+    // The length prefix alone is refused: no bytes follow it.
+    let len = u16::try_from(MAX_PATH + 1).unwrap().to_be_bytes();
+    assert_eq!(
+        Frame::decode(FrameType::LIST_REQUEST, Bytes::copy_from_slice(&len)),
+        Err(DecodeError::TooLong {
+            field: "path",
+            len: MAX_PATH + 1,
+            max: MAX_PATH
+        })
+    );
+
+    let token = Frame::Hello {
+        version: 1,
+        capabilities: Capabilities(0),
+        role: Role::Control {
+            token: "t".repeat(MAX_TOKEN + 1),
+        },
+    };
+    assert_eq!(
+        decode(encode(&token)),
+        Err(DecodeError::TooLong {
+            field: "token",
+            len: MAX_TOKEN + 1,
+            max: MAX_TOKEN
+        })
+    );
+}
+
+#[test]
+fn strings_must_be_utf8() {
+    assert_eq!(
+        Frame::decode(
+            FrameType::DIR,
+            Bytes::from_static(&[0, 1, 0xff, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0])
+        ),
+        Err(DecodeError::InvalidUtf8 { field: "path" })
+    );
+}
+
+#[test]
+fn long_messages_are_cut_at_a_char_boundary() {
+    // 'é' is two bytes, so MAX_MESSAGE falls in the middle of one when preceded by one byte.
+    let message = format!("x{}", "é".repeat(MAX_MESSAGE));
+    let Ok(Frame::Error { message: sent, .. }) = decode(encode(&Frame::Error {
+        code: ErrorCode::IO,
+        message: message.clone(),
+    })) else {
+        panic!("a long message must still encode to a valid frame");
+    };
+    assert_eq!(sent.len(), MAX_MESSAGE - 1);
+    assert!(message.starts_with(&sent));
+}
+
+#[test]
+fn listings_are_limited() {
+    let entry = ListEntry {
+        name: String::new(),
+        kind: EntryKind::Other,
+        size: 0,
+        mode: 0,
+        mtime_ns: 0,
+    };
+    let full = Frame::ListEntries {
+        entries: vec![entry.clone(); MAX_LIST_ENTRIES],
+    };
+    assert_eq!(decode(encode(&full)), Ok(full));
+    let over = Frame::ListEntries {
+        entries: vec![entry; MAX_LIST_ENTRIES + 1],
+    };
+    assert_eq!(
+        decode(encode(&over)),
+        Err(DecodeError::TooLong {
+            field: "count",
+            len: MAX_LIST_ENTRIES + 1,
+            max: MAX_LIST_ENTRIES
+        })
+    );
+    let bad_kind = [0, 1, 0, 0, 4];
+    assert_eq!(
+        Frame::decode(FrameType::LIST_ENTRIES, Bytes::copy_from_slice(&bad_kind)),
+        Err(DecodeError::InvalidValue {
+            field: "kind",
+            value: 4
+        })
+    );
+}
+
+#[test]
+fn transfer_options_are_range_checked() {
+    let cases = [
+        (
+            TransferOpts {
+                streams: 0,
+                ..sample_opts()
+            },
+            "streams",
+            0,
+        ),
+        (
+            TransferOpts {
+                streams: MAX_STREAMS + 1,
+                ..sample_opts()
+            },
+            "streams",
+            u64::from(MAX_STREAMS) + 1,
+        ),
+        (
+            TransferOpts {
+                block_size: MIN_BLOCK_SIZE - 1,
+                ..sample_opts()
+            },
+            "block_size",
+            4095,
+        ),
+        (
+            TransferOpts {
+                block_size: MAX_BLOCK_DATA + 1,
+                ..sample_opts()
+            },
+            "block_size",
+            u64::from(MAX_BLOCK_DATA) + 1,
+        ),
+    ];
+    for (opts, field, value) in cases {
+        let frame = Frame::GetRequest {
+            src: String::new(),
+            opts,
+        };
+        assert_eq!(
+            decode(encode(&frame)),
+            Err(DecodeError::InvalidValue { field, value })
+        );
+    }
+    // src "" (2 bytes), streams (2), block_size (4), then checksum and existing.
+    for (at, field, value) in [(8, "checksum", 0), (8, "checksum", 5), (9, "existing", 3)] {
+        let mut payload = payload_of(&Frame::GetRequest {
+            src: String::new(),
+            opts: sample_opts(),
+        })
+        .to_vec();
+        payload[at] = value;
+        assert_eq!(
+            Frame::decode(FrameType::GET_REQUEST, payload.into()),
+            Err(DecodeError::InvalidValue {
+                field,
+                value: value.into()
+            })
+        );
+    }
+    let ready = Frame::Ready {
+        streams: 0,
+        block_size: MIN_BLOCK_SIZE,
+    };
+    assert_eq!(
+        decode(encode(&ready)),
+        Err(DecodeError::InvalidValue {
+            field: "streams",
+            value: 0
+        })
+    );
+}
+
+#[test]
+fn hello_role_is_checked() {
+    let mut payload = payload_of(&sample_frames()[0]).to_vec();
+    payload[18] = 2; // magic (8), version (2), capabilities (8), then the role byte
+    assert_eq!(
+        Frame::decode(FrameType::HELLO, payload.into()),
+        Err(DecodeError::InvalidValue {
+            field: "role",
+            value: 2
+        })
+    );
+}
+
+fn sample_block() -> Block {
+    let Frame::Block(block) = sample_frames().swap_remove(10) else {
+        unreachable!()
+    };
+    block
+}
+
+#[test]
+fn block_data_is_zero_copy() {
+    let payload = payload_of(&Frame::Block(sample_block()));
+    let Ok(Frame::Block(block)) = Frame::decode(FrameType::BLOCK, payload.clone()) else {
+        panic!("sample block must decode");
+    };
+    let within = |b: &Bytes| payload.as_ptr_range().contains(&b.as_ptr());
+    assert!(within(&block.data));
+    assert!(within(block.file_digest.as_ref().unwrap()));
+}
+
+#[test]
+fn block_consistency_is_checked() {
+    let inconsistent = |field, reason| Err(DecodeError::Inconsistent { field, reason });
+    let check = |edit: &dyn Fn(&mut Block)| {
+        let mut block = sample_block();
+        edit(&mut block);
+        decode(encode(&Frame::Block(block)))
+    };
+
+    assert_eq!(
+        check(&|b| b.offset = u64::MAX - 1),
+        inconsistent("offset", "offset + data length overflows")
+    );
+    assert_eq!(
+        check(&|b| b.file.size = 9),
+        inconsistent("data", "block extends past the end of the file")
+    );
+    assert_eq!(
+        check(&|b| b.file.size = 11),
+        inconsistent(
+            "file_digest",
+            "present on a block that does not end the file"
+        )
+    );
+    // Without a file digest, a block may sit anywhere inside the file.
+    let mid = check(&|b| {
+        b.file.size = 11;
+        b.file_digest = None;
+    });
+    assert!(mid.is_ok(), "{mid:?}");
+    // An empty file is one empty, final block.
+    let empty = check(&|b| {
+        b.file.size = 0;
+        b.offset = 0;
+        b.data = Bytes::new();
+    });
+    assert!(empty.is_ok(), "{empty:?}");
+}
+
+#[test]
+fn block_lengths_are_limited() {
+    let mut payload = payload_of(&Frame::Block(sample_block())).to_vec();
+    // id (8), path (2 + 12), size (8), mode (4), mtime (8), offset (8), digest (16)
+    let digest_len_at = 8 + 14 + 8 + 4 + 8 + 8 + 16;
+    payload[digest_len_at] = u8::try_from(MAX_DIGEST + 1).unwrap();
+    assert_eq!(
+        Frame::decode(FrameType::BLOCK, payload.clone().into()),
+        Err(DecodeError::TooLong {
+            field: "file_digest",
+            len: MAX_DIGEST + 1,
+            max: MAX_DIGEST
+        })
+    );
+
+    payload[digest_len_at] = 0;
+    payload.truncate(digest_len_at + 1);
+    payload.extend_from_slice(&(MAX_BLOCK_DATA + 1).to_be_bytes());
+    assert_eq!(
+        Frame::decode(FrameType::BLOCK, payload.into()),
+        Err(DecodeError::TooLong {
+            field: "data",
+            len: MAX_BLOCK_DATA as usize + 1,
+            max: MAX_BLOCK_DATA as usize
+        })
+    );
+}
+
+#[test]
+fn decode_enforces_the_header_bound_too() {
+    let payload = Bytes::from(vec![0; MAX_CONTROL_PAYLOAD as usize + 1]);
+    assert_eq!(
+        Frame::decode(FrameType::SKIPPED, payload),
+        Err(DecodeError::FrameTooLarge {
+            frame: "skipped",
+            len: MAX_CONTROL_PAYLOAD + 1,
+            max: MAX_CONTROL_PAYLOAD
+        })
+    );
+}
