@@ -21,7 +21,11 @@ fuzz_target!(|data: &[u8]| {
     };
     let mut encoded = BytesMut::new();
     frame.encode(&mut encoded);
-    assert_eq!(&encoded[HEADER_LEN..], payload, "re-encoding changed the bytes");
+    assert_eq!(
+        &encoded[HEADER_LEN..],
+        payload,
+        "re-encoding changed the bytes"
+    );
     let reencoded = encoded.split_off(HEADER_LEN).freeze();
     assert_eq!(Frame::decode(header.ty, reencoded), Ok(frame));
 });

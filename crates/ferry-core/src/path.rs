@@ -37,7 +37,10 @@ pub fn validate_rel(path: &str) -> Result<(), PathError> {
 /// Normalises a user-supplied path on a server (`/incoming/run42/`, `incoming`, `/`) into a
 /// relative path under the server root, refusing `..` rather than resolving it.
 pub fn normalize_remote(path: &str) -> Result<String, PathError> {
-    let joined: Vec<&str> = path.split('/').filter(|c| !c.is_empty() && *c != ".").collect();
+    let joined: Vec<&str> = path
+        .split('/')
+        .filter(|c| !c.is_empty() && *c != ".")
+        .collect();
     let rel = joined.join("/");
     validate_rel(&rel)?;
     Ok(rel)
@@ -66,17 +69,39 @@ mod tests {
 
     #[test]
     fn refuses_escapes() {
-        for bad in ["/etc/passwd", "..", "../x", "a/../../x", "a//b", "a/./b", "a/", "a\0b", "./a"] {
+        for bad in [
+            "/etc/passwd",
+            "..",
+            "../x",
+            "a/../../x",
+            "a//b",
+            "a/./b",
+            "a/",
+            "a\0b",
+            "./a",
+        ] {
             assert!(validate_rel(bad).is_err(), "{bad:?} accepted");
         }
-        for good in ["", "a", "a/b", "with space/ünïcode", "a/..b", "...", "new\nline", "q'\"uote"] {
+        for good in [
+            "",
+            "a",
+            "a/b",
+            "with space/ünïcode",
+            "a/..b",
+            "...",
+            "new\nline",
+            "q'\"uote",
+        ] {
             assert!(validate_rel(good).is_ok(), "{good:?} refused");
         }
     }
 
     #[test]
     fn normalizes_user_paths() {
-        assert_eq!(normalize_remote("/incoming/run42/").unwrap(), "incoming/run42");
+        assert_eq!(
+            normalize_remote("/incoming/run42/").unwrap(),
+            "incoming/run42"
+        );
         assert_eq!(normalize_remote("/").unwrap(), "");
         assert_eq!(normalize_remote("./a//b").unwrap(), "a/b");
         assert!(normalize_remote("/a/../../etc").is_err());

@@ -34,7 +34,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
 use bytes::Bytes;
-use ferry_proto::{Block, ChecksumAlgo, CompleteSummary, ErrorCode, ExistingPolicy, FileId, FileMeta, Frame};
+use ferry_proto::{
+    Block, ChecksumAlgo, CompleteSummary, ErrorCode, ExistingPolicy, FileId, FileMeta, Frame,
+};
 
 use crate::digest::{block_digest, hex, FileHasher};
 use crate::error::FsError;
@@ -56,7 +58,9 @@ impl Destination {
     pub fn map(&self, wire: &str) -> Result<String, FsError> {
         validate_rel(wire)?;
         if wire.is_empty() {
-            return Err(FsError::Path(crate::error::PathError::EmptyComponent(String::new())));
+            return Err(FsError::Path(crate::error::PathError::EmptyComponent(
+                String::new(),
+            )));
         }
         let mapped = match &self.rename_top {
             Some(top) => match wire.split_once('/') {
@@ -98,7 +102,12 @@ impl Ranges {
         }
         let (mut s, mut e) = (start, end);
         // Merge with every overlapping or touching neighbour.
-        let overlapping: Vec<u64> = self.0.range(..=end).filter(|(_, &ve)| ve >= start).map(|(&k, _)| k).collect();
+        let overlapping: Vec<u64> = self
+            .0
+            .range(..=end)
+            .filter(|(_, &ve)| ve >= start)
+            .map(|(&k, _)| k)
+            .collect();
         for k in overlapping {
             if let Some(ve) = self.0.remove(&k) {
                 s = s.min(k);
@@ -110,12 +119,19 @@ impl Ranges {
     }
 
     fn contains(&self, start: u64, end: u64) -> bool {
-        self.0.range(..=start).next_back().is_some_and(|(_, &e)| e >= end)
+        self.0
+            .range(..=start)
+            .next_back()
+            .is_some_and(|(_, &e)| e >= end)
     }
 
     /// End of the contiguous run that contains `at`, if any.
     fn run_end(&self, at: u64) -> Option<u64> {
-        self.0.range(..=at).next_back().filter(|(_, &e)| e > at).map(|(_, &e)| e)
+        self.0
+            .range(..=at)
+            .next_back()
+            .filter(|(_, &e)| e > at)
+            .map(|(_, &e)| e)
     }
 }
 
@@ -251,11 +267,19 @@ impl Receiver {
     pub fn handle(&self, frame: Frame) -> Result<(), RecvError> {
         match frame {
             Frame::Block(b) => self.handle_block(b),
-            Frame::Dir { path, mode, mtime_ns } => {
+            Frame::Dir {
+                path,
+                mode,
+                mtime_ns,
+            } => {
                 self.handle_dir(&path, mode, mtime_ns);
                 Ok(())
             }
-            Frame::Symlink { path, target, mtime_ns } => {
+            Frame::Symlink {
+                path,
+                target,
+                mtime_ns,
+            } => {
                 self.handle_symlink(&path, &target, mtime_ns);
                 Ok(())
             }
@@ -278,7 +302,11 @@ impl Receiver {
         if block_digest(&block.data) != block.digest {
             self.counters.bad_blocks.fetch_add(1, Ordering::Relaxed);
             self.reporter.on_bad_block();
-            let _ = self.control.send(Frame::Resend { file: id, offset: block.offset, len: len as u32 });
+            let _ = self.control.send(Frame::Resend {
+                file: id,
+                offset: block.offset,
+                len: len as u32,
+            });
             return Ok(());
         }
         let entry = self.entry(&block.file)?;
@@ -333,13 +361,20 @@ impl Receiver {
     }
 
     fn verify_and_queue(&self, entry: &FileEntry, mut w: Writing) {
-        let digest = w.hasher.take().map(FileHasher::finalize).unwrap_or_default();
+        let digest = w
+            .hasher
+            .take()
+            .map(FileHasher::finalize)
+            .unwrap_or_default();
         if Some(digest.as_slice()) != w.expected.as_deref() {
             *lock(&entry.slot) = Slot::Writing(Box::new(w));
             self.fail(
                 entry,
                 ErrorCode::CORRUPT,
-                format!("{}: file digest does not match the sender's; not stored", entry.meta.path),
+                format!(
+                    "{}: file digest does not match the sender's; not stored",
+                    entry.meta.path
+                ),
                 true,
             );
             return;
@@ -374,7 +409,10 @@ impl Receiver {
             Ok(None) => (Slot::Skipped, Ok(true)),
             Err(e) => (Slot::Failed, Err(e)),
         };
-        let entry = Arc::new(FileEntry { meta: meta.clone(), slot: Mutex::new(slot) });
+        let entry = Arc::new(FileEntry {
+            meta: meta.clone(),
+            slot: Mutex::new(slot),
+        });
         files.insert(meta.id, entry.clone());
         drop(files);
         match outcome {
@@ -396,12 +434,18 @@ impl Receiver {
         let (dir_rel, name) = split_parent(&rel);
         match self.dest.root.lstat(&rel) {
             Ok(m) if m.kind == root::Kind::Dir => {
-                return Err((ErrorCode::EXISTS, format!("{rel}: a directory is in the way")));
+                return Err((
+                    ErrorCode::EXISTS,
+                    format!("{rel}: a directory is in the way"),
+                ));
             }
             Ok(_) => match self.config.existing {
                 ExistingPolicy::Skip => return Ok(None),
                 ExistingPolicy::Fail => {
-                    return Err((ErrorCode::EXISTS, format!("{rel}: exists (use --overwrite or --skip-existing)")));
+                    return Err((
+                        ErrorCode::EXISTS,
+                        format!("{rel}: exists (use --overwrite or --skip-existing)"),
+                    ));
                 }
                 ExistingPolicy::Overwrite => {}
             },
@@ -411,7 +455,11 @@ impl Receiver {
         self.dest.root.create_dir_all(dir_rel).map_err(fail)?;
         let dir = self.dest.root.open_dir(dir_rel).map_err(fail)?;
         let temp = format!(".ferry-{:016x}-{}.part", self.config.tag, meta.id.0);
-        let file = self.dest.root.create_new_in(&dir, dir_rel, &temp).map_err(fail)?;
+        let file = self
+            .dest
+            .root
+            .create_new_in(&dir, dir_rel, &temp)
+            .map_err(fail)?;
         Ok(Some(Writing {
             file: Arc::new(file),
             dir: Arc::new(dir),
@@ -431,7 +479,8 @@ impl Receiver {
         let old = std::mem::replace(&mut *lock(&entry.slot), Slot::Failed);
         match old {
             Slot::Writing(w) => {
-                let _ = rustix::fs::unlinkat(&*w.dir, w.temp.as_str(), rustix::fs::AtFlags::empty());
+                let _ =
+                    rustix::fs::unlinkat(&*w.dir, w.temp.as_str(), rustix::fs::AtFlags::empty());
                 self.mark_failed(entry.meta.id, code, msg, tell);
             }
             other => *lock(&entry.slot) = other,
@@ -443,7 +492,11 @@ impl Receiver {
         self.counters.failed.fetch_add(1, Ordering::Relaxed);
         self.error(msg.clone());
         if tell {
-            let _ = self.control.send(Frame::FileFailed { file: id, code, message: msg });
+            let _ = self.control.send(Frame::FileFailed {
+                file: id,
+                code,
+                message: msg,
+            });
         }
         self.resolved();
     }
@@ -458,8 +511,20 @@ impl Receiver {
                 self.fail(&entry, ErrorCode::IO, msg, false);
             }
             None => {
-                let meta = FileMeta { id, path: String::new(), size: 0, mode: 0, mtime_ns: 0 };
-                files.insert(id, Arc::new(FileEntry { meta, slot: Mutex::new(Slot::Failed) }));
+                let meta = FileMeta {
+                    id,
+                    path: String::new(),
+                    size: 0,
+                    mode: 0,
+                    mtime_ns: 0,
+                };
+                files.insert(
+                    id,
+                    Arc::new(FileEntry {
+                        meta,
+                        slot: Mutex::new(Slot::Failed),
+                    }),
+                );
                 drop(files);
                 self.mark_failed(id, ErrorCode::IO, msg, false);
             }
@@ -467,7 +532,11 @@ impl Receiver {
     }
 
     fn handle_dir(&self, path: &str, mode: u32, mtime_ns: i64) {
-        match self.dest.map(path).and_then(|rel| self.dest.root.create_dir_all(&rel).map(|()| rel)) {
+        match self
+            .dest
+            .map(path)
+            .and_then(|rel| self.dest.root.create_dir_all(&rel).map(|()| rel))
+        {
             Ok(rel) => lock(&self.dir_meta).push((rel, mode, mtime_ns)),
             Err(e) => {
                 self.counters.failed.fetch_add(1, Ordering::Relaxed);
@@ -491,7 +560,10 @@ impl Receiver {
         if target.is_empty() || target.contains('\0') {
             return Err(format!("symlink {path}: invalid target"));
         }
-        let rel = self.dest.map(path).map_err(|e| format!("symlink {path}: {e}"))?;
+        let rel = self
+            .dest
+            .map(path)
+            .map_err(|e| format!("symlink {path}: {e}"))?;
         let (dir_rel, name) = split_parent(&rel);
         let err = |e: &dyn std::fmt::Display| format!("symlink {rel}: {e}");
         if self.dest.root.lstat(&rel).is_ok() {
@@ -500,13 +572,22 @@ impl Receiver {
                     self.counters.skipped.fetch_add(1, Ordering::Relaxed);
                     return Ok(());
                 }
-                ExistingPolicy::Fail => return Err(err(&"exists (use --overwrite or --skip-existing)")),
+                ExistingPolicy::Fail => {
+                    return Err(err(&"exists (use --overwrite or --skip-existing)"))
+                }
                 ExistingPolicy::Overwrite => {}
             }
         }
-        self.dest.root.create_dir_all(dir_rel).map_err(|e| err(&e))?;
+        self.dest
+            .root
+            .create_dir_all(dir_rel)
+            .map_err(|e| err(&e))?;
         let dir = self.dest.root.open_dir(dir_rel).map_err(|e| err(&e))?;
-        let temp = format!(".ferry-{:016x}-l{}.part", self.config.tag, self.counters.symlinks.load(Ordering::Relaxed));
+        let temp = format!(
+            ".ferry-{:016x}-l{}.part",
+            self.config.tag,
+            self.counters.symlinks.load(Ordering::Relaxed)
+        );
         root::symlink_in(&dir, &temp, target).map_err(|e| err(&e))?;
         let _ = root::set_link_mtime(&dir, &temp, mtime_ns);
         let replace = self.config.existing == ExistingPolicy::Overwrite;
@@ -575,7 +656,8 @@ impl Receiver {
         let files: Vec<_> = lock(&self.files).values().cloned().collect();
         for e in files {
             if let Slot::Writing(w) = &*lock(&e.slot) {
-                let _ = rustix::fs::unlinkat(&*w.dir, w.temp.as_str(), rustix::fs::AtFlags::empty());
+                let _ =
+                    rustix::fs::unlinkat(&*w.dir, w.temp.as_str(), rustix::fs::AtFlags::empty());
             }
         }
     }
@@ -636,7 +718,11 @@ impl Receiver {
         for job in batch {
             match root::set_file_meta(&job.file, job.meta.mode, job.meta.mtime_ns) {
                 Ok(()) => ok.push(job),
-                Err(e) => self.finalize_failed(&job, format!("{}: setting mode/mtime: {e}", job.meta.path), e),
+                Err(e) => self.finalize_failed(
+                    &job,
+                    format!("{}: setting mode/mtime: {e}", job.meta.path),
+                    e,
+                ),
             }
         }
         // One sync for the batch: syncfs when several files share it, fsync for a lone file.
@@ -647,7 +733,11 @@ impl Receiver {
         };
         if let Err(e) = sync {
             for job in &ok {
-                self.finalize_failed(job, format!("{}: sync: {e}", job.meta.path), std::io::Error::from(e.kind()));
+                self.finalize_failed(
+                    job,
+                    format!("{}: sync: {e}", job.meta.path),
+                    std::io::Error::from(e.kind()),
+                );
             }
             return;
         }
@@ -656,7 +746,8 @@ impl Receiver {
         for job in ok {
             match root::rename_in(&job.dir, &job.temp, &job.name, replace) {
                 Ok(()) => {
-                    dirs.entry(job.dir_rel.clone()).or_insert_with(|| job.dir.clone());
+                    dirs.entry(job.dir_rel.clone())
+                        .or_insert_with(|| job.dir.clone());
                     let c = &self.counters;
                     c.files_done.fetch_add(1, Ordering::Relaxed);
                     c.bytes_done.fetch_add(job.meta.size, Ordering::Relaxed);
@@ -669,7 +760,10 @@ impl Receiver {
                     self.resolved();
                 }
                 Err(e) => {
-                    let msg = format!("{}: cannot rename into place: {e}", join(&job.dir_rel, &job.name));
+                    let msg = format!(
+                        "{}: cannot rename into place: {e}",
+                        join(&job.dir_rel, &job.name)
+                    );
                     self.finalize_failed(&job, msg, e);
                 }
             }
@@ -687,7 +781,11 @@ impl Receiver {
         let code = FsError::io(&job.meta.path, e).code();
         self.counters.failed.fetch_add(1, Ordering::Relaxed);
         self.error(msg.clone());
-        let _ = self.control.send(Frame::FileFailed { file: job.meta.id, code, message: msg });
+        let _ = self.control.send(Frame::FileFailed {
+            file: job.meta.id,
+            code,
+            message: msg,
+        });
         self.resolved();
     }
 }

@@ -11,7 +11,9 @@ use std::fs::File;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
-use rustix::fs::{self as rfs, AtFlags, FileType, Mode, OFlags, ResolveFlags, Timespec, Timestamps};
+use rustix::fs::{
+    self as rfs, AtFlags, FileType, Mode, OFlags, ResolveFlags, Timespec, Timestamps,
+};
 
 use crate::error::FsError;
 use crate::path::{split_parent, validate_rel};
@@ -61,7 +63,10 @@ pub fn timestamps(mtime_ns: i64) -> Timestamps {
         tv_sec: mtime_ns.div_euclid(1_000_000_000),
         tv_nsec: mtime_ns.rem_euclid(1_000_000_000) as _,
     };
-    Timestamps { last_access: ts, last_modification: ts }
+    Timestamps {
+        last_access: ts,
+        last_modification: ts,
+    }
 }
 
 /// An open directory that confines every relative path given to it.
@@ -75,9 +80,16 @@ impl Root {
     /// Opens `path` (which must be a directory) as a root.
     pub fn open(path: impl AsRef<Path>) -> Result<Self, FsError> {
         let path = path.as_ref();
-        let fd = rfs::open(path, OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())
-            .map_err(|e| FsError::io(path.display().to_string(), e))?;
-        Ok(Self { fd, path: path.to_path_buf() })
+        let fd = rfs::open(
+            path,
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| FsError::io(path.display().to_string(), e))?;
+        Ok(Self {
+            fd,
+            path: path.to_path_buf(),
+        })
     }
 
     /// Where this root is, for messages only; never used to resolve anything.
@@ -92,7 +104,10 @@ impl Root {
     /// Opens a sub-directory as a new root confined to it.
     pub fn subroot(&self, rel: &str) -> Result<Self, FsError> {
         let fd = self.open_dir(rel)?;
-        Ok(Self { fd, path: self.path.join(rel) })
+        Ok(Self {
+            fd,
+            path: self.path.join(rel),
+        })
     }
 
     /// Opens a directory beneath the root (the root itself for `""`).
@@ -126,7 +141,8 @@ impl Root {
             return Ok(Meta::from_stat(&st));
         }
         let (dir, name) = self.parent(rel)?;
-        let st = rfs::statat(&dir, name, AtFlags::SYMLINK_NOFOLLOW).map_err(|e| FsError::io(rel, e))?;
+        let st =
+            rfs::statat(&dir, name, AtFlags::SYMLINK_NOFOLLOW).map_err(|e| FsError::io(rel, e))?;
         Ok(Meta::from_stat(&st))
     }
 
@@ -168,7 +184,9 @@ impl Root {
             let Ok(name) = std::str::from_utf8(name) else {
                 return Err(FsError::io(
                     format!("{rel}/{}", String::from_utf8_lossy(name)),
-                    std::io::Error::other("file name is not UTF-8; ferry transfers UTF-8 names only"),
+                    std::io::Error::other(
+                        "file name is not UTF-8; ferry transfers UTF-8 names only",
+                    ),
                 ));
             };
             let kind = match ent.file_type() {
@@ -195,7 +213,10 @@ impl Root {
             return Ok(());
         }
         let mut done = 0;
-        for (i, _) in rel.match_indices('/').chain(std::iter::once((rel.len(), ""))) {
+        for (i, _) in rel
+            .match_indices('/')
+            .chain(std::iter::once((rel.len(), "")))
+        {
             let prefix = &rel[..i];
             let (dir, name) = self.parent(prefix)?;
             match rfs::mkdirat(&dir, name, Mode::from_raw_mode(0o755)) {
@@ -247,7 +268,11 @@ impl Root {
 /// Renames `from` to `to` within one directory; with `replace` false an existing `to` is kept
 /// and `EEXIST` returned (`RENAME_NOREPLACE`), so a file that appeared meanwhile is never lost.
 pub fn rename_in(dir: &OwnedFd, from: &str, to: &str, replace: bool) -> std::io::Result<()> {
-    let flags = if replace { rfs::RenameFlags::empty() } else { rfs::RenameFlags::NOREPLACE };
+    let flags = if replace {
+        rfs::RenameFlags::empty()
+    } else {
+        rfs::RenameFlags::NOREPLACE
+    };
     rfs::renameat_with(dir, from, dir, to, flags).map_err(Into::into)
 }
 
@@ -293,7 +318,10 @@ mod tests {
         std::os::unix::fs::symlink("..", root_dir.join("dotdot")).unwrap();
         let root = Root::open(&root_dir).unwrap();
         assert!(root.open_read("up").is_err());
-        assert!(matches!(root.open_read("abs/passwd"), Err(FsError::Escapes { .. })));
+        assert!(matches!(
+            root.open_read("abs/passwd"),
+            Err(FsError::Escapes { .. })
+        ));
         assert!(root.open_read("dotdot/secret").is_err());
         assert!(root.create_dir_all("dotdot/x").is_err());
         assert!(root.create_dir_all("abs/x").is_err());

@@ -180,17 +180,29 @@ impl Sender {
 
     /// The receiver will not store this file: stop reading it.
     pub fn skip(&self, file: FileId) {
-        self.shared.skipped.lock().unwrap_or_else(|e| e.into_inner()).insert(file);
+        self.shared
+            .skipped
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(file);
     }
 
     /// Local problems (unreadable files, files changed while read), for the final report.
     pub fn errors(&self) -> Vec<String> {
-        self.shared.errors.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.shared
+            .errors
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// Source path and digest of each file read completely, for `--manifest`.
     pub fn digests(&self) -> Vec<(FileId, String, Vec<u8>)> {
-        let records = self.shared.records.lock().unwrap_or_else(|e| e.into_inner());
+        let records = self
+            .shared
+            .records
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
         let mut out: Vec<_> = records
             .values()
             .filter_map(|r| {
@@ -225,7 +237,10 @@ impl Sender {
 impl Shared {
     fn error(&self, msg: String) {
         self.reporter.on_warning(&msg);
-        self.errors.lock().unwrap_or_else(|e| e.into_inner()).push(msg);
+        self.errors
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(msg);
     }
 
     /// Queues a frame; false when the transfer is over (the driver dropped the queue).
@@ -236,11 +251,18 @@ impl Shared {
     /// Tells the receiver that a file will not come, so it does not wait for it.
     fn fail_file(&self, record: &FileRecord, code: ErrorCode, msg: String) -> bool {
         self.error(msg.clone());
-        self.push(Frame::FileFailed { file: record.meta.id, code, message: msg })
+        self.push(Frame::FileFailed {
+            file: record.meta.id,
+            code,
+            message: msg,
+        })
     }
 
     fn is_skipped(&self, id: FileId) -> bool {
-        self.skipped.lock().unwrap_or_else(|e| e.into_inner()).contains(&id)
+        self.skipped
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(&id)
     }
 }
 
@@ -254,7 +276,10 @@ fn walk(shared: &Shared, jobs: &flume::Sender<Job>) -> WalkTotals {
             let meta = match src.root.lstat(&rel) {
                 Ok(m) => m,
                 Err(e) => {
-                    shared.error(format!("skipped {}: {e}", src.root.display_path().join(&rel).display()));
+                    shared.error(format!(
+                        "skipped {}: {e}",
+                        src.root.display_path().join(&rel).display()
+                    ));
                     continue;
                 }
             };
@@ -278,14 +303,22 @@ fn walk(shared: &Shared, jobs: &flume::Sender<Job>) -> WalkTotals {
                         final_digest: Mutex::new(None),
                         digest: Mutex::new(None),
                     });
-                    shared.records.lock().unwrap_or_else(|e| e.into_inner()).insert(id, record.clone());
+                    shared
+                        .records
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .insert(id, record.clone());
                     if jobs.send(Job { record }).is_err() {
                         return totals;
                     }
                 }
                 Kind::Dir => {
                     totals.dirs += 1;
-                    let frame = Frame::Dir { path: wire.clone(), mode: meta.mode, mtime_ns: meta.mtime_ns };
+                    let frame = Frame::Dir {
+                        path: wire.clone(),
+                        mode: meta.mode,
+                        mtime_ns: meta.mtime_ns,
+                    };
                     if !shared.push(frame) {
                         return totals;
                     }
@@ -302,13 +335,19 @@ fn walk(shared: &Shared, jobs: &flume::Sender<Job>) -> WalkTotals {
                 Kind::Symlink => match src.root.read_link(&rel) {
                     Ok(target) => {
                         totals.symlinks += 1;
-                        if !shared.push(Frame::Symlink { path: wire, target, mtime_ns: meta.mtime_ns }) {
+                        if !shared.push(Frame::Symlink {
+                            path: wire,
+                            target,
+                            mtime_ns: meta.mtime_ns,
+                        }) {
                             return totals;
                         }
                     }
                     Err(e) => shared.error(format!("skipped symlink {wire}: {e}")),
                 },
-                Kind::Other => shared.error(format!("skipped {wire}: not a regular file, directory or symlink")),
+                Kind::Other => shared.error(format!(
+                    "skipped {wire}: not a regular file, directory or symlink"
+                )),
             }
         }
     }
@@ -328,13 +367,18 @@ fn send_file(shared: &Shared, record: &FileRecord) -> bool {
     let meta = &record.meta;
     let (file, before) = match open_checked(shared, record) {
         Ok(x) => x,
-        Err(e) => return shared.fail_file(record, e.code(), format!("cannot read {}: {e}", meta.path)),
+        Err(e) => {
+            return shared.fail_file(record, e.code(), format!("cannot read {}: {e}", meta.path))
+        }
     };
     if before.kind != Kind::File || before.size != meta.size || before.mtime_ns != meta.mtime_ns {
         return shared.fail_file(
             record,
             ErrorCode::IO,
-            format!("{} changed between listing and reading; run again to send it", meta.path),
+            format!(
+                "{} changed between listing and reading; run again to send it",
+                meta.path
+            ),
         );
     }
     let block = u64::from(shared.config.block_size);
@@ -360,17 +404,29 @@ fn send_file(shared: &Shared, record: &FileRecord) -> bool {
                 return shared.fail_file(
                     record,
                     ErrorCode::IO,
-                    format!("{} changed while being sent; not stored; run again to send it", meta.path),
+                    format!(
+                        "{} changed while being sent; not stored; run again to send it",
+                        meta.path
+                    ),
                 );
             }
             let d = std::mem::replace(&mut hasher, FileHasher::new(ChecksumAlgo::Xxh3)).finalize();
             let bytes = Bytes::from(d.clone());
-            *record.final_digest.lock().unwrap_or_else(|e| e.into_inner()) = Some(bytes.clone());
+            *record
+                .final_digest
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()) = Some(bytes.clone());
             *record.digest.lock().unwrap_or_else(|e| e.into_inner()) = Some(d);
             file_digest = Some(bytes);
         }
         let seq = shared.block_seq.fetch_add(1, Ordering::Relaxed);
-        if len > 0 && shared.corrupt.lock().unwrap_or_else(|e| e.into_inner()).remove(&seq) {
+        if len > 0
+            && shared
+                .corrupt
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&seq)
+        {
             data[0] ^= 0xff;
         }
         let frame = Frame::Block(Block {
@@ -393,7 +449,12 @@ fn send_file(shared: &Shared, record: &FileRecord) -> bool {
 
 /// Reads a block again after the receiver found it damaged.
 fn resend_block(shared: &Shared, id: FileId, offset: u64, len: u32) -> bool {
-    let record = shared.records.lock().unwrap_or_else(|e| e.into_inner()).get(&id).cloned();
+    let record = shared
+        .records
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(&id)
+        .cloned();
     let Some(record) = record else {
         shared.error(format!("receiver asked again for unknown file {id:?}"));
         return true;
@@ -402,22 +463,32 @@ fn resend_block(shared: &Shared, id: FileId, offset: u64, len: u32) -> bool {
     let len = u64::from(len).min(meta.size.saturating_sub(offset));
     let result = open_checked(shared, &record).and_then(|(file, now)| {
         let mut data = vec![0u8; len as usize];
-        file.read_exact_at(&mut data, offset).map_err(|e| FsError::io(&meta.path, e))?;
+        file.read_exact_at(&mut data, offset)
+            .map_err(|e| FsError::io(&meta.path, e))?;
         Ok((now, data))
     });
     let (now, data) = match result {
         Ok(x) => x,
-        Err(e) => return shared.fail_file(&record, e.code(), format!("re-reading {}: {e}", meta.path)),
+        Err(e) => {
+            return shared.fail_file(&record, e.code(), format!("re-reading {}: {e}", meta.path))
+        }
     };
     if now.size != meta.size || now.mtime_ns != meta.mtime_ns {
         return shared.fail_file(
             &record,
             ErrorCode::IO,
-            format!("{} changed while being sent; not stored; run again to send it", meta.path),
+            format!(
+                "{} changed while being sent; not stored; run again to send it",
+                meta.path
+            ),
         );
     }
     let file_digest = if offset + len == meta.size {
-        record.final_digest.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        record
+            .final_digest
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     } else {
         None
     };

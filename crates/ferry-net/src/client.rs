@@ -9,7 +9,10 @@ use std::time::{Duration, Instant};
 use ferry_core::recv::{Destination, Receiver, ReceiverConfig};
 use ferry_core::send::{Sender, SenderConfig, Source};
 use ferry_core::{digest, FsError, Reporter, Root};
-use ferry_proto::{Capabilities, Frame, ListEntry, Role, SessionId, TransferOpts, MAX_CONTROL_PAYLOAD, PROTOCOL_VERSION};
+use ferry_proto::{
+    Capabilities, Frame, ListEntry, Role, SessionId, TransferOpts, MAX_CONTROL_PAYLOAD,
+    PROTOCOL_VERSION,
+};
 use serde::Serialize;
 use tokio::net::{TcpSocket, TcpStream};
 
@@ -70,11 +73,17 @@ async fn resolve(server: &str) -> Result<SocketAddr, SessionError> {
     tokio::net::lookup_host(server)
         .await?
         .next()
-        .ok_or_else(|| SessionError::Io(std::io::Error::other(format!("{server}: no address found"))))
+        .ok_or_else(|| {
+            SessionError::Io(std::io::Error::other(format!("{server}: no address found")))
+        })
 }
 
 async fn dial(addr: SocketAddr, window: u32, timeout: Duration) -> Result<TcpStream, SessionError> {
-    let socket = if addr.is_ipv4() { TcpSocket::new_v4()? } else { TcpSocket::new_v6()? };
+    let socket = if addr.is_ipv4() {
+        TcpSocket::new_v4()?
+    } else {
+        TcpSocket::new_v6()?
+    };
     if window > 0 {
         // Before connect, so the window scale offered in the SYN matches.
         socket.set_send_buffer_size(window)?;
@@ -87,36 +96,84 @@ async fn dial(addr: SocketAddr, window: u32, timeout: Duration) -> Result<TcpStr
     Ok(stream)
 }
 
-async fn hello(stream: &mut TcpStream, role: Role, timeout: Duration) -> Result<(SessionId, [u8; 32]), SessionError> {
-    let frame = Frame::Hello { version: PROTOCOL_VERSION, capabilities: Capabilities::ours(), role };
+async fn hello(
+    stream: &mut TcpStream,
+    role: Role,
+    timeout: Duration,
+) -> Result<(SessionId, [u8; 32]), SessionError> {
+    let frame = Frame::Hello {
+        version: PROTOCOL_VERSION,
+        capabilities: Capabilities::ours(),
+        role,
+    };
     send(stream, &frame).await?;
-    let reply = tokio::time::timeout(timeout, expect_frame(stream, MAX_CONTROL_PAYLOAD, "control"))
-        .await
-        .map_err(|_| SessionError::Timeout("waiting for the server's welcome"))??;
+    let reply = tokio::time::timeout(
+        timeout,
+        expect_frame(stream, MAX_CONTROL_PAYLOAD, "control"),
+    )
+    .await
+    .map_err(|_| SessionError::Timeout("waiting for the server's welcome"))??;
     match reply {
-        Frame::Welcome { version, session, secret, .. } => {
-            ferry_proto::negotiate_version(version).map_err(|e| SessionError::Remote { code: e.code, message: e.reason })?;
+        Frame::Welcome {
+            version,
+            session,
+            secret,
+            ..
+        } => {
+            ferry_proto::negotiate_version(version).map_err(|e| SessionError::Remote {
+                code: e.code,
+                message: e.reason,
+            })?;
             Ok((session, secret))
         }
-        other => Err(SessionError::Protocol(format!("expected Welcome, got {:?}", other.frame_type()))),
+        other => Err(SessionError::Protocol(format!(
+            "expected Welcome, got {:?}",
+            other.frame_type()
+        ))),
     }
 }
 
 async fn connect(cfg: &ClientConfig) -> Result<Connected, SessionError> {
     let addr = resolve(&cfg.server).await?;
     let mut control = dial(addr, 0, cfg.connect_timeout).await?;
-    let (session, secret) = hello(&mut control, Role::Control { token: cfg.token.clone() }, cfg.connect_timeout).await?;
-    Ok(Connected { control, addr, session, secret })
+    let (session, secret) = hello(
+        &mut control,
+        Role::Control {
+            token: cfg.token.clone(),
+        },
+        cfg.connect_timeout,
+    )
+    .await?;
+    Ok(Connected {
+        control,
+        addr,
+        session,
+        secret,
+    })
 }
 
 /// Sends the request and, once the server is ready, opens the data connections.
-async fn start(cfg: &ClientConfig, c: &mut Connected, request: Frame) -> Result<(TransferOpts, Vec<TcpStream>), SessionError> {
+async fn start(
+    cfg: &ClientConfig,
+    c: &mut Connected,
+    request: Frame,
+) -> Result<(TransferOpts, Vec<TcpStream>), SessionError> {
     send(&mut c.control, &request).await?;
-    let reply = tokio::time::timeout(cfg.idle_timeout, expect_frame(&mut c.control, MAX_CONTROL_PAYLOAD, "control"))
-        .await
-        .map_err(|_| SessionError::Timeout("waiting for the server to accept the request"))??;
-    let Frame::Ready { streams, block_size } = reply else {
-        return Err(SessionError::Protocol(format!("expected Ready, got {:?}", reply.frame_type())));
+    let reply = tokio::time::timeout(
+        cfg.idle_timeout,
+        expect_frame(&mut c.control, MAX_CONTROL_PAYLOAD, "control"),
+    )
+    .await
+    .map_err(|_| SessionError::Timeout("waiting for the server to accept the request"))??;
+    let Frame::Ready {
+        streams,
+        block_size,
+    } = reply
+    else {
+        return Err(SessionError::Protocol(format!(
+            "expected Ready, got {:?}",
+            reply.frame_type()
+        )));
     };
     let mut opts = cfg.opts.clone();
     opts.streams = streams;
@@ -126,7 +183,16 @@ async fn start(cfg: &ClientConfig, c: &mut Connected, request: Frame) -> Result<
         let (window, timeout) = (opts.tcp_window, cfg.connect_timeout);
         async move {
             let mut s = dial(addr, window, timeout).await?;
-            hello(&mut s, Role::Data { session, secret, stream: i }, timeout).await?;
+            hello(
+                &mut s,
+                Role::Data {
+                    session,
+                    secret,
+                    stream: i,
+                },
+                timeout,
+            )
+            .await?;
             Ok::<_, SessionError>(s)
         }
     });
@@ -138,7 +204,9 @@ async fn start(cfg: &ClientConfig, c: &mut Connected, request: Frame) -> Result<
 }
 
 /// Awaits all futures concurrently (a tiny join_all, to avoid a dependency for one call).
-async fn futures_join_all<F: std::future::Future + Send + 'static>(futs: impl Iterator<Item = F>) -> Vec<F::Output>
+async fn futures_join_all<F: std::future::Future + Send + 'static>(
+    futs: impl Iterator<Item = F>,
+) -> Vec<F::Output>
 where
     F::Output: Send + 'static,
 {
@@ -154,7 +222,9 @@ where
 }
 
 fn limits(cfg: &ClientConfig) -> Limits {
-    Limits { idle: cfg.idle_timeout }
+    Limits {
+        idle: cfg.idle_timeout,
+    }
 }
 
 /// Sends local files or trees to `dest` on the server.
@@ -170,7 +240,11 @@ pub async fn put(
     }
     let t0 = Instant::now();
     let mut c = connect(cfg).await?;
-    let request = Frame::PutRequest { dest: dest.to_owned(), sources: srcs.len() as u32, opts: cfg.opts.clone() };
+    let request = Frame::PutRequest {
+        dest: dest.to_owned(),
+        sources: srcs.len() as u32,
+        opts: cfg.opts.clone(),
+    };
     let (opts, data) = start(cfg, &mut c, request).await?;
     let (tx, rx) = flume::bounded(opts.streams as usize * 2);
     let config = SenderConfig {
@@ -184,8 +258,14 @@ pub async fn put(
         drive_sender(c.control, data, sender, rx, reporter, limits(cfg)).await?;
     let mut errors = sender.errors();
     errors.extend(remote_errors);
-    let manifest = sender.digests().into_iter().map(|(_, p, d)| (p, digest::hex(&d))).collect();
-    tokio::task::spawn_blocking(move || sender.finish()).await.ok();
+    let manifest = sender
+        .digests()
+        .into_iter()
+        .map(|(_, p, d)| (p, digest::hex(&d)))
+        .collect();
+    tokio::task::spawn_blocking(move || sender.finish())
+        .await
+        .ok();
     Ok(report("put", &opts, summary, t0, streams, errors, manifest))
 }
 
@@ -199,12 +279,27 @@ pub async fn get(
     let destination = local_destination(dest)?;
     let t0 = Instant::now();
     let mut c = connect(cfg).await?;
-    let request = Frame::GetRequest { src: src.to_owned(), opts: cfg.opts.clone() };
+    let request = Frame::GetRequest {
+        src: src.to_owned(),
+        opts: cfg.opts.clone(),
+    };
     let (opts, data) = start(cfg, &mut c, request).await?;
     let (tx, rx) = flume::unbounded();
-    let config = ReceiverConfig { existing: opts.existing, checksum: opts.checksum, tag: c.session.0 };
+    let config = ReceiverConfig {
+        existing: opts.existing,
+        checksum: opts.checksum,
+        tag: c.session.0,
+    };
     let receiver = Receiver::new(destination, config, tx, reporter)?;
-    let (summary, streams) = drive_receiver(c.control, data, receiver.clone(), rx, cfg.writers, limits(cfg)).await?;
+    let (summary, streams) = drive_receiver(
+        c.control,
+        data,
+        receiver.clone(),
+        rx,
+        cfg.writers,
+        limits(cfg),
+    )
+    .await?;
     let errors = receiver.errors();
     let manifest = receiver.manifest();
     Ok(report("get", &opts, summary, t0, streams, errors, manifest))
@@ -213,13 +308,24 @@ pub async fn get(
 /// Lists a remote directory (or describes a single remote file).
 pub async fn list(cfg: &ClientConfig, path: &str) -> Result<Vec<ListEntry>, SessionError> {
     let mut c = connect(cfg).await?;
-    send(&mut c.control, &Frame::ListRequest { path: path.to_owned() }).await?;
+    send(
+        &mut c.control,
+        &Frame::ListRequest {
+            path: path.to_owned(),
+        },
+    )
+    .await?;
     let mut out = Vec::new();
     loop {
         match expect_frame(&mut c.control, MAX_CONTROL_PAYLOAD, "control").await? {
             Frame::ListEntries { entries } => out.extend(entries),
             Frame::ListEnd => return Ok(out),
-            other => return Err(SessionError::Protocol(format!("unexpected {:?} in a listing", other.frame_type()))),
+            other => {
+                return Err(SessionError::Protocol(format!(
+                    "unexpected {:?} in a listing",
+                    other.frame_type()
+                )))
+            }
         }
     }
 }
@@ -259,15 +365,25 @@ fn local_source(p: &Path) -> Result<Source, SessionError> {
         (Some(parent), Some(name)) if name != ".." => (parent, name.to_owned()),
         _ => {
             // `.`, `..` or `/`: name it after what it resolves to.
-            let c = std::fs::canonicalize(&abs).map_err(|e| FsError::io(p.display().to_string(), e))?;
-            let name = c.file_name().map(|n| n.to_owned()).unwrap_or_else(|| "root".into());
-            canon_parent = c.parent().map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from("/"));
+            let c =
+                std::fs::canonicalize(&abs).map_err(|e| FsError::io(p.display().to_string(), e))?;
+            let name = c
+                .file_name()
+                .map(|n| n.to_owned())
+                .unwrap_or_else(|| "root".into());
+            canon_parent = c
+                .parent()
+                .map(Path::to_path_buf)
+                .unwrap_or_else(|| PathBuf::from("/"));
             (canon_parent.as_path(), name)
         }
     };
-    let name = name
-        .into_string()
-        .map_err(|n| FsError::io(format!("{n:?}"), std::io::Error::other("file name is not UTF-8")))?;
+    let name = name.into_string().map_err(|n| {
+        FsError::io(
+            format!("{n:?}"),
+            std::io::Error::other("file name is not UTF-8"),
+        )
+    })?;
     let name = if name == "." {
         std::fs::canonicalize(&abs)
             .ok()
@@ -279,7 +395,11 @@ fn local_source(p: &Path) -> Result<Source, SessionError> {
     let root = Root::open(parent)?;
     // Fails early with a clear message when the source does not exist.
     root.lstat(&name)?;
-    Ok(Source { root, rel: name.clone(), name })
+    Ok(Source {
+        root,
+        rel: name.clone(),
+        name,
+    })
 }
 
 /// Where a get lands locally, with the same rules as the server uses for put.
@@ -288,14 +408,24 @@ fn local_destination(dest: &Path) -> Result<Destination, SessionError> {
     let is_dir = dest.is_dir() || s.ends_with('/');
     if is_dir {
         std::fs::create_dir_all(dest).map_err(|e| FsError::io(s.to_string(), e))?;
-        return Ok(Destination { root: Root::open(dest)?, base: String::new(), rename_top: None });
+        return Ok(Destination {
+            root: Root::open(dest)?,
+            base: String::new(),
+            rename_top: None,
+        });
     }
     let abs = std::path::absolute(dest).map_err(|e| FsError::io(s.to_string(), e))?;
     let parent = abs.parent().unwrap_or(Path::new("/"));
-    let name = abs
-        .file_name()
-        .and_then(|n| n.to_str())
-        .ok_or_else(|| FsError::io(s.to_string(), std::io::Error::other("destination has no usable file name")))?;
+    let name = abs.file_name().and_then(|n| n.to_str()).ok_or_else(|| {
+        FsError::io(
+            s.to_string(),
+            std::io::Error::other("destination has no usable file name"),
+        )
+    })?;
     std::fs::create_dir_all(parent).map_err(|e| FsError::io(parent.display().to_string(), e))?;
-    Ok(Destination { root: Root::open(parent)?, base: String::new(), rename_top: Some(name.to_owned()) })
+    Ok(Destination {
+        root: Root::open(parent)?,
+        base: String::new(),
+        rename_top: Some(name.to_owned()),
+    })
 }

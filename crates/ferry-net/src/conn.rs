@@ -8,7 +8,10 @@ use crate::error::SessionError;
 
 /// Reads one frame whose payload may be at most `max` bytes (on top of the per-type bound).
 /// `Ok(None)` is a clean end of stream at a frame boundary.
-pub(crate) async fn read_frame<R: AsyncRead + Unpin>(r: &mut R, max: u32) -> Result<Option<Frame>, SessionError> {
+pub(crate) async fn read_frame<R: AsyncRead + Unpin>(
+    r: &mut R,
+    max: u32,
+) -> Result<Option<Frame>, SessionError> {
     let mut head = [0u8; HEADER_LEN];
     match r.read(&mut head[..1]).await? {
         0 => return Ok(None),

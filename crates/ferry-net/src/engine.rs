@@ -50,11 +50,15 @@ pub(crate) struct Activity {
 
 impl Activity {
     pub(crate) fn new() -> Self {
-        Self { start: Instant::now(), last_ms: Arc::default() }
+        Self {
+            start: Instant::now(),
+            last_ms: Arc::default(),
+        }
     }
 
     fn touch(&self) {
-        self.last_ms.store(self.start.elapsed().as_millis() as u64, Ordering::Relaxed);
+        self.last_ms
+            .store(self.start.elapsed().as_millis() as u64, Ordering::Relaxed);
     }
 
     fn idle(&self) -> Duration {
@@ -74,7 +78,10 @@ async fn watchdog(activity: &Activity, limit: Duration) -> SessionError {
 }
 
 /// Reads control frames in their own task: a read cut short by `select!` would lose bytes.
-fn spawn_control_reader(mut r: OwnedReadHalf, activity: Activity) -> mpsc::Receiver<Result<Frame, SessionError>> {
+fn spawn_control_reader(
+    mut r: OwnedReadHalf,
+    activity: Activity,
+) -> mpsc::Receiver<Result<Frame, SessionError>> {
     let (tx, rx) = mpsc::channel(64);
     tokio::spawn(async move {
         loop {
@@ -184,7 +191,12 @@ pub(crate) async fn drive_sender(
     .await
     .map_err(|e| SessionError::Protocol(format!("reader threads failed: {e}")))?;
     let summary = result?;
-    Ok((summary, reports.into_iter().map(|(_, r)| r).collect(), remote_errors, sender))
+    Ok((
+        summary,
+        reports.into_iter().map(|(_, r)| r).collect(),
+        remote_errors,
+        sender,
+    ))
 }
 
 /// Pulls frames from the shared queue and writes them until told to stop.
@@ -247,14 +259,16 @@ pub(crate) async fn drive_receiver(
     let mut writer_threads = Vec::new();
     for i in 0..writers.max(1) {
         let (rx, receiver, fatal) = (from_streams.clone(), receiver.clone(), fatal_tx.clone());
-        let t = std::thread::Builder::new().name(format!("ferry-write-{i}")).spawn(move || {
-            for frame in rx.iter() {
-                if let Err(e) = receiver.handle(frame) {
-                    let _ = fatal.try_send(e.to_string());
-                    return;
+        let t = std::thread::Builder::new()
+            .name(format!("ferry-write-{i}"))
+            .spawn(move || {
+                for frame in rx.iter() {
+                    if let Err(e) = receiver.handle(frame) {
+                        let _ = fatal.try_send(e.to_string());
+                        return;
+                    }
                 }
-            }
-        })?;
+            })?;
         writer_threads.push(t);
     }
     drop(from_streams);
@@ -325,7 +339,14 @@ pub(crate) async fn drive_receiver(
             res
         }
         Err(e) => {
-            let _ = send(&mut ctrl_w, &Frame::Error { code: e.code(), message: e.to_string() }).await;
+            let _ = send(
+                &mut ctrl_w,
+                &Frame::Error {
+                    code: e.code(),
+                    message: e.to_string(),
+                },
+            )
+            .await;
             Err(e)
         }
     };
@@ -346,7 +367,11 @@ pub(crate) async fn drive_receiver(
 }
 
 /// Reads data frames from one connection and hands them to the writers.
-async fn recv_stream(stream: TcpStream, to_writers: flume::Sender<Frame>, activity: Activity) -> Result<StreamReport, SessionError> {
+async fn recv_stream(
+    stream: TcpStream,
+    to_writers: flume::Sender<Frame>,
+    activity: Activity,
+) -> Result<StreamReport, SessionError> {
     let (r, _w) = stream.into_split();
     let mut r = BufReader::with_capacity(256 << 10, r);
     let mut bytes = 0u64;
@@ -360,7 +385,12 @@ async fn recv_stream(stream: TcpStream, to_writers: flume::Sender<Frame>, activi
         match &frame {
             Frame::Block(b) => bytes += b.data.len() as u64,
             Frame::Dir { .. } | Frame::Symlink { .. } | Frame::FileFailed { .. } => {}
-            other => return Err(SessionError::Protocol(format!("unexpected {:?} on a data connection", other.frame_type()))),
+            other => {
+                return Err(SessionError::Protocol(format!(
+                    "unexpected {:?} on a data connection",
+                    other.frame_type()
+                )))
+            }
         }
         if to_writers.send_async(frame).await.is_err() {
             break;

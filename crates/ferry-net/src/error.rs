@@ -35,7 +35,9 @@ impl SessionError {
     pub fn is_retryable(&self) -> bool {
         match self {
             Self::Io(_) | Self::Timeout(_) | Self::Closed(_) => true,
-            Self::Remote { code, .. } => matches!(*code, ErrorCode::BUSY | ErrorCode::TIMEOUT | ErrorCode::IO),
+            Self::Remote { code, .. } => {
+                matches!(*code, ErrorCode::BUSY | ErrorCode::TIMEOUT | ErrorCode::IO)
+            }
             Self::Decode(_) | Self::Protocol(_) | Self::Fs(_) => false,
         }
     }

@@ -14,8 +14,8 @@ use ferry_core::root::Kind;
 use ferry_core::send::{Sender, SenderConfig, Source};
 use ferry_core::{path, FsError, NoReporter, Root};
 use ferry_proto::{
-    Capabilities, ErrorCode, Frame, FrameHeader, FrameType, ListEntry, Role, SessionId, TransferOpts, HEADER_LEN,
-    MAX_CONTROL_PAYLOAD, MAX_LIST_ENTRIES, PROTOCOL_VERSION,
+    Capabilities, ErrorCode, Frame, FrameHeader, FrameType, ListEntry, Role, SessionId,
+    TransferOpts, HEADER_LEN, MAX_CONTROL_PAYLOAD, MAX_LIST_ENTRIES, PROTOCOL_VERSION,
 };
 use subtle::ConstantTimeEq;
 use tokio::io::AsyncReadExt;
@@ -87,7 +87,14 @@ impl Server {
     pub async fn bind(addr: SocketAddr, config: ServerConfig) -> Result<Self, SessionError> {
         let root = Root::open(&config.root)?;
         let listener = TcpListener::bind(addr).await?;
-        Ok(Self { listener, shared: Arc::new(Shared { config, root, pending: Mutex::default() }) })
+        Ok(Self {
+            listener,
+            shared: Arc::new(Shared {
+                config,
+                root,
+                pending: Mutex::default(),
+            }),
+        })
     }
 
     pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
@@ -139,15 +146,24 @@ impl Server {
                 }
             });
         }
-        info!("shutting down: no new connections; ending {} active", tasks.len());
+        info!(
+            "shutting down: no new connections; ending {} active",
+            tasks.len()
+        );
         drop(self.listener);
         let _ = stop_tx.send(());
-        let _ = tokio::time::timeout(Duration::from_secs(10), async { while tasks.join_next().await.is_some() {} }).await;
+        let _ = tokio::time::timeout(Duration::from_secs(10), async {
+            while tasks.join_next().await.is_some() {}
+        })
+        .await;
     }
 }
 
 async fn refuse_busy(mut stream: TcpStream) {
-    let frame = Frame::Error { code: ErrorCode::BUSY, message: "server is at its connection limit; try again".into() };
+    let frame = Frame::Error {
+        code: ErrorCode::BUSY,
+        message: "server is at its connection limit; try again".into(),
+    };
     let _ = tokio::time::timeout(Duration::from_secs(1), send(&mut stream, &frame)).await;
 }
 
@@ -157,42 +173,73 @@ async fn read_hello(stream: &mut TcpStream) -> Result<Role, SessionError> {
     stream.read_exact(&mut head).await?;
     let header = FrameHeader::parse(&head)?;
     if header.ty != FrameType::HELLO || header.len > MAX_HELLO {
-        return Err(SessionError::Protocol("connection did not start with a ferry Hello".into()));
+        return Err(SessionError::Protocol(
+            "connection did not start with a ferry Hello".into(),
+        ));
     }
     let mut payload = vec![0u8; header.len as usize];
     stream.read_exact(&mut payload).await?;
     match Frame::decode(header.ty, payload.into())? {
         Frame::Hello { version, role, .. } => {
-            ferry_proto::negotiate_version(version).map_err(|e| SessionError::Remote { code: e.code, message: e.reason })?;
+            ferry_proto::negotiate_version(version).map_err(|e| SessionError::Remote {
+                code: e.code,
+                message: e.reason,
+            })?;
             Ok(role)
         }
         _ => Err(SessionError::Protocol("expected Hello".into())),
     }
 }
 
-async fn handle(shared: Arc<Shared>, mut stream: TcpStream, peer: SocketAddr) -> Result<(), SessionError> {
+async fn handle(
+    shared: Arc<Shared>,
+    mut stream: TcpStream,
+    peer: SocketAddr,
+) -> Result<(), SessionError> {
     tune(&stream);
-    let role = match tokio::time::timeout(shared.config.handshake_timeout, read_hello(&mut stream)).await {
+    let role = match tokio::time::timeout(shared.config.handshake_timeout, read_hello(&mut stream))
+        .await
+    {
         Ok(Ok(role)) => role,
         Ok(Err(e)) => {
-            let _ = send(&mut stream, &Frame::Error { code: e.code(), message: e.to_string() }).await;
+            let _ = send(
+                &mut stream,
+                &Frame::Error {
+                    code: e.code(),
+                    message: e.to_string(),
+                },
+            )
+            .await;
             return Err(e);
         }
         Err(_) => return Err(SessionError::Timeout("waiting for Hello")),
     };
     match role {
         Role::Control { token } => {
-            let ok: bool = token.as_bytes().ct_eq(shared.config.token.as_bytes()).into();
+            let ok: bool = token
+                .as_bytes()
+                .ct_eq(shared.config.token.as_bytes())
+                .into();
             if !ok {
                 warn!(%peer, "wrong token");
                 tokio::time::sleep(shared.config.auth_failure_delay).await;
-                let frame = Frame::Error { code: ErrorCode::AUTH, message: "authentication failed: wrong token".into() };
+                let frame = Frame::Error {
+                    code: ErrorCode::AUTH,
+                    message: "authentication failed: wrong token".into(),
+                };
                 let _ = send(&mut stream, &frame).await;
-                return Err(SessionError::Remote { code: ErrorCode::AUTH, message: "wrong token".into() });
+                return Err(SessionError::Remote {
+                    code: ErrorCode::AUTH,
+                    message: "wrong token".into(),
+                });
             }
             control_session(&shared, stream).await
         }
-        Role::Data { session, secret, stream: index } => {
+        Role::Data {
+            session,
+            secret,
+            stream: index,
+        } => {
             let joins = {
                 let pending = shared.pending.lock().unwrap_or_else(|e| e.into_inner());
                 pending
@@ -201,9 +248,14 @@ async fn handle(shared: Arc<Shared>, mut stream: TcpStream, peer: SocketAddr) ->
                     .map(|p| p.joins.clone())
             };
             let Some(joins) = joins else {
-                let frame = Frame::Error { code: ErrorCode::AUTH, message: "unknown session or wrong secret".into() };
+                let frame = Frame::Error {
+                    code: ErrorCode::AUTH,
+                    message: "unknown session or wrong secret".into(),
+                };
                 let _ = send(&mut stream, &frame).await;
-                return Err(SessionError::Protocol("data connection for an unknown session".into()));
+                return Err(SessionError::Protocol(
+                    "data connection for an unknown session".into(),
+                ));
             };
             welcome(&mut stream, session, secret).await?;
             let _ = joins.send((index, stream)).await;
@@ -212,8 +264,17 @@ async fn handle(shared: Arc<Shared>, mut stream: TcpStream, peer: SocketAddr) ->
     }
 }
 
-async fn welcome(stream: &mut TcpStream, session: SessionId, secret: [u8; 32]) -> std::io::Result<()> {
-    let frame = Frame::Welcome { version: PROTOCOL_VERSION, capabilities: Capabilities::ours(), session, secret };
+async fn welcome(
+    stream: &mut TcpStream,
+    session: SessionId,
+    secret: [u8; 32],
+) -> std::io::Result<()> {
+    let frame = Frame::Welcome {
+        version: PROTOCOL_VERSION,
+        capabilities: Capabilities::ours(),
+        session,
+        secret,
+    };
     send(stream, &frame).await
 }
 
@@ -226,8 +287,16 @@ fn random<const N: usize>() -> [u8; N] {
 /// The work a control connection asked for, ready to run.
 enum Work {
     Done,
-    Put { dest: Destination, opts: TransferOpts, data: Vec<TcpStream> },
-    Get { source: Source, opts: TransferOpts, data: Vec<TcpStream> },
+    Put {
+        dest: Destination,
+        opts: TransferOpts,
+        data: Vec<TcpStream>,
+    },
+    Get {
+        source: Source,
+        opts: TransferOpts,
+        data: Vec<TcpStream>,
+    },
 }
 
 async fn control_session(shared: &Shared, mut stream: TcpStream) -> Result<(), SessionError> {
@@ -238,19 +307,33 @@ async fn control_session(shared: &Shared, mut stream: TcpStream) -> Result<(), S
         Ok(w) => w,
         Err(e) => {
             if !matches!(e, SessionError::Io(_) | SessionError::Closed(_)) {
-                let _ = send(&mut stream, &Frame::Error { code: e.code(), message: e.to_string() }).await;
+                let _ = send(
+                    &mut stream,
+                    &Frame::Error {
+                        code: e.code(),
+                        message: e.to_string(),
+                    },
+                )
+                .await;
             }
             return Err(e);
         }
     };
-    let limits = Limits { idle: shared.config.idle_timeout };
+    let limits = Limits {
+        idle: shared.config.idle_timeout,
+    };
     match work {
         Work::Done => Ok(()),
         Work::Put { dest, opts, data } => {
             let (tx, rx) = flume::unbounded();
-            let config = ReceiverConfig { existing: opts.existing, checksum: opts.checksum, tag: session.0 };
+            let config = ReceiverConfig {
+                existing: opts.existing,
+                checksum: opts.checksum,
+                tag: session.0,
+            };
             let receiver = Receiver::new(dest, config, tx, Arc::new(NoReporter))?;
-            let (summary, _) = drive_receiver(stream, data, receiver, rx, shared.config.writers, limits).await?;
+            let (summary, _) =
+                drive_receiver(stream, data, receiver, rx, shared.config.writers, limits).await?;
             info!(files = summary.files, bytes = summary.bytes, "put complete");
             Ok(())
         }
@@ -279,15 +362,22 @@ async fn prepare(
     secret: [u8; 32],
 ) -> Result<Work, SessionError> {
     welcome(stream, session, secret).await?;
-    let request = tokio::time::timeout(shared.config.idle_timeout, expect_frame(stream, MAX_CONTROL_PAYLOAD, "control"))
-        .await
-        .map_err(|_| SessionError::Timeout("waiting for a request"))??;
+    let request = tokio::time::timeout(
+        shared.config.idle_timeout,
+        expect_frame(stream, MAX_CONTROL_PAYLOAD, "control"),
+    )
+    .await
+    .map_err(|_| SessionError::Timeout("waiting for a request"))??;
     match request {
         Frame::ListRequest { path } => {
             list(shared, stream, &path).await?;
             Ok(Work::Done)
         }
-        Frame::PutRequest { dest, sources, opts } => {
+        Frame::PutRequest {
+            dest,
+            sources,
+            opts,
+        } => {
             let dest = resolve_dest(&shared.root, &dest, sources)?;
             let opts = clamp(&shared.config, opts);
             let data = gather(shared, stream, session, secret, &opts).await?;
@@ -297,13 +387,24 @@ async fn prepare(
             let rel = path::normalize_remote(&src).map_err(FsError::from)?;
             shared.root.lstat(&rel)?;
             let name = path::split_parent(&rel).1;
-            let name = if name.is_empty() { "root".to_owned() } else { name.to_owned() };
-            let source = Source { root: shared.root.subroot("")?, rel, name };
+            let name = if name.is_empty() {
+                "root".to_owned()
+            } else {
+                name.to_owned()
+            };
+            let source = Source {
+                root: shared.root.subroot("")?,
+                rel,
+                name,
+            };
             let opts = clamp(&shared.config, opts);
             let data = gather(shared, stream, session, secret, &opts).await?;
             Ok(Work::Get { source, opts, data })
         }
-        other => Err(SessionError::Protocol(format!("unexpected {:?} as a request", other.frame_type()))),
+        other => Err(SessionError::Protocol(format!(
+            "unexpected {:?} as a request",
+            other.frame_type()
+        ))),
     }
 }
 
@@ -312,7 +413,8 @@ fn clamp(config: &ServerConfig, mut opts: TransferOpts) -> TransferOpts {
     opts.streams = opts.streams.clamp(1, config.max_streams.max(1));
     // Frames in flight per session: one per stream, the writer queue and one per writer.
     let slots = u64::from(opts.streams) + 3 * config.writers.max(1) as u64;
-    while u64::from(opts.block_size) * slots > config.session_memory && opts.block_size > (1 << 20) {
+    while u64::from(opts.block_size) * slots > config.session_memory && opts.block_size > (1 << 20)
+    {
         opts.block_size /= 2;
     }
     opts
@@ -328,15 +430,30 @@ async fn gather(
 ) -> Result<Vec<TcpStream>, SessionError> {
     let n = opts.streams as usize;
     let (tx, mut rx) = mpsc::channel(n);
-    shared.pending.lock().unwrap_or_else(|e| e.into_inner()).insert(session, Pending { secret, joins: tx });
+    shared
+        .pending
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(session, Pending { secret, joins: tx });
     struct Unregister<'a>(&'a Shared, SessionId);
     impl Drop for Unregister<'_> {
         fn drop(&mut self) {
-            self.0.pending.lock().unwrap_or_else(|e| e.into_inner()).remove(&self.1);
+            self.0
+                .pending
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&self.1);
         }
     }
     let _guard = Unregister(shared, session);
-    send(stream, &Frame::Ready { streams: opts.streams, block_size: opts.block_size }).await?;
+    send(
+        stream,
+        &Frame::Ready {
+            streams: opts.streams,
+            block_size: opts.block_size,
+        },
+    )
+    .await?;
     let mut slots: Vec<Option<TcpStream>> = (0..n).map(|_| None).collect();
     let deadline = tokio::time::Instant::now() + shared.config.handshake_timeout;
     let mut joined = 0;
@@ -345,11 +462,13 @@ async fn gather(
             .await
             .map_err(|_| SessionError::Timeout("waiting for data connections to join"))?
             .ok_or(SessionError::Closed("data"))?;
-        let slot = slots
-            .get_mut(index as usize)
-            .ok_or_else(|| SessionError::Protocol(format!("data connection index {index} out of range")))?;
+        let slot = slots.get_mut(index as usize).ok_or_else(|| {
+            SessionError::Protocol(format!("data connection index {index} out of range"))
+        })?;
         if slot.replace(s).is_some() {
-            return Err(SessionError::Protocol(format!("data connection {index} joined twice")));
+            return Err(SessionError::Protocol(format!(
+                "data connection {index} joined twice"
+            )));
         }
         joined += 1;
     }
@@ -372,10 +491,18 @@ fn resolve_dest(root: &Root, dest: &str, sources: u32) -> Result<Destination, Se
         Err(e) => return Err(e.into()),
     };
     let dest = if is_dir || dest.ends_with('/') || sources > 1 || rel.is_empty() {
-        Destination { root: root.subroot("")?, base: rel, rename_top: None }
+        Destination {
+            root: root.subroot("")?,
+            base: rel,
+            rename_top: None,
+        }
     } else {
         let (parent, name) = path::split_parent(&rel);
-        Destination { root: root.subroot("")?, base: parent.to_owned(), rename_top: Some(name.to_owned()) }
+        Destination {
+            root: root.subroot("")?,
+            base: parent.to_owned(),
+            rename_top: Some(name.to_owned()),
+        }
     };
     Ok(dest)
 }
@@ -406,7 +533,13 @@ async fn list(shared: &Shared, stream: &mut TcpStream, raw: &str) -> Result<(), 
         entries.push(entry(path::split_parent(&rel).1.to_owned(), meta));
     }
     for chunk in entries.chunks(MAX_LIST_ENTRIES) {
-        send(stream, &Frame::ListEntries { entries: chunk.to_vec() }).await?;
+        send(
+            stream,
+            &Frame::ListEntries {
+                entries: chunk.to_vec(),
+            },
+        )
+        .await?;
     }
     send(stream, &Frame::ListEnd).await?;
     Ok(())

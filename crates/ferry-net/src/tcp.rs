@@ -12,7 +12,9 @@ use tokio::net::TcpStream;
 pub(crate) fn tune(stream: &TcpStream) {
     let _ = stream.set_nodelay(true);
     let sock = SockRef::from(stream);
-    let ka = TcpKeepalive::new().with_time(Duration::from_secs(30)).with_interval(Duration::from_secs(10));
+    let ka = TcpKeepalive::new()
+        .with_time(Duration::from_secs(30))
+        .with_interval(Duration::from_secs(10));
     let _ = sock.set_tcp_keepalive(&ka);
 }
 
@@ -50,7 +52,13 @@ pub(crate) fn tcp_info(stream: &TcpStream) -> Option<TcpInfo> {
     // SAFETY: `info` is a properly sized, writable tcp_info and `len` holds its size; the kernel
     // writes at most `len` bytes and updates `len`.
     let rc = unsafe {
-        libc::getsockopt(fd, libc::IPPROTO_TCP, libc::TCP_INFO, (&raw mut info).cast(), &mut len)
+        libc::getsockopt(
+            fd,
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            (&raw mut info).cast(),
+            &mut len,
+        )
     };
     if rc != 0 {
         return None;

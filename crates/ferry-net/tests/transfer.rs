@@ -7,7 +7,15 @@ use std::os::unix::fs::PermissionsExt;
 use util::*;
 
 /// 0, 1, block−1, block, block+1 and several blocks: every edge of the block grid.
-const SIZES: [usize; 7] = [0, 1, BLOCK as usize - 1, BLOCK as usize, BLOCK as usize + 1, 5 * BLOCK as usize + 17, 16 * BLOCK as usize];
+const SIZES: [usize; 7] = [
+    0,
+    1,
+    BLOCK as usize - 1,
+    BLOCK as usize,
+    BLOCK as usize + 1,
+    5 * BLOCK as usize + 17,
+    16 * BLOCK as usize,
+];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn put_then_get_boundary_sizes_byte_identical() {
@@ -17,15 +25,26 @@ async fn put_then_get_boundary_sizes_byte_identical() {
     for (i, n) in SIZES.iter().enumerate() {
         write(&tree.join(format!("f{i}_{n}")), &bytes(*n, i as u64));
     }
-    let report = ferry_net::client::put(&server.client(), &[tree.clone()], "/incoming/", reporter()).await.unwrap();
+    let report =
+        ferry_net::client::put(&server.client(), &[tree.clone()], "/incoming/", reporter())
+            .await
+            .unwrap();
     assert_eq!(report.files, SIZES.len() as u64);
     assert!(report.is_success(), "{:?}", report.errors);
-    assert_eq!(snapshot(&tree), snapshot(&server.root.join("incoming/run42")));
+    assert_eq!(
+        snapshot(&tree),
+        snapshot(&server.root.join("incoming/run42"))
+    );
 
     let back = tempfile::tempdir().unwrap();
-    let report = ferry_net::client::get(&server.client(), "/incoming/run42", &back.path().join("copy/"), reporter())
-        .await
-        .unwrap();
+    let report = ferry_net::client::get(
+        &server.client(),
+        "/incoming/run42",
+        &back.path().join("copy/"),
+        reporter(),
+    )
+    .await
+    .unwrap();
     assert!(report.is_success(), "{:?}", report.errors);
     assert_eq!(snapshot(&tree), snapshot(&back.path().join("copy/run42")));
     assert!(leftovers(&server.root).is_empty());
@@ -40,10 +59,15 @@ async fn single_file_renamed_like_cp_and_mode_mtime_kept() {
     write(&f, &bytes(300_000, 7));
     std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o640)).unwrap();
     let cfg = server.client();
-    ferry_net::client::put(&cfg, &[f.clone()], "/renamed.bin", reporter()).await.unwrap();
+    ferry_net::client::put(&cfg, &[f.clone()], "/renamed.bin", reporter())
+        .await
+        .unwrap();
     let got = server.root.join("renamed.bin");
     assert_eq!(std::fs::read(&got).unwrap(), std::fs::read(&f).unwrap());
-    let (a, b) = (std::fs::metadata(&f).unwrap(), std::fs::metadata(&got).unwrap());
+    let (a, b) = (
+        std::fs::metadata(&f).unwrap(),
+        std::fs::metadata(&got).unwrap(),
+    );
     assert_eq!(b.permissions().mode() & 0o7777, 0o640);
     assert_eq!(a.modified().unwrap(), b.modified().unwrap());
     server.stop().await;

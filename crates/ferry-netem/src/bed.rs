@@ -76,6 +76,7 @@ pub enum Regime {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct BedConfig {
     /// Round-trip time; each direction is delayed by rtt / 2.
+    #[serde(rename = "rtt_ms", with = "duration_ms")]
     pub rtt: Duration,
     /// Link rate in bit/s per direction; None = unlimited.
     pub rate_bps: Option<u64>,
@@ -111,6 +112,18 @@ impl BedConfig {
             (None, Some(r)) => bdp_bytes(r, self.rtt.as_nanos() as u64).max(floor),
             (None, None) => u64::MAX,
         }
+    }
+}
+
+mod duration_ms {
+    use serde::{Deserialize, Deserializer, Serializer};
+    use std::time::Duration;
+    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_f64(d.as_secs_f64() * 1e3)
+    }
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        let ms = f64::deserialize(d)?;
+        Duration::try_from_secs_f64(ms / 1e3).map_err(serde::de::Error::custom)
     }
 }
 
@@ -165,7 +178,11 @@ pub fn can_run() -> Result<(), String> {
     if unsafe { libc::geteuid() } != 0 {
         return Err("ferry-netem needs root (network namespaces, TUN devices)".into());
     }
-    if let Err(e) = std::fs::OpenOptions::new().read(true).write(true).open("/dev/net/tun") {
+    if let Err(e) = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/net/tun")
+    {
         return Err(format!("cannot open /dev/net/tun: {e}"));
     }
     if find_in_path("ip").is_none() {
@@ -182,7 +199,10 @@ pub fn find_in_path(prog: &str) -> Option<std::path::PathBuf> {
         .map(|d| d.join(prog))
         .find(|p| {
             std::fs::metadata(p)
-                .map(|m| m.is_file() && std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o111 != 0)
+                .map(|m| {
+                    m.is_file()
+                        && std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o111 != 0
+                })
                 .unwrap_or(false)
         })
 }
@@ -199,7 +219,11 @@ pub(crate) fn ip(args: &[&str]) -> Result<String> {
         .output()
         .context("running `ip`")?;
     if !out.status.success() {
-        bail!("`ip {}` failed: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim());
+        bail!(
+            "`ip {}` failed: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
@@ -244,12 +268,18 @@ pub fn delete_netns(ns: &str) -> Result<()> {
 pub fn reap_stale() {
     for ns in list_netns("fnm-") {
         let mut parts = ns.split('-');
-        let (Some("fnm"), Some(pid), Some(_n), Some("c" | "s"), None) =
-            (parts.next(), parts.next(), parts.next(), parts.next(), parts.next())
-        else {
+        let (Some("fnm"), Some(pid), Some(_n), Some("c" | "s"), None) = (
+            parts.next(),
+            parts.next(),
+            parts.next(),
+            parts.next(),
+            parts.next(),
+        ) else {
             continue;
         };
-        let Ok(pid) = pid.parse::<u32>() else { continue };
+        let Ok(pid) = pid.parse::<u32>() else {
+            continue;
+        };
         if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
             let _ = delete_netns(&ns);
         }
@@ -284,7 +314,12 @@ fn run_in_fd<T: Send, F: FnOnce() -> T + Send>(ns_fd: i32, f: F) -> io::Result<T
 pub fn open_tun(name: &str) -> io::Result<OwnedFd> {
     let path = CString::new("/dev/net/tun").expect("no NUL");
     // SAFETY: open(2) with a valid path.
-    let fd = unsafe { libc::open(path.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC | libc::O_NONBLOCK) };
+    let fd = unsafe {
+        libc::open(
+            path.as_ptr(),
+            libc::O_RDWR | libc::O_CLOEXEC | libc::O_NONBLOCK,
+        )
+    };
     if fd < 0 {
         return Err(io::Error::last_os_error());
     }
@@ -293,7 +328,10 @@ pub fn open_tun(name: &str) -> io::Result<OwnedFd> {
     // SAFETY: ifreq is plain old data.
     let mut ifr: libc::ifreq = unsafe { std::mem::zeroed() };
     if name.len() >= ifr.ifr_name.len() {
-        return Err(io::Error::new(io::ErrorKind::InvalidInput, "interface name too long"));
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "interface name too long",
+        ));
     }
     for (d, s) in ifr.ifr_name.iter_mut().zip(name.bytes()) {
         *d = s as libc::c_char;
@@ -333,11 +371,20 @@ pub fn regime_sysctls(regime: Regime) -> Vec<(String, String)> {
     match regime {
         Regime::Default => vec![
             ("net.ipv4.tcp_rmem".into(), fmt(rmem)),
-            ("net.ipv4.tcp_wmem".into(), fmt([wmem[0], wmem[1], DEFAULT_WMEM_MAX])),
+            (
+                "net.ipv4.tcp_wmem".into(),
+                fmt([wmem[0], wmem[1], DEFAULT_WMEM_MAX]),
+            ),
         ],
         Regime::Tuned => vec![
-            ("net.ipv4.tcp_rmem".into(), fmt([rmem[0], rmem[1], TUNED_BUF])),
-            ("net.ipv4.tcp_wmem".into(), fmt([wmem[0], wmem[1], TUNED_BUF])),
+            (
+                "net.ipv4.tcp_rmem".into(),
+                fmt([rmem[0], rmem[1], TUNED_BUF]),
+            ),
+            (
+                "net.ipv4.tcp_wmem".into(),
+                fmt([wmem[0], wmem[1], TUNED_BUF]),
+            ),
             ("net.core.rmem_max".into(), TUNED_BUF.to_string()),
             ("net.core.wmem_max".into(), TUNED_BUF.to_string()),
         ],
@@ -395,10 +442,15 @@ impl TestBed {
         }
         reap_stale();
         let name = opts.name.clone().unwrap_or_else(|| {
-            format!("fnm-{}-{}", std::process::id(), COUNTER.fetch_add(1, Relaxed))
+            format!(
+                "fnm-{}-{}",
+                std::process::id(),
+                COUNTER.fetch_add(1, Relaxed)
+            )
         });
         let mut guard = SetupGuard(Vec::new());
         let mut notes = Vec::new();
+        let mut core_denied = false;
         let mut make = |host: Host| -> Result<(Netns, OwnedFd)> {
             let ns = format!("{name}-{}", host.suffix());
             if std::path::Path::new("/run/netns").join(&ns).exists() {
@@ -406,18 +458,33 @@ impl TestBed {
             }
             ip(&["netns", "add", &ns])?;
             guard.0.push(ns.clone());
-            let file = File::open(format!("/run/netns/{ns}")).with_context(|| format!("opening netns {ns}"))?;
+            let file = File::open(format!("/run/netns/{ns}"))
+                .with_context(|| format!("opening netns {ns}"))?;
             let sysctls = regime_sysctls(config.regime);
-            let (tun, sys_notes) = run_in_fd(file.as_raw_fd(), || -> io::Result<(OwnedFd, Vec<String>)> {
-                let tun = open_tun(DEVICE)?;
-                let mut sys_notes = Vec::new();
-                for (k, v) in &sysctls {
-                    if let Err(e) = write_sysctl(k, v) {
-                        sys_notes.push(format!("{ns}: cannot set {k}={v} in the namespace: {e}"));
+            let (tun, sys_notes) = run_in_fd(
+                file.as_raw_fd(),
+                || -> io::Result<(OwnedFd, Vec<String>)> {
+                    // The bed is IPv4-only: keep the kernel from sending IPv6
+                    // noise (MLD reports etc.) over the emulated link.
+                    let _ = write_sysctl("net.ipv6.conf.default.disable_ipv6", "1");
+                    let tun = open_tun(DEVICE)?;
+                    let mut sys_notes = Vec::new();
+                    for (k, v) in &sysctls {
+                        if let Err(e) = write_sysctl(k, v) {
+                            // net.core.{r,w}mem_max are global on many kernels:
+                            // summarised below.
+                            if !(k.starts_with("net.core.")
+                                && e.kind() == io::ErrorKind::PermissionDenied)
+                            {
+                                sys_notes.push(format!("{ns}: cannot set {k}={v}: {e}"));
+                            } else {
+                                core_denied = true;
+                            }
+                        }
                     }
-                }
-                Ok((tun, sys_notes))
-            })?
+                    Ok((tun, sys_notes))
+                },
+            )?
             .with_context(|| format!("creating TUN {DEVICE} in {ns}"))?;
             notes.extend(sys_notes);
             let addr = match host {
@@ -426,25 +493,53 @@ impl TestBed {
             };
             let mtu = config.mtu.to_string();
             ip(&["-n", &ns, "link", "set", "lo", "up"])?;
-            ip(&["-n", &ns, "addr", "add", &format!("{addr}/{PREFIX_LEN}"), "dev", DEVICE])?;
-            ip(&["-n", &ns, "link", "set", DEVICE, "mtu", &mtu, "txqueuelen", "1000", "up"])?;
+            ip(&[
+                "-n",
+                &ns,
+                "addr",
+                "add",
+                &format!("{addr}/{PREFIX_LEN}"),
+                "dev",
+                DEVICE,
+            ])?;
+            ip(&[
+                "-n",
+                &ns,
+                "link",
+                "set",
+                DEVICE,
+                "mtu",
+                &mtu,
+                "txqueuelen",
+                "1000",
+                "up",
+            ])?;
             Ok((Netns { name: ns, file }, tun))
         };
         let (client, ctun) = make(Host::Client)?;
         let (server, stun) = make(Host::Server)?;
-        if config.regime == Regime::Tuned && notes.iter().any(|n| n.contains("net.core.")) {
+        if config.regime == Regime::Tuned && core_denied {
             for key in ["net.core.rmem_max", "net.core.wmem_max"] {
-                let host_val: u64 = read_sysctl(key).ok().and_then(|s| s.parse().ok()).unwrap_or(0);
+                let host_val: u64 = read_sysctl(key)
+                    .ok()
+                    .and_then(|s| s.parse().ok())
+                    .unwrap_or(0);
                 if host_val >= TUNED_BUF {
-                    notes.push(format!("{key} is global and already {host_val} on the host"));
+                    notes.push(format!(
+                        "{key} is global and already {host_val} on the host"
+                    ));
                 } else if opts.raise_host_core_max {
-                    write_sysctl(key, &TUNED_BUF.to_string()).with_context(|| format!("raising host {key}"))?;
-                    notes.push(format!("raised the host's global {key} from {host_val} to {TUNED_BUF}"));
+                    write_sysctl(key, &TUNED_BUF.to_string())
+                        .with_context(|| format!("raising host {key}"))?;
+                    notes.push(format!(
+                        "raised the host's global {key} from {host_val} to {TUNED_BUF}"
+                    ));
                 } else {
                     notes.push(format!(
-                        "{key} stays {host_val} (global, not settable per namespace; \
-                         TCP autotuning is bounded by the per-namespace tcp_rmem/tcp_wmem; \
-                         SO_SNDBUF/SO_RCVBUF are capped by it unless set with *BUFFORCE as root)"
+                        "{key} stays {host_val}: this kernel keeps it global (read-only in a namespace); \
+                         TCP autotuning is bounded by the per-namespace tcp_rmem/tcp_wmem instead; \
+                         explicit SO_SNDBUF/SO_RCVBUF are capped by it unless set with SO_*BUFFORCE as root \
+                         (or use --raise-host-core-max)"
                     ));
                 }
             }
@@ -460,7 +555,11 @@ impl TestBed {
         let shared = Arc::new(Shared::new(control));
         let seed = opts
             .seed
-            .or_else(|| std::env::var("FERRY_NETEM_SEED").ok().and_then(|s| s.parse().ok()))
+            .or_else(|| {
+                std::env::var("FERRY_NETEM_SEED")
+                    .ok()
+                    .and_then(|s| s.parse().ok())
+            })
             .unwrap_or_else(|| forward::mono_ns() ^ ((std::process::id() as u64) << 32));
         let mtu = config.mtu;
         let sh = shared.clone();
@@ -476,7 +575,10 @@ impl TestBed {
             .context("spawning the forwarder thread")?;
         // Wait until it runs, so that stats have a tid.
         let t0 = Instant::now();
-        while shared.tid.load(Relaxed) == 0 && t0.elapsed() < Duration::from_secs(2) && !thread.is_finished() {
+        while shared.tid.load(Relaxed) == 0
+            && t0.elapsed() < Duration::from_secs(2)
+            && !thread.is_finished()
+        {
             std::thread::sleep(Duration::from_micros(200));
         }
         guard.0.clear();
@@ -599,7 +701,8 @@ impl TestBed {
         self.control().set_rate_bps(rate_bps.unwrap_or(0));
     }
     pub fn set_queue_bytes(&self, bytes: u64) {
-        self.control().set_queue_bytes(bytes.max(self.config.mtu as u64));
+        self.control()
+            .set_queue_bytes(bytes.max(self.config.mtu as u64));
     }
 
     /// Current counters and CPU use of the forwarder.
@@ -613,7 +716,11 @@ impl TestBed {
             let task = format!("/proc/self/task/{tid}");
             if let Some(ns) = std::fs::read_to_string(format!("{task}/schedstat"))
                 .ok()
-                .and_then(|s| s.split_whitespace().next().and_then(|x| x.parse::<u64>().ok()))
+                .and_then(|s| {
+                    s.split_whitespace()
+                        .next()
+                        .and_then(|x| x.parse::<u64>().ok())
+                })
             {
                 cpu_ns = cpu_ns.max(ns);
             }

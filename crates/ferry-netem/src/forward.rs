@@ -66,7 +66,8 @@ impl Control {
         f64::from_bits(self.loss_bits.load(Relaxed))
     }
     pub fn set_loss(&self, loss: f64) {
-        self.loss_bits.store(loss.clamp(0.0, 1.0).to_bits(), Relaxed);
+        self.loss_bits
+            .store(loss.clamp(0.0, 1.0).to_bits(), Relaxed);
     }
     pub fn blackhole(&self) -> bool {
         self.blackhole.load(Relaxed)
@@ -304,7 +305,13 @@ impl Dir<'_> {
     }
 
     /// Reads up to READ_BATCH packets; returns true if the fd may have more.
-    fn ingest(&mut self, control: &Control, rng: &mut Rng, pool: &mut Pool, scratch: &mut [u8]) -> bool {
+    fn ingest(
+        &mut self,
+        control: &Control,
+        rng: &mut Rng,
+        pool: &mut Pool,
+        scratch: &mut [u8],
+    ) -> bool {
         let c = self.counters;
         for _ in 0..READ_BATCH {
             let buf = pool.get();
@@ -328,7 +335,11 @@ impl Dir<'_> {
                 bump(&c.drop_memory, 1);
                 continue;
             };
-            let loss = if control.blackhole() { 1.0 } else { control.loss() };
+            let loss = if control.blackhole() {
+                1.0
+            } else {
+                control.loss()
+            };
             if rng.chance(loss) {
                 bump(&c.drop_loss, 1);
                 pool.put(buf);
@@ -341,7 +352,10 @@ impl Dir<'_> {
                     pool.put(buf);
                 }
                 Admit::Release(release) => {
-                    raise(&c.max_backlog_bytes, self.link.backlog_bytes(now, params.rate_bps));
+                    raise(
+                        &c.max_backlog_bytes,
+                        self.link.backlog_bytes(now, params.rate_bps),
+                    );
                     self.held_bytes += len as u64;
                     raise(&c.max_held_bytes, self.held_bytes);
                     self.queue.push_back(Packet { buf, len, release });
@@ -372,7 +386,9 @@ pub fn run(
             // Real-time priority keeps releases on time when builds or the
             // test's own processes load every core. The loop mostly sleeps
             // and spins at most SPIN_SHARE_PERCENT, so it cannot hog a core.
-            let p = libc::sched_param { sched_priority: prio };
+            let p = libc::sched_param {
+                sched_priority: prio,
+            };
             if libc::sched_setscheduler(0, libc::SCHED_FIFO, &p) == 0 {
                 shared.realtime.store(true, Relaxed);
             }
@@ -428,7 +444,8 @@ pub fn run(
     while !control.stop.load(Relaxed) {
         let now = mono_ns();
         // Token bucket of spin time.
-        spin_budget = (spin_budget + (now - last_budget_update) * SPIN_SHARE_PERCENT / 100).min(SPIN_BUDGET_CAP_NS);
+        spin_budget = (spin_budget + (now - last_budget_update) * SPIN_SHARE_PERCENT / 100)
+            .min(SPIN_BUDGET_CAP_NS);
         last_budget_update = now;
         if let Some(t) = spinning_since.take() {
             spin_budget = spin_budget.saturating_sub(now - t);
@@ -443,7 +460,10 @@ pub fn run(
         let timeout_ns = if more[0] || more[1] {
             0
         } else {
-            let next = dirs.iter().filter_map(|d| d.queue.front().map(|p| p.release)).min();
+            let next = dirs
+                .iter()
+                .filter_map(|d| d.queue.front().map(|p| p.release))
+                .min();
             match next {
                 Some(t) => {
                     let now = mono_ns();
@@ -481,9 +501,13 @@ pub fn run(
             let rev = fds[i].revents;
             if rev & (libc::POLLERR | libc::POLLNVAL) != 0 {
                 shared.running.store(false, Relaxed);
-                return Err(io::Error::other(format!("TUN fd {} failed (revents {rev:#x})", fds[i].fd)));
+                return Err(io::Error::other(format!(
+                    "TUN fd {} failed (revents {rev:#x})",
+                    fds[i].fd
+                )));
             }
-            more[i] = rev & libc::POLLIN != 0 && dirs[i].ingest(control, &mut rng, &mut pool, &mut scratch);
+            more[i] = rev & libc::POLLIN != 0
+                && dirs[i].ingest(control, &mut rng, &mut pool, &mut scratch);
         }
     }
     shared.cpu_ns.store(thread_cpu_ns(), Relaxed);

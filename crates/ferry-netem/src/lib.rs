@@ -41,8 +41,9 @@ pub mod sched;
 use std::time::Duration;
 
 pub use bed::{
-    can_run, delete_netns, find_in_path, list_netns, open_tun, reap_stale, regime_sysctls, BedConfig, BedOptions,
-    Host, Regime, Stats, TestBed, CLIENT_ADDR, DEFAULT_WMEM_MAX, DEVICE, PREFIX_LEN, SERVER_ADDR, TUNED_BUF,
+    can_run, delete_netns, find_in_path, list_netns, open_tun, reap_stale, regime_sysctls,
+    BedConfig, BedOptions, Host, Regime, Stats, TestBed, CLIENT_ADDR, DEFAULT_WMEM_MAX, DEVICE,
+    PREFIX_LEN, SERVER_ADDR, TUNED_BUF,
 };
 pub use forward::DirStats;
 
@@ -58,7 +59,10 @@ fn split_num(s: &str) -> (&str, &str) {
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
     let (num, unit) = split_num(s);
-    let v: f64 = num.replace('_', "").parse().map_err(|_| format!("bad duration {s:?}"))?;
+    let v: f64 = num
+        .replace('_', "")
+        .parse()
+        .map_err(|_| format!("bad duration {s:?}"))?;
     let secs = match unit {
         "" | "ms" => v / 1e3,
         "s" => v,
@@ -80,7 +84,10 @@ pub fn parse_rate(s: &str) -> Result<Option<u64>, String> {
         return Ok(None);
     }
     let (num, unit) = split_num(&s);
-    let v: f64 = num.replace('_', "").parse().map_err(|_| format!("bad rate {s:?}"))?;
+    let v: f64 = num
+        .replace('_', "")
+        .parse()
+        .map_err(|_| format!("bad rate {s:?}"))?;
     let mult = match unit {
         "" | "bit" | "bps" => 1.0,
         "kbit" | "k" => 1e3,
@@ -92,10 +99,14 @@ pub fn parse_rate(s: &str) -> Result<Option<u64>, String> {
         "kbps" => 8e3,
         "mbps" => 8e6,
         "gbps" => 8e9,
-        _ => return Err(format!("bad rate unit in {s:?} (use bit, kbit, mbit, gbit)")),
+        _ => {
+            return Err(format!(
+                "bad rate unit in {s:?} (use bit, kbit, mbit, gbit)"
+            ))
+        }
     };
     let bps = (v * mult).round();
-    if !(bps >= 1.0 && bps < 1e15) {
+    if !(1.0..1e15).contains(&bps) {
         return Err(format!("bad rate {s:?}"));
     }
     Ok(Some(bps as u64))
@@ -106,7 +117,10 @@ pub fn parse_rate(s: &str) -> Result<Option<u64>, String> {
 pub fn parse_bytes(s: &str) -> Result<u64, String> {
     let t = s.trim();
     let (num, unit) = split_num(t);
-    let v: f64 = num.replace('_', "").parse().map_err(|_| format!("bad size {s:?}"))?;
+    let v: f64 = num
+        .replace('_', "")
+        .parse()
+        .map_err(|_| format!("bad size {s:?}"))?;
     let unit = unit.strip_suffix('B').unwrap_or(unit);
     let mult = match unit.to_ascii_lowercase().as_str() {
         "" => 1.0,

@@ -11,15 +11,19 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use ferry_netem::{
-    delete_netns, find_in_path, parse_bytes, parse_duration, parse_loss, parse_rate, reap_stale, BedConfig,
-    BedOptions, Host, Regime, TestBed, CLIENT_ADDR, DEVICE, SERVER_ADDR,
+    delete_netns, find_in_path, parse_bytes, parse_duration, parse_loss, parse_rate, reap_stale,
+    BedConfig, BedOptions, Host, Regime, TestBed, CLIENT_ADDR, DEVICE, SERVER_ADDR,
 };
 use serde_json::json;
 
 const STATE_ROOT: &str = "/run/ferry-netem";
 
 #[derive(Parser)]
-#[command(name = "ferry-netem", version, about = "User-space WAN emulator: two network namespaces joined by a TUN forwarder with delay, rate, queue and loss")]
+#[command(
+    name = "ferry-netem",
+    version,
+    about = "User-space WAN emulator: two network namespaces joined by a TUN forwarder with delay, rate, queue and loss"
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -128,7 +132,12 @@ impl UpArgs {
             loss: parse_loss(&self.loss).map_err(e)?,
             mtu: self.mtu,
             regime: self.regime,
-            queue_bytes: self.queue.as_deref().map(parse_bytes).transpose().map_err(e)?,
+            queue_bytes: self
+                .queue
+                .as_deref()
+                .map(parse_bytes)
+                .transpose()
+                .map_err(e)?,
         };
         let opts = BedOptions {
             name: Some(self.name.clone()),
@@ -147,7 +156,9 @@ fn state_dir(name: &str) -> PathBuf {
 fn check_name(name: &str) -> Result<()> {
     if name.is_empty()
         || name.len() > 40
-        || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.')
+        || !name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.')
         || name.starts_with('.')
     {
         bail!("bad name {name:?}: use up to 40 of [A-Za-z0-9._-]");
@@ -207,13 +218,21 @@ fn up(a: UpArgs) -> Result<()> {
     a.config()?; // validate before forking
     let dir = state_dir(&a.name);
     if dir.join("pid").exists() && daemon_pid(&a.name).is_some() {
-        bail!("bed {} is already up (`ferry-netem down --name {}`)", a.name, a.name);
+        bail!(
+            "bed {} is already up (`ferry-netem down --name {}`)",
+            a.name,
+            a.name
+        );
     }
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let log = std::fs::File::create(dir.join("daemon.log"))?;
     let args: Vec<OsString> = std::env::args_os().skip(2).collect();
     let mut cmd = Command::new(std::env::current_exe()?);
-    cmd.arg("daemon").args(args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(log);
+    cmd.arg("daemon")
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(log);
     // SAFETY: setsid(2) is async-signal-safe.
     unsafe {
         cmd.pre_exec(|| {
@@ -232,7 +251,11 @@ fn up(a: UpArgs) -> Result<()> {
         let _ = child.wait();
         let log = std::fs::read_to_string(dir.join("daemon.log")).unwrap_or_default();
         let _ = std::fs::remove_dir_all(&dir);
-        bail!("bringing the bed up failed: {} {}", line.trim_start_matches("ERROR "), log.trim())
+        bail!(
+            "bringing the bed up failed: {} {}",
+            line.trim_start_matches("ERROR "),
+            log.trim()
+        )
     }
 }
 
@@ -241,7 +264,13 @@ fn signal_set() -> libc::sigset_t {
     unsafe {
         let mut set: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut set);
-        for s in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGUSR1, libc::SIGUSR2] {
+        for s in [
+            libc::SIGTERM,
+            libc::SIGINT,
+            libc::SIGHUP,
+            libc::SIGUSR1,
+            libc::SIGUSR2,
+        ] {
             libc::sigaddset(&mut set, s);
         }
         set
@@ -284,7 +313,10 @@ fn run_bed(a: UpArgs, daemon: bool) -> Result<()> {
         "queue_bytes_effective": cfg.rate_bps.map(|_| cfg.effective_queue_bytes()),
         "notes": bed.notes(),
     });
-    write_atomic(&dir.join("state.json"), &format!("{}\n", serde_json::to_string_pretty(&state)?))?;
+    write_atomic(
+        &dir.join("state.json"),
+        &format!("{}\n", serde_json::to_string_pretty(&state)?),
+    )?;
     write_atomic(&dir.join("pid"), &format!("{pid}\n"))?;
     for n in bed.notes() {
         eprintln!("ferry-netem: note: {n}");
@@ -352,8 +384,14 @@ fn run_bed(a: UpArgs, daemon: bool) -> Result<()> {
 }
 
 fn apply_control(bed: &TestBed, text: &str) -> Result<()> {
-    for line in text.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')) {
-        let (k, v) = line.split_once('=').ok_or_else(|| anyhow!("bad control line {line:?}"))?;
+    for line in text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+    {
+        let (k, v) = line
+            .split_once('=')
+            .ok_or_else(|| anyhow!("bad control line {line:?}"))?;
         let v = v.trim();
         let e = |s: String| anyhow!(s);
         match k.trim() {
@@ -371,14 +409,22 @@ fn apply_control(bed: &TestBed, text: &str) -> Result<()> {
 fn pid_alive(pid: i32) -> bool {
     // A zombie (exited, not yet reaped by its new parent) counts as dead.
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(s) => s.rfind(')').and_then(|i| s[i + 1..].split_whitespace().next()) != Some("Z"),
+        Ok(s) => {
+            s.rfind(')')
+                .and_then(|i| s[i + 1..].split_whitespace().next())
+                != Some("Z")
+        }
         Err(_) => false,
     }
 }
 
 /// The daemon's pid, if it is running.
 fn daemon_pid(name: &str) -> Option<i32> {
-    let pid: i32 = std::fs::read_to_string(state_dir(name).join("pid")).ok()?.trim().parse().ok()?;
+    let pid: i32 = std::fs::read_to_string(state_dir(name).join("pid"))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
     let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
     (pid_alive(pid) && String::from_utf8_lossy(&cmdline).contains("ferry-netem")).then_some(pid)
 }
@@ -441,7 +487,10 @@ fn down(name: &str, all: bool) -> Result<()> {
         return down_one(name);
     }
     let mut names: Vec<String> = std::fs::read_dir(STATE_ROOT)
-        .map(|rd| rd.filter_map(|e| e.ok()?.file_name().into_string().ok()).collect())
+        .map(|rd| {
+            rd.filter_map(|e| e.ok()?.file_name().into_string().ok())
+                .collect()
+        })
         .unwrap_or_default();
     names.sort();
     let mut errs = Vec::new();
@@ -465,7 +514,11 @@ fn exec(name: &str, host: Host, cmd: Vec<OsString>) -> Result<()> {
         bail!("namespace {ns} does not exist (is bed {name} up?)");
     }
     let ip = find_in_path("ip").ok_or_else(|| anyhow!("no `ip` binary"))?;
-    let err = Command::new(ip).args(["netns", "exec"]).arg(&ns).args(&cmd).exec();
+    let err = Command::new(ip)
+        .args(["netns", "exec"])
+        .arg(&ns)
+        .args(&cmd)
+        .exec();
     Err(err).context("exec ip netns exec")
 }
 
@@ -474,7 +527,10 @@ fn status(name: Option<&str>) -> Result<()> {
         Some(n) => vec![n.to_string()],
         None => {
             let mut v: Vec<String> = std::fs::read_dir(STATE_ROOT)
-                .map(|rd| rd.filter_map(|e| e.ok()?.file_name().into_string().ok()).collect())
+                .map(|rd| {
+                    rd.filter_map(|e| e.ok()?.file_name().into_string().ok())
+                        .collect()
+                })
                 .unwrap_or_default();
             v.sort();
             v

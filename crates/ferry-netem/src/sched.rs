@@ -207,24 +207,30 @@ mod tests {
         let mut l = Link::new();
         // 8 Mbit/s = 1 byte/us; queue of 3000 bytes.
         let p = params(8_000_000, 0, 3000);
-        assert_eq!(l.admit(0, 1000, &p), Admit::Release(1000_000));
-        assert_eq!(l.admit(0, 1000, &p), Admit::Release(2000_000));
-        assert_eq!(l.admit(0, 1000, &p), Admit::Release(3000_000));
+        assert_eq!(l.admit(0, 1000, &p), Admit::Release(1_000_000));
+        assert_eq!(l.admit(0, 1000, &p), Admit::Release(2_000_000));
+        assert_eq!(l.admit(0, 1000, &p), Admit::Release(3_000_000));
         assert_eq!(l.backlog_bytes(0, p.rate_bps), 3000);
         assert_eq!(l.admit(0, 1, &p), Admit::QueueFull);
         // After 500 us, 500 bytes have drained: a 500-byte packet fits, 501 not.
         assert_eq!(l.admit(500_000, 501, &p), Admit::QueueFull);
-        assert_eq!(l.admit(500_000, 500, &p), Admit::Release(3500_000));
+        assert_eq!(l.admit(500_000, 500, &p), Admit::Release(3_500_000));
         // The drops did not move the link.
-        assert_eq!(l.backlog_bytes(3500_000, p.rate_bps), 0);
+        assert_eq!(l.backlog_bytes(3_500_000, p.rate_bps), 0);
     }
 
     #[test]
     fn lowering_delay_never_reorders() {
         let mut l = Link::new();
-        assert_eq!(l.admit(0, 100, &params(0, 50 * MS, 0)), Admit::Release(50 * MS));
+        assert_eq!(
+            l.admit(0, 100, &params(0, 50 * MS, 0)),
+            Admit::Release(50 * MS)
+        );
         assert_eq!(l.admit(MS, 100, &params(0, 0, 0)), Admit::Release(50 * MS));
-        assert_eq!(l.admit(60 * MS, 100, &params(0, 0, 0)), Admit::Release(60 * MS));
+        assert_eq!(
+            l.admit(60 * MS, 100, &params(0, 0, 0)),
+            Admit::Release(60 * MS)
+        );
     }
 
     #[test]

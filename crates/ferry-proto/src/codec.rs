@@ -1,13 +1,15 @@
 //! Byte layout of every frame; `docs/PROTOCOL.md` is its prose twin and must change with it.
 //!
-//! Decoding treats the payload as hostile: every read is bounds-checked, every length is checked
-//! against its limit before anything is allocated, and nothing allocates more than the payload
-//! is long, so a peer's bytes can produce an error but never a panic or a large allocation.
+//! Decoding treats the payload as hostile: every read is bounds-checked and every length is
+//! checked against its limit and against the bytes actually present before anything is
+//! allocated. Strings copy at most what the payload holds, `Block` data is borrowed from it, and
+//! a listing reserves no more entries than the payload could contain. So a peer's bytes can
+//! produce an error, never a panic or an allocation out of proportion to what it sent.
 //!
 //! Encoding trusts its input (it comes from this process): it writes the values it is given
-//! and leaves the limits to the peer's decoder, which names the field that broke one. Only a
-//! length that cannot be represented in its length prefix at all panics, because writing it
-//! would desynchronise the stream.
+//! and leaves the limits to the peer's decoder, which names the field that broke one. The
+//! exceptions: over-long messages are cut (see [`Frame::encode`]), and a length that does not
+//! fit its length prefix at all panics, because writing it would desynchronise the stream.
 
 use std::ops::Range;
 
@@ -333,7 +335,7 @@ impl Block {
     /// An empty `file_digest` encodes as absent. Panics like [`Frame::encode`].
     pub fn encode_head(&self, out: &mut BytesMut) {
         encode_frame(out, FrameType::BLOCK, self.data.len(), |out| {
-            put_block_head(out, self)
+            put_block_head(out, self);
         });
     }
 }

@@ -32,7 +32,7 @@ fn payload_of(frame: &Frame) -> Bytes {
 // Strategies: valid values only, i.e. within every limit the decoder enforces.
 
 /// Any chars, control and non-ASCII included; 64 chars are at most 256 bytes, within every
-/// string limit (the smallest is MAX_TOKEN = 256). Exact limits are tested separately.
+/// string limit (the smallest is `MAX_TOKEN` = 256). Exact limits are tested separately.
 fn text() -> impl Strategy<Value = String> {
     vec(any::<char>(), 0..64).prop_map(String::from_iter)
 }

@@ -38,13 +38,21 @@ impl TestServer {
         config.auth_failure_delay = Duration::from_millis(50);
         config.handshake_timeout = Duration::from_secs(2);
         f(&mut config);
-        let server = Server::bind("127.0.0.1:0".parse().unwrap(), config).await.unwrap();
+        let server = Server::bind("127.0.0.1:0".parse().unwrap(), config)
+            .await
+            .unwrap();
         let addr = server.local_addr().unwrap();
         let (tx, rx) = oneshot::channel();
         let task = tokio::spawn(server.run(async {
             let _ = rx.await;
         }));
-        Self { addr, root, _dir: dir, stop: Some(tx), task: Some(task) }
+        Self {
+            addr,
+            root,
+            _dir: dir,
+            stop: Some(tx),
+            task: Some(task),
+        }
     }
 
     pub fn client(&self) -> ClientConfig {
@@ -71,7 +79,10 @@ impl TestServer {
             let _ = tx.send(());
         }
         if let Some(t) = self.task.take() {
-            tokio::time::timeout(Duration::from_secs(15), t).await.expect("server stops").unwrap();
+            tokio::time::timeout(Duration::from_secs(15), t)
+                .await
+                .expect("server stops")
+                .unwrap();
         }
     }
 }
@@ -105,7 +116,10 @@ pub fn write(path: &Path, data: &[u8]) {
 pub fn snapshot(root: &Path) -> BTreeMap<String, (char, String, u32, i64)> {
     let mut out = BTreeMap::new();
     fn go(base: &Path, dir: &Path, out: &mut BTreeMap<String, (char, String, u32, i64)>) {
-        let mut entries: Vec<_> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap()).collect();
+        let mut entries: Vec<_> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap())
+            .collect();
         entries.sort_by_key(|e| e.file_name());
         for e in entries {
             let p = e.path();
@@ -113,13 +127,37 @@ pub fn snapshot(root: &Path) -> BTreeMap<String, (char, String, u32, i64)> {
             let m = std::fs::symlink_metadata(&p).unwrap();
             let ft = m.file_type();
             if ft.is_symlink() {
-                out.insert(rel, ('l', std::fs::read_link(&p).unwrap().to_string_lossy().into_owned(), 0, 0));
+                out.insert(
+                    rel,
+                    (
+                        'l',
+                        std::fs::read_link(&p)
+                            .unwrap()
+                            .to_string_lossy()
+                            .into_owned(),
+                        0,
+                        0,
+                    ),
+                );
             } else if ft.is_dir() {
-                out.insert(rel, ('d', String::new(), m.permissions().mode() & 0o7777, m.mtime()));
+                out.insert(
+                    rel,
+                    (
+                        'd',
+                        String::new(),
+                        m.permissions().mode() & 0o7777,
+                        m.mtime(),
+                    ),
+                );
                 go(base, &p, out);
             } else {
-                let digest = blake3::hash(&std::fs::read(&p).unwrap()).to_hex().to_string();
-                out.insert(rel, ('f', digest, m.permissions().mode() & 0o7777, m.mtime()));
+                let digest = blake3::hash(&std::fs::read(&p).unwrap())
+                    .to_hex()
+                    .to_string();
+                out.insert(
+                    rel,
+                    ('f', digest, m.permissions().mode() & 0o7777, m.mtime()),
+                );
             }
         }
     }
@@ -129,5 +167,8 @@ pub fn snapshot(root: &Path) -> BTreeMap<String, (char, String, u32, i64)> {
 
 /// Names in a tree that look like ferry's temporary files.
 pub fn leftovers(root: &Path) -> Vec<String> {
-    snapshot(root).into_keys().filter(|k| k.contains(".ferry-")).collect()
+    snapshot(root)
+        .into_keys()
+        .filter(|k| k.contains(".ferry-"))
+        .collect()
 }

@@ -1,0 +1,168 @@
+//! Raw command-line arguments: parsing and validation only, no I/O. `config.rs` turns them
+//! into something runnable.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "ferry",
+    version,
+    about = "Move files and trees between hosts as fast as the path allows, verified end to end"
+)]
+pub struct Cli {
+    /// Print nothing but errors (and --json output).
+    #[arg(short, long, global = true)]
+    pub quiet: bool,
+    /// Log more (repeat for debug).
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    pub verbose: u8,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Run a server that clients put to and get from.
+    Serve(ServeArgs),
+    /// Send local files or trees to a server: `ferry put ./run42 dtn2:/incoming/`.
+    Put(PutArgs),
+    /// Fetch a file or tree from a server: `ferry get dtn2:/incoming/run42 ./copy/`.
+    Get(GetArgs),
+    /// List a remote directory: names, sizes, mtimes.
+    Ls(LsArgs),
+    /// Start a local server on loopback, generate a data set, transfer and verify it, and print
+    /// the throughput.
+    Demo(DemoArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    /// Directory that every client path is confined to.
+    #[arg(long)]
+    pub root: PathBuf,
+    /// Address to listen on: control and data connections all use this one port.
+    #[arg(long, default_value = "0.0.0.0:7070")]
+    pub listen: String,
+    /// File holding the access token; created with a new random token (mode 0600) if absent.
+    #[arg(long)]
+    pub token_file: Option<PathBuf>,
+    /// Connections open at once before new ones are refused as busy.
+    #[arg(long, default_value_t = 512)]
+    pub max_connections: usize,
+    /// Most data connections one session may open.
+    #[arg(long, default_value_t = 64)]
+    pub max_streams: u16,
+    /// End a session after this many seconds without traffic.
+    #[arg(long, default_value_t = 120)]
+    pub idle_timeout: u64,
+}
+
+/// Options shared by put and get.
+#[derive(Args, Debug, Clone)]
+pub struct TransferArgs {
+    /// Parallel TCP data connections.
+    #[arg(long, default_value_t = 4)]
+    pub streams: u16,
+    /// Size of the blocks large files are cut into (e.g. 8M, 16MiB). 4 KiB to 64 MiB.
+    #[arg(long, default_value = "8M")]
+    pub block_size: String,
+    /// Fix SO_SNDBUF/SO_RCVBUF on the data connections (e.g. 16M). This DISABLES the kernel's
+    /// TCP autotuning for them; leave it unset unless you have measured that it helps.
+    #[arg(long)]
+    pub tcp_window: Option<String>,
+    /// End-to-end file digest: blake3, xxh3, sha256 or md5 (md5 is ~380 MiB/s per core).
+    #[arg(long, default_value = "blake3")]
+    pub checksum: String,
+    /// Replace files that exist at the destination.
+    #[arg(long, conflicts_with = "skip_existing")]
+    pub overwrite: bool,
+    /// Leave files that exist at the destination alone.
+    #[arg(long)]
+    pub skip_existing: bool,
+    /// Files read at once on the sending side.
+    #[arg(long, default_value_t = 4)]
+    pub readers: usize,
+    /// Threads writing on the receiving side.
+    #[arg(long, default_value_t = 4)]
+    pub writers: usize,
+    /// Write a summary as JSON to stdout.
+    #[arg(long)]
+    pub json: bool,
+    /// Write one line per file in `b3sum`/`md5sum` format (digest, two spaces, path).
+    #[arg(long)]
+    pub manifest: Option<PathBuf>,
+    /// Access token (else FERRY_TOKEN, else the config file).
+    #[arg(long, env = "FERRY_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    /// Client config file (default: $XDG_CONFIG_HOME/ferry/config.toml).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Seconds to wait for a connection.
+    #[arg(long, default_value_t = 15)]
+    pub connect_timeout: u64,
+}
+
+#[derive(Args, Debug)]
+pub struct PutArgs {
+    /// Local files or directories, then the remote destination HOST[:PORT]:PATH.
+    #[arg(required = true, num_args = 2..)]
+    pub paths: Vec<String>,
+    #[command(flatten)]
+    pub transfer: TransferArgs,
+}
+
+#[derive(Args, Debug)]
+pub struct GetArgs {
+    /// Remote source HOST[:PORT]:PATH.
+    pub remote: String,
+    /// Local destination (a directory, or a new name).
+    pub dest: PathBuf,
+    #[command(flatten)]
+    pub transfer: TransferArgs,
+}
+
+#[derive(Args, Debug)]
+pub struct LsArgs {
+    /// Remote directory HOST[:PORT]:PATH.
+    pub remote: String,
+    /// Print entries as JSON.
+    #[arg(long)]
+    pub json: bool,
+    #[arg(long, env = "FERRY_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+pub struct DemoArgs {
+    /// Size of the large file.
+    #[arg(long, default_value = "1G")]
+    pub file_size: String,
+    /// Number of small files.
+    #[arg(long, default_value_t = 10_000)]
+    pub small_files: usize,
+    /// Size of each small file.
+    #[arg(long, default_value = "10K")]
+    pub small_size: String,
+    /// Work directory (default: a temporary directory, removed afterwards).
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+    #[arg(long, default_value_t = 4)]
+    pub streams: u16,
+    /// Print the results as JSON to stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    #[test]
+    fn verify_cli() {
+        super::Cli::command().debug_assert();
+    }
+}

@@ -1,0 +1,228 @@
+//! One function per subcommand.
+
+mod demo;
+mod serve;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use ferry_net::{SessionError, TransferReport};
+
+use crate::args::{Cli, Command, GetArgs, LsArgs, PutArgs, TransferArgs};
+use crate::config::{client_config, resolve_token, Remote};
+use crate::progress::{human_bytes, Progress};
+use crate::usage;
+
+pub async fn run(cli: Cli) -> Result<ExitCode> {
+    let quiet = cli.quiet;
+    match cli.command {
+        Command::Serve(a) => serve::run(a, quiet).await,
+        Command::Put(a) => put(a, quiet).await,
+        Command::Get(a) => get(a, quiet).await,
+        Command::Ls(a) => ls(a).await,
+        Command::Demo(a) => demo::run(a, quiet).await,
+    }
+}
+
+async fn put(args: PutArgs, quiet: bool) -> Result<ExitCode> {
+    let (dest, sources) = args
+        .paths
+        .split_last()
+        .context("nothing to send")
+        .map_err(usage)?;
+    let remote = Remote::parse(dest)
+        .context("the last argument of put is the destination, HOST[:PORT]:PATH")
+        .map_err(usage)?;
+    if let Some(s) = sources
+        .iter()
+        .find(|s| Remote::looks_remote(s) && !std::path::Path::new(s).exists())
+    {
+        return Err(usage(anyhow::anyhow!(
+            "`{s}` looks remote; put sends local paths (use get to fetch)"
+        )));
+    }
+    let cfg = client_config(&args.transfer, &remote).map_err(usage)?;
+    let sources: Vec<PathBuf> = sources.iter().map(PathBuf::from).collect();
+    let progress = Arc::new(Progress::new(quiet || args.transfer.json));
+    let result = ferry_net::client::put(&cfg, &sources, &remote.path, progress.clone()).await;
+    progress.finish();
+    finish(result, &args.transfer, quiet)
+}
+
+async fn get(args: GetArgs, quiet: bool) -> Result<ExitCode> {
+    let remote = Remote::parse(&args.remote)
+        .context("the first argument of get is the source, HOST[:PORT]:PATH")
+        .map_err(usage)?;
+    let cfg = client_config(&args.transfer, &remote).map_err(usage)?;
+    let progress = Arc::new(Progress::new(quiet || args.transfer.json));
+    let result = ferry_net::client::get(&cfg, &remote.path, &args.dest, progress.clone()).await;
+    progress.finish();
+    finish(result, &args.transfer, quiet)
+}
+
+/// Prints the outcome of a transfer and chooses the exit code.
+fn finish(
+    result: Result<TransferReport, SessionError>,
+    args: &TransferArgs,
+    quiet: bool,
+) -> Result<ExitCode> {
+    let report = match result {
+        Ok(r) => r,
+        Err(e) => {
+            let hint = if e.is_retryable() {
+                "\nhint: the problem may be temporary; run the same command again"
+            } else {
+                ""
+            };
+            return Err(anyhow::Error::new(e).context(format!("transfer failed{hint}")));
+        }
+    };
+    if let Some(path) = &args.manifest {
+        let mut text = String::new();
+        for (p, d) in &report.manifest {
+            text.push_str(&format!("{d}  {p}\n"));
+        }
+        std::fs::write(path, text)
+            .with_context(|| format!("writing manifest {}", path.display()))?;
+    }
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else if !quiet {
+        for e in &report.errors {
+            eprintln!("error: {e}");
+        }
+        eprintln!("{}", summary_line(&report));
+    }
+    if report.is_success() {
+        Ok(ExitCode::SUCCESS)
+    } else {
+        if quiet || args.json {
+            for e in &report.errors {
+                eprintln!("error: {e}");
+            }
+        }
+        Ok(ExitCode::from(1))
+    }
+}
+
+pub fn summary_line(r: &TransferReport) -> String {
+    let mut s = format!(
+        "{}: {} files, {} in {:.2} s = {:.1} MiB/s over {} streams, {} verified",
+        r.direction,
+        r.files,
+        human_bytes(r.bytes),
+        r.seconds,
+        r.mib_per_s,
+        r.streams.len(),
+        r.checksum
+    );
+    if r.skipped > 0 {
+        s.push_str(&format!(", {} skipped", r.skipped));
+    }
+    if r.failed > 0 {
+        s.push_str(&format!(", {} FAILED", r.failed));
+    }
+    if r.bad_blocks > 0 {
+        s.push_str(&format!(", {} bad blocks re-sent", r.bad_blocks));
+    }
+    s
+}
+
+async fn ls(args: LsArgs) -> Result<ExitCode> {
+    let remote = Remote::parse(&args.remote).map_err(usage)?;
+    let token = resolve_token(args.token.as_deref(), args.config.as_deref(), &remote.host)
+        .map_err(usage)?;
+    let cfg = ferry_net::ClientConfig {
+        server: remote.server(),
+        token,
+        opts: ferry_proto::TransferOpts {
+            streams: 1,
+            block_size: 1 << 20,
+            checksum: ferry_proto::ChecksumAlgo::Blake3,
+            existing: ferry_proto::ExistingPolicy::Fail,
+            tcp_window: 0,
+        },
+        readers: 1,
+        writers: 1,
+        connect_timeout: std::time::Duration::from_secs(15),
+        idle_timeout: std::time::Duration::from_secs(60),
+        corrupt_blocks: Vec::new(),
+    };
+    let entries = ferry_net::client::list(&cfg, &remote.path)
+        .await
+        .context("listing failed")?;
+    if args.json {
+        let v: Vec<_> = entries
+            .iter()
+            .map(|e| {
+                serde_json::json!({
+                    "name": e.name, "kind": format!("{:?}", e.kind).to_lowercase(),
+                    "size": e.size, "mode": e.mode, "mtime_ns": e.mtime_ns,
+                })
+            })
+            .collect();
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        for e in &entries {
+            let kind = match e.kind {
+                ferry_proto::EntryKind::Dir => 'd',
+                ferry_proto::EntryKind::Symlink => 'l',
+                ferry_proto::EntryKind::File => '-',
+                ferry_proto::EntryKind::Other => '?',
+            };
+            let suffix = if kind == 'd' { "/" } else { "" };
+            println!(
+                "{kind}{} {:>14} {} {}{suffix}",
+                mode_string(e.mode),
+                e.size,
+                utc(e.mtime_ns),
+                e.name
+            );
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn mode_string(mode: u32) -> String {
+    let mut s = String::with_capacity(9);
+    for shift in [6, 3, 0] {
+        let bits = (mode >> shift) & 7;
+        s.push(if bits & 4 != 0 { 'r' } else { '-' });
+        s.push(if bits & 2 != 0 { 'w' } else { '-' });
+        s.push(if bits & 1 != 0 { 'x' } else { '-' });
+    }
+    s
+}
+
+/// `YYYY-MM-DD HH:MM:SS` in UTC (days-from-civil inverse, Howard Hinnant's algorithm).
+fn utc(ns: i64) -> String {
+    let secs = ns.div_euclid(1_000_000_000);
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn utc_formats() {
+        assert_eq!(super::utc(0), "1970-01-01 00:00:00");
+        assert_eq!(super::utc(1_700_000_000_000_000_000), "2023-11-14 22:13:20");
+        assert_eq!(super::mode_string(0o754), "rwxr-xr--");
+    }
+}

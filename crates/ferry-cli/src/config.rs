@@ -1,0 +1,243 @@
+//! Second stage of argument handling: raw arguments become resolved settings (sizes parsed,
+//! remotes split, the token found), with errors that say what to type instead.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use ferry_net::ClientConfig;
+use ferry_proto::{ExistingPolicy, TransferOpts, MAX_BLOCK_DATA};
+
+use crate::args::TransferArgs;
+
+pub const DEFAULT_PORT: u16 = 7070;
+
+/// Parses `8M`, `16MiB`, `4096`, `1G` (binary units; a trailing `B`/`iB` is optional).
+pub fn parse_size(s: &str) -> Result<u64> {
+    let t = s.trim();
+    let lower = t.to_ascii_lowercase();
+    let digits_end = lower
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(lower.len());
+    let (num, unit) = lower.split_at(digits_end);
+    let n: u64 = num
+        .parse()
+        .with_context(|| format!("`{s}` is not a size (try 8M, 16MiB or 4096)"))?;
+    let mult: u64 = match unit.trim_end_matches("ib").trim_end_matches('b') {
+        "" => 1,
+        "k" => 1 << 10,
+        "m" => 1 << 20,
+        "g" => 1 << 30,
+        "t" => 1 << 40,
+        _ => bail!("`{s}`: unknown size unit (use K, M, G or T)"),
+    };
+    n.checked_mul(mult)
+        .with_context(|| format!("`{s}` is too large"))
+}
+
+/// A remote location `HOST[:PORT]:PATH`; IPv6 hosts in brackets: `[::1]:7070:/data`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Remote {
+    pub host: String,
+    pub port: u16,
+    pub path: String,
+}
+
+impl Remote {
+    pub fn parse(s: &str) -> Result<Self> {
+        let (host, rest) = if let Some(stripped) = s.strip_prefix('[') {
+            let (h, rest) = stripped
+                .split_once(']')
+                .with_context(|| format!("`{s}`: missing `]` after IPv6 host"))?;
+            (
+                h.to_owned(),
+                rest.strip_prefix(':')
+                    .with_context(|| format!("`{s}`: expected `:PATH` after the host"))?,
+            )
+        } else {
+            let (h, rest) = s
+                .split_once(':')
+                .with_context(|| format!("`{s}` is not a remote (expected HOST[:PORT]:PATH)"))?;
+            (h.to_owned(), rest)
+        };
+        if host.is_empty() {
+            bail!("`{s}`: empty host (expected HOST[:PORT]:PATH)");
+        }
+        let (port, path) = match rest.split_once(':') {
+            Some((p, path)) if !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()) => (
+                p.parse()
+                    .with_context(|| format!("`{s}`: port {p} is out of range"))?,
+                path,
+            ),
+            _ => (DEFAULT_PORT, rest),
+        };
+        Ok(Self {
+            host,
+            port,
+            path: if path.is_empty() {
+                "/".into()
+            } else {
+                path.to_owned()
+            },
+        })
+    }
+
+    /// Whether a command-line word names a remote rather than a local path.
+    pub fn looks_remote(s: &str) -> bool {
+        if s.starts_with('/') || s.starts_with("./") || s.starts_with("../") {
+            return false;
+        }
+        s.starts_with('[')
+            || s.split_once(':')
+                .is_some_and(|(h, _)| !h.is_empty() && !h.contains('/'))
+    }
+
+    pub fn server(&self) -> String {
+        if self.host.contains(':') {
+            format!("[{}]:{}", self.host, self.port)
+        } else {
+            format!("{}:{}", self.host, self.port)
+        }
+    }
+}
+
+/// The client config file: a default token and per-host tokens.
+#[derive(Debug, Default, serde::Deserialize)]
+struct ClientFile {
+    token: Option<String>,
+    #[serde(default)]
+    hosts: std::collections::BTreeMap<String, HostEntry>,
+}
+
+#[derive(Debug, Default, serde::Deserialize)]
+struct HostEntry {
+    token: Option<String>,
+}
+
+pub fn default_config_path() -> Option<PathBuf> {
+    if let Some(x) = std::env::var_os("XDG_CONFIG_HOME") {
+        return Some(PathBuf::from(x).join("ferry/config.toml"));
+    }
+    std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".config/ferry/config.toml"))
+}
+
+/// Finds the token: `--token`/`FERRY_TOKEN`, else the config file (per host, then default).
+pub fn resolve_token(explicit: Option<&str>, config: Option<&Path>, host: &str) -> Result<String> {
+    if let Some(t) = explicit {
+        return Ok(t.to_owned());
+    }
+    let path = config.map(Path::to_path_buf).or_else(default_config_path);
+    if let Some(path) = &path {
+        match std::fs::read_to_string(path) {
+            Ok(text) => {
+                let file: ClientFile =
+                    toml::from_str(&text).with_context(|| format!("reading {}", path.display()))?;
+                if let Some(t) = file
+                    .hosts
+                    .get(host)
+                    .and_then(|h| h.token.clone())
+                    .or(file.token)
+                {
+                    return Ok(t);
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && config.is_none() => {}
+            Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+        }
+    }
+    bail!(
+        "no access token for {host}: pass --token, set FERRY_TOKEN, or put `token = \"...\"` in {}",
+        path.map(|p| p.display().to_string())
+            .unwrap_or_else(|| "the config file".into())
+    )
+}
+
+/// Turns transfer arguments into a client configuration for `remote`.
+pub fn client_config(args: &TransferArgs, remote: &Remote) -> Result<ClientConfig> {
+    let block = parse_size(&args.block_size)?;
+    if !(4096..=u64::from(MAX_BLOCK_DATA)).contains(&block) {
+        bail!(
+            "--block-size {} is out of range (4K to 64M)",
+            args.block_size
+        );
+    }
+    let tcp_window = match &args.tcp_window {
+        None => 0,
+        Some(w) => {
+            let w = parse_size(w)?;
+            if w == 0 || w > u64::from(u32::MAX / 2) {
+                bail!("--tcp-window must be between 1 byte and 2G");
+            }
+            w as u32
+        }
+    };
+    if args.streams == 0 || args.streams > 256 {
+        bail!("--streams must be between 1 and 256");
+    }
+    let checksum = ferry_core::digest::parse_algo(&args.checksum).with_context(|| {
+        format!(
+            "--checksum {}: use blake3, xxh3, sha256 or md5",
+            args.checksum
+        )
+    })?;
+    let existing = if args.overwrite {
+        ExistingPolicy::Overwrite
+    } else if args.skip_existing {
+        ExistingPolicy::Skip
+    } else {
+        ExistingPolicy::Fail
+    };
+    let token = resolve_token(args.token.as_deref(), args.config.as_deref(), &remote.host)?;
+    Ok(ClientConfig {
+        server: remote.server(),
+        token,
+        opts: TransferOpts {
+            streams: args.streams,
+            block_size: block as u32,
+            checksum,
+            existing,
+            tcp_window,
+        },
+        readers: args.readers.clamp(1, 64),
+        writers: args.writers.clamp(1, 64),
+        connect_timeout: Duration::from_secs(args.connect_timeout.max(1)),
+        idle_timeout: Duration::from_secs(120),
+        corrupt_blocks: Vec::new(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("8M").unwrap(), 8 << 20);
+        assert_eq!(parse_size("16MiB").unwrap(), 16 << 20);
+        assert_eq!(parse_size("4096").unwrap(), 4096);
+        assert_eq!(parse_size("1g").unwrap(), 1 << 30);
+        assert!(parse_size("x").is_err());
+        assert!(parse_size("3Q").is_err());
+    }
+
+    #[test]
+    fn remotes() {
+        let r = Remote::parse("dtn2:/incoming/").unwrap();
+        assert_eq!(
+            (r.host.as_str(), r.port, r.path.as_str()),
+            ("dtn2", 7070, "/incoming/")
+        );
+        let r = Remote::parse("dtn2:7071:/x").unwrap();
+        assert_eq!((r.port, r.path.as_str()), (7071, "/x"));
+        let r = Remote::parse("[::1]:9000:/d").unwrap();
+        assert_eq!(
+            (r.host.as_str(), r.port, r.server()),
+            ("::1", 9000, "[::1]:9000".to_string())
+        );
+        assert!(Remote::parse("nocolon").is_err());
+        assert!(Remote::looks_remote("host:/p"));
+        assert!(!Remote::looks_remote("./a:b"));
+        assert!(!Remote::looks_remote("/abs/path"));
+        assert!(!Remote::looks_remote("plain"));
+    }
+}
