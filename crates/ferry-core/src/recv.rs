@@ -190,6 +190,9 @@ pub struct Receiver {
     control: flume::Sender<Frame>,
     reporter: Arc<dyn Reporter>,
     files: Mutex<HashMap<FileId, Arc<FileEntry>>>,
+    /// Destination directories already created and opened: per file, creating the temporary
+    /// file is then one `openat` of a single name instead of a confined walk of the whole path.
+    dirs: Mutex<HashMap<String, Arc<OwnedFd>>>,
     dir_meta: Mutex<Vec<(String, u32, i64)>>,
     finalize_tx: Mutex<Option<flume::Sender<FinalizeJob>>>,
     finalizer: Mutex<Option<JoinHandle<()>>>,
@@ -222,6 +225,7 @@ impl Receiver {
             control,
             reporter,
             files: Mutex::default(),
+            dirs: Mutex::default(),
             dir_meta: Mutex::default(),
             finalize_tx: Mutex::new(Some(finalize_tx)),
             finalizer: Mutex::new(None),
@@ -427,12 +431,24 @@ impl Receiver {
         Ok(entry)
     }
 
+    /// Creates (`mkdir -p`, confined) and opens a destination directory, once per directory.
+    fn dir(&self, dir_rel: &str) -> Result<Arc<OwnedFd>, FsError> {
+        if let Some(d) = lock(&self.dirs).get(dir_rel) {
+            return Ok(d.clone());
+        }
+        self.dest.root.create_dir_all(dir_rel)?;
+        let fd = Arc::new(self.dest.root.open_dir(dir_rel)?);
+        lock(&self.dirs).insert(dir_rel.to_owned(), fd.clone());
+        Ok(fd)
+    }
+
     /// Creates the temporary file; `Ok(None)` means "skip, it exists".
     fn open_file(&self, meta: &FileMeta) -> Result<Option<Writing>, (ErrorCode, String)> {
         let fail = |e: FsError| (e.code(), format!("{}: {e}", meta.path));
         let rel = self.dest.map(&meta.path).map_err(fail)?;
         let (dir_rel, name) = split_parent(&rel);
-        match self.dest.root.lstat(&rel) {
+        let dir = self.dir(dir_rel).map_err(fail)?;
+        match root::lstat_in(&dir, name) {
             Ok(m) if m.kind == root::Kind::Dir => {
                 return Err((
                     ErrorCode::EXISTS,
@@ -449,20 +465,16 @@ impl Receiver {
                 }
                 ExistingPolicy::Overwrite => {}
             },
-            Err(e) if e.is_not_found() => {}
-            Err(e) => return Err(fail(e)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(fail(FsError::io(&rel, e))),
         }
-        self.dest.root.create_dir_all(dir_rel).map_err(fail)?;
-        let dir = self.dest.root.open_dir(dir_rel).map_err(fail)?;
         let temp = format!(".ferry-{:016x}-{}.part", self.config.tag, meta.id.0);
-        let file = self
-            .dest
-            .root
-            .create_new_in(&dir, dir_rel, &temp)
-            .map_err(fail)?;
+        let flags = root::OFlags::RDWR | root::OFlags::CREATE | root::OFlags::EXCL;
+        let file = root::open_in(&dir, &temp, flags, 0o600)
+            .map_err(|e| fail(FsError::io(join(dir_rel, &temp), e)))?;
         Ok(Some(Writing {
-            file: Arc::new(file),
-            dir: Arc::new(dir),
+            file: Arc::new(File::from(file)),
+            dir,
             dir_rel: dir_rel.to_owned(),
             temp,
             name: name.to_owned(),

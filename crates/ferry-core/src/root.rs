@@ -11,9 +11,8 @@ use std::fs::File;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
-use rustix::fs::{
-    self as rfs, AtFlags, FileType, Mode, OFlags, ResolveFlags, Timespec, Timestamps,
-};
+pub use rustix::fs::OFlags;
+use rustix::fs::{self as rfs, AtFlags, FileType, Mode, ResolveFlags, Timespec, Timestamps};
 
 use crate::error::FsError;
 use crate::path::{split_parent, validate_rel};
@@ -173,33 +172,7 @@ impl Root {
     /// Lists a directory's entries (names only, without `.` and `..`), sorted for determinism.
     pub fn read_dir(&self, rel: &str) -> Result<Vec<(String, Option<Kind>)>, FsError> {
         let fd = self.open_dir(rel)?;
-        let mut dir = rfs::Dir::new(fd).map_err(|e| FsError::io(rel, e))?;
-        let mut out = Vec::new();
-        while let Some(ent) = dir.read() {
-            let ent = ent.map_err(|e| FsError::io(rel, e))?;
-            let name = ent.file_name().to_bytes();
-            if name == b"." || name == b".." {
-                continue;
-            }
-            let Ok(name) = std::str::from_utf8(name) else {
-                return Err(FsError::io(
-                    format!("{rel}/{}", String::from_utf8_lossy(name)),
-                    std::io::Error::other(
-                        "file name is not UTF-8; ferry transfers UTF-8 names only",
-                    ),
-                ));
-            };
-            let kind = match ent.file_type() {
-                FileType::RegularFile => Some(Kind::File),
-                FileType::Directory => Some(Kind::Dir),
-                FileType::Symlink => Some(Kind::Symlink),
-                FileType::Unknown => None,
-                _ => Some(Kind::Other),
-            };
-            out.push((name.to_owned(), kind));
-        }
-        out.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-        Ok(out)
+        list_dir(&fd).map_err(|e| FsError::io(rel, e))
     }
 
     /// Creates `rel` and any missing parents, like `mkdir -p`, each step confined.
@@ -263,6 +236,56 @@ impl Root {
         rfs::futimens(&fd, &timestamps(mtime_ns)).map_err(|e| FsError::io(rel, e))?;
         Ok(())
     }
+}
+
+/// `lstat` of a single name inside an open directory.
+pub fn lstat_in(dir: &OwnedFd, name: &str) -> std::io::Result<Meta> {
+    let st = rfs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW)?;
+    Ok(Meta::from_stat(&st))
+}
+
+/// Opens a single name inside an open directory without following a symlink there. With
+/// `name` a plain component and `dir` already beneath the root, this is as confined as
+/// `openat2(RESOLVE_BENEATH)` and much cheaper than walking the whole path again.
+pub fn open_in(dir: &OwnedFd, name: &str, flags: OFlags, mode: u32) -> std::io::Result<OwnedFd> {
+    debug_assert!(!name.contains('/') && name != ".." && name != ".");
+    rfs::openat(
+        dir,
+        name,
+        flags | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::from_raw_mode(mode),
+    )
+    .map_err(Into::into)
+}
+
+/// Lists an open directory: names (sorted) with their type when the file system reports it.
+pub fn list_dir(dir: &OwnedFd) -> std::io::Result<Vec<(String, Option<Kind>)>> {
+    let dup = rustix::io::dup(dir)?;
+    let mut d = rfs::Dir::new(dup)?;
+    let mut out = Vec::new();
+    while let Some(ent) = d.read() {
+        let ent = ent?;
+        let name = ent.file_name().to_bytes();
+        if name == b"." || name == b".." {
+            continue;
+        }
+        let Ok(name) = std::str::from_utf8(name) else {
+            return Err(std::io::Error::other(format!(
+                "file name {:?} is not UTF-8; ferry transfers UTF-8 names only",
+                String::from_utf8_lossy(name)
+            )));
+        };
+        let kind = match ent.file_type() {
+            FileType::RegularFile => Some(Kind::File),
+            FileType::Directory => Some(Kind::Dir),
+            FileType::Symlink => Some(Kind::Symlink),
+            FileType::Unknown => None,
+            _ => Some(Kind::Other),
+        };
+        out.push((name.to_owned(), kind));
+    }
+    out.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+    Ok(out)
 }
 
 /// Renames `from` to `to` within one directory; with `replace` false an existing `to` is kept

@@ -13,6 +13,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
+use std::os::fd::OwnedFd;
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -25,7 +26,7 @@ use crate::digest::{block_digest, FileHasher};
 use crate::error::FsError;
 use crate::path::join;
 use crate::report::Reporter;
-use crate::root::{Kind, Meta, Root};
+use crate::root::{self, Kind, Meta, OFlags, Root};
 
 /// One thing to send: `rel` under `root`, arriving as `name` at the destination.
 #[derive(Debug)]
@@ -58,8 +59,9 @@ pub struct WalkTotals {
 
 /// What the sender remembers of a file so that a block can be read again on request.
 struct FileRecord {
-    source: usize,
-    rel: String,
+    /// The directory holding the file and its name there: reopening is one `openat`.
+    dir: Arc<OwnedFd>,
+    name: String,
     meta: FileMeta,
     final_digest: Mutex<Option<Bytes>>,
     digest: Mutex<Option<Vec<u8>>>,
@@ -266,20 +268,44 @@ impl Shared {
     }
 }
 
-/// Depth-first walk of every source; directories are listed in name order.
+/// An entry still to visit: `name` inside the open directory `parent`.
+struct Pending {
+    parent: Arc<OwnedFd>,
+    name: String,
+    wire: String,
+}
+
+/// Depth-first walk of every source; directories are listed in name order. Every step opens
+/// or stats a single name relative to an already-open directory, never following a symlink,
+/// so the walk stays beneath each source's root without re-resolving whole paths.
 fn walk(shared: &Shared, jobs: &flume::Sender<Job>) -> WalkTotals {
     let mut totals = WalkTotals::default();
     let mut next_id = 0u64;
-    for (i, src) in shared.sources.iter().enumerate() {
-        let mut stack = vec![(src.rel.clone(), src.name.clone())];
-        while let Some((rel, wire)) = stack.pop() {
-            let meta = match src.root.lstat(&rel) {
+    for src in &shared.sources {
+        let (parent_rel, name) = crate::path::split_parent(&src.rel);
+        let parent = match src.root.open_dir(parent_rel) {
+            Ok(fd) => Arc::new(fd),
+            Err(e) => {
+                shared.error(format!("skipped {}: {e}", src.name));
+                continue;
+            }
+        };
+        let mut stack = vec![Pending {
+            parent,
+            name: name.to_owned(),
+            wire: src.name.clone(),
+        }];
+        while let Some(Pending { parent, name, wire }) = stack.pop() {
+            // The empty name is a source that is the root itself.
+            let meta = if name.is_empty() {
+                src.root.lstat("")
+            } else {
+                root::lstat_in(&parent, &name).map_err(|e| FsError::io(&wire, e))
+            };
+            let meta = match meta {
                 Ok(m) => m,
                 Err(e) => {
-                    shared.error(format!(
-                        "skipped {}: {e}",
-                        src.root.display_path().join(&rel).display()
-                    ));
+                    shared.error(format!("skipped {wire}: {e}"));
                     continue;
                 }
             };
@@ -291,8 +317,8 @@ fn walk(shared: &Shared, jobs: &flume::Sender<Job>) -> WalkTotals {
                     totals.bytes += meta.size;
                     shared.reporter.on_discovered(1, meta.size);
                     let record = Arc::new(FileRecord {
-                        source: i,
-                        rel,
+                        dir: parent,
+                        name,
                         meta: FileMeta {
                             id,
                             path: wire,
@@ -322,29 +348,50 @@ fn walk(shared: &Shared, jobs: &flume::Sender<Job>) -> WalkTotals {
                     if !shared.push(frame) {
                         return totals;
                     }
-                    match src.root.read_dir(&rel) {
-                        Ok(entries) => {
+                    let opened = if name.is_empty() {
+                        src.root
+                            .open_dir("")
+                            .map_err(|e| std::io::Error::other(e.to_string()))
+                    } else {
+                        root::open_in(&parent, &name, OFlags::RDONLY | OFlags::DIRECTORY, 0)
+                    };
+                    match opened.and_then(|fd| Ok((root::list_dir(&fd)?, fd))) {
+                        Ok((entries, fd)) => {
+                            let fd = Arc::new(fd);
                             // Reversed so that popping the stack visits names in order.
-                            for (name, _) in entries.into_iter().rev() {
-                                stack.push((join(&rel, &name), join(&wire, &name)));
+                            for (child, _) in entries.into_iter().rev() {
+                                let wire = join(&wire, &child);
+                                stack.push(Pending {
+                                    parent: fd.clone(),
+                                    name: child,
+                                    wire,
+                                });
                             }
                         }
-                        Err(e) => shared.error(format!("cannot list {}: {e}", wire)),
+                        Err(e) => shared.error(format!("cannot list {wire}: {e}")),
                     }
                 }
-                Kind::Symlink => match src.root.read_link(&rel) {
-                    Ok(target) => {
-                        totals.symlinks += 1;
-                        if !shared.push(Frame::Symlink {
-                            path: wire,
-                            target,
-                            mtime_ns: meta.mtime_ns,
-                        }) {
-                            return totals;
+                Kind::Symlink => {
+                    let target = rustix::fs::readlinkat(&*parent, name.as_str(), Vec::new())
+                        .map_err(std::io::Error::from)
+                        .and_then(|t| {
+                            t.into_string()
+                                .map_err(|_| std::io::Error::other("target is not UTF-8"))
+                        });
+                    match target {
+                        Ok(target) => {
+                            totals.symlinks += 1;
+                            if !shared.push(Frame::Symlink {
+                                path: wire,
+                                target,
+                                mtime_ns: meta.mtime_ns,
+                            }) {
+                                return totals;
+                            }
                         }
+                        Err(e) => shared.error(format!("skipped symlink {wire}: {e}")),
                     }
-                    Err(e) => shared.error(format!("skipped symlink {wire}: {e}")),
-                },
+                }
                 Kind::Other => shared.error(format!(
                     "skipped {wire}: not a regular file, directory or symlink"
                 )),
@@ -355,9 +402,10 @@ fn walk(shared: &Shared, jobs: &flume::Sender<Job>) -> WalkTotals {
 }
 
 /// Opens a source file and checks it is still the regular file the walk saw.
-fn open_checked(shared: &Shared, record: &FileRecord) -> Result<(File, Meta), FsError> {
-    let src = &shared.sources[record.source];
-    let file = src.root.open_read(&record.rel)?;
+fn open_checked(record: &FileRecord) -> Result<(File, Meta), FsError> {
+    let fd = root::open_in(&record.dir, &record.name, OFlags::RDONLY, 0)
+        .map_err(|e| FsError::io(&record.meta.path, e))?;
+    let file = File::from(fd);
     let st = rustix::fs::fstat(&file).map_err(|e| FsError::io(&record.meta.path, e))?;
     Ok((file, Meta::from_stat(&st)))
 }
@@ -365,7 +413,7 @@ fn open_checked(shared: &Shared, record: &FileRecord) -> Result<(File, Meta), Fs
 /// Reads one file in order and queues its blocks. Returns false when the transfer is over.
 fn send_file(shared: &Shared, record: &FileRecord) -> bool {
     let meta = &record.meta;
-    let (file, before) = match open_checked(shared, record) {
+    let (file, before) = match open_checked(record) {
         Ok(x) => x,
         Err(e) => {
             return shared.fail_file(record, e.code(), format!("cannot read {}: {e}", meta.path))
@@ -461,7 +509,7 @@ fn resend_block(shared: &Shared, id: FileId, offset: u64, len: u32) -> bool {
     };
     let meta = &record.meta;
     let len = u64::from(len).min(meta.size.saturating_sub(offset));
-    let result = open_checked(shared, &record).and_then(|(file, now)| {
+    let result = open_checked(&record).and_then(|(file, now)| {
         let mut data = vec![0u8; len as usize];
         file.read_exact_at(&mut data, offset)
             .map_err(|e| FsError::io(&meta.path, e))?;
