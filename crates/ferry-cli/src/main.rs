@@ -28,6 +28,21 @@ pub fn usage(e: anyhow::Error) -> anyhow::Error {
     anyhow::Error::new(UsageError(e))
 }
 
+/// A failure with advice for the user, printed after the error itself.
+#[derive(Debug)]
+pub struct Hinted {
+    pub error: anyhow::Error,
+    pub hint: String,
+}
+
+impl std::fmt::Display for Hinted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:#}", self.error)
+    }
+}
+
+impl std::error::Error for Hinted {}
+
 fn main() -> ExitCode {
     let cli = args::Cli::parse();
     let level = match (cli.quiet, cli.verbose) {
@@ -64,6 +79,9 @@ fn main() -> ExitCode {
                 return ExitCode::from(2);
             }
             eprintln!("error: {e:#}");
+            if let Some(h) = e.downcast_ref::<Hinted>() {
+                eprintln!("hint: {}", h.hint);
+            }
             ExitCode::from(1)
         }
     }

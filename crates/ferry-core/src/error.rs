@@ -22,12 +22,10 @@ pub enum PathError {
 /// A failed file-system operation, with the path it concerned.
 #[derive(Debug, thiserror::Error)]
 pub enum FsError {
-    #[error("{path}: {source}")]
-    Io {
-        path: String,
-        #[source]
-        source: io::Error,
-    },
+    // The cause is in the message and deliberately not a `#[source]`, so that printing the
+    // error chain does not repeat it.
+    #[error("{path}: {cause}")]
+    Io { path: String, cause: io::Error },
     #[error("{path}: refused: resolves outside the transfer root")]
     Escapes { path: String },
     #[error(transparent)]
@@ -42,25 +40,28 @@ impl FsError {
         if source.raw_os_error() == Some(libc::EXDEV) {
             return Self::Escapes { path };
         }
-        Self::Io { path, source }
+        Self::Io {
+            path,
+            cause: source,
+        }
     }
 
     /// The code to put on the wire when this error fails a file or a request.
     pub fn code(&self) -> ErrorCode {
         match self {
             Self::Escapes { .. } | Self::Path(_) => ErrorCode::PERMISSION,
-            Self::Io { source, .. } => match source.kind() {
+            Self::Io { cause, .. } => match cause.kind() {
                 io::ErrorKind::NotFound => ErrorCode::NOT_FOUND,
                 io::ErrorKind::PermissionDenied => ErrorCode::PERMISSION,
                 io::ErrorKind::AlreadyExists => ErrorCode::EXISTS,
-                _ if source.raw_os_error() == Some(libc::ENOSPC) => ErrorCode::NO_SPACE,
-                _ if source.raw_os_error() == Some(libc::ELOOP) => ErrorCode::PERMISSION,
+                _ if cause.raw_os_error() == Some(libc::ENOSPC) => ErrorCode::NO_SPACE,
+                _ if cause.raw_os_error() == Some(libc::ELOOP) => ErrorCode::PERMISSION,
                 _ => ErrorCode::IO,
             },
         }
     }
 
     pub fn is_not_found(&self) -> bool {
-        matches!(self, Self::Io { source, .. } if source.kind() == io::ErrorKind::NotFound)
+        matches!(self, Self::Io { cause, .. } if cause.kind() == io::ErrorKind::NotFound)
     }
 }

@@ -8,8 +8,9 @@ use ferry_proto::{DecodeError, ErrorCode};
 #[derive(Debug, thiserror::Error)]
 pub enum SessionError {
     /// The connection failed: a retry may well succeed.
+    // The cause is part of the message and deliberately not a `source`: `{:#}` would print it twice.
     #[error("connection failed: {0}")]
-    Io(#[from] io::Error),
+    Io(io::Error),
     /// The peer sent bytes that are not a valid frame.
     #[error("peer sent a malformed frame: {0}")]
     Decode(#[from] DecodeError),
@@ -30,13 +31,19 @@ pub enum SessionError {
     Closed(&'static str),
 }
 
+impl From<io::Error> for SessionError {
+    fn from(e: io::Error) -> Self {
+        Self::Io(e)
+    }
+}
+
 impl SessionError {
     /// Whether running the same transfer again may succeed without changing anything.
     pub fn is_retryable(&self) -> bool {
         match self {
             Self::Io(_) | Self::Timeout(_) | Self::Closed(_) => true,
             Self::Remote { code, .. } => {
-                matches!(*code, ErrorCode::BUSY | ErrorCode::TIMEOUT | ErrorCode::IO)
+                matches!(*code, ErrorCode::BUSY | ErrorCode::TIMEOUT)
             }
             Self::Decode(_) | Self::Protocol(_) | Self::Fs(_) => false,
         }

@@ -288,8 +288,8 @@ fn random<const N: usize>() -> [u8; N] {
 enum Work {
     Done,
     Put {
-        dest: Destination,
-        opts: TransferOpts,
+        receiver: Arc<Receiver>,
+        control: flume::Receiver<Frame>,
         data: Vec<TcpStream>,
     },
     Get {
@@ -324,16 +324,14 @@ async fn control_session(shared: &Shared, mut stream: TcpStream) -> Result<(), S
     };
     match work {
         Work::Done => Ok(()),
-        Work::Put { dest, opts, data } => {
-            let (tx, rx) = flume::unbounded();
-            let config = ReceiverConfig {
-                existing: opts.existing,
-                checksum: opts.checksum,
-                tag: session.0,
-            };
-            let receiver = Receiver::new(dest, config, tx, Arc::new(NoReporter))?;
+        Work::Put {
+            receiver,
+            control,
+            data,
+        } => {
+            let writers = shared.config.writers;
             let (summary, _) =
-                drive_receiver(stream, data, receiver, rx, shared.config.writers, limits).await?;
+                drive_receiver(stream, data, receiver, control, writers, limits).await?;
             info!(files = summary.files, bytes = summary.bytes, "put complete");
             Ok(())
         }
@@ -380,8 +378,21 @@ async fn prepare(
         } => {
             let dest = resolve_dest(&shared.root, &dest, sources)?;
             let opts = clamp(&shared.config, opts);
+            // Creating the destination may fail (not a directory, outside the root): find out
+            // before any data connection is opened, and tell the client why.
+            let (tx, control) = flume::unbounded();
+            let config = ReceiverConfig {
+                existing: opts.existing,
+                checksum: opts.checksum,
+                tag: session.0,
+            };
+            let receiver = Receiver::new(dest, config, tx, Arc::new(NoReporter))?;
             let data = gather(shared, stream, session, secret, &opts).await?;
-            Ok(Work::Put { dest, opts, data })
+            Ok(Work::Put {
+                receiver,
+                control,
+                data,
+            })
         }
         Frame::GetRequest { src, opts } => {
             let rel = path::normalize_remote(&src).map_err(FsError::from)?;

@@ -124,6 +124,11 @@ pub async fn run(args: DemoArgs, quiet: bool) -> Result<ExitCode> {
     let small_total = small * args.small_files as u64;
     fill(&src.join("same-bytes.bin"), small_total, 3)?;
 
+    // Flush the generated data first: writeback of it would otherwise compete with the
+    // transfer's own writes and fsyncs and make the numbers say little about ferry.
+    let f = std::fs::File::open(src.join("large.bin"))?;
+    ferry_core::root::syncfs(&f).context("syncing the generated data")?;
+
     let mut token = [0u8; 16];
     getrandom::fill(&mut token).map_err(|e| anyhow::anyhow!("no OS randomness: {e}"))?;
     let token = ferry_core::digest::hex(&token);

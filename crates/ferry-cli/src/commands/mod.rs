@@ -71,12 +71,13 @@ fn finish(
     let report = match result {
         Ok(r) => r,
         Err(e) => {
-            let hint = if e.is_retryable() {
-                "\nhint: the problem may be temporary; run the same command again"
-            } else {
-                ""
-            };
-            return Err(anyhow::Error::new(e).context(format!("transfer failed{hint}")));
+            let retry = e.is_retryable();
+            let error = anyhow::Error::new(e).context("transfer failed");
+            if retry {
+                let hint = "the problem may be temporary; run the same command again".to_owned();
+                return Err(anyhow::Error::new(crate::Hinted { error, hint }));
+            }
+            return Err(error);
         }
     };
     if let Some(path) = &args.manifest {

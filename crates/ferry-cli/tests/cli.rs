@@ -1,0 +1,929 @@
+//! End-to-end tests of the `ferry` binary: real processes, real sockets on 127.0.0.1, real
+//! files in per-test temp dirs. Every server is a child process killed on drop.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use common::*;
+use serde_json::Value;
+
+const MIB: u64 = 1 << 20;
+
+/// A small tree with nesting, an empty file, an empty dir, a symlink and a multi-block file.
+fn make_tree(dir: &Path) {
+    fs::create_dir_all(dir.join("sub/deeper")).unwrap();
+    fs::create_dir_all(dir.join("sub/emptydir")).unwrap();
+    fs::write(dir.join("a.txt"), b"hello ferry\n").unwrap();
+    fs::write(dir.join("empty.bin"), b"").unwrap();
+    write_pattern(&dir.join("big.bin"), 3 * MIB + 123, 7);
+    write_pattern(&dir.join("sub/deeper/c.bin"), 70_000, 8);
+    fs::write(dir.join("sub/b.txt"), b"bee\n").unwrap();
+    std::os::unix::fs::symlink("a.txt", dir.join("link")).unwrap();
+}
+
+/// The single JSON document on stdout (fails if there is anything else).
+#[track_caller]
+fn one_json(stdout: &str) -> Value {
+    let mut it = serde_json::Deserializer::from_str(stdout).into_iter::<Value>();
+    let v = it
+        .next()
+        .unwrap_or_else(|| panic!("no JSON on stdout: {stdout:?}"))
+        .unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {stdout:?}"));
+    assert!(
+        it.next().is_none(),
+        "more than one JSON document on stdout: {stdout:?}"
+    );
+    v
+}
+
+fn u64_field(v: &Value, k: &str) -> u64 {
+    v[k].as_u64()
+        .unwrap_or_else(|| panic!("`{k}` is not an unsigned integer in {v}"))
+}
+
+fn f64_field(v: &Value, k: &str) -> f64 {
+    v[k].as_f64()
+        .unwrap_or_else(|| panic!("`{k}` is not a number in {v}"))
+}
+
+// ---------------------------------------------------------------------------------------------
+// serve: tokens and state
+
+#[test]
+fn serve_token_file_is_created_0600_and_reused() {
+    let sb = Sandbox::new();
+    let root = sb.mkdir("root");
+    let tf = sb.path("secrets/token"); // the parent does not exist yet either
+    let s1 = Server::start(&sb, &root, Some(&tf), &[]);
+    assert_eq!(mode(&tf), 0o600, "token file mode");
+    let t1 = fs::read_to_string(&tf).unwrap().trim().to_owned();
+    assert!(
+        t1.len() >= 32 && t1.bytes().all(|b| b.is_ascii_hexdigit()),
+        "token looks random: {t1:?}"
+    );
+    drop(s1);
+
+    let s2 = Server::start(&sb, &root, Some(&tf), &[]);
+    assert_eq!(s2.token, t1, "second start reuses the token");
+    assert_eq!(fs::read_to_string(&tf).unwrap().trim(), t1);
+    assert_eq!(mode(&tf), 0o600);
+    // And it is the token the server actually accepts.
+    let out = run(sb.client(&t1).arg("ls").arg(s2.remote("/")), CMD_TIMEOUT);
+    assert_code(&out, 0);
+}
+
+#[test]
+fn serve_without_token_file_uses_state_dir_and_shows_token_once() {
+    let sb = Sandbox::new();
+    let root = sb.mkdir("root");
+    let state = sb.state_dir();
+    let s1 = Server::start(&sb, &root, None, &[]);
+    let err1 = s1.stderr();
+    let token_path = state.join("token");
+    let token = fs::read_to_string(&token_path).unwrap().trim().to_owned();
+    assert!(!token.is_empty());
+    assert_eq!(mode(&token_path), 0o600);
+    assert!(
+        err1.contains(&format!("token and state in {}", state.display())),
+        "first start says where its state is:\n{err1}"
+    );
+    assert!(
+        err1.lines()
+            .any(|l| l.contains("new access token") && l.contains(&token)),
+        "first start shows the new token:\n{err1}"
+    );
+    assert_eq!(err1.matches(&token).count(), 1, "token shown once:\n{err1}");
+    drop(s1);
+
+    let s2 = Server::start(&sb, &root, None, &[]);
+    let err2 = s2.stderr();
+    assert_eq!(s2.token, token, "second start reuses the token");
+    assert!(
+        err2.contains(&format!("token and state in {}", state.display())),
+        "{err2}"
+    );
+    assert!(
+        !err2.contains(&token),
+        "second start must not print the token again:\n{err2}"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// put / get / ls
+
+#[test]
+fn put_tree_get_back_identical_and_ls() {
+    let sb = Sandbox::new();
+    let root = sb.mkdir("root");
+    let src = sb.path("src/tree");
+    make_tree(&src);
+    let want = tree_digest(&src);
+    let s = Server::start(&sb, &root, Some(&sb.path("token")), &[]);
+
+    let out = run(
+        sb.client(&s.token)
+            .args(["put", "--block-size", "1M", "--streams", "3"])
+            .arg(&src)
+            .arg(s.remote("/dir/")),
+        CMD_TIMEOUT,
+    );
+    assert_code(&out, 0);
+    assert_eq!(
+        tree_digest(&root.join("dir/tree")),
+        want,
+        "server copy differs"
+    );
+
+    let dest = sb.path("back");
+    let out = run(
+        sb.client(&s.token)
+            .args(["get", "--block-size", "1M", "--streams", "2"])
+            .arg(s.remote("/dir/tree"))
+            .arg(format!("{}/", dest.display())),
+        CMD_TIMEOUT,
+    );
+    assert_code(&out, 0);
+    assert_eq!(
+        tree_digest(&dest.join("tree")),
+        want,
+        "fetched copy differs"
+    );
+
+    // ls, plain: one entry per line, name last (directories with a trailing '/').
+    let out = run(
+        sb.client(&s.token).arg("ls").arg(s.remote("/dir/tree")),
+        CMD_TIMEOUT,
+    );
+    assert_code(&out, 0);
+    let listed: BTreeSet<String> = out
+        .stdout
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| {
+            l.split_whitespace()
+                .last()
+                .unwrap()
+                .trim_end_matches('/')
+                .to_owned()
+        })
+        .collect();
+    let expected: BTreeSet<String> = ["a.txt", "big.bin", "empty.bin", "link", "sub"]
+        .into_iter()
+        .map(String::from)
+        .collect();
+    assert_eq!(listed, expected, "ls output:\n{}", out.stdout);
+    let sub_line = out.stdout.lines().find(|l| l.ends_with(" sub/"));
+    assert!(
+        sub_line.is_some_and(|l| l.starts_with('d')),
+        "{}",
+        out.stdout
+    );
+
+    let out = run(
+        sb.client(&s.token).arg("ls").arg(s.remote("/dir")),
+        CMD_TIMEOUT,
+    );
+    assert_code(&out, 0);
+    assert!(
+        out.stdout.lines().any(|l| l.ends_with(" tree/")),
+        "{}",
+        out.stdout
+    );
+
+    // ls --json: names, kinds and sizes.
+    let out = run(
+        sb.client(&s.token)
+            .args(["ls", "--json"])
+            .arg(s.remote("/dir/tree")),
+        CMD_TIMEOUT,
+    );
+    assert_code(&out, 0);
+    let v = one_json(&out.stdout);
+    let arr = v.as_array().expect("ls --json is an array");
+    let by_name: BTreeMap<&str, &Value> = arr
+        .iter()
+        .map(|e| (e["name"].as_str().expect("name is a string"), e))
+        .collect();
+    assert_eq!(
+        by_name
+            .keys()
+            .map(|s| s.to_string())
+            .collect::<BTreeSet<_>>(),
+        expected
+    );
+    for f in ["a.txt", "big.bin", "empty.bin"] {
+        let size = fs::metadata(src.join(f)).unwrap().len();
+        assert_eq!(by_name[f]["size"].as_u64(), Some(size), "size of {f}");
+        assert_eq!(by_name[f]["kind"], "file", "{}", by_name[f]);
+    }
+    assert_eq!(by_name["sub"]["kind"], "dir");
+    assert_eq!(by_name["link"]["kind"], "symlink");
+}
+
+#[test]
+fn put_json_prints_exactly_one_document() {
+    let sb = Sandbox::new();
+    let root = sb.mkdir("root");
+    let file = sb.path("src/data.bin");
+    write_pattern(&file, 5 * MIB, 3);
+    let s = Server::start(&sb, &root, Some(&sb.path("token")), &[]);
+    let out = run(
+        sb.client(&s.token)
+            .args(["put", "--json", "--streams", "3", "--block-size", "256K"])
+            .arg(&file)
+            .arg(s.remote("/")),
+        CMD_TIMEOUT,
+    );
+    assert_code(&out, 0);
+    let v = one_json(&out.stdout);
+    assert!(v.is_object(), "{v}");
+    assert_eq!(u64_field(&v, "files"), 1);
+    assert_eq!(u64_field(&v, "bytes"), 5 * MIB);
+    assert!(f64_field(&v, "seconds") > 0.0, "{v}");
+    assert!(f64_field(&v, "mib_per_s") > 0.0, "{v}");
+    let streams = v["streams"].as_array().expect("streams is an array");
+    assert_eq!(streams.len(), 3, "one entry per stream: {v}");
+    let mut total = 0;
+    for st in streams {
+        total += u64_field(st, "bytes");
+        let tcp = &st["tcp"];
+        assert!(tcp.is_object(), "tcp info present: {st}");
+        for k in ["rtt_us", "snd_cwnd", "total_retrans", "sndbuf", "rcvbuf"] {
+            assert!(tcp[k].is_u64(), "tcp.{k} is a number: {st}");
+        }
+        assert!(u64_field(tcp, "sndbuf") > 0 && u64_field(tcp, "snd_cwnd") > 0);
+    }
+    assert!(total >= 5 * MIB, "streams carried the data: {total}");
+    assert_eq!(file_b3(&root.join("data.bin")), file_b3(&file));
+}
+
+#[test]
+fn manifest_matches_blake3_and_md5() {
+    let sb = Sandbox::new();
+    let root = sb.mkdir("root");
+    let src = sb.path("src/tree");
+    make_tree(&src);
+    let parent = src.parent().unwrap().to_path_buf();
+    let files: BTreeSet<String> = tree_digest(&src)
+        .into_iter()
+        .filter(|(_, e)| matches!(e, Entry::File { .. }))
+        .map(|(p, _)| p)
+        .collect();
+    let s = Server::start(&sb, &root, Some(&sb.path("token")), &[]);
+
+    for (algo, dest, digest) in [
+        ("blake3", "/b3/", file_b3 as fn(&Path) -> String),
+        ("md5", "/md5/", file_md5),
+    ] {
+        let manifest = sb.path(&format!("manifest-{algo}.txt"));
+        let out = run(
+            sb.client(&s.token)
+                .args(["put", "--checksum", algo, "--manifest"])
+                .arg(&manifest)
+                .arg(&src)
+                .arg(s.remote(dest)),
+            CMD_TIMEOUT,
+        );
+        assert_code(&out, 0);
+        let text = fs::read_to_string(&manifest).expect("manifest written");
+        let mut seen = BTreeSet::new();
+        for line in text.lines() {
+            let (hex, path) = line
+                .split_once("  ")
+                .unwrap_or_else(|| panic!("not `<hex>  <path>`: {line:?}"));
+            let want_len = if algo == "md5" { 32 } else { 64 };
+            assert_eq!(hex.len(), want_len, "{algo} digest length: {line:?}");
+            assert!(hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')));
+            // The path names the file as sent: relative to the source's parent.
+            let rel = path.trim_start_matches('/');
+            let local = parent.join(rel);
+            assert!(local.is_file(), "{path} is not a sent file ({text})");
+            assert_eq!(hex, digest(&local), "{algo} of {path}");
+            seen.insert(rel.strip_prefix("tree/").unwrap_or(rel).to_owned());
+        }
+        assert_eq!(seen, files, "one manifest line per file:\n{text}");
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// exit codes
+
+#[test]
+fn wrong_token_exits_1_with_authentication_message() {
+    let sb = Sandbox::new();
+    let root = sb.mkdir("root");
+    let file = sb.path("f.txt");
+    fs::write(&file, b"x").unwrap();
+    let s = Server::start(&sb, &root, Some(&sb.path("token")), &[]);
+    let out = run(
+        sb.client("not-the-token")
+            .arg("put")
+            .arg(&file)
+            .arg(s.remote("/")),
+        CMD_TIMEOUT,
+    );
+    assert_code(&out, 1);
+    assert!(
+        out.stderr.to_lowercase().contains("authentication"),
+        "{out:?}"
+    );
+    assert!(
+        names(&root).is_empty(),
+        "nothing stored: {:?}",
+        names(&root)
+    );
+}
+
+#[test]
+fn missing_token_is_a_usage_error() {
+    let sb = Sandbox::new();
+    let file = sb.path("f.txt");
+    fs::write(&file, b"x").unwrap();
+    // No server at all: the token is missing before anything is dialled.
+    let port = free_port();
+    for cmd in [
+        vec!["put".to_owned(), file.display().to_string()],
+        vec!["get".to_owned()],
+        vec!["ls".to_owned()],
+    ] {
+        let mut c = sb.ferry();
+        c.args(&cmd).arg(format!("127.0.0.1:{port}:/x"));
+        if cmd[0] == "get" {
+            c.arg(sb.path("dest"));
+        }
+        let out = run(&mut c, CMD_TIMEOUT);
+        assert_code(&out, 2);
+        assert!(out.stderr.contains("token"), "{cmd:?}: {out:?}");
+    }
+}
+
+#[test]
+fn bad_block_size_is_a_usage_error() {
+    let sb = Sandbox::new();
+    let file = sb.path("f.txt");
+    fs::write(&file, b"x").unwrap();
+    let port = free_port();
+    let out = run(
+        sb.client("t")
+            .args(["put", "--block-size", "3Q"])
+            .arg(&file)
+            .arg(format!("127.0.0.1:{port}:/")),
+        CMD_TIMEOUT,
+    );
+    assert_code(&out, 2);
+    assert!(out.stderr.contains("3Q"), "{out:?}");
+}
+
+#[test]
+fn unknown_flag_is_a_usage_error() {
+    let sb = Sandbox::new();
+    let out = run(
+        sb.client("t")
+            .args(["put", "--no-such-flag", "a", "127.0.0.1:1:/"]),
+        CMD_TIMEOUT,
+    );
+    assert_code(&out, 2);
+    assert!(out.stderr.contains("--no-such-flag"), "{out:?}");
+}
+
+#[test]
+fn existing_destination_fail_skip_overwrite() {
+    let sb = Sandbox::new();
+    let root = sb.mkdir("root");
+    let s = Server::start(&sb, &root, Some(&sb.path("token")), &[]);
+    let file = sb.path("src/f.txt");
+    fs::create_dir_all(file.parent().unwrap()).unwrap();
+    fs::write(&file, b"old contents\n").unwrap();
+    let put = |extra: &[&str]| {
+        run(
+            sb.client(&s.token)
+                .arg("put")
+                .args(extra)
+                .arg(&file)
+                .arg(s.remote("/")),
+            CMD_TIMEOUT,
+        )
+    };
+    assert_code(&put(&[]), 0);
+    assert_eq!(fs::read(root.join("f.txt")).unwrap(), b"old contents\n");
+
+    fs::write(&file, b"NEW contents, longer than before\n").unwrap();
+    let out = put(&[]);
+    assert_code(&out, 1);
+    assert!(out.stderr.contains("exists"), "{out:?}");
+    assert_eq!(
+        fs::read(root.join("f.txt")).unwrap(),
+        b"old contents\n",
+        "old file intact"
+    );
+    assert_eq!(names(&root), ["f.txt"], "no temp files left");
+
+    let out = put(&["--skip-existing"]);
+    assert_code(&out, 0);
+    assert_eq!(fs::read(root.join("f.txt")).unwrap(), b"old contents\n");
+
+    let out = put(&["--overwrite"]);
+    assert_code(&out, 0);
+    assert_eq!(
+        fs::read(root.join("f.txt")).unwrap(),
+        b"NEW contents, longer than before\n",
+        "replaced"
+    );
+    assert_eq!(names(&root), ["f.txt"]);
+
+    // The two policies together make no sense.
+    let out = put(&["--overwrite", "--skip-existing"]);
+    assert_code(&out, 2);
+}
+
+#[test]
+fn connection_refused_exits_1() {
+    let sb = Sandbox::new();
+    let file = sb.path("f.txt");
+    fs::write(&file, b"x").unwrap();
+    let port = free_port(); // nobody listens there now
+    let t0 = Instant::now();
+    let out = run(
+        sb.client("t")
+            .arg("put")
+            .arg(&file)
+            .arg(format!("127.0.0.1:{port}:/")),
+        CMD_TIMEOUT,
+    );
+    assert_code(&out, 1);
+    assert!(out.stderr.starts_with("error:"), "{out:?}");
+    assert!(
+        out.stderr.to_lowercase().contains("refused"),
+        "says why: {out:?}"
+    );
+    assert!(
+        t0.elapsed() < Duration::from_secs(10),
+        "fails fast on refusal"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// TCP window, config file, terminal behaviour
+
+#[test]
+fn tcp_window_fixes_socket_buffers() {
+    let sb = Sandbox::new();
+    let root = sb.mkdir("root");
+    let file = sb.path("src/data.bin");
+    write_pattern(&file, 4 * MIB, 5);
+    let s = Server::start(&sb, &root, Some(&sb.path("token")), &[]);
+    let out = run(
+        sb.client(&s.token)
+            .args(["put", "--json", "--tcp-window", "1M", "--streams", "2"])
+            .arg(&file)
+            .arg(s.remote("/")),
+        CMD_TIMEOUT,
+    );
+    assert_code(&out, 0);
+    let v = one_json(&out.stdout);
+    // Linux caps SO_SNDBUF at net.core.wmem_max and reports twice what was set.
+    let cap = |f: &str| -> u64 {
+        fs::read_to_string(f)
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(u64::MAX)
+    };
+    let want_snd = 2 * MIB.min(cap("/proc/sys/net/core/wmem_max"));
+    let want_rcv = 2 * MIB.min(cap("/proc/sys/net/core/rmem_max"));
+    let streams = v["streams"].as_array().expect("streams");
+    assert_eq!(streams.len(), 2);
+    for st in streams {
+        let tcp = &st["tcp"];
+        let snd = u64_field(tcp, "sndbuf");
+        assert!(snd >= MIB, "sndbuf {snd} < 1 MiB: {st}");
+        assert_eq!(snd, want_snd, "sndbuf is the fixed size: {st}");
+        assert_eq!(u64_field(tcp, "rcvbuf"), want_rcv, "rcvbuf fixed: {st}");
+    }
+    assert_eq!(file_b3(&root.join("data.bin")), file_b3(&file));
+    // The option is documented as disabling autotuning.
+    let help = run(sb.ferry().args(["put", "--help"]), CMD_TIMEOUT);
+    assert_code(&help, 0);
+    assert!(help.stdout.contains("autotuning"), "{}", help.stdout);
+}
+
+#[test]
+fn token_from_config_file_and_per_host_override() {
+    let sb = Sandbox::new();
+    let root = sb.mkdir("root");
+    let s = Server::start(&sb, &root, Some(&sb.path("token")), &[]);
+    let cfg_dir = sb.xdg_config().join("ferry");
+    fs::create_dir_all(&cfg_dir).unwrap();
+    let cfg = cfg_dir.join("config.toml");
+    let good = &s.token;
+    let cases = [
+        (format!("token = \"{good}\"\n"), 0, "default token"),
+        (
+            format!("token = \"wrong\"\n\n[hosts.\"127.0.0.1\"]\ntoken = \"{good}\"\n"),
+            0,
+            "per-host token overrides the default",
+        ),
+        (
+            format!("token = \"{good}\"\n\n[hosts.\"127.0.0.1\"]\ntoken = \"wrong\"\n"),
+            1,
+            "per-host token wins even when it is wrong",
+        ),
+        (
+            format!("token = \"wrong\"\n\n[hosts.\"example.org\"]\ntoken = \"{good}\"\n"),
+            1,
+            "another host's token is not used",
+        ),
+    ];
+    for (i, (text, code, what)) in cases.iter().enumerate() {
+        fs::write(&cfg, text).unwrap();
+        let file = sb.path(&format!("src/f{i}.txt"));
+        fs::create_dir_all(file.parent().unwrap()).unwrap();
+        fs::write(&file, format!("case {i}\n")).unwrap();
+        let out = run(
+            sb.ferry().arg("put").arg(&file).arg(s.remote("/")),
+            CMD_TIMEOUT,
+        );
+        assert_eq!(out.code(), Some(*code), "{what}\n{out:?}");
+        let stored = root.join(format!("f{i}.txt"));
+        if *code == 0 {
+            assert_eq!(fs::read(&stored).unwrap(), format!("case {i}\n").as_bytes());
+        } else {
+            assert!(
+                out.stderr.to_lowercase().contains("authentication"),
+                "{out:?}"
+            );
+            assert!(!stored.exists());
+        }
+    }
+    // ls reads the same file.
+    fs::write(&cfg, format!("[hosts.\"127.0.0.1\"]\ntoken = \"{good}\"\n")).unwrap();
+    let out = run(sb.ferry().arg("ls").arg(s.remote("/")), CMD_TIMEOUT);
+    assert_code(&out, 0);
+    assert!(out.stdout.contains("f0.txt"), "{out:?}");
+}
+
+#[test]
+fn not_a_terminal_no_progress_artifacts_and_quiet_is_silent() {
+    let sb = Sandbox::new();
+    let root = sb.mkdir("root");
+    let file = sb.path("src/data.bin");
+    write_pattern(&file, 16 * MIB, 9);
+    let s = Server::start(&sb, &root, Some(&sb.path("token")), &[]);
+
+    let out = run(
+        sb.client(&s.token)
+            .arg("put")
+            .arg(&file)
+            .arg(s.remote("/a/")),
+        CMD_TIMEOUT,
+    );
+    assert_code(&out, 0);
+    assert!(out.stdout.is_empty(), "nothing on stdout: {out:?}");
+    assert!(!out.stderr.contains('\r'), "no carriage returns: {out:?}");
+    assert!(!out.stderr.contains('\x1b'), "no escape codes: {out:?}");
+    let lines: Vec<&str> = out.stderr.lines().filter(|l| !l.is_empty()).collect();
+    assert_eq!(lines.len(), 1, "just the summary: {out:?}");
+    assert!(
+        lines[0].starts_with("put: 1 files, 16.00 MiB in ") && lines[0].contains("verified"),
+        "{out:?}"
+    );
+
+    let out = run(
+        sb.client(&s.token)
+            .args(["-q", "put"])
+            .arg(&file)
+            .arg(s.remote("/b/")),
+        CMD_TIMEOUT,
+    );
+    assert_code(&out, 0);
+    assert!(out.stderr.is_empty(), "-q prints nothing: {out:?}");
+    assert!(out.stdout.is_empty(), "-q prints nothing: {out:?}");
+    assert_eq!(file_b3(&root.join("b/data.bin")), file_b3(&file));
+}
+
+// ---------------------------------------------------------------------------------------------
+// demo, shutdown, interrupted transfers
+
+#[test]
+fn demo_json_reports_three_verified_cases() {
+    let sb = Sandbox::new();
+    let out = run(
+        sb.ferry().args([
+            "demo",
+            "--file-size",
+            "8M",
+            "--small-files",
+            "200",
+            "--small-size",
+            "4K",
+            "--json",
+        ]),
+        Duration::from_secs(40),
+    );
+    assert_code(&out, 0);
+    let v = one_json(&out.stdout);
+    let cases = v.as_array().expect("demo --json is an array");
+    assert_eq!(cases.len(), 3, "{v}");
+    let expect = [(1, 8 * MIB), (200, 200 * 4096), (1, 200 * 4096)];
+    for (c, (files, bytes)) in cases.iter().zip(expect) {
+        assert_eq!(c["verified"], true, "{c}");
+        assert!(f64_field(c, "mib_per_s") > 0.0, "{c}");
+        assert!(f64_field(c, "seconds") > 0.0, "{c}");
+        assert_eq!(u64_field(c, "files"), files, "{c}");
+        assert_eq!(u64_field(c, "bytes"), bytes, "{c}");
+    }
+}
+
+#[test]
+fn sigterm_stops_the_server_gracefully() {
+    let sb = Sandbox::new();
+    let root = sb.mkdir("root");
+    let mut s = Server::start(&sb, &root, Some(&sb.path("token")), &[]);
+    // An idle connection that never says Hello must not hold the shutdown up.
+    let idle = std::net::TcpStream::connect(("127.0.0.1", s.port)).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    s.signal("TERM");
+    let status = s
+        .guard
+        .wait_for(Duration::from_secs(5))
+        .unwrap_or_else(|| panic!("no exit within 5 s of SIGTERM:\n{}", s.stderr()));
+    assert_eq!(status.code(), Some(0), "{}", s.stderr());
+    assert!(s.stderr().contains("ferry: stopped"), "{}", s.stderr());
+    drop(idle);
+    assert!(
+        std::net::TcpStream::connect(("127.0.0.1", s.port)).is_err(),
+        "port closed after shutdown"
+    );
+}
+
+#[test]
+fn killed_client_leaves_only_temp_files_which_expire() {
+    let sb = Sandbox::new();
+    let root = sb.mkdir("root");
+    let file = sb.path("src/large.bin");
+    write_pattern(&file, 300 * MIB, 11);
+    let s = Server::start(
+        &sb,
+        &root,
+        Some(&sb.path("token")),
+        &["--idle-timeout", "5"],
+    );
+    let put_cmd = || {
+        let mut c = sb.client(&s.token);
+        c.args(["put", "--block-size", "1M", "--streams", "2"])
+            .arg(&file)
+            .arg(s.remote("/large.bin"));
+        c
+    };
+    let final_path = root.join("large.bin");
+    let only_temps = |root: &Path| {
+        names(root)
+            .iter()
+            .all(|n| n.starts_with(".ferry-") && n.ends_with(".part"))
+    };
+
+    let mut client = ChildGuard(Some(
+        put_cmd()
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    ));
+    // Wait until the server is well into writing the temporary file, then SIGKILL the client.
+    let mid = wait_until(Duration::from_secs(15), || {
+        names(&root).iter().any(|n| {
+            n.starts_with(".ferry-")
+                && fs::metadata(root.join(n)).is_ok_and(|m| m.len() >= 16 * MIB)
+        }) || client.child().try_wait().unwrap().is_some()
+    });
+    assert!(mid, "the transfer never started");
+    assert!(
+        client.child().try_wait().unwrap().is_none(),
+        "the put finished before it could be interrupted; make the file bigger"
+    );
+    client.child().kill().unwrap();
+    client
+        .wait_for(Duration::from_secs(5))
+        .expect("killed client reaped");
+    let after_kill = names(&root);
+    let killed_at = Instant::now();
+    let partial: u64 = after_kill
+        .iter()
+        .filter_map(|n| fs::metadata(root.join(n)).ok())
+        .map(|m| m.len())
+        .sum();
+    assert!(
+        !final_path.exists(),
+        "final name after kill: {after_kill:?}"
+    );
+    assert!(only_temps(&root), "only temp files: {after_kill:?}");
+
+    // The server notices (EOF, or at the latest the 5 s idle timeout) and removes them.
+    let mut seen_final = false;
+    let clean = wait_until(Duration::from_secs(15), || {
+        seen_final |= final_path.exists();
+        names(&root).is_empty()
+    });
+    assert!(!seen_final, "a partial file appeared under its final name");
+    assert!(clean, "temp files not removed: {:?}", names(&root));
+    eprintln!(
+        "killed with {partial} bytes in temp files {after_kill:?}; removed after {:?}",
+        killed_at.elapsed()
+    );
+
+    let out = run(&mut put_cmd(), Duration::from_secs(40));
+    assert_code(&out, 0);
+    assert_eq!(
+        file_b3(&final_path),
+        file_b3(&file),
+        "re-run is byte-identical"
+    );
+    assert_eq!(names(&root), ["large.bin"]);
+}
+
+#[test]
+fn stalled_client_session_ends_after_idle_timeout() {
+    // SIGKILL closes the client's sockets, so the server sees EOF at once. A stopped client
+    // keeps them open and silent: only the idle timeout can end that session.
+    let sb = Sandbox::new();
+    let root = sb.mkdir("root");
+    let file = sb.path("src/large.bin");
+    write_pattern(&file, 300 * MIB, 12);
+    let s = Server::start(
+        &sb,
+        &root,
+        Some(&sb.path("token")),
+        &["--idle-timeout", "5"],
+    );
+    let mut client = ChildGuard(Some(
+        sb.client(&s.token)
+            .args(["put", "--block-size", "1M", "--streams", "2"])
+            .arg(&file)
+            .arg(s.remote("/large.bin"))
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    ));
+    let mid = wait_until(Duration::from_secs(15), || {
+        names(&root).iter().any(|n| {
+            n.starts_with(".ferry-")
+                && fs::metadata(root.join(n)).is_ok_and(|m| m.len() >= 16 * MIB)
+        }) || client.child().try_wait().unwrap().is_some()
+    });
+    assert!(mid, "the transfer never started");
+    let stop = std::process::Command::new("kill")
+        .args(["-STOP", &client.pid().to_string()])
+        .status()
+        .unwrap();
+    assert!(stop.success());
+    let stopped_at = Instant::now();
+    assert!(
+        client.child().try_wait().unwrap().is_none(),
+        "the put finished before it could be stopped"
+    );
+    let final_path = root.join("large.bin");
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(!final_path.exists());
+    assert!(
+        names(&root).iter().any(|n| n.starts_with(".ferry-")),
+        "the session is still open 1 s into the stall: {:?}",
+        names(&root)
+    );
+    let mut seen_final = false;
+    let clean = wait_until(Duration::from_secs(15), || {
+        seen_final |= final_path.exists();
+        names(&root).is_empty()
+    });
+    let waited = stopped_at.elapsed();
+    assert!(!seen_final, "a partial file appeared under its final name");
+    assert!(
+        clean,
+        "temp files not removed within 15 s: {:?}",
+        names(&root)
+    );
+    assert!(
+        waited >= Duration::from_secs(4),
+        "removed after {waited:?}, before the 5 s idle timeout"
+    );
+    drop(client); // SIGKILL works on a stopped process too
+
+    let out = run(
+        sb.client(&s.token)
+            .args(["put", "--block-size", "1M", "--streams", "2"])
+            .arg(&file)
+            .arg(s.remote("/large.bin")),
+        Duration::from_secs(40),
+    );
+    assert_code(&out, 0);
+    assert_eq!(file_b3(&final_path), file_b3(&file));
+}
+
+#[test]
+fn remote_paths_are_confined_to_the_root() {
+    let sb = Sandbox::new();
+    let root = sb.mkdir("srv/root");
+    let outside = sb.mkdir("srv/outside");
+    fs::write(sb.path("srv/secret.txt"), b"secret\n").unwrap();
+    std::os::unix::fs::symlink(&outside, root.join("escape")).unwrap();
+    let s = Server::start(&sb, &root, Some(&sb.path("token")), &[]);
+    let file = sb.path("src/f.txt");
+    fs::create_dir_all(file.parent().unwrap()).unwrap();
+    fs::write(&file, b"payload\n").unwrap();
+
+    for dest in ["/../f.txt", "/../outside/", "/escape/", "/escape/f.txt"] {
+        let out = run(
+            sb.client(&s.token)
+                .arg("put")
+                .arg(&file)
+                .arg(s.remote(dest)),
+            CMD_TIMEOUT,
+        );
+        assert!(
+            names(&outside).is_empty() && !sb.path("srv/f.txt").exists(),
+            "put to {dest} wrote outside the root\n{out:?}"
+        );
+        assert_ne!(out.code(), Some(0), "put to {dest} succeeded?\n{out:?}");
+    }
+    for src in ["/../secret.txt", "/escape/../../secret.txt"] {
+        let dest = sb.path("got");
+        let out = run(
+            sb.client(&s.token).arg("get").arg(s.remote(src)).arg(&dest),
+            CMD_TIMEOUT,
+        );
+        assert_ne!(out.code(), Some(0), "get {src} succeeded\n{out:?}");
+        assert!(!dest.exists(), "get {src} fetched something");
+    }
+}
+
+#[test]
+fn put_whose_destination_dir_cannot_be_made_says_why() {
+    let sb = Sandbox::new();
+    let root = sb.mkdir("srv/root");
+    let outside = sb.mkdir("srv/outside");
+    fs::write(root.join("plain"), b"a regular file\n").unwrap();
+    std::os::unix::fs::symlink(&outside, root.join("escape")).unwrap();
+    let s = Server::start(&sb, &root, Some(&sb.path("token")), &[]);
+    let file = sb.path("src/f.txt");
+    fs::create_dir_all(file.parent().unwrap()).unwrap();
+    fs::write(&file, b"payload\n").unwrap();
+    for (dest, reason) in [
+        ("/plain/", "Not a directory"),
+        ("/escape/", "outside the transfer root"),
+    ] {
+        let out = run(
+            sb.client(&s.token)
+                .arg("put")
+                .arg(&file)
+                .arg(s.remote(dest)),
+            CMD_TIMEOUT,
+        );
+        assert_code(&out, 1);
+        assert!(out.stderr.contains(reason), "put to {dest}: {out:?}");
+        assert!(
+            !out.stderr.contains("temporary"),
+            "a permanent error is not called temporary: {out:?}"
+        );
+        assert!(names(&outside).is_empty());
+    }
+}
+
+#[test]
+fn error_causes_are_printed_once() {
+    let sb = Sandbox::new();
+    let file = sb.path("f.txt");
+    fs::write(&file, b"x").unwrap();
+    let port = free_port();
+    let out = run(
+        sb.client("t")
+            .arg("put")
+            .arg(&file)
+            .arg(format!("127.0.0.1:{port}:/")),
+        CMD_TIMEOUT,
+    );
+    assert_code(&out, 1);
+    assert_eq!(
+        out.stderr.matches("Connection refused").count(),
+        1,
+        "{out:?}"
+    );
+    let out = run(
+        sb.client("t")
+            .arg("put")
+            .arg(sb.path("does-not-exist"))
+            .arg(format!("127.0.0.1:{port}:/")),
+        CMD_TIMEOUT,
+    );
+    assert_code(&out, 1);
+    assert!(out.stderr.contains("does-not-exist"), "{out:?}");
+    assert_eq!(
+        out.stderr.matches("No such file or directory").count(),
+        1,
+        "{out:?}"
+    );
+}
