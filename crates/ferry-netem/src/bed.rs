@@ -766,6 +766,7 @@ impl TestBed {
 
     fn teardown(&mut self) -> Result<Stats> {
         let mut errs = Vec::new();
+        let first = self.thread.is_some();
         if let Some(t) = self.thread.take() {
             let tid = self.shared.tid.load(Relaxed);
             // Sample user/sys split while the thread still exists.
@@ -778,6 +779,14 @@ impl TestBed {
             }
         }
         let stats = self.stats();
+        if let Some(dir) = std::env::var_os("FERRY_NETEM_STATS_DIR").filter(|_| first) {
+            if let Ok(text) = serde_json::to_string_pretty(&stats) {
+                let path = std::path::Path::new(&dir).join(format!("{}.json", self.name));
+                if let Err(e) = std::fs::write(&path, text + "\n") {
+                    errs.push(format!("writing {}: {e}", path.display()));
+                }
+            }
+        }
         for ns in [&self.client.name, &self.server.name] {
             if let Err(e) = delete_netns(ns) {
                 errs.push(format!("{e:#}"));

@@ -47,6 +47,26 @@ pub use bed::{
 };
 pub use forward::DirStats;
 
+/// Puts the calling thread under SCHED_FIFO at `priority` (1..=99), or
+/// back to normal scheduling with 0. Tests that time round trips through a
+/// bed can use it for their probe threads, so that the measurement sees the
+/// emulated link rather than CPU contention on a loaded machine.
+pub fn set_thread_realtime(priority: i32) -> std::io::Result<()> {
+    let (policy, prio) = if priority <= 0 {
+        (libc::SCHED_OTHER, 0)
+    } else {
+        (libc::SCHED_FIFO, priority.min(99))
+    };
+    let p = libc::sched_param {
+        sched_priority: prio,
+    };
+    // SAFETY: sched_setscheduler on the calling thread with a valid param.
+    if unsafe { libc::sched_setscheduler(0, policy, &p) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 fn split_num(s: &str) -> (&str, &str) {
     let i = s
         .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == 'e' || c == '_'))
