@@ -2,6 +2,7 @@
 //! network. The network driver (`ferry-net`) moves frames between a [`send::Sender`] on one
 //! host and a [`recv::Receiver`] on the other.
 
+pub mod buf;
 pub mod digest;
 pub mod error;
 pub mod path;

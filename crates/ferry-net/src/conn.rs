@@ -25,14 +25,18 @@ pub(crate) async fn read_frame<R: AsyncRead + Unpin>(
         )));
     }
     let len = header.len as usize;
-    let mut payload = BytesMut::with_capacity(len);
+    // Block payloads land in recycled buffers; the decoded block's data is a zero-copy slice.
+    let mut payload = ferry_core::buf::take(len);
     let mut limited = r.take(len as u64);
     while payload.len() < len {
         if limited.read_buf(&mut payload).await? == 0 {
             return Err(SessionError::Io(std::io::ErrorKind::UnexpectedEof.into()));
         }
     }
-    Ok(Some(Frame::decode(header.ty, payload.freeze())?))
+    Ok(Some(Frame::decode(
+        header.ty,
+        ferry_core::buf::freeze(payload),
+    )?))
 }
 
 /// Reads a frame where the protocol requires one.

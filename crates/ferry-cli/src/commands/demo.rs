@@ -51,6 +51,53 @@ fn fill(path: &Path, len: u64, seed: u64) -> Result<()> {
     Ok(())
 }
 
+/// iperf3's memory-to-memory throughput on loopback with `streams` parallel streams, in MiB/s,
+/// when iperf3 is installed: the ceiling that ferry's disk-to-disk numbers are judged against.
+fn iperf3_loopback(streams: u16) -> Option<f64> {
+    use std::process::{Command, Stdio};
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .ok()?
+        .local_addr()
+        .ok()?
+        .port();
+    let mut server = Command::new("iperf3")
+        .args(["-s", "-1", "-B", "127.0.0.1", "-p", &port.to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .ok()?;
+    let mut out = None;
+    // The server needs a moment to listen; a few bounded attempts.
+    for _ in 0..20 {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        let o = Command::new("iperf3")
+            .args([
+                "-c",
+                "127.0.0.1",
+                "-p",
+                &port.to_string(),
+                "-t",
+                "3",
+                "-O",
+                "1",
+                "-J",
+            ])
+            .args(["-P", &streams.max(1).to_string()])
+            .stderr(Stdio::null())
+            .output()
+            .ok()?;
+        if o.status.success() {
+            out = Some(o.stdout);
+            break;
+        }
+    }
+    let _ = server.kill();
+    let _ = server.wait();
+    let v: serde_json::Value = serde_json::from_slice(&out?).ok()?;
+    let bps = v["end"]["sum_received"]["bits_per_second"].as_f64()?;
+    Some(bps / 8.0 / (1 << 20) as f64)
+}
+
 /// BLAKE3 of a file read with plain std I/O: a check that shares no code with ferry's path.
 fn digest_of(path: &Path) -> Result<blake3::Hash> {
     let mut f = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
@@ -216,6 +263,12 @@ pub async fn run(args: DemoArgs, quiet: bool) -> Result<ExitCode> {
             case.files_per_s
         ));
         cases.push(case);
+    }
+    if let Some(ceiling) = iperf3_loopback(args.streams) {
+        say(format!(
+            "  {:<24} memory to memory, {} streams: {:>9.1} MiB/s (the network ceiling on loopback)",
+            "iperf3", args.streams, ceiling
+        ));
     }
     if let [_, small_case, one] = cases.as_slice() {
         say(format!(
