@@ -200,6 +200,8 @@ pub struct Receiver {
     errors: Mutex<Vec<String>>,
     manifest: Mutex<Vec<(String, String)>>,
     complete: AtomicBool,
+    /// Numbers temporary names of symlinks, which several writer threads create at once.
+    next_temp: AtomicU64,
     done_tx: flume::Sender<()>,
     done_rx: flume::Receiver<()>,
 }
@@ -243,6 +245,7 @@ impl Receiver {
             errors: Mutex::default(),
             manifest: Mutex::default(),
             complete: AtomicBool::new(false),
+            next_temp: AtomicU64::new(0),
             done_tx,
             done_rx,
         });
@@ -547,7 +550,7 @@ impl Receiver {
         match self
             .dest
             .map(path)
-            .and_then(|rel| self.dest.root.create_dir_all(&rel).map(|()| rel))
+            .and_then(|rel| self.dir(&rel).map(|_| rel))
         {
             Ok(rel) => lock(&self.dir_meta).push((rel, mode, mtime_ns)),
             Err(e) => {
@@ -590,16 +593,9 @@ impl Receiver {
                 ExistingPolicy::Overwrite => {}
             }
         }
-        self.dest
-            .root
-            .create_dir_all(dir_rel)
-            .map_err(|e| err(&e))?;
-        let dir = self.dest.root.open_dir(dir_rel).map_err(|e| err(&e))?;
-        let temp = format!(
-            ".ferry-{:016x}-l{}.part",
-            self.config.tag,
-            self.counters.symlinks.load(Ordering::Relaxed)
-        );
+        let dir = self.dir(dir_rel).map_err(|e| err(&e))?;
+        let n = self.next_temp.fetch_add(1, Ordering::Relaxed);
+        let temp = format!(".ferry-{:016x}-l{n}.part", self.config.tag);
         root::symlink_in(&dir, &temp, target).map_err(|e| err(&e))?;
         let _ = root::set_link_mtime(&dir, &temp, mtime_ns);
         let replace = self.config.existing == ExistingPolicy::Overwrite;
@@ -663,8 +659,15 @@ impl Receiver {
     }
 
     /// The transfer broke off: remove the temporary files it created.
+    ///
+    /// Files already verified and queued for the finalizer are still made durable and renamed
+    /// (they are complete and correct, and a re-run need not send them); only files still being
+    /// written lose their temporary files.
     pub fn abort(&self) {
         lock(&self.finalize_tx).take();
+        if let Some(h) = lock(&self.finalizer).take() {
+            let _ = h.join();
+        }
         let files: Vec<_> = lock(&self.files).values().cloned().collect();
         for e in files {
             if let Slot::Writing(w) = &*lock(&e.slot) {

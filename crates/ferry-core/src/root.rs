@@ -170,7 +170,7 @@ impl Root {
     }
 
     /// Lists a directory's entries (names only, without `.` and `..`), sorted for determinism.
-    pub fn read_dir(&self, rel: &str) -> Result<Vec<(String, Option<Kind>)>, FsError> {
+    pub fn read_dir(&self, rel: &str) -> Result<Listing, FsError> {
         let fd = self.open_dir(rel)?;
         list_dir(&fd).map_err(|e| FsError::io(rel, e))
     }
@@ -258,11 +258,21 @@ pub fn open_in(dir: &OwnedFd, name: &str, flags: OFlags, mode: u32) -> std::io::
     .map_err(Into::into)
 }
 
-/// Lists an open directory: names (sorted) with their type when the file system reports it.
-pub fn list_dir(dir: &OwnedFd) -> std::io::Result<Vec<(String, Option<Kind>)>> {
+/// A directory's entries: UTF-8 names (sorted) with their type when the file system reports
+/// it, and, apart, the names that cannot travel because the wire carries UTF-8 only.
+#[derive(Debug, Default)]
+pub struct Listing {
+    pub entries: Vec<(String, Option<Kind>)>,
+    /// Non-UTF-8 names, lossily converted for messages.
+    pub unusable: Vec<String>,
+}
+
+/// Lists an open directory. One unusable name does not hide its siblings.
+pub fn list_dir(dir: &OwnedFd) -> std::io::Result<Listing> {
     let dup = rustix::io::dup(dir)?;
     let mut d = rfs::Dir::new(dup)?;
     let mut out = Vec::new();
+    let mut unusable = Vec::new();
     while let Some(ent) = d.read() {
         let ent = ent?;
         let name = ent.file_name().to_bytes();
@@ -270,10 +280,8 @@ pub fn list_dir(dir: &OwnedFd) -> std::io::Result<Vec<(String, Option<Kind>)>> {
             continue;
         }
         let Ok(name) = std::str::from_utf8(name) else {
-            return Err(std::io::Error::other(format!(
-                "file name {:?} is not UTF-8; ferry transfers UTF-8 names only",
-                String::from_utf8_lossy(name)
-            )));
+            unusable.push(String::from_utf8_lossy(name).into_owned());
+            continue;
         };
         let kind = match ent.file_type() {
             FileType::RegularFile => Some(Kind::File),
@@ -285,7 +293,10 @@ pub fn list_dir(dir: &OwnedFd) -> std::io::Result<Vec<(String, Option<Kind>)>> {
         out.push((name.to_owned(), kind));
     }
     out.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-    Ok(out)
+    Ok(Listing {
+        entries: out,
+        unusable,
+    })
 }
 
 /// Renames `from` to `to` within one directory; with `replace` false an existing `to` is kept

@@ -355,7 +355,13 @@ fn walk(shared: &Shared, jobs: &flume::Sender<Job>) -> WalkTotals {
                         root::open_in(&parent, &name, OFlags::RDONLY | OFlags::DIRECTORY, 0)
                     };
                     match opened.and_then(|fd| Ok((root::list_dir(&fd)?, fd))) {
-                        Ok((entries, fd)) => {
+                        Ok((listing, fd)) => {
+                            for bad in &listing.unusable {
+                                shared.error(format!(
+                                    "skipped {wire}/{bad}: the name is not UTF-8 and cannot be sent"
+                                ));
+                            }
+                            let entries = listing.entries;
                             let fd = Arc::new(fd);
                             // Reversed so that popping the stack visits names in order.
                             for (child, _) in entries.into_iter().rev() {

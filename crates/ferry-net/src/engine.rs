@@ -279,6 +279,9 @@ pub(crate) async fn drive_receiver(
     }
     drop(to_writers);
     let done = receiver.done();
+    // However this future ends — error, or dropped mid-way by a shutting-down server — the
+    // receiver's temporary files must not outlive the session.
+    let mut cleanup = AbortOnDrop(Some(receiver.clone()));
     let result: Result<(), SessionError> = loop {
         tokio::select! {
             f = ctrl_rx.recv() => match f {
@@ -351,9 +354,11 @@ pub(crate) async fn drive_receiver(
         }
     };
     streams.abort_all();
+    let armed = cleanup.0.take();
     if outcome.is_err() {
-        let r = receiver.clone();
-        let _ = tokio::task::spawn_blocking(move || r.abort()).await;
+        if let Some(r) = armed {
+            let _ = tokio::task::spawn_blocking(move || r.abort()).await;
+        }
     }
     let _ = tokio::task::spawn_blocking(move || {
         for t in writer_threads {
@@ -364,6 +369,17 @@ pub(crate) async fn drive_receiver(
     let _ = ctrl_w.shutdown().await;
     reports.sort_by_key(|(i, _)| *i);
     outcome.map(|s| (s, reports.into_iter().map(|(_, r)| r).collect()))
+}
+
+/// Aborts the receiver (removing its temporary files) if dropped while still armed.
+struct AbortOnDrop(Option<Arc<Receiver>>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        if let Some(r) = self.0.take() {
+            r.abort();
+        }
+    }
 }
 
 /// Reads data frames from one connection and hands them to the writers.

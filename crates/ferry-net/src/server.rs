@@ -20,7 +20,7 @@ use ferry_proto::{
 use subtle::ConstantTimeEq;
 use tokio::io::AsyncReadExt;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{broadcast, mpsc, Semaphore};
+use tokio::sync::{broadcast, mpsc, OwnedSemaphorePermit as Permit, Semaphore};
 use tokio::task::JoinSet;
 use tracing::{debug, info, warn};
 
@@ -69,7 +69,9 @@ impl ServerConfig {
 /// A session waiting for its data connections to join.
 struct Pending {
     secret: [u8; 32],
-    joins: mpsc::Sender<(u16, TcpStream)>,
+    /// A joining data connection travels with its connection-cap permit, so that it counts
+    /// against the cap for as long as it is open, not just while it shakes hands.
+    joins: mpsc::Sender<(u16, TcpStream, Permit)>,
 }
 
 struct Shared {
@@ -135,9 +137,8 @@ impl Server {
             let shared = self.shared.clone();
             let mut stop = stop_tx.subscribe();
             tasks.spawn(async move {
-                let _permit = permit;
                 tokio::select! {
-                    r = handle(shared, stream, peer) => {
+                    r = handle(shared, stream, peer, permit) => {
                         if let Err(e) = r {
                             debug!(%peer, "connection ended: {e}");
                         }
@@ -195,6 +196,7 @@ async fn handle(
     shared: Arc<Shared>,
     mut stream: TcpStream,
     peer: SocketAddr,
+    permit: Permit,
 ) -> Result<(), SessionError> {
     tune(&stream);
     let role = match tokio::time::timeout(shared.config.handshake_timeout, read_hello(&mut stream))
@@ -258,7 +260,7 @@ async fn handle(
                 ));
             };
             welcome(&mut stream, session, secret).await?;
-            let _ = joins.send((index, stream)).await;
+            let _ = joins.send((index, stream, permit)).await;
             Ok(())
         }
     }
@@ -291,11 +293,13 @@ enum Work {
         receiver: Arc<Receiver>,
         control: flume::Receiver<Frame>,
         data: Vec<TcpStream>,
+        permits: Vec<Permit>,
     },
     Get {
         source: Source,
         opts: TransferOpts,
         data: Vec<TcpStream>,
+        permits: Vec<Permit>,
     },
 }
 
@@ -328,6 +332,7 @@ async fn control_session(shared: &Shared, mut stream: TcpStream) -> Result<(), S
             receiver,
             control,
             data,
+            permits: _permits,
         } => {
             let writers = shared.config.writers;
             let (summary, _) =
@@ -335,7 +340,12 @@ async fn control_session(shared: &Shared, mut stream: TcpStream) -> Result<(), S
             info!(files = summary.files, bytes = summary.bytes, "put complete");
             Ok(())
         }
-        Work::Get { source, opts, data } => {
+        Work::Get {
+            source,
+            opts,
+            data,
+            permits: _permits,
+        } => {
             let (tx, rx) = flume::bounded(opts.streams as usize * 2);
             let config = SenderConfig {
                 block_size: opts.block_size,
@@ -387,11 +397,12 @@ async fn prepare(
                 tag: session.0,
             };
             let receiver = Receiver::new(dest, config, tx, Arc::new(NoReporter))?;
-            let data = gather(shared, stream, session, secret, &opts).await?;
+            let (data, permits) = gather(shared, stream, session, secret, &opts).await?;
             Ok(Work::Put {
                 receiver,
                 control,
                 data,
+                permits,
             })
         }
         Frame::GetRequest { src, opts } => {
@@ -409,8 +420,13 @@ async fn prepare(
                 name,
             };
             let opts = clamp(&shared.config, opts);
-            let data = gather(shared, stream, session, secret, &opts).await?;
-            Ok(Work::Get { source, opts, data })
+            let (data, permits) = gather(shared, stream, session, secret, &opts).await?;
+            Ok(Work::Get {
+                source,
+                opts,
+                data,
+                permits,
+            })
         }
         other => Err(SessionError::Protocol(format!(
             "unexpected {:?} as a request",
@@ -438,7 +454,7 @@ async fn gather(
     session: SessionId,
     secret: [u8; 32],
     opts: &TransferOpts,
-) -> Result<Vec<TcpStream>, SessionError> {
+) -> Result<(Vec<TcpStream>, Vec<Permit>), SessionError> {
     let n = opts.streams as usize;
     let (tx, mut rx) = mpsc::channel(n);
     shared
@@ -465,31 +481,31 @@ async fn gather(
         },
     )
     .await?;
-    let mut slots: Vec<Option<TcpStream>> = (0..n).map(|_| None).collect();
+    let mut slots: Vec<Option<(TcpStream, Permit)>> = (0..n).map(|_| None).collect();
     let deadline = tokio::time::Instant::now() + shared.config.handshake_timeout;
     let mut joined = 0;
     while joined < n {
-        let (index, s) = tokio::time::timeout_at(deadline, rx.recv())
+        let (index, s, permit) = tokio::time::timeout_at(deadline, rx.recv())
             .await
             .map_err(|_| SessionError::Timeout("waiting for data connections to join"))?
             .ok_or(SessionError::Closed("data"))?;
         let slot = slots.get_mut(index as usize).ok_or_else(|| {
             SessionError::Protocol(format!("data connection index {index} out of range"))
         })?;
-        if slot.replace(s).is_some() {
+        if slot.replace((s, permit)).is_some() {
             return Err(SessionError::Protocol(format!(
                 "data connection {index} joined twice"
             )));
         }
         joined += 1;
     }
-    let data: Vec<TcpStream> = slots.into_iter().flatten().collect();
+    let (data, permits): (Vec<TcpStream>, Vec<Permit>) = slots.into_iter().flatten().unzip();
     for s in &data {
         if let Err(e) = set_window(s, opts.tcp_window) {
             warn!("cannot set TCP window: {e}");
         }
     }
-    Ok(data)
+    Ok((data, permits))
 }
 
 /// Where a put lands: inside `dest` if it is a directory (or clearly meant as one), else
@@ -535,7 +551,7 @@ async fn list(shared: &Shared, stream: &mut TcpStream, raw: &str) -> Result<(), 
     };
     let mut entries = Vec::new();
     if meta.kind == Kind::Dir {
-        for (name, _) in shared.root.read_dir(&rel)? {
+        for (name, _) in shared.root.read_dir(&rel)?.entries {
             if let Ok(m) = shared.root.lstat(&path::join(&rel, &name)) {
                 entries.push(entry(name, m));
             }
