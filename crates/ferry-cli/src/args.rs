@@ -57,6 +57,10 @@ pub struct ServeArgs {
     /// End a session after this many seconds without traffic.
     #[arg(long, default_value_t = 120)]
     pub idle_timeout: u64,
+    /// Remove partial files and resume journals of interrupted transfers untouched for this
+    /// long (e.g. 24h, 7d is 168h). They are what a re-run resumes from.
+    #[arg(long, default_value = "24h")]
+    pub partial_max_age: String,
 }
 
 /// Options shared by put and get.
@@ -102,6 +106,10 @@ pub struct TransferArgs {
     /// Seconds to wait for a connection.
     #[arg(long, default_value_t = 15)]
     pub connect_timeout: u64,
+    /// Keep retrying, with backoff, after failures that a retry can fix (server unreachable,
+    /// connection lost) for this long, e.g. 3m, 90s, 0 for never. Each retry resumes.
+    #[arg(long, default_value = "3m")]
+    pub retry_for: String,
 }
 
 #[derive(Args, Debug)]

@@ -35,6 +35,23 @@ pub fn parse_size(s: &str) -> Result<u64> {
         .with_context(|| format!("`{s}` is too large"))
 }
 
+/// Parses `90s`, `3m`, `1h`, `250ms` or a plain number of seconds.
+pub fn parse_duration(s: &str) -> Result<Duration> {
+    let t = s.trim().to_ascii_lowercase();
+    let end = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(end);
+    let n: u64 = num
+        .parse()
+        .with_context(|| format!("`{s}` is not a duration (try 90s, 3m or 1h)"))?;
+    Ok(match unit {
+        "" | "s" => Duration::from_secs(n),
+        "ms" => Duration::from_millis(n),
+        "m" | "min" => Duration::from_secs(n * 60),
+        "h" => Duration::from_secs(n * 3600),
+        _ => bail!("`{s}`: unknown duration unit (use ms, s, m or h)"),
+    })
+}
+
 /// A remote location `HOST[:PORT]:PATH`; IPv6 hosts in brackets: `[::1]:7070:/data`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Remote {
@@ -203,6 +220,7 @@ pub fn client_config(args: &TransferArgs, remote: &Remote) -> Result<ClientConfi
         connect_timeout: Duration::from_secs(args.connect_timeout.max(1)),
         idle_timeout: Duration::from_secs(120),
         corrupt_blocks: Vec::new(),
+        retry_for: parse_duration(&args.retry_for)?,
     })
 }
 
@@ -218,6 +236,10 @@ mod tests {
         assert_eq!(parse_size("1g").unwrap(), 1 << 30);
         assert!(parse_size("x").is_err());
         assert!(parse_size("3Q").is_err());
+        assert_eq!(parse_duration("3m").unwrap(), Duration::from_secs(180));
+        assert_eq!(parse_duration("0").unwrap(), Duration::ZERO);
+        assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
+        assert!(parse_duration("3 weeks").is_err());
     }
 
     #[test]

@@ -72,6 +72,22 @@ impl Reporter for Progress {
         self.update_msg();
     }
 
+    fn on_retry(&self, attempt: u32, wait: Duration, error: &str) {
+        if !self.quiet {
+            self.bar.suspend(|| {
+                eprintln!(
+                    "warning: attempt {attempt} failed: {error}; retrying in {} s",
+                    wait.as_secs()
+                )
+            });
+        }
+        self.bar.set_message(format!(
+            "retrying in {} s (attempt {})",
+            wait.as_secs(),
+            attempt + 1
+        ));
+    }
+
     fn on_warning(&self, msg: &str) {
         if !self.quiet {
             self.bar.suspend(|| eprintln!("warning: {msg}"));

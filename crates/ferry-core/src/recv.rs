@@ -34,8 +34,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
 use bytes::Bytes;
+use ferry_proto::journal::{decode_journal, JournalHeader, JournalRecord, RECORD_LEN};
 use ferry_proto::{
-    Block, ChecksumAlgo, CompleteSummary, ErrorCode, ExistingPolicy, FileId, FileMeta, Frame,
+    Block, ChecksumAlgo, CompleteSummary, Decision, ErrorCode, ExistingPolicy, FileDecision,
+    FileId, FileMeta, Frame, OfferEntry, MAX_RESUME_RANGES,
 };
 
 use crate::digest::{block_digest, hex, FileHasher};
@@ -79,6 +81,9 @@ pub struct ReceiverConfig {
     pub checksum: ChecksumAlgo,
     /// Distinguishes this transfer's temporary files from any other's.
     pub tag: u64,
+    /// The session's block size: files larger than one block are journaled for resume, and a
+    /// partial copy is resumed only if it was written with the same block size.
+    pub block_size: u32,
 }
 
 /// A problem that ends the whole transfer, not just one file.
@@ -88,6 +93,8 @@ pub enum RecvError {
     UnexpectedFrame,
     #[error("peer sent inconsistent metadata for file {0:?}")]
     Inconsistent(FileId),
+    #[error("peer sent data for file {0:?}, which it never offered")]
+    Unoffered(FileId),
 }
 
 /// Merged set of byte ranges `[start, end)` written so far.
@@ -146,9 +153,21 @@ struct Writing {
     /// Offset up to which the file digest has consumed the data.
     cursor: u64,
     expected: Option<Bytes>,
+    /// Resume journal, for files larger than one block.
+    journal: Option<JournalFile>,
+}
+
+/// An open, locked resume journal and where its next record goes.
+struct JournalFile {
+    file: File,
+    name: String,
+    end: u64,
 }
 
 enum Slot {
+    /// A file with the offered size and mtime is already in place; the sender compares digests
+    /// and answers with `Skipped` (identical) or with the data (different).
+    Present,
     Writing(Box<Writing>),
     Finalizing,
     Done,
@@ -169,6 +188,8 @@ struct FinalizeJob {
     name: String,
     meta: FileMeta,
     digest: Vec<u8>,
+    /// Removed once the file has its final name; holding it keeps the lock until then.
+    journal: Option<JournalFile>,
 }
 
 struct Counters {
@@ -202,6 +223,8 @@ pub struct Receiver {
     complete: AtomicBool,
     /// Numbers temporary names of symlinks, which several writer threads create at once.
     next_temp: AtomicU64,
+    /// Set when the session is ending: frames still queued are dropped, not acted on.
+    stopped: AtomicBool,
     done_tx: flume::Sender<()>,
     done_rx: flume::Receiver<()>,
 }
@@ -246,6 +269,7 @@ impl Receiver {
             manifest: Mutex::default(),
             complete: AtomicBool::new(false),
             next_temp: AtomicU64::new(0),
+            stopped: AtomicBool::new(false),
             done_tx,
             done_rx,
         });
@@ -270,8 +294,16 @@ impl Receiver {
         self.check_complete();
     }
 
+    /// The session is ending: frames handed in from now on are dropped.
+    pub fn stop(&self) {
+        self.stopped.store(true, Ordering::Release);
+    }
+
     /// Handles one frame from a data connection (or a `FileFailed` from the sender).
     pub fn handle(&self, frame: Frame) -> Result<(), RecvError> {
+        if self.stopped.load(Ordering::Acquire) {
+            return Ok(());
+        }
         match frame {
             Frame::Block(b) => self.handle_block(b),
             Frame::Dir {
@@ -294,6 +326,11 @@ impl Receiver {
                 self.sender_gave_up(file, &message);
                 Ok(())
             }
+            Frame::Offer { entries } => {
+                self.handle_offer(entries);
+                Ok(())
+            }
+            Frame::Skipped { file } => self.confirm_present(file),
             _ => Err(RecvError::UnexpectedFrame),
         }
     }
@@ -316,8 +353,30 @@ impl Receiver {
             });
             return Ok(());
         }
-        let entry = self.entry(&block.file)?;
+        let entry = self.lookup(&block.file)?;
         let mut slot = lock(&entry.slot);
+        if matches!(*slot, Slot::Present) {
+            // Same size and mtime as ours, different content: the policy decides.
+            if self.config.existing != ExistingPolicy::Overwrite {
+                drop(slot);
+                let msg = format!(
+                    "{}: exists with the same size and mtime but different content \
+                     (use --overwrite to replace it)",
+                    entry.meta.path
+                );
+                self.fail(&entry, ErrorCode::EXISTS, msg, true);
+                return Ok(());
+            }
+            match self.open_writing(&entry.meta, false) {
+                Ok(w) => *slot = Slot::Writing(Box::new(w)),
+                Err((code, msg)) => {
+                    *slot = Slot::Failed;
+                    drop(slot);
+                    self.mark_failed(block.file.id, code, msg, true);
+                    return Ok(());
+                }
+            }
+        }
         let Slot::Writing(w) = &mut *slot else {
             return Ok(()); // skipped, failed or already done: late or duplicate block
         };
@@ -343,6 +402,20 @@ impl Receiver {
             return Ok(());
         }
         w.written.insert(block.offset, block.offset + len);
+        if let Some(j) = w.journal.as_mut() {
+            // After the data: a record never claims a block that was not written. A failed
+            // append only costs a re-send after a crash, so it does not fail the file.
+            let rec = JournalRecord {
+                offset: block.offset,
+                len: len as u32,
+                digest: block.digest,
+            };
+            let mut buf = bytes::BytesMut::with_capacity(RECORD_LEN);
+            rec.encode(&mut buf);
+            if j.file.write_all_at(&buf, j.end).is_ok() {
+                j.end += RECORD_LEN as u64;
+            }
+        }
         self.reporter.on_bytes(len);
         // Feed the in-order digest: this block from memory, anything after it from the file.
         if block.offset == w.cursor {
@@ -394,42 +467,177 @@ impl Receiver {
             name: w.name,
             meta: entry.meta.clone(),
             digest,
+            journal: w.journal,
         };
-        if let Some(tx) = lock(&self.finalize_tx).as_ref() {
-            let _ = tx.send(job);
+        let finalizer = lock(&self.finalize_tx).clone();
+        match finalizer {
+            Some(tx) => {
+                let _ = tx.send(job);
+            }
+            // Already aborted: a journaled copy stays for a re-run; any other is removed.
+            None if job.journal.is_some() => {}
+            None => remove_temp(&job.dir, &job.temp, None),
         }
     }
 
-    /// Finds or opens the file a block belongs to.
-    fn entry(&self, meta: &FileMeta) -> Result<Arc<FileEntry>, RecvError> {
-        let mut files = lock(&self.files);
-        if let Some(e) = files.get(&meta.id) {
-            if e.meta != *meta {
-                return Err(RecvError::Inconsistent(meta.id));
+    /// Answers a batch of offers with one `Decisions` frame per batch.
+    fn handle_offer(&self, entries: Vec<OfferEntry>) {
+        let mut out = Vec::with_capacity(entries.len());
+        for offer in entries {
+            let meta = FileMeta {
+                id: offer.file,
+                path: offer.path,
+                size: offer.size,
+                mode: offer.mode,
+                mtime_ns: offer.mtime_ns,
+            };
+            if lock(&self.files).contains_key(&meta.id) {
+                continue; // offered twice: the first answer stands
             }
-            return Ok(e.clone());
-        }
-        // The slot is settled before the entry becomes visible, so a block of the same file on
-        // another stream never sees a half-made entry.
-        let (slot, outcome) = match self.open_file(meta) {
-            Ok(Some(w)) => (Slot::Writing(Box::new(w)), Ok(false)),
-            Ok(None) => (Slot::Skipped, Ok(true)),
-            Err(e) => (Slot::Failed, Err(e)),
-        };
-        let entry = Arc::new(FileEntry {
-            meta: meta.clone(),
-            slot: Mutex::new(slot),
-        });
-        files.insert(meta.id, entry.clone());
-        drop(files);
-        match outcome {
-            Ok(false) => {}
-            Ok(true) => {
-                self.counters.skipped.fetch_add(1, Ordering::Relaxed);
-                let _ = self.control.send(Frame::Skipped { file: meta.id });
+            let (slot, decision) = self.decide(&meta);
+            let resolved = matches!(slot, Slot::Skipped | Slot::Failed);
+            let entry = Arc::new(FileEntry {
+                meta: meta.clone(),
+                slot: Mutex::new(slot),
+            });
+            lock(&self.files).insert(meta.id, entry);
+            match &decision {
+                Decision::Skip => {
+                    self.counters.skipped.fetch_add(1, Ordering::Relaxed);
+                }
+                Decision::Fail { message, .. } => {
+                    self.counters.failed.fetch_add(1, Ordering::Relaxed);
+                    self.error(message.clone());
+                }
+                _ => {}
+            }
+            if resolved {
                 self.resolved();
             }
-            Err((code, msg)) => self.mark_failed(meta.id, code, msg, true),
+            out.push(FileDecision {
+                file: meta.id,
+                decision,
+            });
+        }
+        if !out.is_empty() {
+            let _ = self.control.send(Frame::Decisions { entries: out });
+        }
+    }
+
+    /// What to ask of one offered file, and the state the file starts in.
+    fn decide(&self, meta: &FileMeta) -> (Slot, Decision) {
+        let fail =
+            |code: ErrorCode, message: String| (Slot::Failed, Decision::Fail { code, message });
+        let rel = match self.dest.map(&meta.path) {
+            Ok(r) => r,
+            Err(e) => return fail(e.code(), format!("{}: {e}", meta.path)),
+        };
+        let (dir_rel, name) = split_parent(&rel);
+        let dir = match self.dir(dir_rel) {
+            Ok(d) => d,
+            Err(e) => return fail(e.code(), format!("{}: {e}", meta.path)),
+        };
+        match root::lstat_in(&dir, name) {
+            Ok(m) if m.kind == root::Kind::Dir => {
+                return fail(
+                    ErrorCode::EXISTS,
+                    format!("{rel}: a directory is in the way"),
+                );
+            }
+            Ok(_) if self.config.existing == ExistingPolicy::Skip => {
+                return (Slot::Skipped, Decision::Skip)
+            }
+            Ok(m)
+                if m.kind == root::Kind::File
+                    && m.size == meta.size
+                    && m.mtime_ns == meta.mtime_ns =>
+            {
+                // Probably the same file (a re-run): prove it by digest before skipping it.
+                match self.digest_existing(&dir, name) {
+                    Ok(digest) => {
+                        return (
+                            Slot::Present,
+                            Decision::Complete {
+                                digest: digest.into(),
+                            },
+                        )
+                    }
+                    Err(e) => {
+                        return fail(ErrorCode::IO, format!("{rel}: reading it to compare: {e}"))
+                    }
+                }
+            }
+            Ok(_) if self.config.existing == ExistingPolicy::Fail => {
+                return fail(
+                    ErrorCode::EXISTS,
+                    format!("{rel}: exists (use --overwrite or --skip-existing)"),
+                );
+            }
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return fail(ErrorCode::IO, format!("{rel}: {e}")),
+        }
+        match self.open_writing(meta, true) {
+            Ok(w) => {
+                let have: Vec<(u64, u64)> = w
+                    .written
+                    .0
+                    .iter()
+                    .map(|(&s, &e)| (s, e))
+                    .take(MAX_RESUME_RANGES)
+                    .collect();
+                let decision = if have.is_empty() {
+                    Decision::Send
+                } else {
+                    Decision::Resume { have }
+                };
+                (Slot::Writing(Box::new(w)), decision)
+            }
+            Err((code, message)) => fail(code, message),
+        }
+    }
+
+    /// Digest of a file already at the destination, with the transfer's algorithm.
+    fn digest_existing(&self, dir: &OwnedFd, name: &str) -> std::io::Result<Vec<u8>> {
+        let file = File::from(root::open_in(dir, name, root::OFlags::RDONLY, 0)?);
+        let mut h = FileHasher::new(self.config.checksum);
+        let mut buf = vec![0u8; 1 << 20];
+        let mut off = 0u64;
+        loop {
+            let n = file.read_at(&mut buf, off)?;
+            if n == 0 {
+                return Ok(h.finalize());
+            }
+            h.update(&buf[..n]);
+            off += n as u64;
+        }
+    }
+
+    /// The sender found its file identical to the one in place: nothing more comes for it.
+    fn confirm_present(&self, id: FileId) -> Result<(), RecvError> {
+        let entry = lock(&self.files)
+            .get(&id)
+            .cloned()
+            .ok_or(RecvError::Unoffered(id))?;
+        let mut slot = lock(&entry.slot);
+        if matches!(*slot, Slot::Present) {
+            *slot = Slot::Skipped;
+            drop(slot);
+            self.counters.skipped.fetch_add(1, Ordering::Relaxed);
+            self.reporter.on_file_done();
+            self.resolved();
+        }
+        Ok(())
+    }
+
+    /// The file a block belongs to; it must have been offered, with the same metadata.
+    fn lookup(&self, meta: &FileMeta) -> Result<Arc<FileEntry>, RecvError> {
+        let entry = lock(&self.files)
+            .get(&meta.id)
+            .cloned()
+            .ok_or(RecvError::Unoffered(meta.id))?;
+        if entry.meta != *meta {
+            return Err(RecvError::Inconsistent(meta.id));
         }
         Ok(entry)
     }
@@ -445,39 +653,20 @@ impl Receiver {
         Ok(fd)
     }
 
-    /// Creates the temporary file; `Ok(None)` means "skip, it exists".
-    fn open_file(&self, meta: &FileMeta) -> Result<Option<Writing>, (ErrorCode, String)> {
+    /// Opens the temporary file of `meta`. A file of one block gets a name unique to this
+    /// session and no journal: it is all or nothing. A larger file gets a name derived from its
+    /// final name and a locked journal beside it, and, if `resume` and a partial copy from an
+    /// earlier attempt matches (same size, mtime, mode, block size and digest algorithm), starts
+    /// from the blocks of it that still match their recorded digests.
+    fn open_writing(&self, meta: &FileMeta, resume: bool) -> Result<Writing, (ErrorCode, String)> {
         let fail = |e: FsError| (e.code(), format!("{}: {e}", meta.path));
         let rel = self.dest.map(&meta.path).map_err(fail)?;
         let (dir_rel, name) = split_parent(&rel);
         let dir = self.dir(dir_rel).map_err(fail)?;
-        match root::lstat_in(&dir, name) {
-            Ok(m) if m.kind == root::Kind::Dir => {
-                return Err((
-                    ErrorCode::EXISTS,
-                    format!("{rel}: a directory is in the way"),
-                ));
-            }
-            Ok(_) => match self.config.existing {
-                ExistingPolicy::Skip => return Ok(None),
-                ExistingPolicy::Fail => {
-                    return Err((
-                        ErrorCode::EXISTS,
-                        format!("{rel}: exists (use --overwrite or --skip-existing)"),
-                    ));
-                }
-                ExistingPolicy::Overwrite => {}
-            },
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(fail(FsError::io(&rel, e))),
-        }
-        let temp = format!(".ferry-{:016x}-{}.part", self.config.tag, meta.id.0);
-        let flags = root::OFlags::RDWR | root::OFlags::CREATE | root::OFlags::EXCL;
-        let file = root::open_in(&dir, &temp, flags, 0o600)
-            .map_err(|e| fail(FsError::io(join(dir_rel, &temp), e)))?;
-        Ok(Some(Writing {
-            file: Arc::new(File::from(file)),
-            dir,
+        let io = |what: &str, e: std::io::Error| fail(FsError::io(join(dir_rel, what), e));
+        let writing = |file: File, temp: String, journal: Option<JournalFile>| Writing {
+            file: Arc::new(file),
+            dir: dir.clone(),
             dir_rel: dir_rel.to_owned(),
             temp,
             name: name.to_owned(),
@@ -485,7 +674,113 @@ impl Receiver {
             hasher: Some(FileHasher::new(self.config.checksum)),
             cursor: 0,
             expected: None,
-        }))
+            journal,
+        };
+        if meta.size <= u64::from(self.config.block_size) {
+            let temp = format!(".ferry-{:016x}-{}.part", self.config.tag, meta.id.0);
+            let flags = root::OFlags::RDWR | root::OFlags::CREATE | root::OFlags::EXCL;
+            let file =
+                File::from(root::open_in(&dir, &temp, flags, 0o600).map_err(|e| io(&temp, e))?);
+            return Ok(writing(file, temp, None));
+        }
+        let key = xxhash_rust::xxh3::xxh3_64(name.as_bytes());
+        let temp = format!(".ferry-{key:016x}.part");
+        let jname = format!(".ferry-{key:016x}.journal");
+        let flags = root::OFlags::RDWR | root::OFlags::CREATE;
+        let jfd = root::open_in(&dir, &jname, flags, 0o600).map_err(|e| io(&jname, e))?;
+        // A session that just broke off may still be letting go of it: wait a little, bounded.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+        while rustix::fs::flock(&jfd, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_err()
+        {
+            if std::time::Instant::now() >= deadline {
+                return Err((
+                    ErrorCode::BUSY,
+                    format!("{rel}: another transfer is writing it right now"),
+                ));
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        let jfile = File::from(jfd);
+        let header = JournalHeader {
+            size: meta.size,
+            mtime_ns: meta.mtime_ns,
+            mode: meta.mode,
+            block_size: self.config.block_size,
+            checksum: self.config.checksum,
+            path: rel.clone(),
+        };
+        let resumed = if resume {
+            self.try_resume(&dir, &temp, &jfile, &header)
+        } else {
+            None
+        };
+        let (file, records) = match resumed {
+            Some(x) => x,
+            None => {
+                let flags = root::OFlags::RDWR | root::OFlags::CREATE | root::OFlags::TRUNC;
+                let fd = root::open_in(&dir, &temp, flags, 0o600).map_err(|e| io(&temp, e))?;
+                (File::from(fd), Vec::new())
+            }
+        };
+        // Rewrite the journal from what was proven, so appends follow valid records only.
+        let mut buf = bytes::BytesMut::new();
+        header.encode(&mut buf);
+        for rec in &records {
+            rec.encode(&mut buf);
+        }
+        jfile
+            .set_len(0)
+            .and_then(|()| jfile.write_all_at(&buf, 0))
+            .map_err(|e| io(&jname, e))?;
+        let journal = JournalFile {
+            file: jfile,
+            name: jname,
+            end: buf.len() as u64,
+        };
+        let mut w = writing(file, temp, Some(journal));
+        for rec in &records {
+            w.written
+                .insert(rec.offset, rec.offset + u64::from(rec.len));
+        }
+        // Hash the proven prefix now, so the digest is ready to go on when the rest arrives.
+        catch_up(&mut w).map_err(|e| io(&w.temp, e))?;
+        Ok(w)
+    }
+
+    /// Reads an earlier attempt's journal and keeps the records whose blocks still match.
+    fn try_resume(
+        &self,
+        dir: &OwnedFd,
+        temp: &str,
+        journal: &File,
+        header: &JournalHeader,
+    ) -> Option<(File, Vec<JournalRecord>)> {
+        let len = journal.metadata().ok()?.len();
+        if len == 0 || len > (64 << 20) {
+            return None;
+        }
+        let mut bytes = vec![0u8; len as usize];
+        journal.read_exact_at(&mut bytes, 0).ok()?;
+        let parsed = decode_journal(&bytes).ok()?;
+        if parsed.header != *header {
+            return None;
+        }
+        let file = File::from(root::open_in(dir, temp, root::OFlags::RDWR, 0).ok()?);
+        let mut records = parsed.records;
+        records.sort_by_key(|r| r.offset);
+        records.dedup_by_key(|r| r.offset);
+        let mut kept = Vec::with_capacity(records.len());
+        let mut buf = Vec::new();
+        for rec in records {
+            buf.resize(rec.len as usize, 0);
+            // A record whose data did not survive (crash before writeback) fails here and is
+            // simply sent again.
+            if file.read_exact_at(&mut buf, rec.offset).is_ok() && block_digest(&buf) == rec.digest
+            {
+                kept.push(rec);
+            }
+        }
+        Some((file, kept))
     }
 
     /// Marks a file that is being written failed and removes its temporary file; a file in
@@ -494,10 +789,11 @@ impl Receiver {
         let old = std::mem::replace(&mut *lock(&entry.slot), Slot::Failed);
         match old {
             Slot::Writing(w) => {
-                let _ =
-                    rustix::fs::unlinkat(&*w.dir, w.temp.as_str(), rustix::fs::AtFlags::empty());
+                // A failed file's partial copy is not worth resuming (bad digest, I/O error).
+                remove_temp(&w.dir, &w.temp, w.journal.as_ref());
                 self.mark_failed(entry.meta.id, code, msg, tell);
             }
+            Slot::Present => self.mark_failed(entry.meta.id, code, msg, tell),
             other => *lock(&entry.slot) = other,
         }
     }
@@ -664,6 +960,7 @@ impl Receiver {
     /// (they are complete and correct, and a re-run need not send them); only files still being
     /// written lose their temporary files.
     pub fn abort(&self) {
+        self.stop();
         lock(&self.finalize_tx).take();
         if let Some(h) = lock(&self.finalizer).take() {
             let _ = h.join();
@@ -671,8 +968,11 @@ impl Receiver {
         let files: Vec<_> = lock(&self.files).values().cloned().collect();
         for e in files {
             if let Slot::Writing(w) = &*lock(&e.slot) {
-                let _ =
-                    rustix::fs::unlinkat(&*w.dir, w.temp.as_str(), rustix::fs::AtFlags::empty());
+                // Journaled partial copies stay for the next attempt to resume; one-block
+                // files are cheaper to send again than to keep.
+                if w.journal.is_none() {
+                    remove_temp(&w.dir, &w.temp, None);
+                }
             }
         }
     }
@@ -691,6 +991,14 @@ impl Receiver {
     /// Bad blocks seen so far.
     pub fn bad_blocks(&self) -> u64 {
         self.counters.bad_blocks.load(Ordering::Relaxed)
+    }
+}
+
+/// Removes a temporary file and its journal.
+fn remove_temp(dir: &OwnedFd, temp: &str, journal: Option<&JournalFile>) {
+    let _ = rustix::fs::unlinkat(dir, temp, rustix::fs::AtFlags::empty());
+    if let Some(j) = journal {
+        let _ = rustix::fs::unlinkat(dir, j.name.as_str(), rustix::fs::AtFlags::empty());
     }
 }
 
@@ -761,6 +1069,13 @@ impl Receiver {
         for job in ok {
             match root::rename_in(&job.dir, &job.temp, &job.name, replace) {
                 Ok(()) => {
+                    if let Some(j) = &job.journal {
+                        let _ = rustix::fs::unlinkat(
+                            &*job.dir,
+                            j.name.as_str(),
+                            rustix::fs::AtFlags::empty(),
+                        );
+                    }
                     dirs.entry(job.dir_rel.clone())
                         .or_insert_with(|| job.dir.clone());
                     let c = &self.counters;
@@ -789,7 +1104,7 @@ impl Receiver {
     }
 
     fn finalize_failed(&self, job: &FinalizeJob, msg: String, e: std::io::Error) {
-        let _ = rustix::fs::unlinkat(&*job.dir, job.temp.as_str(), rustix::fs::AtFlags::empty());
+        remove_temp(&job.dir, &job.temp, job.journal.as_ref());
         if let Some(entry) = lock(&self.files).get(&job.meta.id) {
             *lock(&entry.slot) = Slot::Failed;
         }

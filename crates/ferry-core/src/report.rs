@@ -13,6 +13,8 @@ pub trait Reporter: Send + Sync {
     fn on_file_done(&self) {}
     /// A block failed its digest and will be sent again.
     fn on_bad_block(&self) {}
+    /// The attempt failed in a way a retry may fix; the next starts after `wait`.
+    fn on_retry(&self, _attempt: u32, _wait: std::time::Duration, _error: &str) {}
     /// Something worth telling the user that does not stop the transfer.
     fn on_warning(&self, _msg: &str) {}
 }

@@ -14,12 +14,15 @@
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::os::fd::OwnedFd;
+use std::sync::atomic::AtomicBool;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
 use bytes::Bytes;
-use ferry_proto::{Block, ChecksumAlgo, ErrorCode, FileId, FileMeta, Frame};
+use ferry_proto::{
+    Block, ChecksumAlgo, Decision, ErrorCode, FileDecision, FileId, FileMeta, Frame, OfferEntry,
+};
 
 use crate::digest::{block_digest, FileHasher};
 use crate::error::FsError;
@@ -45,7 +48,17 @@ pub struct SenderConfig {
     /// Test-only fault hook: sequence numbers (0-based, in the order blocks are read) of blocks
     /// whose data is altered after the digest is computed, once each.
     pub corrupt_blocks: Vec<u64>,
+    /// Digests of files already read, kept across the attempts of one job, so that a retry
+    /// does not read every complete file again to prove it identical.
+    pub digest_cache: Arc<DigestCache>,
 }
+
+/// Whole-file digests by (path on the wire, size, mtime).
+pub type DigestCache = Mutex<HashMap<(String, u64, i64), Vec<u8>>>;
+
+/// Files announced per `Offer` frame, and how long a partly filled batch may wait.
+const OFFER_BATCH: usize = ferry_proto::MAX_OFFER_ENTRIES;
+const OFFER_DELAY: std::time::Duration = std::time::Duration::from_millis(5);
 
 /// Totals known when the walk is over; they become the `Sent` frame.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -74,6 +87,13 @@ struct Shared {
     sources: Vec<Source>,
     config: SenderConfig,
     frames: flume::Sender<Frame>,
+    /// Frames for the control connection (`Offer`).
+    control: flume::Sender<Frame>,
+    /// The receiver's answers to offers, taken by the reader of each file.
+    decisions: Mutex<HashMap<FileId, Decision>>,
+    decided: Condvar,
+    /// Set when the session ends: readers waiting for a decision give up.
+    closed: AtomicBool,
     reporter: Arc<dyn Reporter>,
     records: Mutex<HashMap<FileId, Arc<FileRecord>>>,
     skipped: Mutex<HashSet<FileId>>,
@@ -94,10 +114,14 @@ pub struct Sender {
 
 impl Sender {
     /// Starts the walker, readers and the resend worker. Frames appear on `frames`.
+    ///
+    /// `control` carries `Offer` frames for the control connection; answers come back through
+    /// [`Sender::decide`].
     pub fn start(
         sources: Vec<Source>,
         config: SenderConfig,
         frames: flume::Sender<Frame>,
+        control: flume::Sender<Frame>,
         reporter: Arc<dyn Reporter>,
     ) -> Self {
         let corrupt = Mutex::new(config.corrupt_blocks.iter().copied().collect());
@@ -106,6 +130,10 @@ impl Sender {
             sources,
             config,
             frames,
+            control,
+            decisions: Mutex::default(),
+            decided: Condvar::new(),
+            closed: AtomicBool::new(false),
             reporter,
             records: Mutex::default(),
             skipped: Mutex::default(),
@@ -170,6 +198,25 @@ impl Sender {
     /// Resolves once the walk is over, with what it found.
     pub fn totals(&self) -> flume::Receiver<WalkTotals> {
         self.totals_rx.clone()
+    }
+
+    /// The receiver's answers to offered files.
+    pub fn decide(&self, entries: Vec<FileDecision>) {
+        let mut map = self
+            .shared
+            .decisions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        for e in entries {
+            map.insert(e.file, e.decision);
+        }
+        self.shared.decided.notify_all();
+    }
+
+    /// The session is over: readers still waiting for a decision stop.
+    pub fn close(&self) {
+        self.shared.closed.store(true, Ordering::Release);
+        self.shared.decided.notify_all();
     }
 
     /// The receiver found a bad block: read it again and queue it.
@@ -259,6 +306,32 @@ impl Shared {
         })
     }
 
+    fn cache(&self) -> std::sync::MutexGuard<'_, HashMap<(String, u64, i64), Vec<u8>>> {
+        self.config
+            .digest_cache
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Blocks until the receiver has answered the offer of `id`; `None` once the session ends.
+    fn wait_decision(&self, id: FileId) -> Option<Decision> {
+        let mut map = self.decisions.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            if let Some(d) = map.remove(&id) {
+                return Some(d);
+            }
+            if self.closed.load(Ordering::Acquire) || self.frames.is_disconnected() {
+                return None;
+            }
+            // Bounded waits: a session that ends without `close` still frees its readers.
+            map = self
+                .decided
+                .wait_timeout(map, std::time::Duration::from_millis(200))
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+
     fn is_skipped(&self, id: FileId) -> bool {
         self.skipped
             .lock()
@@ -278,6 +351,50 @@ struct Pending {
 /// or stats a single name relative to an already-open directory, never following a symlink,
 /// so the walk stays beneath each source's root without re-resolving whole paths.
 fn walk(shared: &Shared, jobs: &flume::Sender<Job>) -> WalkTotals {
+    let mut offers = Offers {
+        shared,
+        batch: Vec::new(),
+        since: None,
+    };
+    let totals = walk_sources(shared, jobs, &mut offers);
+    offers.flush();
+    totals
+}
+
+/// Offers waiting to be sent. Batches keep the control traffic small; a batch is flushed when
+/// full, when it is a few milliseconds old, and always before the walker would block, so a
+/// reader never waits for a decision about a file whose offer is still sitting here.
+struct Offers<'a> {
+    shared: &'a Shared,
+    batch: Vec<OfferEntry>,
+    since: Option<std::time::Instant>,
+}
+
+impl Offers<'_> {
+    fn add(&mut self, meta: &FileMeta) {
+        self.batch.push(OfferEntry {
+            file: meta.id,
+            path: meta.path.clone(),
+            size: meta.size,
+            mode: meta.mode,
+            mtime_ns: meta.mtime_ns,
+        });
+        let since = *self.since.get_or_insert_with(std::time::Instant::now);
+        if self.batch.len() >= OFFER_BATCH || since.elapsed() >= OFFER_DELAY {
+            self.flush();
+        }
+    }
+
+    fn flush(&mut self) {
+        self.since = None;
+        if !self.batch.is_empty() {
+            let entries = std::mem::take(&mut self.batch);
+            let _ = self.shared.control.send(Frame::Offer { entries });
+        }
+    }
+}
+
+fn walk_sources(shared: &Shared, jobs: &flume::Sender<Job>, offers: &mut Offers<'_>) -> WalkTotals {
     let mut totals = WalkTotals::default();
     let mut next_id = 0u64;
     for src in &shared.sources {
@@ -333,7 +450,16 @@ fn walk(shared: &Shared, jobs: &flume::Sender<Job>) -> WalkTotals {
                         .lock()
                         .unwrap_or_else(|e| e.into_inner())
                         .insert(id, record.clone());
-                    if jobs.send(Job { record }).is_err() {
+                    offers.add(&record.meta);
+                    let sent = match jobs.try_send(Job { record }) {
+                        Ok(()) => true,
+                        Err(flume::TrySendError::Full(job)) => {
+                            offers.flush();
+                            jobs.send(job).is_ok()
+                        }
+                        Err(flume::TrySendError::Disconnected(_)) => false,
+                    };
+                    if !sent {
                         return totals;
                     }
                 }
@@ -417,6 +543,70 @@ fn open_checked(record: &FileRecord) -> Result<(File, Meta), FsError> {
 
 /// Reads one file in order and queues its blocks. Returns false when the transfer is over.
 fn send_file(shared: &Shared, record: &FileRecord) -> bool {
+    let Some(decision) = shared.wait_decision(record.meta.id) else {
+        return false;
+    };
+    let meta = &record.meta;
+    match decision {
+        Decision::Send => stream_file(shared, record, &[]),
+        Decision::Resume { have } => stream_file(shared, record, &have),
+        // The receiver has resolved these already; nothing is sent.
+        Decision::Skip => true,
+        Decision::Fail { message, .. } => {
+            shared.error(format!("receiver: {message}"));
+            true
+        }
+        Decision::Complete { digest } => {
+            let key = (meta.path.clone(), meta.size, meta.mtime_ns);
+            let cached = shared.cache().get(&key).cloned();
+            let ours = match cached {
+                Some(d) => d,
+                None => match digest_file(shared, record) {
+                    Ok(d) => d,
+                    Err(e) => {
+                        return shared.fail_file(
+                            record,
+                            e.code(),
+                            format!("reading {}: {e}", meta.path),
+                        )
+                    }
+                },
+            };
+            if ours[..] != digest[..] {
+                // Same size and mtime, different content: send it; the receiver's policy decides.
+                return stream_file(shared, record, &[]);
+            }
+            shared.cache().insert(key, ours.clone());
+            *record.digest.lock().unwrap_or_else(|e| e.into_inner()) = Some(ours);
+            shared.reporter.on_file_done();
+            shared.push(Frame::Skipped { file: meta.id })
+        }
+    }
+}
+
+/// The whole-file digest of a source file, read in order.
+fn digest_file(shared: &Shared, record: &FileRecord) -> Result<Vec<u8>, FsError> {
+    let (file, _) = open_checked(record)?;
+    let mut hasher = FileHasher::new(shared.config.checksum);
+    let block = u64::from(shared.config.block_size);
+    let mut offset = 0;
+    while offset < record.meta.size {
+        let len = (record.meta.size - offset).min(block);
+        let data = read_block(&file, offset, len).map_err(|e| FsError::io(&record.meta.path, e))?;
+        hasher.update(&data);
+        offset += len;
+    }
+    Ok(hasher.finalize())
+}
+
+/// Whether `[start, end)` lies inside one of the receiver's ranges.
+fn covered(have: &[(u64, u64)], start: u64, end: u64) -> bool {
+    have.iter().any(|&(s, e)| s <= start && end <= e)
+}
+
+/// Reads one file in order, hashing all of it, and queues every block the receiver does not
+/// already have, and always the last one (it carries the file digest).
+fn stream_file(shared: &Shared, record: &FileRecord, have: &[(u64, u64)]) -> bool {
     let meta = &record.meta;
     let (file, before) = match open_checked(record) {
         Ok(x) => x,
@@ -475,8 +665,15 @@ fn send_file(shared: &Shared, record: &FileRecord) -> bool {
                 .final_digest
                 .lock()
                 .unwrap_or_else(|e| e.into_inner()) = Some(bytes.clone());
+            shared
+                .cache()
+                .insert((meta.path.clone(), meta.size, meta.mtime_ns), d.clone());
             *record.digest.lock().unwrap_or_else(|e| e.into_inner()) = Some(d);
             file_digest = Some(bytes);
+        }
+        if !last && covered(have, offset, offset + len) {
+            offset += len;
+            continue;
         }
         let seq = shared.block_seq.fetch_add(1, Ordering::Relaxed);
         if len > 0

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ferry_core::recv::{Destination, Receiver, ReceiverConfig};
-use ferry_core::send::{Sender, SenderConfig, Source};
+use ferry_core::send::{DigestCache, Sender, SenderConfig, Source};
 use ferry_core::{digest, FsError, Reporter, Root};
 use ferry_proto::{
     Capabilities, Frame, ListEntry, Role, SessionId, TransferOpts, MAX_CONTROL_PAYLOAD,
@@ -33,6 +33,8 @@ pub struct ClientConfig {
     pub idle_timeout: Duration,
     /// Test-only fault hook, see `SenderConfig::corrupt_blocks`.
     pub corrupt_blocks: Vec<u64>,
+    /// How long to keep retrying (with backoff) after failures that a retry can fix.
+    pub retry_for: Duration,
 }
 
 /// What a finished transfer did, as printed by `--json`.
@@ -49,6 +51,8 @@ pub struct TransferReport {
     pub block_size: u32,
     pub checksum: &'static str,
     pub streams: Vec<StreamReport>,
+    /// Sessions it took: more than 1 when the job resumed after a failure.
+    pub attempts: u32,
     pub errors: Vec<String>,
     /// `(path, hex digest)` of every stored file.
     #[serde(skip)]
@@ -227,12 +231,62 @@ fn limits(cfg: &ClientConfig) -> Limits {
     }
 }
 
-/// Sends local files or trees to `dest` on the server.
+/// Runs one attempt after another until the job is done, a failure that a retry cannot fix
+/// occurs, or `retry_for` has passed. Every attempt is a new session that resumes from what
+/// the receiver already holds, so a retry sends only what is missing.
+async fn with_retries<F, Fut>(
+    cfg: &ClientConfig,
+    reporter: &Arc<dyn Reporter>,
+    mut attempt_once: F,
+) -> Result<TransferReport, SessionError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<TransferReport, SessionError>>,
+{
+    let t0 = Instant::now();
+    let mut wait = Duration::from_secs(1);
+    let mut attempt = 1u32;
+    loop {
+        match attempt_once().await {
+            Ok(mut r) => {
+                r.attempts = attempt;
+                r.seconds = t0.elapsed().as_secs_f64();
+                r.mib_per_s = r.bytes as f64 / (1 << 20) as f64 / r.seconds.max(1e-9);
+                return Ok(r);
+            }
+            Err(e) if e.is_retryable() && t0.elapsed() + wait <= cfg.retry_for => {
+                reporter.on_retry(attempt, wait, &e.to_string());
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(Duration::from_secs(30));
+                attempt += 1;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Sends local files or trees to `dest` on the server, retrying (and resuming) on failures
+/// that a retry can fix.
 pub async fn put(
     cfg: &ClientConfig,
     sources: &[PathBuf],
     dest: &str,
     reporter: Arc<dyn Reporter>,
+) -> Result<TransferReport, SessionError> {
+    // Digests survive attempts: a retry proves complete files identical without reading them.
+    let cache: Arc<DigestCache> = Arc::default();
+    with_retries(cfg, &reporter, || {
+        put_once(cfg, sources, dest, reporter.clone(), cache.clone())
+    })
+    .await
+}
+
+async fn put_once(
+    cfg: &ClientConfig,
+    sources: &[PathBuf],
+    dest: &str,
+    reporter: Arc<dyn Reporter>,
+    digest_cache: Arc<DigestCache>,
 ) -> Result<TransferReport, SessionError> {
     let mut srcs = Vec::with_capacity(sources.len());
     for p in sources {
@@ -247,15 +301,17 @@ pub async fn put(
     };
     let (opts, data) = start(cfg, &mut c, request).await?;
     let (tx, rx) = flume::bounded(opts.streams as usize * 2);
+    let (ctl_tx, ctl_rx) = flume::unbounded();
     let config = SenderConfig {
         block_size: opts.block_size,
         checksum: opts.checksum,
         readers: cfg.readers,
         corrupt_blocks: cfg.corrupt_blocks.clone(),
+        digest_cache,
     };
-    let sender = Sender::start(srcs, config, tx, reporter.clone());
+    let sender = Sender::start(srcs, config, tx, ctl_tx, reporter.clone());
     let (summary, streams, remote_errors, sender) =
-        drive_sender(c.control, data, sender, rx, reporter, limits(cfg)).await?;
+        drive_sender(c.control, data, sender, rx, ctl_rx, reporter, limits(cfg)).await?;
     let mut errors = sender.errors();
     errors.extend(remote_errors);
     let manifest = sender
@@ -269,8 +325,21 @@ pub async fn put(
     Ok(report("put", &opts, summary, t0, streams, errors, manifest))
 }
 
-/// Fetches `src` from the server into the local `dest`.
+/// Fetches `src` from the server into the local `dest`, retrying (and resuming) on failures
+/// that a retry can fix.
 pub async fn get(
+    cfg: &ClientConfig,
+    src: &str,
+    dest: &Path,
+    reporter: Arc<dyn Reporter>,
+) -> Result<TransferReport, SessionError> {
+    with_retries(cfg, &reporter, || {
+        get_once(cfg, src, dest, reporter.clone())
+    })
+    .await
+}
+
+async fn get_once(
     cfg: &ClientConfig,
     src: &str,
     dest: &Path,
@@ -289,6 +358,7 @@ pub async fn get(
         existing: opts.existing,
         checksum: opts.checksum,
         tag: c.session.0,
+        block_size: opts.block_size,
     };
     let receiver = Receiver::new(destination, config, tx, reporter)?;
     let (summary, streams) = drive_receiver(
@@ -352,6 +422,7 @@ fn report(
         block_size: opts.block_size,
         checksum: digest::algo_name(opts.checksum),
         streams,
+        attempts: 1,
         errors,
         manifest,
     }

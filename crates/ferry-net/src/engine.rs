@@ -112,6 +112,7 @@ pub(crate) async fn drive_sender(
     data: Vec<TcpStream>,
     sender: Sender,
     frames: flume::Receiver<Frame>,
+    control_out: flume::Receiver<Frame>,
     reporter: Arc<dyn Reporter>,
     limits: Limits,
 ) -> Result<(CompleteSummary, Vec<StreamReport>, Vec<String>, Sender), SessionError> {
@@ -142,9 +143,15 @@ pub(crate) async fn drive_sender(
                     }
                 }
             }
+            Ok(frame) = control_out.recv_async() => {
+                if let Err(e) = send(&mut ctrl_w, &frame).await {
+                    break Err(e.into());
+                }
+                activity.touch();
+            }
             f = ctrl_rx.recv() => match f {
                 Some(Ok(Frame::Resend { file, offset, len })) => sender.resend(file, offset, len),
-                Some(Ok(Frame::Skipped { file })) => sender.skip(file),
+                Some(Ok(Frame::Decisions { entries })) => sender.decide(entries),
                 Some(Ok(Frame::FileFailed { file, message, .. })) => {
                     sender.skip(file);
                     remote_errors.push(message);
@@ -164,6 +171,8 @@ pub(crate) async fn drive_sender(
         }
     };
     let _ = stop_tx.send(true);
+    // Readers waiting for a decision that will never come must not hold the session.
+    sender.close();
     let mut reports = Vec::new();
     // A stream stuck writing to a peer that went away must not hold the session forever.
     let deadline = tokio::time::sleep(Duration::from_secs(10));
@@ -277,7 +286,8 @@ pub(crate) async fn drive_receiver(
         let (tx, act) = (to_writers.clone(), activity.clone());
         streams.spawn(async move { (i, recv_stream(s, tx, act).await) });
     }
-    drop(to_writers);
+    // The control loop keeps a sender for offers; it is dropped before the writers are joined.
+    let offers_tx = to_writers;
     let done = receiver.done();
     // However this future ends — error, or dropped mid-way by a shutting-down server — the
     // receiver's temporary files must not outlive the session.
@@ -286,6 +296,12 @@ pub(crate) async fn drive_receiver(
         tokio::select! {
             f = ctrl_rx.recv() => match f {
                 Some(Ok(Frame::Sent { files, dirs, symlinks, .. })) => receiver.expect(files, dirs, symlinks),
+                // Deciding may read files (digests, resume checks): a writer thread does it.
+                Some(Ok(offer @ Frame::Offer { .. })) => {
+                    if offers_tx.send_async(offer).await.is_err() {
+                        break Err(SessionError::Protocol("receiver workers stopped".into()));
+                    }
+                }
                 Some(Ok(Frame::Error { code, message })) => break Err(SessionError::Remote { code, message }),
                 Some(Ok(other)) => break Err(SessionError::Protocol(format!("unexpected {:?} on control", other.frame_type()))),
                 Some(Err(e)) => break Err(e),
@@ -353,19 +369,24 @@ pub(crate) async fn drive_receiver(
             Err(e)
         }
     };
+    // Order matters: stop taking new work, let the writers finish what they hold, and only
+    // then clean up, so no writer can create or complete a file after the cleanup pass.
+    receiver.stop();
     streams.abort_all();
-    let armed = cleanup.0.take();
-    if outcome.is_err() {
-        if let Some(r) = armed {
-            let _ = tokio::task::spawn_blocking(move || r.abort()).await;
-        }
-    }
+    while streams.join_next().await.is_some() {}
+    drop(offers_tx);
     let _ = tokio::task::spawn_blocking(move || {
         for t in writer_threads {
             let _ = t.join();
         }
     })
     .await;
+    let armed = cleanup.0.take();
+    if outcome.is_err() {
+        if let Some(r) = armed {
+            let _ = tokio::task::spawn_blocking(move || r.abort()).await;
+        }
+    }
     let _ = ctrl_w.shutdown().await;
     reports.sort_by_key(|(i, _)| *i);
     outcome.map(|s| (s, reports.into_iter().map(|(_, r)| r).collect()))
@@ -400,7 +421,10 @@ async fn recv_stream(
         activity.touch();
         match &frame {
             Frame::Block(b) => bytes += b.data.len() as u64,
-            Frame::Dir { .. } | Frame::Symlink { .. } | Frame::FileFailed { .. } => {}
+            Frame::Dir { .. }
+            | Frame::Symlink { .. }
+            | Frame::FileFailed { .. }
+            | Frame::Skipped { .. } => {}
             other => {
                 return Err(SessionError::Protocol(format!(
                     "unexpected {:?} on a data connection",

@@ -47,6 +47,10 @@ pub struct ServerConfig {
     pub auth_failure_delay: Duration,
     pub readers: usize,
     pub writers: usize,
+    /// Partial files and journals untouched for this long are removed by the periodic scan.
+    pub partial_max_age: Duration,
+    /// How often the root is scanned for such leftovers.
+    pub partial_scan_interval: Duration,
 }
 
 impl ServerConfig {
@@ -62,6 +66,8 @@ impl ServerConfig {
             auth_failure_delay: Duration::from_secs(1),
             readers: 4,
             writers: 4,
+            partial_max_age: Duration::from_secs(24 * 3600),
+            partial_scan_interval: Duration::from_secs(3600),
         }
     }
 }
@@ -103,6 +109,13 @@ impl Server {
         self.listener.local_addr()
     }
 
+    /// Counts the leftovers of interrupted transfers under the root and removes those older
+    /// than `partial_max_age` (a blocking walk of the tree).
+    pub fn scan_partials(&self) -> ferry_core::partials::PartialReport {
+        let c = &self.shared.config;
+        ferry_core::partials::scan(&c.root, c.partial_max_age, std::time::SystemTime::now())
+    }
+
     /// Serves until `shutdown` resolves, then stops accepting, tells every session to end, and
     /// waits (bounded) for them.
     pub async fn run(self, shutdown: impl Future<Output = ()>) {
@@ -111,11 +124,32 @@ impl Server {
         let mut tasks = JoinSet::new();
         tokio::pin!(shutdown);
         let mut backoff = Duration::from_millis(10);
+        let mut scan = tokio::time::interval(self.shared.config.partial_scan_interval);
+        scan.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        scan.tick().await; // the first tick is immediate; the caller scans at start
         loop {
             let accepted = tokio::select! {
                 a = self.listener.accept() => a,
                 _ = &mut shutdown => break,
                 Some(_) = tasks.join_next() => continue,
+                _ = scan.tick() => {
+                    let c = self.shared.config.clone();
+                    tasks.spawn(async move {
+                        let now = std::time::SystemTime::now();
+                        let r = tokio::task::spawn_blocking(move || {
+                            ferry_core::partials::scan(&c.root, c.partial_max_age, now)
+                        })
+                        .await;
+                        if let Ok(r) = r {
+                            info!(
+                                kept_files = r.kept_files, kept_bytes = r.kept_bytes,
+                                removed_files = r.removed_files, removed_bytes = r.removed_bytes,
+                                "partial transfers scanned"
+                            );
+                        }
+                    });
+                    continue;
+                }
             };
             let (stream, peer) = match accepted {
                 Ok(x) => {
@@ -347,14 +381,17 @@ async fn control_session(shared: &Shared, mut stream: TcpStream) -> Result<(), S
             permits: _permits,
         } => {
             let (tx, rx) = flume::bounded(opts.streams as usize * 2);
+            let (ctl_tx, ctl_rx) = flume::unbounded();
             let config = SenderConfig {
                 block_size: opts.block_size,
                 checksum: opts.checksum,
                 readers: shared.config.readers,
                 corrupt_blocks: Vec::new(),
+                digest_cache: Arc::default(),
             };
-            let sender = Sender::start(vec![source], config, tx, Arc::new(NoReporter));
-            let result = drive_sender(stream, data, sender, rx, Arc::new(NoReporter), limits).await;
+            let sender = Sender::start(vec![source], config, tx, ctl_tx, Arc::new(NoReporter));
+            let reporter = Arc::new(NoReporter);
+            let result = drive_sender(stream, data, sender, rx, ctl_rx, reporter, limits).await;
             let (summary, _, _, sender) = result?;
             let _ = tokio::task::spawn_blocking(move || sender.finish()).await;
             info!(files = summary.files, bytes = summary.bytes, "get complete");
@@ -395,6 +432,7 @@ async fn prepare(
                 existing: opts.existing,
                 checksum: opts.checksum,
                 tag: session.0,
+                block_size: opts.block_size,
             };
             let receiver = Receiver::new(dest, config, tx, Arc::new(NoReporter))?;
             let (data, permits) = gather(shared, stream, session, secret, &opts).await?;

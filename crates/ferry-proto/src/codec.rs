@@ -17,10 +17,11 @@ use bytes::{BufMut, Bytes, BytesMut};
 
 use crate::error::DecodeError;
 use crate::frame::{
-    Block, Capabilities, ChecksumAlgo, CompleteSummary, EntryKind, ErrorCode, ExistingPolicy,
-    FileId, FileMeta, Frame, FrameType, ListEntry, Role, SessionId, TransferOpts, HEADER_LEN,
-    MAGIC, MAX_BLOCK_DATA, MAX_DIGEST, MAX_LIST_ENTRIES, MAX_MESSAGE, MAX_PATH, MAX_STREAMS,
-    MAX_TOKEN, MIN_BLOCK_SIZE,
+    Block, Capabilities, ChecksumAlgo, CompleteSummary, Decision, EntryKind, ErrorCode,
+    ExistingPolicy, FileDecision, FileId, FileMeta, Frame, FrameType, ListEntry, OfferEntry, Role,
+    SessionId, TransferOpts, HEADER_LEN, MAGIC, MAX_BLOCK_DATA, MAX_DIGEST, MAX_LIST_ENTRIES,
+    MAX_MESSAGE, MAX_OFFER_ENTRIES, MAX_PATH, MAX_RESUME_RANGES, MAX_STREAMS, MAX_TOKEN,
+    MIN_BLOCK_SIZE,
 };
 
 const ROLE_CONTROL: u8 = 0;
@@ -89,6 +90,8 @@ impl Frame {
             Frame::Sent { .. } => FrameType::SENT,
             Frame::Resend { .. } => FrameType::RESEND,
             Frame::Skipped { .. } => FrameType::SKIPPED,
+            Frame::Offer { .. } => FrameType::OFFER,
+            Frame::Decisions { .. } => FrameType::DECISIONS,
             Frame::FileFailed { .. } => FrameType::FILE_FAILED,
             Frame::Complete(_) => FrameType::COMPLETE,
         }
@@ -172,6 +175,8 @@ impl Frame {
                 failed: r.u64("failed")?,
                 bad_blocks: r.u64("bad_blocks")?,
             }),
+            FrameType::OFFER => decode_offer(&mut r)?,
+            FrameType::DECISIONS => decode_decisions(&mut r)?,
             _ => return Err(DecodeError::UnknownFrameType(ty.0)),
         };
         r.finish(ty)?;
@@ -321,6 +326,23 @@ impl Frame {
             }) => {
                 for n in [files, bytes, skipped, failed, bad_blocks] {
                     out.put_u64(*n);
+                }
+            }
+            Frame::Offer { entries } => {
+                out.put_u16(wire_len(entries.len(), "offer entries"));
+                for e in entries {
+                    out.put_u64(e.file.0);
+                    put_str(out, &e.path);
+                    out.put_u64(e.size);
+                    out.put_u32(e.mode);
+                    out.put_i64(e.mtime_ns);
+                }
+            }
+            Frame::Decisions { entries } => {
+                out.put_u16(wire_len(entries.len(), "decisions"));
+                for e in entries {
+                    out.put_u64(e.file.0);
+                    put_decision(out, &e.decision);
                 }
             }
         }
@@ -489,6 +511,102 @@ fn decode_list_entries(r: &mut Reader<'_>) -> Result<Frame, DecodeError> {
         });
     }
     Ok(Frame::ListEntries { entries })
+}
+
+fn put_decision(out: &mut BytesMut, decision: &Decision) {
+    match decision {
+        Decision::Send => out.put_u8(0),
+        Decision::Resume { have } => {
+            out.put_u8(1);
+            out.put_u16(wire_len(have.len(), "resume ranges"));
+            for (start, end) in have {
+                out.put_u64(*start);
+                out.put_u64(*end);
+            }
+        }
+        Decision::Complete { digest } => {
+            out.put_u8(2);
+            out.put_u8(wire_len(digest.len(), "digest"));
+            out.put_slice(digest);
+        }
+        Decision::Skip => out.put_u8(3),
+        Decision::Fail { code, message } => {
+            out.put_u8(4);
+            out.put_u16(code.0);
+            put_message(out, message);
+        }
+    }
+}
+
+/// Reads an entry count and checks it against its bound before anything is allocated.
+fn count(r: &mut Reader<'_>, field: &'static str, max: usize) -> Result<usize, DecodeError> {
+    let n = usize::from(r.u16(field)?);
+    if n > max {
+        return Err(DecodeError::TooLong { field, len: n, max });
+    }
+    Ok(n)
+}
+
+/// Smallest encoded offer entry: id, empty path, size, mode, mtime.
+const MIN_OFFER_LEN: usize = 8 + 2 + 8 + 4 + 8;
+
+fn decode_offer(r: &mut Reader<'_>) -> Result<Frame, DecodeError> {
+    let n = count(r, "count", MAX_OFFER_ENTRIES)?;
+    let mut entries = Vec::with_capacity(n.min(r.remaining() / MIN_OFFER_LEN));
+    for _ in 0..n {
+        entries.push(OfferEntry {
+            file: FileId(r.u64("file")?),
+            path: r.str("path", MAX_PATH)?,
+            size: r.u64("size")?,
+            mode: r.u32("mode")?,
+            mtime_ns: r.i64("mtime_ns")?,
+        });
+    }
+    Ok(Frame::Offer { entries })
+}
+
+fn decode_decisions(r: &mut Reader<'_>) -> Result<Frame, DecodeError> {
+    let n = count(r, "count", MAX_OFFER_ENTRIES)?;
+    // Smallest entry: an id and a one-byte decision.
+    let mut entries = Vec::with_capacity(n.min(r.remaining() / 9));
+    for _ in 0..n {
+        let file = FileId(r.u64("file")?);
+        let decision = match r.u8("decision")? {
+            0 => Decision::Send,
+            1 => {
+                let ranges = count(r, "ranges", MAX_RESUME_RANGES)?;
+                let mut have = Vec::with_capacity(ranges.min(r.remaining() / 16));
+                for _ in 0..ranges {
+                    let (start, end) = (r.u64("range_start")?, r.u64("range_end")?);
+                    if start >= end {
+                        return Err(DecodeError::Inconsistent {
+                            field: "range_end",
+                            reason: "a range must not be empty or reversed",
+                        });
+                    }
+                    have.push((start, end));
+                }
+                Decision::Resume { have }
+            }
+            2 => {
+                let len = usize::from(r.u8("digest_len")?);
+                if len == 0 || len > MAX_DIGEST {
+                    return Err(invalid("digest_len", len as u64));
+                }
+                Decision::Complete {
+                    digest: r.bytes(len, "digest")?,
+                }
+            }
+            3 => Decision::Skip,
+            4 => Decision::Fail {
+                code: ErrorCode(r.u16("code")?),
+                message: r.str("message", MAX_MESSAGE)?,
+            },
+            other => return Err(invalid("decision", other)),
+        };
+        entries.push(FileDecision { file, decision });
+    }
+    Ok(Frame::Decisions { entries })
 }
 
 fn decode_block(r: &mut Reader<'_>) -> Result<Block, DecodeError> {

@@ -37,6 +37,13 @@ pub const MAX_DIGEST: usize = 64;
 /// Most entries one `ListEntries` frame may hold; longer listings are split over several frames.
 pub const MAX_LIST_ENTRIES: usize = 1024;
 
+/// Most files one `Offer` or `Decisions` frame may name; longer runs use several frames.
+pub const MAX_OFFER_ENTRIES: usize = 256;
+
+/// Most byte ranges one `Decision::Resume` may list. A receiver whose partial file is more
+/// fragmented lists the first ones; the sender sends the rest again, which is safe.
+pub const MAX_RESUME_RANGES: usize = 1024;
+
 /// Longest token, in bytes.
 pub const MAX_TOKEN: usize = 256;
 
@@ -68,6 +75,8 @@ impl FrameType {
     pub const SKIPPED: Self = Self(0x32);
     pub const FILE_FAILED: Self = Self(0x33);
     pub const COMPLETE: Self = Self(0x34);
+    pub const OFFER: Self = Self(0x35);
+    pub const DECISIONS: Self = Self(0x36);
 
     /// The largest payload a frame of this type may declare, or `None` for an unknown type.
     /// Checked on the header alone, before any payload is read or allocated.
@@ -89,7 +98,9 @@ impl FrameType {
             | Self::RESEND
             | Self::SKIPPED
             | Self::FILE_FAILED
-            | Self::COMPLETE => Some(MAX_CONTROL_PAYLOAD),
+            | Self::COMPLETE
+            | Self::OFFER
+            | Self::DECISIONS => Some(MAX_CONTROL_PAYLOAD),
             _ => None,
         }
     }
@@ -114,6 +125,8 @@ impl FrameType {
             Self::SKIPPED => "skipped",
             Self::FILE_FAILED => "file_failed",
             Self::COMPLETE => "complete",
+            Self::OFFER => "offer",
+            Self::DECISIONS => "decisions",
             _ => "unknown",
         }
     }
@@ -238,6 +251,41 @@ pub struct Block {
     pub data: Bytes,
 }
 
+/// A file the sender is about to send, announced before any of its data so the receiver can
+/// say what it already has.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OfferEntry {
+    pub file: FileId,
+    pub path: String,
+    pub size: u64,
+    pub mode: u32,
+    pub mtime_ns: i64,
+}
+
+/// What the receiver wants of an offered file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Decision {
+    /// Send all of it.
+    Send,
+    /// A partial copy holds these verified byte ranges `[start, end)`: send the rest, and
+    /// always the block that ends the file (it carries the file digest).
+    Resume { have: Vec<(u64, u64)> },
+    /// A file with this size and mtime is already there with this digest: if the sender's
+    /// digest is the same it sends `Skipped`, otherwise the whole file.
+    Complete { digest: Bytes },
+    /// It exists and the transfer skips existing files: send nothing.
+    Skip,
+    /// It cannot be stored: send nothing.
+    Fail { code: ErrorCode, message: String },
+}
+
+/// The receiver's answer for one offered file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FileDecision {
+    pub file: FileId,
+    pub decision: Decision,
+}
+
 /// Summary the receiver returns once every file is final.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct CompleteSummary {
@@ -312,7 +360,8 @@ pub enum Frame {
         offset: u64,
         len: u32,
     },
-    /// Receiver skips this file (it exists); the sender may stop reading it.
+    /// Sender to receiver, on a data connection: the file the receiver reported `Complete` is
+    /// identical on both ends, so nothing more comes for it.
     Skipped {
         file: FileId,
     },
@@ -322,6 +371,14 @@ pub enum Frame {
         message: String,
     },
     Complete(CompleteSummary),
+    /// Sender announces files (control), ahead of their data; pipelined, never awaited per file.
+    Offer {
+        entries: Vec<OfferEntry>,
+    },
+    /// Receiver answers offers (control).
+    Decisions {
+        entries: Vec<FileDecision>,
+    },
 }
 
 /// Error code carried on the wire in `Error` and `FileFailed`.

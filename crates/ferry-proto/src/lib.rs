@@ -11,6 +11,7 @@
 mod codec;
 mod error;
 mod frame;
+pub mod journal;
 
 pub use codec::FrameHeader;
 pub use error::{negotiate_version, DecodeError, ProtocolError};

@@ -233,6 +233,54 @@ fn frame() -> impl Strategy<Value = Frame> {
                 })
             })
             .boxed(),
+        vec(
+            (
+                any::<u64>(),
+                text(),
+                any::<u64>(),
+                any::<u32>(),
+                any::<i64>()
+            )
+                .prop_map(|(file, path, size, mode, mtime_ns)| OfferEntry {
+                    file: FileId(file),
+                    path,
+                    size,
+                    mode,
+                    mtime_ns,
+                }),
+            0..20,
+        )
+        .prop_map(|entries| Frame::Offer { entries })
+        .boxed(),
+        vec(
+            (any::<u64>(), decision()).prop_map(|(file, decision)| FileDecision {
+                file: FileId(file),
+                decision
+            }),
+            0..20,
+        )
+        .prop_map(|entries| Frame::Decisions { entries })
+        .boxed(),
+    ]
+}
+
+fn decision() -> impl Strategy<Value = Decision> {
+    prop_oneof![
+        Just(Decision::Send),
+        vec((0u64..u64::MAX - 1, 1u64..1 << 40), 0..30).prop_map(|v| Decision::Resume {
+            have: v
+                .into_iter()
+                .map(|(s, l)| (s, s.saturating_add(l).max(s + 1)))
+                .collect()
+        }),
+        vec(any::<u8>(), 1..=MAX_DIGEST).prop_map(|d| Decision::Complete {
+            digest: Bytes::from(d)
+        }),
+        Just(Decision::Skip),
+        (any::<u16>(), text()).prop_map(|(code, message)| Decision::Fail {
+            code: ErrorCode(code),
+            message
+        }),
     ]
 }
 
@@ -445,6 +493,38 @@ fn sample_frames() -> Vec<Frame> {
             failed: 1,
             bad_blocks: 0,
         }),
+        Frame::Offer {
+            entries: vec![OfferEntry {
+                file: FileId(4),
+                path: "run42/a.bin".into(),
+                size: 1 << 30,
+                mode: 0o644,
+                mtime_ns: 1_700_000_000_000_000_000,
+            }],
+        },
+        Frame::Decisions {
+            entries: vec![
+                FileDecision {
+                    file: FileId(4),
+                    decision: Decision::Resume {
+                        have: vec![(0, 8 << 20), (16 << 20, 24 << 20)],
+                    },
+                },
+                FileDecision {
+                    file: FileId(5),
+                    decision: Decision::Complete {
+                        digest: Bytes::from_static(&[0xab; 32]),
+                    },
+                },
+                FileDecision {
+                    file: FileId(6),
+                    decision: Decision::Fail {
+                        code: ErrorCode::EXISTS,
+                        message: "exists".into(),
+                    },
+                },
+            ],
+        },
     ]
 }
 
@@ -452,7 +532,7 @@ fn sample_frames() -> Vec<Frame> {
 fn samples_cover_every_frame_type() {
     let mut types: Vec<u8> = sample_frames().iter().map(|f| f.frame_type().0).collect();
     types.dedup();
-    assert_eq!(types.len(), 17);
+    assert_eq!(types.len(), 19);
     for ty in 0..=u8::MAX {
         assert_eq!(
             FrameType(ty).max_payload().is_some(),

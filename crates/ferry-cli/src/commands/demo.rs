@@ -204,6 +204,7 @@ pub async fn run(args: DemoArgs, quiet: bool) -> Result<ExitCode> {
         token: Some(token),
         config: None,
         connect_timeout: 15,
+        retry_for: "0".into(),
     };
     let remote = Remote {
         host: "127.0.0.1".into(),

@@ -74,7 +74,9 @@ fn finish(
             let retry = e.is_retryable();
             let error = anyhow::Error::new(e).context("transfer failed");
             if retry {
-                let hint = "the problem may be temporary; run the same command again".to_owned();
+                let hint = "the problem may be temporary; run the same command again to resume: \
+                            files already stored and verified blocks of partial files are kept"
+                    .to_owned();
                 return Err(anyhow::Error::new(crate::Hinted { error, hint }));
             }
             return Err(error);
@@ -150,6 +152,7 @@ async fn ls(args: LsArgs) -> Result<ExitCode> {
         connect_timeout: std::time::Duration::from_secs(15),
         idle_timeout: std::time::Duration::from_secs(60),
         corrupt_blocks: Vec::new(),
+        retry_for: std::time::Duration::ZERO,
     };
     let entries = ferry_net::client::list(&cfg, &remote.path)
         .await

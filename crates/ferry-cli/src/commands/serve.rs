@@ -103,12 +103,24 @@ pub async fn run(args: ServeArgs, quiet: bool) -> Result<ExitCode> {
     config.max_connections = args.max_connections.max(1);
     config.max_streams = args.max_streams.max(1);
     config.idle_timeout = Duration::from_secs(args.idle_timeout.max(5));
+    config.partial_max_age = crate::config::parse_duration(&args.partial_max_age).map_err(usage)?;
     let server = Server::bind(addr, config)
         .await
         .with_context(|| format!("cannot listen on {addr}"))?;
     let local = server.local_addr()?;
     if !quiet {
         eprintln!("ferry: serving {} on {local}", args.root.display());
+    }
+    let report = server.scan_partials();
+    if !quiet && (report.kept_files > 0 || report.removed_files > 0) {
+        eprintln!(
+            "ferry: interrupted transfers hold {} in {} files (kept for resume); removed {} in {} files older than {}",
+            crate::progress::human_bytes(report.kept_bytes),
+            report.kept_files,
+            crate::progress::human_bytes(report.removed_bytes),
+            report.removed_files,
+            args.partial_max_age
+        );
     }
     server.run(shutdown_signal()).await;
     if !quiet {

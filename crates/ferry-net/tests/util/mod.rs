@@ -31,7 +31,11 @@ impl TestServer {
     }
 
     pub async fn start_with(f: impl FnOnce(&mut ServerConfig)) -> Self {
-        let dir = tempfile::tempdir().unwrap();
+        Self::start_in(tempfile::tempdir().unwrap(), f).await
+    }
+
+    /// Like `start_with`, with the server's root inside `dir` (which the server then owns).
+    pub async fn start_in(dir: tempfile::TempDir, f: impl FnOnce(&mut ServerConfig)) -> Self {
         let root = dir.path().join("root");
         std::fs::create_dir(&root).unwrap();
         let mut config = ServerConfig::new(&root, TOKEN);
@@ -56,22 +60,7 @@ impl TestServer {
     }
 
     pub fn client(&self) -> ClientConfig {
-        ClientConfig {
-            server: self.addr.to_string(),
-            token: TOKEN.into(),
-            opts: TransferOpts {
-                streams: 4,
-                block_size: BLOCK,
-                checksum: ChecksumAlgo::Blake3,
-                existing: ExistingPolicy::Fail,
-                tcp_window: 0,
-            },
-            readers: 3,
-            writers: 3,
-            connect_timeout: Duration::from_secs(5),
-            idle_timeout: Duration::from_secs(20),
-            corrupt_blocks: Vec::new(),
-        }
+        client_config(self.addr.to_string())
     }
 
     pub async fn stop(mut self) {
@@ -84,6 +73,27 @@ impl TestServer {
                 .expect("server stops")
                 .unwrap();
         }
+    }
+}
+
+/// The client configuration the tests use, for any server address (a fake server's too).
+pub fn client_config(server: String) -> ClientConfig {
+    ClientConfig {
+        server,
+        token: TOKEN.into(),
+        opts: TransferOpts {
+            streams: 4,
+            block_size: BLOCK,
+            checksum: ChecksumAlgo::Blake3,
+            existing: ExistingPolicy::Fail,
+            tcp_window: 0,
+        },
+        readers: 3,
+        writers: 3,
+        connect_timeout: Duration::from_secs(5),
+        idle_timeout: Duration::from_secs(20),
+        corrupt_blocks: Vec::new(),
+        retry_for: Duration::ZERO,
     }
 }
 
@@ -171,4 +181,242 @@ pub fn leftovers(root: &Path) -> Vec<String> {
         .into_keys()
         .filter(|k| k.contains(".ferry-"))
         .collect()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Raw protocol access, for tests that play a misbehaving peer, and cheap tree inspection.
+
+/// A bare TCP connection that speaks frames, with every read bounded in time.
+pub struct Raw {
+    pub stream: tokio::net::TcpStream,
+}
+
+/// What a bounded read of one frame found.
+#[derive(Debug)]
+pub enum Read {
+    Frame(ferry_proto::Frame),
+    /// The peer closed (EOF at a frame boundary, or a reset).
+    Closed,
+    TimedOut,
+}
+
+impl Raw {
+    pub async fn connect(addr: SocketAddr) -> Self {
+        let stream =
+            tokio::time::timeout(Duration::from_secs(5), tokio::net::TcpStream::connect(addr))
+                .await
+                .expect("connect in time")
+                .expect("connect");
+        Self { stream }
+    }
+
+    pub fn from_stream(stream: tokio::net::TcpStream) -> Self {
+        Self { stream }
+    }
+
+    pub async fn send(&mut self, frame: &ferry_proto::Frame) -> std::io::Result<()> {
+        let mut buf = bytes::BytesMut::new();
+        frame.encode(&mut buf);
+        self.send_bytes(&buf).await
+    }
+
+    pub async fn send_bytes(&mut self, b: &[u8]) -> std::io::Result<()> {
+        use tokio::io::AsyncWriteExt;
+        self.stream.write_all(b).await?;
+        self.stream.flush().await
+    }
+
+    /// Reads one frame, waiting at most `within`. A malformed frame panics: tests only read
+    /// frames from ferry, which must be well-formed.
+    pub async fn recv(&mut self, within: Duration) -> Read {
+        use tokio::io::AsyncReadExt;
+        let fut = async {
+            let mut head = [0u8; ferry_proto::HEADER_LEN];
+            match self.stream.read_exact(&mut head).await {
+                Ok(_) => {}
+                Err(_) => return Read::Closed,
+            }
+            let header = ferry_proto::FrameHeader::parse(&head).expect("valid frame header");
+            let mut payload = vec![0u8; header.len as usize];
+            if self.stream.read_exact(&mut payload).await.is_err() {
+                return Read::Closed;
+            }
+            Read::Frame(ferry_proto::Frame::decode(header.ty, payload.into()).expect("valid frame"))
+        };
+        tokio::time::timeout(within, fut)
+            .await
+            .unwrap_or(Read::TimedOut)
+    }
+
+    /// Reads one frame that must arrive within `within`.
+    pub async fn expect(&mut self, within: Duration) -> ferry_proto::Frame {
+        match self.recv(within).await {
+            Read::Frame(f) => f,
+            other => panic!("expected a frame, got {other:?}"),
+        }
+    }
+
+    /// Reads (and discards) until the peer closes; false if it is still open after `within`.
+    pub async fn closed_within(&mut self, within: Duration) -> bool {
+        use tokio::io::AsyncReadExt;
+        let fut = async {
+            let mut buf = [0u8; 4096];
+            loop {
+                match self.stream.read(&mut buf).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(_) => {}
+                }
+            }
+        };
+        tokio::time::timeout(within, fut).await.is_ok()
+    }
+}
+
+pub fn hello_control(token: &str) -> ferry_proto::Frame {
+    ferry_proto::Frame::Hello {
+        version: ferry_proto::PROTOCOL_VERSION,
+        capabilities: ferry_proto::Capabilities::ours(),
+        role: ferry_proto::Role::Control {
+            token: token.into(),
+        },
+    }
+}
+
+pub fn hello_data(
+    session: ferry_proto::SessionId,
+    secret: [u8; 32],
+    stream: u16,
+) -> ferry_proto::Frame {
+    ferry_proto::Frame::Hello {
+        version: ferry_proto::PROTOCOL_VERSION,
+        capabilities: ferry_proto::Capabilities::ours(),
+        role: ferry_proto::Role::Data {
+            session,
+            secret,
+            stream,
+        },
+    }
+}
+
+/// Transfer options with one stream and BLAKE3, for raw sessions.
+pub fn raw_opts(existing: ExistingPolicy) -> TransferOpts {
+    TransferOpts {
+        streams: 1,
+        block_size: BLOCK,
+        checksum: ChecksumAlgo::Blake3,
+        existing,
+        tcp_window: 0,
+    }
+}
+
+/// A well-formed block of file `id` at `path`: correct XXH3-128 block digest, and, when it ends
+/// the file, the file's BLAKE3 digest (`whole` is the whole file's content).
+pub fn raw_block(
+    id: u64,
+    path: &str,
+    whole: &[u8],
+    offset: usize,
+    len: usize,
+) -> ferry_proto::Frame {
+    let data = bytes::Bytes::copy_from_slice(&whole[offset..offset + len]);
+    let last = offset + len == whole.len();
+    ferry_proto::Frame::Block(ferry_proto::Block {
+        file: ferry_proto::FileMeta {
+            id: ferry_proto::FileId(id),
+            path: path.into(),
+            size: whole.len() as u64,
+            mode: 0o644,
+            mtime_ns: 1_600_000_000_000_000_000,
+        },
+        offset: offset as u64,
+        digest: xxhash_rust::xxh3::xxh3_128(&data),
+        file_digest: last.then(|| bytes::Bytes::copy_from_slice(blake3::hash(whole).as_bytes())),
+        data,
+    })
+}
+
+/// Every path under `root` (names only, symlinks not followed), sorted; cheap enough to poll.
+pub fn names(root: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        let Ok(rd) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for e in rd.flatten() {
+            let p = e.path();
+            out.push(p.strip_prefix(root).unwrap().to_string_lossy().into_owned());
+            if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+                stack.push(p);
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// Names of ferry temporary files under `root`, without reading any content.
+pub fn temp_names(root: &Path) -> Vec<String> {
+    names(root)
+        .into_iter()
+        .filter(|n| n.rsplit('/').next().unwrap_or("").starts_with(".ferry-"))
+        .collect()
+}
+
+/// Whether any regular file under `root` contains `needle` (symlinks are not followed).
+pub fn any_file_contains(root: &Path, needle: &[u8]) -> bool {
+    names(root).iter().any(|n| {
+        let p = root.join(n);
+        let is_file = std::fs::symlink_metadata(&p)
+            .map(|m| m.file_type().is_file())
+            .unwrap_or(false);
+        is_file
+            && std::fs::read(&p)
+                .map(|d| d.windows(needle.len()).any(|w| w == needle))
+                .unwrap_or(false)
+    })
+}
+
+/// A temp dir on tmpfs (`/dev/shm`) when there is one, else the usual one: trees of thousands
+/// of files are built and removed in a fraction of the time a disk shared with other jobs takes.
+pub fn fast_tempdir() -> tempfile::TempDir {
+    let shm = Path::new("/dev/shm");
+    if shm.is_dir() {
+        if let Ok(d) = tempfile::tempdir_in(shm) {
+            return d;
+        }
+    }
+    tempfile::tempdir().unwrap()
+}
+
+/// The `Offer` a sender makes before the data of a `Block` frame's file.
+pub fn offer_of(block: &ferry_proto::Frame) -> ferry_proto::Frame {
+    let ferry_proto::Frame::Block(b) = block else {
+        panic!("offer_of takes a Block frame")
+    };
+    ferry_proto::Frame::Offer {
+        entries: vec![ferry_proto::OfferEntry {
+            file: b.file.id,
+            path: b.file.path.clone(),
+            size: b.file.size,
+            mode: b.file.mode,
+            mtime_ns: b.file.mtime_ns,
+        }],
+    }
+}
+
+/// Sends a block the way a real sender does: offer its file on the control connection, wait
+/// for the receiver's decision (returned), then send the data on `data`.
+pub async fn send_offered(
+    control: &mut Raw,
+    data: &mut Raw,
+    block: ferry_proto::Frame,
+) -> Vec<ferry_proto::FileDecision> {
+    control.send(&offer_of(&block)).await.unwrap();
+    let decisions = match control.expect(Duration::from_secs(10)).await {
+        ferry_proto::Frame::Decisions { entries } => entries,
+        other => panic!("expected Decisions, got {other:?}"),
+    };
+    data.send(&block).await.unwrap();
+    decisions
 }
