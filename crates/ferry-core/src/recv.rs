@@ -849,10 +849,7 @@ impl Receiver {
             .and_then(|rel| self.dir(&rel).map(|_| rel))
         {
             Ok(rel) => lock(&self.dir_meta).push((rel, mode, mtime_ns)),
-            Err(e) => {
-                self.counters.failed.fetch_add(1, Ordering::Relaxed);
-                self.error(format!("directory {path}: {e}"));
-            }
+            Err(e) => self.entry_failed(path, e.code(), format!("directory {path}: {e}")),
         }
         self.counters.dirs.fetch_add(1, Ordering::Relaxed);
         self.check_complete();
@@ -860,11 +857,22 @@ impl Receiver {
 
     fn handle_symlink(&self, path: &str, target: &str, mtime_ns: i64) {
         if let Err(msg) = self.make_symlink(path, target, mtime_ns) {
-            self.counters.failed.fetch_add(1, Ordering::Relaxed);
-            self.error(msg);
+            self.entry_failed(path, ErrorCode::IO, msg);
         }
         self.counters.symlinks.fetch_add(1, Ordering::Relaxed);
         self.check_complete();
+    }
+
+    /// A directory or symlink could not be made: counted, and the sender is told why.
+    fn entry_failed(&self, path: &str, code: ErrorCode, message: String) {
+        self.counters.failed.fetch_add(1, Ordering::Relaxed);
+        self.error(message.clone());
+        let path = path.to_owned();
+        let _ = self.control.send(Frame::EntryFailed {
+            path,
+            code,
+            message,
+        });
     }
 
     fn make_symlink(&self, path: &str, target: &str, mtime_ns: i64) -> Result<(), String> {

@@ -152,6 +152,7 @@ pub(crate) async fn drive_sender(
             f = ctrl_rx.recv() => match f {
                 Some(Ok(Frame::Resend { file, offset, len })) => sender.resend(file, offset, len),
                 Some(Ok(Frame::Decisions { entries })) => sender.decide(entries),
+                Some(Ok(Frame::EntryFailed { message, .. })) => remote_errors.push(message),
                 Some(Ok(Frame::FileFailed { file, message, .. })) => {
                     sender.skip(file);
                     remote_errors.push(message);

@@ -139,7 +139,7 @@ async fn until_complete(c: &mut Raw) -> (Vec<u64>, ferry_proto::CompleteSummary)
                 failed.sort();
                 return (failed, s);
             }
-            Frame::Skipped { .. } | Frame::Resend { .. } => {}
+            Frame::Skipped { .. } | Frame::Resend { .. } | Frame::EntryFailed { .. } => {}
             Frame::Decisions { entries } => failed.extend(fail_ids(&entries)),
             other => panic!("unexpected frame {other:?}"),
         }

@@ -92,6 +92,7 @@ impl Frame {
             Frame::Skipped { .. } => FrameType::SKIPPED,
             Frame::Offer { .. } => FrameType::OFFER,
             Frame::Decisions { .. } => FrameType::DECISIONS,
+            Frame::EntryFailed { .. } => FrameType::ENTRY_FAILED,
             Frame::FileFailed { .. } => FrameType::FILE_FAILED,
             Frame::Complete(_) => FrameType::COMPLETE,
         }
@@ -177,6 +178,11 @@ impl Frame {
             }),
             FrameType::OFFER => decode_offer(&mut r)?,
             FrameType::DECISIONS => decode_decisions(&mut r)?,
+            FrameType::ENTRY_FAILED => Frame::EntryFailed {
+                path: r.str("path", MAX_PATH)?,
+                code: ErrorCode(r.u16("code")?),
+                message: r.str("message", MAX_MESSAGE)?,
+            },
             _ => return Err(DecodeError::UnknownFrameType(ty.0)),
         };
         r.finish(ty)?;
@@ -337,6 +343,15 @@ impl Frame {
                     out.put_u32(e.mode);
                     out.put_i64(e.mtime_ns);
                 }
+            }
+            Frame::EntryFailed {
+                path,
+                code,
+                message,
+            } => {
+                put_str(out, path);
+                out.put_u16(code.0);
+                put_message(out, message);
             }
             Frame::Decisions { entries } => {
                 out.put_u16(wire_len(entries.len(), "decisions"));

@@ -77,6 +77,7 @@ impl FrameType {
     pub const COMPLETE: Self = Self(0x34);
     pub const OFFER: Self = Self(0x35);
     pub const DECISIONS: Self = Self(0x36);
+    pub const ENTRY_FAILED: Self = Self(0x37);
 
     /// The largest payload a frame of this type may declare, or `None` for an unknown type.
     /// Checked on the header alone, before any payload is read or allocated.
@@ -100,7 +101,8 @@ impl FrameType {
             | Self::FILE_FAILED
             | Self::COMPLETE
             | Self::OFFER
-            | Self::DECISIONS => Some(MAX_CONTROL_PAYLOAD),
+            | Self::DECISIONS
+            | Self::ENTRY_FAILED => Some(MAX_CONTROL_PAYLOAD),
             _ => None,
         }
     }
@@ -127,6 +129,7 @@ impl FrameType {
             Self::COMPLETE => "complete",
             Self::OFFER => "offer",
             Self::DECISIONS => "decisions",
+            Self::ENTRY_FAILED => "entry_failed",
             _ => "unknown",
         }
     }
@@ -378,6 +381,12 @@ pub enum Frame {
     /// Receiver answers offers (control).
     Decisions {
         entries: Vec<FileDecision>,
+    },
+    /// Receiver could not create a directory or symlink (control): the sender reports why.
+    EntryFailed {
+        path: String,
+        code: ErrorCode,
+        message: String,
     },
 }
 

@@ -261,6 +261,13 @@ fn frame() -> impl Strategy<Value = Frame> {
         )
         .prop_map(|entries| Frame::Decisions { entries })
         .boxed(),
+        (text(), any::<u16>(), text())
+            .prop_map(|(path, code, message)| Frame::EntryFailed {
+                path,
+                code: ErrorCode(code),
+                message
+            })
+            .boxed(),
     ]
 }
 
@@ -502,6 +509,11 @@ fn sample_frames() -> Vec<Frame> {
                 mtime_ns: 1_700_000_000_000_000_000,
             }],
         },
+        Frame::EntryFailed {
+            path: "run42/link".into(),
+            code: ErrorCode::EXISTS,
+            message: "exists".into(),
+        },
         Frame::Decisions {
             entries: vec![
                 FileDecision {
@@ -532,7 +544,7 @@ fn sample_frames() -> Vec<Frame> {
 fn samples_cover_every_frame_type() {
     let mut types: Vec<u8> = sample_frames().iter().map(|f| f.frame_type().0).collect();
     types.dedup();
-    assert_eq!(types.len(), 19);
+    assert_eq!(types.len(), 20);
     for ty in 0..=u8::MAX {
         assert_eq!(
             FrameType(ty).max_payload().is_some(),
