@@ -484,6 +484,10 @@ fn tcp_window_fixes_socket_buffers() {
         CMD_TIMEOUT,
     );
     assert_code(&out, 0);
+    assert!(
+        out.stderr.contains("disables the kernel's TCP autotuning"),
+        "using the option warns: {out:?}"
+    );
     let v = one_json(&out.stdout);
     // Linux caps SO_SNDBUF at net.core.wmem_max and reports twice what was set.
     let cap = |f: &str| -> u64 {

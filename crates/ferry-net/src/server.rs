@@ -538,6 +538,12 @@ async fn gather(
         joined += 1;
     }
     let (data, permits): (Vec<TcpStream>, Vec<Permit>) = slots.into_iter().flatten().unzip();
+    if opts.tcp_window > 0 {
+        warn!(
+            window = opts.tcp_window,
+            "client asked for fixed socket buffers: TCP autotuning is off for this session's data connections"
+        );
+    }
     for s in &data {
         if let Err(e) = set_window(s, opts.tcp_window) {
             warn!("cannot set TCP window: {e}");
