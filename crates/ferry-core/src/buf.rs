@@ -3,8 +3,9 @@
 //! A block buffer is megabytes; the allocator serves such sizes with fresh `mmap`s, so every
 //! block would cost thousands of page faults and the kernel zeroing each page (seen as
 //! `clear_page_erms` at the top of a profile). Buffers are instead returned here when the last
-//! `Bytes` slice of them is dropped and handed out again. The pool is bounded in bytes, so it
-//! never holds more than a few blocks' worth of memory beyond what is in flight.
+//! `Bytes` slice of them is dropped and handed out again. The pool is bounded in bytes (a few
+//! blocks' worth beyond what is in flight), and a server empties it with [`release`] when it
+//! has no session left, so an idle daemon does not sit on the memory of its last burst.
 
 use std::sync::Mutex;
 
@@ -12,10 +13,16 @@ use bytes::Bytes;
 
 /// Buffers smaller than this come from the allocator as usual: it recycles them cheaply.
 const MIN_POOLED: usize = 256 << 10;
-/// Most memory the pool keeps idle.
-const MAX_POOLED_BYTES: usize = 256 << 20;
+/// Most memory the pool keeps idle: eight default-sized blocks.
+const MAX_POOLED_BYTES: usize = 64 << 20;
 
 static POOL: Mutex<Vec<Vec<u8>>> = Mutex::new(Vec::new());
+
+/// Gives every idle buffer back to the allocator.
+pub fn release() {
+    let idle = std::mem::take(&mut *POOL.lock().unwrap_or_else(|e| e.into_inner()));
+    drop(idle);
+}
 
 /// An empty buffer with room for at least `cap` bytes, recycled when possible.
 pub fn take(cap: usize) -> Vec<u8> {

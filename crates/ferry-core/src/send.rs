@@ -635,11 +635,17 @@ fn stream_file(shared: &Shared, record: &FileRecord, have: &[(u64, u64)]) -> boo
         let mut data = match read_block(&file, offset, len) {
             Ok(d) => d,
             Err(e) => {
-                return shared.fail_file(
-                    record,
-                    ErrorCode::IO,
-                    format!("reading {}: {e}", meta.path),
-                )
+                // A file that shrank under us is a changed file, not a broken disk.
+                let now = rustix::fs::fstat(&file).map(|st| Meta::from_stat(&st)).ok();
+                let msg = if now != Some(before) {
+                    format!(
+                        "{} changed while being sent; not stored; run again to send it",
+                        meta.path
+                    )
+                } else {
+                    format!("reading {}: {e}", meta.path)
+                };
+                return shared.fail_file(record, ErrorCode::IO, msg);
             }
         };
         hasher.update(&data);

@@ -84,6 +84,45 @@ struct Shared {
     config: ServerConfig,
     root: Root,
     pending: Mutex<HashMap<SessionId, Pending>>,
+    /// Sessions running now; when the last ends, idle buffers go back to the system.
+    active: std::sync::atomic::AtomicUsize,
+}
+
+/// Counts a running session; the last one to end releases idle block buffers, so a daemon
+/// between bursts does not keep hundreds of MiB it no longer needs.
+struct ActiveSession<'a>(&'a Shared);
+
+impl<'a> ActiveSession<'a> {
+    fn enter(shared: &'a Shared) -> Self {
+        shared
+            .active
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        Self(shared)
+    }
+}
+
+impl Drop for ActiveSession<'_> {
+    fn drop(&mut self) {
+        if self
+            .0
+            .active
+            .fetch_sub(1, std::sync::atomic::Ordering::AcqRel)
+            == 1
+        {
+            ferry_core::buf::release();
+            trim_heap();
+        }
+    }
+}
+
+/// Asks the C allocator to return freed memory to the system (glibc keeps large freed chunks
+/// in its arenas otherwise).
+fn trim_heap() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim has no preconditions; it only walks the allocator's own free lists.
+    unsafe {
+        libc::malloc_trim(0);
+    }
 }
 
 pub struct Server {
@@ -101,6 +140,7 @@ impl Server {
                 config,
                 root,
                 pending: Mutex::default(),
+                active: Default::default(),
             }),
         })
     }
@@ -338,6 +378,7 @@ enum Work {
 }
 
 async fn control_session(shared: &Shared, mut stream: TcpStream) -> Result<(), SessionError> {
+    let _active = ActiveSession::enter(shared);
     let session = SessionId(u64::from_le_bytes(random()));
     let secret = random::<32>();
     // Errors before the transfer starts are reported here; the engines report their own.
