@@ -359,14 +359,7 @@ pub(crate) async fn drive_receiver(
             res
         }
         Err(e) => {
-            let _ = send(
-                &mut ctrl_w,
-                &Frame::Error {
-                    code: e.code(),
-                    message: e.to_string(),
-                },
-            )
-            .await;
+            let _ = send(&mut ctrl_w, &e.to_frame()).await;
             Err(e)
         }
     };

@@ -49,6 +49,14 @@ impl SessionError {
         }
     }
 
+    /// The frame that tells the peer why the session ends.
+    pub fn to_frame(&self) -> ferry_proto::Frame {
+        ferry_proto::Frame::Error {
+            code: self.code(),
+            message: self.to_string(),
+        }
+    }
+
     /// The code to send to the peer when this error ends a session.
     pub fn code(&self) -> ErrorCode {
         match self {

@@ -278,14 +278,7 @@ async fn handle(
     {
         Ok(Ok(role)) => role,
         Ok(Err(e)) => {
-            let _ = send(
-                &mut stream,
-                &Frame::Error {
-                    code: e.code(),
-                    message: e.to_string(),
-                },
-            )
-            .await;
+            let _ = send(&mut stream, &e.to_frame()).await;
             return Err(e);
         }
         Err(_) => return Err(SessionError::Timeout("waiting for Hello")),
@@ -386,14 +379,7 @@ async fn control_session(shared: &Shared, mut stream: TcpStream) -> Result<(), S
         Ok(w) => w,
         Err(e) => {
             if !matches!(e, SessionError::Io(_) | SessionError::Closed(_)) {
-                let _ = send(
-                    &mut stream,
-                    &Frame::Error {
-                        code: e.code(),
-                        message: e.to_string(),
-                    },
-                )
-                .await;
+                let _ = send(&mut stream, &e.to_frame()).await;
             }
             return Err(e);
         }
