@@ -714,7 +714,6 @@ fn killed_client_leaves_only_temp_files_which_expire() {
         .wait_for(Duration::from_secs(5))
         .expect("killed client reaped");
     let after_kill = names(&root);
-    let killed_at = Instant::now();
     let partial: u64 = after_kill
         .iter()
         .filter_map(|n| fs::metadata(root.join(n)).ok())
