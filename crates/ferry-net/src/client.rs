@@ -430,39 +430,22 @@ fn report(
 
 /// A local path to send: its parent becomes the root, its name the top entry.
 fn local_source(p: &Path) -> Result<Source, SessionError> {
-    let abs = std::path::absolute(p).map_err(|e| FsError::io(p.display().to_string(), e))?;
-    let canon_parent;
-    let (parent, name) = match (abs.parent(), abs.file_name()) {
-        (Some(parent), Some(name)) if name != ".." => (parent, name.to_owned()),
-        _ => {
-            // `.`, `..` or `/`: name it after what it resolves to.
-            let c =
-                std::fs::canonicalize(&abs).map_err(|e| FsError::io(p.display().to_string(), e))?;
-            let name = c
-                .file_name()
-                .map(|n| n.to_owned())
-                .unwrap_or_else(|| "root".into());
-            canon_parent = c
-                .parent()
-                .map(Path::to_path_buf)
-                .unwrap_or_else(|| PathBuf::from("/"));
-            (canon_parent.as_path(), name)
-        }
+    let err = |e: std::io::Error| SessionError::from(FsError::io(p.display().to_string(), e));
+    // `absolute` drops `.` components but keeps `..`: a path ending in `..` (or `/`) is named
+    // after the directory it resolves to.
+    let mut abs = std::path::absolute(p).map_err(err)?;
+    if abs.file_name().is_none() {
+        abs = std::fs::canonicalize(&abs).map_err(err)?;
+    }
+    let (Some(parent), Some(name)) = (abs.parent(), abs.file_name()) else {
+        return Err(err(std::io::Error::other(
+            "cannot send `/` itself; name a directory below it",
+        )));
     };
-    let name = name.into_string().map_err(|n| {
-        FsError::io(
-            format!("{n:?}"),
-            std::io::Error::other("file name is not UTF-8"),
-        )
-    })?;
-    let name = if name == "." {
-        std::fs::canonicalize(&abs)
-            .ok()
-            .and_then(|c| c.file_name().and_then(|n| n.to_str().map(str::to_owned)))
-            .unwrap_or_else(|| "root".into())
-    } else {
-        name
-    };
+    let name = name
+        .to_str()
+        .ok_or_else(|| err(std::io::Error::other("file name is not UTF-8")))?
+        .to_owned();
     let root = Root::open(parent)?;
     // Fails early with a clear message when the source does not exist.
     root.lstat(&name)?;
@@ -499,4 +482,21 @@ fn local_destination(dest: &Path) -> Result<Destination, SessionError> {
         base: String::new(),
         rename_top: Some(name.to_owned()),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    #[test]
+    fn sources_are_named_after_what_they_resolve_to() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(d.path().join("a/b")).unwrap();
+        let name = |p: &Path| super::local_source(p).unwrap().name;
+        assert_eq!(name(&d.path().join("a/b/")), "b");
+        assert_eq!(name(&d.path().join("a/./b")), "b");
+        assert_eq!(name(&d.path().join("a/b/..")), "a");
+        assert!(super::local_source(Path::new("/")).is_err());
+        assert!(super::local_source(&d.path().join("missing")).is_err());
+    }
 }
