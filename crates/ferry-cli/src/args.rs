@@ -35,6 +35,53 @@ pub enum Command {
     /// Start a local server on loopback, generate a data set, transfer and verify it, and print
     /// the throughput.
     Demo(DemoArgs),
+    /// Measure what limits a transfer on this host: CPU, NICs, TCP settings, digest and
+    /// AES-GCM speed (`host`), or a file system's read/write behaviour (`disk PATH`).
+    #[command(subcommand)]
+    Probe(ProbeCommand),
+}
+
+#[derive(Subcommand, Debug)]
+pub enum ProbeCommand {
+    /// CPUs, NUMA, NICs and IRQ affinity, TCP limits with advice, per-core digest and AES speed.
+    Host(ProbeHostArgs),
+    /// Read/write throughput against threads, request size and issue order; small-file create
+    /// rate; fsync latency. Works in a temporary directory under PATH, removed afterwards.
+    Disk(ProbeDiskArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct ProbeHostArgs {
+    /// Round-trip time the TCP advice is computed for, in milliseconds.
+    #[arg(long, default_value_t = 100.0)]
+    pub rtt_ms: f64,
+    /// Rate to aim for, in Mbit/s (default: the fastest NIC that is up, else 10 Gbit/s).
+    #[arg(long)]
+    pub target_mbps: Option<f64>,
+    /// Shorter speed measurements.
+    #[arg(long)]
+    pub quick: bool,
+    /// Print the report as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct ProbeDiskArgs {
+    /// Directory on the file system to measure.
+    pub path: PathBuf,
+    /// A short sweep (seconds instead of a minute).
+    #[arg(long, conflicts_with = "full")]
+    pub quick: bool,
+    /// Every combination of threads, request size, issue order and I/O mode.
+    #[arg(long)]
+    pub full: bool,
+    /// Most threads to try.
+    #[arg(long)]
+    pub max_threads: Option<usize>,
+    /// Print the report as JSON.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Args, Debug)]

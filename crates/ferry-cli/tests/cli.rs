@@ -958,3 +958,38 @@ fn error_causes_are_printed_once() {
         "{out:?}"
     );
 }
+
+#[test]
+fn probe_host_and_disk_report_json_and_leave_nothing_behind() {
+    let sb = Sandbox::new();
+    let out = run(
+        sb.ferry().args(["probe", "host", "--quick", "--json"]),
+        CMD_TIMEOUT,
+    );
+    assert_code(&out, 0);
+    let v: serde_json::Value = serde_json::from_str(&out.stdout).expect("host report is JSON");
+    assert!(v["speeds"].as_array().is_some_and(|s| !s.is_empty()), "{v}");
+    assert!(v["tcp"].is_object(), "{v}");
+
+    let dir = sb.mkdir("disk");
+    let out = run(
+        sb.ferry()
+            .args(["probe", "disk", "--quick", "--max-threads", "2", "--json"])
+            .arg(&dir),
+        Duration::from_secs(120),
+    );
+    assert_code(&out, 0);
+    let v: serde_json::Value = serde_json::from_str(&out.stdout).expect("disk report is JSON");
+    let points = v["points"].as_array().expect("points");
+    assert!(!points.is_empty());
+    assert!(names(&dir).is_empty(), "probe left {:?}", names(&dir));
+    // Text form for people: a recommendation section.
+    let out = run(
+        sb.ferry()
+            .args(["probe", "disk", "--quick", "--max-threads", "1"])
+            .arg(&dir),
+        Duration::from_secs(120),
+    );
+    assert_code(&out, 0);
+    assert!(out.stdout.contains("recommendation"), "{}", out.stdout);
+}

@@ -1,6 +1,7 @@
 //! One function per subcommand.
 
 mod demo;
+mod probe;
 mod serve;
 
 use std::path::PathBuf;
@@ -23,6 +24,7 @@ pub async fn run(cli: Cli) -> Result<ExitCode> {
         Command::Get(a) => get(a, quiet).await,
         Command::Ls(a) => ls(a).await,
         Command::Demo(a) => demo::run(a, quiet).await,
+        Command::Probe(c) => probe::run(c, quiet).await,
     }
 }
 
