@@ -38,6 +38,8 @@ pub struct Meta {
 }
 
 impl Meta {
+    // The casts are no-ops on x86_64 but not on every target rustix supports.
+    #[allow(clippy::unnecessary_cast)]
     pub fn from_stat(st: &rfs::Stat) -> Self {
         let kind = match FileType::from_raw_mode(st.st_mode) {
             FileType::RegularFile => Kind::File,
