@@ -34,6 +34,10 @@ use crate::conn::{read_frame, send, write_frame};
 use crate::error::SessionError;
 use crate::tcp::{tcp_info, TcpInfo};
 
+/// How long a data connection holds a partly filled write buffer for more frames before it
+/// flushes: short enough not to matter to a round trip, long enough to coalesce small files.
+const FLUSH_LINGER: Duration = Duration::from_micros(500);
+
 /// How a data connection fared.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct StreamReport {
@@ -226,11 +230,26 @@ async fn send_stream(
             Ok(f) => f,
             Err(flume::TryRecvError::Disconnected) => break,
             Err(flume::TryRecvError::Empty) => {
-                // Nothing queued: push out what is buffered before waiting.
-                w.flush().await?;
-                tokio::select! {
-                    f = frames.recv_async() => match f { Ok(f) => f, Err(_) => break },
-                    _ = stop.wait_for(|s| *s) => break,
+                // Nothing queued. Small files arrive a few at a time from several readers:
+                // flushing at once sends each as its own few packets on every stream. Wait a
+                // moment for more to fill the buffer, then flush before waiting longer.
+                let more = if w.buffer().is_empty() {
+                    None
+                } else {
+                    tokio::time::timeout(FLUSH_LINGER, frames.recv_async())
+                        .await
+                        .ok()
+                };
+                match more {
+                    Some(Ok(f)) => f,
+                    Some(Err(_)) => break,
+                    None => {
+                        w.flush().await?;
+                        tokio::select! {
+                            f = frames.recv_async() => match f { Ok(f) => f, Err(_) => break },
+                            _ = stop.wait_for(|s| *s) => break,
+                        }
+                    }
                 }
             }
         };
