@@ -3,6 +3,9 @@
 # Idempotent; needs root (apt-get) only when something is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if [ -f scripts/netem-deps.sh ]; then
+if [ -f scripts/bench-deps.sh ]; then
+    # The emulated WAN bed, iperf3 and the plot font; peer tools only for real benchmark runs.
+    bash scripts/bench-deps.sh --no-peers
+elif [ -f scripts/netem-deps.sh ]; then
     bash scripts/netem-deps.sh
 fi

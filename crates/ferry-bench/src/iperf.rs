@@ -1,0 +1,107 @@
+//! iperf3's JSON: the receiver's per-interval goodput after the first seconds (slow start).
+//!
+//! `-O` is not used: iperf3 3.12's server mis-accounts the omitted second in `end.sum_received`
+//! (ferry-netem's README). The client runs `-t (T + omit)` and the bench drops the receiver's
+//! intervals that start before `omit` seconds itself. For a put (client sends) the receiver is
+//! the server, whose intervals come back with `--get-server-output` (server started with `-J`);
+//! for a get (`-R`) the receiver is the client.
+
+use anyhow::{bail, Context, Result};
+use serde_json::Value;
+
+use crate::report::median;
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct IperfResult {
+    /// Bytes received in the counted intervals over their seconds.
+    pub mean_mbps: f64,
+    /// Median of the counted 1-s intervals.
+    pub median_mbps: f64,
+    pub bytes: u64,
+    pub seconds: f64,
+    pub intervals: usize,
+}
+
+/// Parses the client's `-J --get-server-output` JSON.
+pub fn parse(json: &str, reverse: bool, omit_s: f64) -> Result<IperfResult> {
+    let v: Value = serde_json::from_str(json).context("iperf3 output is not JSON")?;
+    if let Some(e) = v.get("error").and_then(Value::as_str) {
+        bail!("iperf3: {e}");
+    }
+    let intervals = if reverse {
+        v.get("intervals")
+    } else {
+        v.get("server_output_json").and_then(|s| s.get("intervals"))
+    }
+    .and_then(Value::as_array)
+    .context("no receiver intervals in iperf3's JSON (server not started with -J?)")?;
+    let mut bytes = 0u64;
+    let mut secs = 0.0;
+    let mut rates = Vec::new();
+    for i in intervals {
+        let sum = i.get("sum").context("interval without sum")?;
+        let start = sum.get("start").and_then(Value::as_f64).unwrap_or(0.0);
+        let s = sum.get("seconds").and_then(Value::as_f64).unwrap_or(0.0);
+        let b = sum.get("bytes").and_then(Value::as_u64).unwrap_or(0);
+        // Skip slow start, and the stub interval iperf3 adds at the very end.
+        if start + 0.05 < omit_s || s < 0.5 {
+            continue;
+        }
+        bytes += b;
+        secs += s;
+        rates.push(b as f64 * 8.0 / s / 1e6);
+    }
+    if rates.is_empty() || secs <= 0.0 {
+        bail!("iperf3 reported no intervals after the first {omit_s} s");
+    }
+    Ok(IperfResult {
+        mean_mbps: bytes as f64 * 8.0 / secs / 1e6,
+        median_mbps: median(&rates).unwrap_or(0.0),
+        bytes,
+        seconds: secs,
+        intervals: rates.len(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn interval(start: f64, secs: f64, mbit: f64) -> Value {
+        let bytes = (mbit * 1e6 / 8.0 * secs) as u64;
+        serde_json::json!({"streams": [], "sum": {"start": start, "end": start + secs,
+            "seconds": secs, "bytes": bytes, "bits_per_second": mbit * 1e6, "omitted": false}})
+    }
+
+    #[test]
+    fn receiver_intervals_after_omit() {
+        let server: Vec<Value> = vec![
+            interval(0.0, 1.0, 100.0),
+            interval(1.0, 1.0, 800.0),
+            interval(2.0, 1.0, 990.0),
+            interval(3.0, 1.0, 980.0),
+            interval(4.0, 1.0, 960.0),
+            interval(5.0, 0.002, 5000.0),
+        ];
+        let client: Vec<Value> = vec![interval(0.0, 1.0, 1.0)];
+        let j = serde_json::json!({"start": {}, "intervals": client, "end": {},
+            "server_output_json": {"intervals": server}});
+        let r = parse(&j.to_string(), false, 2.0).unwrap();
+        assert_eq!(r.intervals, 3);
+        assert!((r.mean_mbps - 976.67).abs() < 0.1, "{}", r.mean_mbps);
+        assert!((r.median_mbps - 980.0).abs() < 0.01);
+        // reverse: the client's intervals
+        let r = parse(&j.to_string(), true, 0.0).unwrap();
+        assert_eq!(r.intervals, 1);
+        assert!((r.mean_mbps - 1.0).abs() < 0.01);
+        assert!(parse(&j.to_string(), true, 2.0).is_err());
+    }
+
+    #[test]
+    fn errors_are_reported() {
+        let e = parse(r#"{"error": "unable to connect to server"}"#, false, 2.0).unwrap_err();
+        assert!(e.to_string().contains("unable to connect"));
+        assert!(parse("not json", false, 2.0).is_err());
+        assert!(parse(r#"{"intervals": []}"#, false, 2.0).is_err());
+    }
+}

@@ -1,0 +1,788 @@
+//! ferry-bench: ferry's throughput against streams, RTT, TCP regime, file size and block size on
+//! the emulated WAN bed (or against a real `ferry serve`), with iperf3 as the ceiling and the
+//! peer tools Debian packages (rsync, scp, XRootD, GridFTP) side by side. See BENCHMARKS.md.
+
+mod data;
+mod iperf;
+mod peers;
+mod plan;
+mod plot;
+mod report;
+mod runner;
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{bail, Context, Result};
+use clap::Parser;
+use serde::{Deserialize, Serialize};
+
+use plan::{parse_regime, parse_size, Dataset, Direction, Spec, Tool};
+use runner::{Options, Runner, Target};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "ferry-bench",
+    about = "Benchmark sweep: ferry (and peers) against streams, RTT, TCP regime, file and block size, with iperf3 as the ceiling",
+    after_help = "Presets: --quick (the default; a few minutes) and --full (hours). Any list flag \
+                  replaces the preset's list. Run as root from the repository root after \
+                  `cargo build --release -p ferry-cli` and `bash scripts/bench-deps.sh`."
+)]
+struct Cli {
+    /// RTT 0/50 ms, 1 Gbit/s, default regime, put, 100 MiB and 2,000 × 10 KiB, streams 1/4/8,
+    /// 16 MiB blocks, n = 3, rsync and scp when installed. The default.
+    #[arg(long, conflicts_with = "full")]
+    quick: bool,
+    /// Everything: RTT 0/50/100, 1 Gbit/s and uncapped, default and tuned, put and get,
+    /// 35M/100M/500M/1G, 10,000 × 10 KiB and the mixed tree, streams 1/2/3/4/8/16, blocks
+    /// 16M/4M/64M, all peers, the targets. Hours.
+    #[arg(long)]
+    full: bool,
+    /// RTTs in ms, e.g. 0,50,100.
+    #[arg(long, value_delimiter = ',')]
+    rtt: Option<Vec<String>>,
+    /// Link rates: 1gbit, 200mbit, unlimited.
+    #[arg(long, value_delimiter = ',')]
+    rate: Option<Vec<String>>,
+    /// TCP regimes: default, tuned.
+    #[arg(long, value_delimiter = ',')]
+    regime: Option<Vec<String>>,
+    /// put, get.
+    #[arg(long, value_delimiter = ',')]
+    direction: Option<Vec<String>>,
+    /// Single-file sizes (binary units): 35M,100M,500M,1G,5G; "none" for no single file.
+    #[arg(long, value_delimiter = ',')]
+    sizes: Option<Vec<String>>,
+    /// Trees: 10000x10K, 2000x10K, mixed (1,000 files, log-uniform 1 KiB–8 MiB), mixed:300;
+    /// "none" for no tree.
+    #[arg(long, value_delimiter = ',')]
+    trees: Option<Vec<String>>,
+    /// Stream counts, e.g. 1,2,3,4,8,16.
+    #[arg(long, value_delimiter = ',')]
+    streams: Option<Vec<u16>>,
+    /// Stream counts for the peers with streams (xrootd, gridftp), if not those of --streams.
+    #[arg(long, value_delimiter = ',')]
+    peer_streams: Option<Vec<u16>>,
+    /// ferry block sizes: 4M,16M,64M or "default" (ferry's own). Trees use the first.
+    #[arg(long, value_delimiter = ',')]
+    block_sizes: Option<Vec<String>>,
+    /// Peer tools: rsync, scp, xrootd, gridftp, "all" or "none". Those not installed are
+    /// reported, not run.
+    #[arg(long, value_delimiter = ',')]
+    peers: Option<Vec<String>>,
+    /// Do not run ferry (peers and iperf3 only).
+    #[arg(long)]
+    no_ferry: bool,
+    /// Do not measure the iperf3 ceiling.
+    #[arg(long)]
+    no_iperf3: bool,
+    /// Runs per point (the median is reported, with min and max).
+    #[arg(long)]
+    runs: Option<u32>,
+    /// Add the issue's two targets (ferry defaults, put, 1 Gbit/s, default regime: 1 GiB at RTT
+    /// 0/50/100; 10,000 × 10 KiB and one file of the same bytes at 100 ms).
+    #[arg(long)]
+    targets: bool,
+    /// Results directory (default target/bench/<UTC timestamp>).
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Where data sets are kept between invocations and destinations are written (default
+    /// target/bench/work, on disk).
+    #[arg(long)]
+    work: Option<PathBuf>,
+    /// Keep data and destinations on tmpfs (/dev/shm) to isolate the network from the disk.
+    #[arg(long, conflicts_with = "work")]
+    tmpfs: bool,
+    /// Before each run, drop the page cache (echo 1 > /proc/sys/vm/drop_caches): sources are read
+    /// from disk. Affects everything else on the machine.
+    #[arg(long)]
+    drop_caches: bool,
+    /// The ferry binary (default: next to ferry-bench, else target/release/ferry).
+    #[arg(long)]
+    ferry: Option<PathBuf>,
+    /// Seconds iperf3 measures after the slow-start seconds it skips (default 10; quick 5).
+    #[arg(long)]
+    iperf3_secs: Option<u32>,
+    /// Leading seconds of each iperf3 run not counted (slow start).
+    #[arg(long, default_value_t = 2)]
+    iperf3_omit: u32,
+    /// Run against a real `ferry serve` at HOST:PORT instead of the bed (ferry only; its root
+    /// gets /ferry-bench/{data,put-dest}).
+    #[arg(long)]
+    remote: Option<String>,
+    /// Token for --remote (else FERRY_TOKEN, else --token-file).
+    #[arg(long, env = "FERRY_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    #[arg(long)]
+    token_file: Option<PathBuf>,
+    /// An `iperf3 -s -J` on the remote host, HOST:PORT, for the ceiling.
+    #[arg(long)]
+    remote_iperf3: Option<String>,
+    /// Print the plan and an estimate of its duration, run nothing.
+    #[arg(long)]
+    dry_run: bool,
+    /// Remake medians.csv, summary.md and the plots from DIR/results.csv.
+    #[arg(long, value_name = "DIR")]
+    replot: Option<PathBuf>,
+    /// Longest one run may take (seconds); a case that times out is not run again, and its
+    /// row says so. Peers that pay round trips per file need this on trees at high RTT.
+    #[arg(long, default_value_t = 900)]
+    max_run_secs: u64,
+    /// Print each peer command.
+    #[arg(short, long)]
+    verbose: bool,
+}
+
+/// Context of a sweep, saved as meta.json so that --replot can rewrite the summary.
+#[derive(Serialize, Deserialize, Default)]
+struct Meta {
+    command: String,
+    started: String,
+    finished: String,
+    duration_s: f64,
+    machine: Vec<(String, String)>,
+    storage: String,
+    runs: u32,
+    peers: Vec<(String, bool, String, String)>,
+    notes: Vec<String>,
+}
+
+fn utc(secs: u64) -> (i64, u32, u32, u64) {
+    let days = (secs / 86_400) as i64;
+    let rem = secs % 86_400;
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    (y, m, d, rem)
+}
+
+fn now_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+fn stamp(secs: u64) -> String {
+    let (y, m, d, r) = utc(secs);
+    format!(
+        "{y:04}{m:02}{d:02}-{:02}{:02}{:02}",
+        r / 3600,
+        r % 3600 / 60,
+        r % 60
+    )
+}
+
+fn human_time(secs: u64) -> String {
+    let (y, m, d, r) = utc(secs);
+    format!(
+        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02} UTC",
+        r / 3600,
+        r % 3600 / 60,
+        r % 60
+    )
+}
+
+fn read_trim(p: &str) -> String {
+    std::fs::read_to_string(p)
+        .map(|s| s.split_whitespace().collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|_| "?".into())
+}
+
+fn machine() -> Vec<(String, String)> {
+    let mut m = Vec::new();
+    let cpu = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let model = cpu
+        .lines()
+        .find(|l| l.starts_with("model name"))
+        .and_then(|l| l.split_once(':'))
+        .map(|(_, v)| v.trim().to_owned())
+        .unwrap_or_else(|| "?".into());
+    let cores = cpu.lines().filter(|l| l.starts_with("processor")).count();
+    let flags = cpu
+        .lines()
+        .find(|l| l.starts_with("flags"))
+        .unwrap_or_default();
+    let simd: Vec<&str> = ["avx2", "avx512f", "aes", "sha_ni"]
+        .into_iter()
+        .filter(|f| flags.split_whitespace().any(|x| x == *f))
+        .collect();
+    m.push((
+        "cpu".into(),
+        format!("{model} × {cores} ({})", simd.join(", ")),
+    ));
+    let mem = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    if let Some(l) = mem.lines().find(|l| l.starts_with("MemTotal")) {
+        let kb: f64 = l
+            .split_whitespace()
+            .nth(1)
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.0);
+        m.push(("memory".into(), format!("{:.1} GiB", kb / 1024.0 / 1024.0)));
+    }
+    m.push(("kernel".into(), read_trim("/proc/sys/kernel/osrelease")));
+    for k in [
+        "net.ipv4.tcp_congestion_control",
+        "net.ipv4.tcp_rmem",
+        "net.ipv4.tcp_wmem",
+        "net.core.rmem_max",
+        "net.core.wmem_max",
+        "net.core.default_qdisc",
+    ] {
+        m.push((
+            format!("{k} (host)"),
+            read_trim(&format!("/proc/sys/{}", k.replace('.', "/"))),
+        ));
+    }
+    m.push(("load average at start".into(), read_trim("/proc/loadavg")));
+    m
+}
+
+fn parse_rtt(s: &str) -> Result<u32> {
+    let d = ferry_netem::parse_duration(s).map_err(anyhow::Error::msg)?;
+    Ok(d.as_millis() as u32)
+}
+
+fn build_spec(cli: &Cli) -> Result<Spec> {
+    let mut s = if cli.full {
+        Spec::full()
+    } else {
+        Spec::quick()
+    };
+    if let Some(v) = &cli.rtt {
+        s.rtts_ms = v.iter().map(|x| parse_rtt(x)).collect::<Result<_>>()?;
+    }
+    if let Some(v) = &cli.rate {
+        s.rates = v
+            .iter()
+            .map(|x| ferry_netem::parse_rate(x).map_err(anyhow::Error::msg))
+            .collect::<Result<_>>()?;
+    }
+    if let Some(v) = &cli.regime {
+        s.regimes = v
+            .iter()
+            .map(|x| parse_regime(x).map_err(anyhow::Error::msg))
+            .collect::<Result<_>>()?;
+    }
+    if let Some(v) = &cli.direction {
+        s.directions = v
+            .iter()
+            .map(|x| Direction::parse(x).map_err(anyhow::Error::msg))
+            .collect::<Result<_>>()?;
+    }
+    if cli.sizes.is_some() || cli.trees.is_some() {
+        let files: Vec<Dataset> = match &cli.sizes {
+            Some(v) if v.iter().any(|x| x == "none") => vec![],
+            Some(v) => v
+                .iter()
+                .map(|x| parse_size(x).map(|bytes| Dataset::File { bytes }))
+                .collect::<Result<_, String>>()
+                .map_err(anyhow::Error::msg)?,
+            None => s.datasets.iter().filter(|d| d.is_file()).cloned().collect(),
+        };
+        let trees: Vec<Dataset> = match &cli.trees {
+            Some(v) if v.iter().any(|x| x == "none") => vec![],
+            Some(v) => v
+                .iter()
+                .map(|x| Dataset::parse(x))
+                .collect::<Result<_, String>>()
+                .map_err(anyhow::Error::msg)?,
+            None => s
+                .datasets
+                .iter()
+                .filter(|d| !d.is_file())
+                .cloned()
+                .collect(),
+        };
+        if trees.iter().any(|d| d.is_file()) {
+            bail!("--trees takes trees (10000x10K, mixed); single files go in --sizes");
+        }
+        s.datasets = files.into_iter().chain(trees).collect();
+    }
+    if let Some(v) = &cli.streams {
+        if v.contains(&0) {
+            bail!("--streams: counts start at 1");
+        }
+        s.streams = v.clone();
+    }
+    if let Some(v) = &cli.peer_streams {
+        if v.is_empty() || v.contains(&0) {
+            bail!("--peer-streams: counts start at 1");
+        }
+        s.peer_streams = Some(v.clone());
+    }
+    if let Some(v) = &cli.block_sizes {
+        s.block_sizes = v
+            .iter()
+            .map(|x| {
+                if x == "default" {
+                    Ok(None)
+                } else {
+                    parse_size(x).map(Some).map_err(anyhow::Error::msg)
+                }
+            })
+            .collect::<Result<_>>()?;
+    }
+    if let Some(v) = &cli.peers {
+        s.peers = if v.iter().any(|x| x == "none") {
+            vec![]
+        } else if v.iter().any(|x| x == "all") {
+            Tool::PEERS.to_vec()
+        } else {
+            v.iter()
+                .map(|x| Tool::parse(x).map_err(anyhow::Error::msg))
+                .collect::<Result<_>>()?
+        };
+    }
+    if cli.no_ferry {
+        s.ferry = false;
+    }
+    if cli.no_iperf3 {
+        s.iperf3 = false;
+    }
+    if let Some(r) = cli.runs {
+        s.runs = r.max(1);
+    }
+    if cli.targets {
+        s.targets = true;
+    }
+    if s.datasets.is_empty() && !s.targets {
+        bail!("nothing to transfer: no --sizes and no --trees");
+    }
+    Ok(s)
+}
+
+fn find_ferry(cli: &Cli) -> Result<PathBuf> {
+    if let Some(p) = &cli.ferry {
+        if p.is_file() {
+            return Ok(p.canonicalize()?);
+        }
+        bail!("--ferry {}: no such file", p.display());
+    }
+    let mut cands: Vec<PathBuf> = Vec::new();
+    if let Ok(p) = std::env::var("FERRY_BIN") {
+        cands.push(p.into());
+    }
+    if let Ok(exe) = std::env::current_exe() {
+        if let Some(d) = exe.parent() {
+            cands.push(d.join("ferry"));
+        }
+    }
+    cands.push("target/release/ferry".into());
+    for c in &cands {
+        if c.is_file() {
+            return Ok(c.canonicalize()?);
+        }
+    }
+    if let Some(p) = ferry_netem::find_in_path("ferry") {
+        return Ok(p);
+    }
+    bail!(
+        "no ferry binary (tried {}); build it with `cargo build --release -p ferry-cli` or pass --ferry PATH",
+        cands
+            .iter()
+            .map(|c| c.display().to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    )
+}
+
+fn print_plan(p: &plan::Plan, iperf_secs: u32, verbose: bool) {
+    eprintln!(
+        "ferry-bench: {} links, {} runs in all ({} per point), about {:.0} min",
+        p.links.len(),
+        p.runs_total(),
+        p.runs,
+        p.estimate_secs(iperf_secs) / 60.0
+    );
+    for l in &p.links {
+        eprintln!(
+            "  {}: {} iperf3 points, {} cases",
+            l.link.label(),
+            l.iperf.len(),
+            l.cases.len()
+        );
+        if verbose {
+            for c in &l.cases {
+                eprintln!(
+                    "    {} {} {} streams={} block={}",
+                    c.tool,
+                    c.direction,
+                    c.dataset.label(),
+                    c.streams,
+                    c.block_label()
+                );
+            }
+        }
+    }
+}
+
+fn write_outputs(out: &Path, rows: &[report::Row], meta: &Meta) -> Result<()> {
+    let meds = report::medians(rows);
+    report::write_csv(&out.join("medians.csv"), &meds)?;
+    let plots_dir = out.join("plots");
+    let plots = match plot::plot_all(&meds, &plots_dir, meta.runs) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("ferry-bench: plots: {e:#}");
+            Vec::new()
+        }
+    };
+    let checks = report::targets(&meds);
+    let mut s = String::new();
+    let _ = writeln!(s, "# ferry-bench results\n");
+    let _ = writeln!(s, "Command: `{}`\n", meta.command);
+    let _ = writeln!(
+        s,
+        "Started {}, finished {} ({:.1} min). Each point ran {} times; the tables give the median \
+         (and min–max) of the runs that completed and verified. The machine is shared with other \
+         work, so single runs are noisy.\n",
+        meta.started,
+        meta.finished,
+        meta.duration_s / 60.0,
+        meta.runs
+    );
+    let _ = writeln!(s, "## Machine\n");
+    for (k, v) in &meta.machine {
+        let _ = writeln!(s, "- {k}: `{v}`");
+    }
+    let _ = writeln!(s, "- storage: {}", meta.storage);
+    let _ = writeln!(
+        s,
+        "\nMbit/s = bytes × 8 / (wall time of the client + a syncfs of the destination right \
+         after it exits) / 10⁶: the time until the data is durable, for every tool (ferry syncs \
+         before it renames, so its syncfs is ~0; peers that do not sync pay it there). Sources \
+         are generated once and stay in the page cache; `sync` runs before every run; the \
+         destination is emptied between runs. iperf3: receiver's goodput, the first \
+         seconds (slow start) not counted.\n"
+    );
+    let _ = writeln!(
+        s,
+        "## Targets (ferry defaults, put, 1 Gbit/s, default regime)\n"
+    );
+    let _ = writeln!(s, "{}", report::targets_markdown(&checks));
+    if !meta.peers.is_empty() {
+        let _ = writeln!(
+            s,
+            "## Peers\n\n| tool | status | version | how it runs |\n|---|---|---|---|"
+        );
+        for (t, ok, v, note) in &meta.peers {
+            let st = if *ok { "installed" } else { "not run" };
+            let _ = writeln!(s, "| {t} | {st} | {v} | {note} |");
+        }
+        let _ = writeln!(s);
+    }
+    if !meta.notes.is_empty() {
+        let _ = writeln!(s, "## Notes\n");
+        for n in &meta.notes {
+            let _ = writeln!(s, "- {n}");
+        }
+        let _ = writeln!(s);
+    }
+    let _ = writeln!(s, "## Medians\n");
+    let _ = writeln!(
+        s,
+        "`streams` default / `block` default = ferry's own defaults (no flag). \"vs best peer\": \
+         this median over the best peer's median for the same link, direction and data set."
+    );
+    s.push_str(&report::summary_tables(&meds));
+    if !plots.is_empty() {
+        let _ = writeln!(s, "\n## Plots\n");
+        for p in &plots {
+            let rel = p.strip_prefix(out).unwrap_or(p);
+            let _ = writeln!(s, "![{0}]({0})\n", rel.display());
+        }
+    }
+    std::fs::write(out.join("summary.md"), s)?;
+    std::fs::write(
+        out.join("targets.json"),
+        serde_json::to_string_pretty(&checks)?,
+    )?;
+    eprintln!("\n{}", report::targets_markdown(&checks));
+    eprintln!(
+        "ferry-bench: wrote {}/{{results.csv,medians.csv,summary.md}} and {} plots",
+        out.display(),
+        plots.len()
+    );
+    Ok(())
+}
+
+fn run(cli: Cli) -> Result<ExitCode> {
+    if let Some(dir) = &cli.replot {
+        let rows = report::read_rows(&dir.join("results.csv"))?;
+        let mut meta: Meta = std::fs::read_to_string(dir.join("meta.json"))
+            .ok()
+            .and_then(|t| serde_json::from_str(&t).ok())
+            .unwrap_or_default();
+        meta.runs = meta.runs.max(rows.iter().map(|r| r.run).max().unwrap_or(1));
+        write_outputs(dir, &rows, &meta)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    let spec = build_spec(&cli)?;
+    let iperf_secs = cli.iperf3_secs.unwrap_or(if cli.full { 10 } else { 5 });
+    let plan = plan::plan(&spec);
+    print_plan(&plan, iperf_secs, cli.verbose || cli.dry_run);
+    if cli.dry_run {
+        return Ok(ExitCode::SUCCESS);
+    }
+    let target = match &cli.remote {
+        None => {
+            if let Err(why) = ferry_netem::can_run() {
+                eprintln!("ferry-bench: the emulated bed cannot run here: {why}");
+                return Ok(ExitCode::from(2));
+            }
+            Target::Bed
+        }
+        Some(r) => {
+            let (host, port) = r.rsplit_once(':').context("--remote HOST:PORT")?;
+            let port: u16 = port.parse().context("--remote HOST:PORT: bad port")?;
+            let host = host.trim_start_matches('[').trim_end_matches(']');
+            let host = if host.contains(':') {
+                format!("[{host}]")
+            } else {
+                host.to_owned()
+            };
+            let token = match (&cli.token, &cli.token_file) {
+                (Some(t), _) => t.clone(),
+                (None, Some(f)) => std::fs::read_to_string(f)
+                    .with_context(|| format!("reading {}", f.display()))?
+                    .trim()
+                    .to_owned(),
+                (None, None) => bail!("--remote needs --token, FERRY_TOKEN or --token-file"),
+            };
+            let iperf3 = match &cli.remote_iperf3 {
+                Some(s) => {
+                    let (h, p) = s.rsplit_once(':').context("--remote-iperf3 HOST:PORT")?;
+                    Some((
+                        h.to_owned(),
+                        p.parse().context("--remote-iperf3: bad port")?,
+                    ))
+                }
+                None => None,
+            };
+            Target::Remote {
+                host,
+                port,
+                token,
+                iperf3,
+            }
+        }
+    };
+    let ferry = find_ferry(&cli)?;
+    let started = now_secs();
+    let out = cli
+        .out
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("target/bench").join(stamp(started)));
+    std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+    let out = out.canonicalize()?;
+    let (work, tmp_work) = if cli.tmpfs {
+        let w = PathBuf::from(format!("/dev/shm/ferry-bench-{}", std::process::id()));
+        (w.clone(), Some(w))
+    } else {
+        (
+            cli.work
+                .clone()
+                .unwrap_or_else(|| PathBuf::from("target/bench/work")),
+            None,
+        )
+    };
+    std::fs::create_dir_all(&work)?;
+    let work = work.canonicalize()?;
+    let storage = if cli.tmpfs {
+        format!("tmpfs ({}), both ends", work.display())
+    } else {
+        let fs = std::process::Command::new("df")
+            .args(["--output=source,fstype"])
+            .arg(&work)
+            .output()
+            .ok()
+            .map(|o| {
+                String::from_utf8_lossy(&o.stdout)
+                    .lines()
+                    .nth(1)
+                    .unwrap_or("")
+                    .split_whitespace()
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            })
+            .unwrap_or_default();
+        format!("disk ({}, {fs}), both ends share it", work.display())
+    } + if cli.drop_caches {
+        "; page cache dropped before every run"
+    } else {
+        "; sources warm in the page cache"
+    };
+    let mut peer_infos = BTreeMap::new();
+    if matches!(target, Target::Bed) {
+        for &t in &spec.peers {
+            let info = peers::probe(t);
+            if !info.installed {
+                eprintln!("ferry-bench: {t}: {}", info.note);
+            }
+            peer_infos.insert(t, info);
+        }
+    } else if !spec.peers.is_empty() {
+        eprintln!("ferry-bench: --remote runs ferry only; peers skipped");
+    }
+    let opts = Options {
+        ferry: ferry.clone(),
+        work: work.clone(),
+        out: out.clone(),
+        target: target.clone(),
+        iperf_secs,
+        iperf_omit: cli.iperf3_omit,
+        drop_caches: cli.drop_caches,
+        verbose: cli.verbose,
+        max_run: std::time::Duration::from_secs(cli.max_run_secs.max(1)),
+    };
+    let command = std::env::args().collect::<Vec<_>>().join(" ");
+    let mut meta = Meta {
+        command,
+        started: human_time(started),
+        machine: machine(),
+        storage,
+        runs: plan.runs,
+        ..Default::default()
+    };
+    meta.machine
+        .push(("ferry binary".into(), ferry.display().to_string()));
+    if let Target::Remote { host, port, .. } = &target {
+        meta.machine
+            .push(("remote".into(), format!("{host}:{port} (real network)")));
+    }
+    let t0 = Instant::now();
+    let mut runner = Runner::new(&opts, &plan, peer_infos)?;
+    let result = runner.prepare_data().and_then(|_| runner.run());
+    if let Err(e) = &result {
+        eprintln!("ferry-bench: {e:#}");
+        runner.notes.push(format!("sweep stopped: {e:#}"));
+    }
+    meta.finished = human_time(now_secs());
+    meta.duration_s = t0.elapsed().as_secs_f64();
+    meta.machine
+        .push(("load average at end".into(), read_trim("/proc/loadavg")));
+    meta.peers = runner
+        .peers
+        .values()
+        .map(|p| {
+            (
+                p.tool.name().to_owned(),
+                p.installed,
+                p.version.clone(),
+                p.note.clone(),
+            )
+        })
+        .collect();
+    meta.notes = runner.notes.clone();
+    std::fs::write(out.join("meta.json"), serde_json::to_string_pretty(&meta)?)?;
+    write_outputs(&out, &runner.rows, &meta)?;
+    if let Some(w) = tmp_work {
+        let _ = data::remove_path(&w);
+    }
+    let failed = runner.rows.iter().filter(|r| !r.ok()).count();
+    if failed > 0 {
+        eprintln!("ferry-bench: {failed} runs failed (see results.csv, error column)");
+    }
+    Ok(if result.is_err() {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("ferry-bench: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn verify_cli() {
+        Cli::command().debug_assert();
+    }
+
+    fn spec(args: &[&str]) -> Result<Spec> {
+        let mut v = vec!["ferry-bench"];
+        v.extend_from_slice(args);
+        build_spec(&Cli::try_parse_from(v)?)
+    }
+
+    #[test]
+    fn flags_change_the_preset() {
+        assert_eq!(spec(&[]).unwrap(), Spec::quick());
+        assert_eq!(spec(&["--full"]).unwrap(), Spec::full());
+        let s = spec(&[
+            "--rtt",
+            "0,20ms",
+            "--sizes",
+            "10M",
+            "--trees",
+            "none",
+            "--streams",
+            "1,2",
+            "--runs",
+            "1",
+            "--peers",
+            "none",
+            "--rate",
+            "unlimited,200mbit",
+            "--block-sizes",
+            "default,4M",
+            "--direction",
+            "get",
+        ])
+        .unwrap();
+        assert_eq!(s.rtts_ms, vec![0, 20]);
+        assert_eq!(s.datasets, vec![Dataset::File { bytes: 10 << 20 }]);
+        assert_eq!(s.streams, vec![1, 2]);
+        assert_eq!(s.runs, 1);
+        assert!(s.peers.is_empty());
+        assert_eq!(s.rates, vec![None, Some(200_000_000)]);
+        assert_eq!(s.block_sizes, vec![None, Some(4 << 20)]);
+        assert_eq!(s.directions, vec![Direction::Get]);
+        // --trees alone keeps the preset's files
+        let s = spec(&["--trees", "mixed:50"]).unwrap();
+        assert_eq!(
+            s.datasets,
+            vec![
+                Dataset::File { bytes: 100 << 20 },
+                Dataset::Mixed { files: 50 }
+            ]
+        );
+        assert!(spec(&["--trees", "1G"]).is_err());
+        assert!(spec(&["--streams", "0"]).is_err());
+        assert!(spec(&["--sizes", "none", "--trees", "none"]).is_err());
+        assert_eq!(
+            spec(&["--peers", "all"]).unwrap().peers,
+            Tool::PEERS.to_vec()
+        );
+        assert!(spec(&["--quick", "--full"]).is_err());
+    }
+
+    #[test]
+    fn timestamps() {
+        assert_eq!(stamp(0), "19700101-000000");
+        assert_eq!(stamp(1_700_000_000), "20231114-221320");
+        assert_eq!(human_time(1_700_000_000), "2023-11-14 22:13:20 UTC");
+    }
+}

@@ -1,0 +1,640 @@
+//! Results: one CSV row per run, medians per point, the markdown summary with ratios to
+//! iperf3 and to the best peer, and the two targets of the issue.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use serde::{Deserialize, Serialize};
+
+use crate::plan::{TARGET_FILE, TARGET_RTTS, TARGET_TREE, TARGET_TREE_FILE, TARGET_TREE_RTT};
+
+/// One run of one point (also one iperf3 run).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Row {
+    pub tool: String,
+    pub direction: String,
+    /// "1gbit", "uncapped", or "remote".
+    pub rate: String,
+    pub rtt_ms: u32,
+    /// "default", "tuned", or "remote".
+    pub regime: String,
+    /// Data set label; "memory" for iperf3.
+    pub dataset: String,
+    pub files: u64,
+    pub bytes: u64,
+    /// Requested; 0 = the tool's default.
+    pub streams: u16,
+    /// Passed to the tool (xrdcp takes at most 15); 0 = its default.
+    pub streams_used: u16,
+    pub block: String,
+    /// 1-based run index.
+    pub run: u32,
+    /// From starting the client to its exit, measured by the bench.
+    pub wall_s: f64,
+    /// A syncfs of the destination right after the client exited (what was not yet durable).
+    pub sync_s: f64,
+    /// The tool's own figure (ferry's JSON `seconds`), when it gives one.
+    pub tool_s: Option<f64>,
+    /// bytes × 8 / (wall_s + sync_s) / 1e6; for iperf3 the receiver's mean goodput.
+    pub mbps: f64,
+    /// bytes × 8 / tool_s / 1e6; for iperf3 the median 1-s interval.
+    pub tool_mbps: Option<f64>,
+    /// Size and BLAKE3 of the destination matched the source.
+    pub verified: bool,
+    pub error: String,
+    /// Unix time the run started.
+    pub started: u64,
+}
+
+impl Row {
+    pub fn ok(&self) -> bool {
+        self.error.is_empty() && self.verified && self.mbps > 0.0
+    }
+    fn key(&self) -> Key {
+        Key {
+            rate: self.rate.clone(),
+            regime: self.regime.clone(),
+            rtt_ms: self.rtt_ms,
+            direction: self.direction.clone(),
+            dataset: self.dataset.clone(),
+            tool: self.tool.clone(),
+            streams: self.streams,
+            block: self.block.clone(),
+        }
+    }
+}
+
+/// Identity of a point.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct Key {
+    pub rate: String,
+    pub regime: String,
+    pub rtt_ms: u32,
+    pub direction: String,
+    pub dataset: String,
+    pub tool: String,
+    pub streams: u16,
+    pub block: String,
+}
+
+impl Key {
+    fn link(&self) -> (String, String, u32, String) {
+        (
+            self.rate.clone(),
+            self.regime.clone(),
+            self.rtt_ms,
+            self.direction.clone(),
+        )
+    }
+}
+
+/// Medians of one point over its runs (failed runs are counted, not used).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Med {
+    pub tool: String,
+    pub direction: String,
+    pub rate: String,
+    pub rtt_ms: u32,
+    pub regime: String,
+    pub dataset: String,
+    pub files: u64,
+    pub bytes: u64,
+    pub streams: u16,
+    pub streams_used: u16,
+    pub block: String,
+    pub runs: u32,
+    pub ok_runs: u32,
+    pub mbps_median: f64,
+    pub mbps_min: f64,
+    pub mbps_max: f64,
+    /// Median of wall_s + sync_s (the time until the data was durable).
+    pub wall_s_median: f64,
+    pub sync_s_median: f64,
+    pub tool_s_median: Option<f64>,
+    pub all_verified: bool,
+    pub first_error: String,
+}
+
+impl Med {
+    pub fn key(&self) -> Key {
+        Key {
+            rate: self.rate.clone(),
+            regime: self.regime.clone(),
+            rtt_ms: self.rtt_ms,
+            direction: self.direction.clone(),
+            dataset: self.dataset.clone(),
+            tool: self.tool.clone(),
+            streams: self.streams,
+            block: self.block.clone(),
+        }
+    }
+    pub fn usable(&self) -> bool {
+        self.ok_runs > 0
+    }
+}
+
+/// Median (mean of the middle two for an even count); None when empty.
+pub fn median(v: &[f64]) -> Option<f64> {
+    if v.is_empty() {
+        return None;
+    }
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    let n = s.len();
+    Some(if n % 2 == 1 {
+        s[n / 2]
+    } else {
+        (s[n / 2 - 1] + s[n / 2]) / 2.0
+    })
+}
+
+pub fn medians(rows: &[Row]) -> Vec<Med> {
+    let mut groups: BTreeMap<Key, Vec<&Row>> = BTreeMap::new();
+    for r in rows {
+        groups.entry(r.key()).or_default().push(r);
+    }
+    // Keep the order in which points were first run.
+    let mut order: Vec<Key> = Vec::new();
+    for r in rows {
+        let k = r.key();
+        if !order.contains(&k) {
+            order.push(k);
+        }
+    }
+    order
+        .into_iter()
+        .map(|k| {
+            let g = &groups[&k];
+            let ok: Vec<&&Row> = g.iter().filter(|r| r.ok()).collect();
+            let mbps: Vec<f64> = ok.iter().map(|r| r.mbps).collect();
+            let wall: Vec<f64> = ok.iter().map(|r| r.wall_s + r.sync_s).collect();
+            let sync: Vec<f64> = ok.iter().map(|r| r.sync_s).collect();
+            let tool_s: Vec<f64> = ok.iter().filter_map(|r| r.tool_s).collect();
+            let first = g[0];
+            Med {
+                tool: k.tool.clone(),
+                direction: k.direction.clone(),
+                rate: k.rate.clone(),
+                rtt_ms: k.rtt_ms,
+                regime: k.regime.clone(),
+                dataset: k.dataset.clone(),
+                files: first.files,
+                bytes: first.bytes,
+                streams: k.streams,
+                streams_used: first.streams_used,
+                block: k.block.clone(),
+                runs: g.len() as u32,
+                ok_runs: ok.len() as u32,
+                mbps_median: median(&mbps).unwrap_or(0.0),
+                mbps_min: mbps.iter().copied().fold(f64::INFINITY, f64::min),
+                mbps_max: mbps.iter().copied().fold(0.0, f64::max),
+                wall_s_median: median(&wall).unwrap_or(0.0),
+                sync_s_median: median(&sync).unwrap_or(0.0),
+                tool_s_median: median(&tool_s),
+                all_verified: g.iter().all(|r| r.verified),
+                first_error: g
+                    .iter()
+                    .find(|r| !r.error.is_empty())
+                    .map(|r| r.error.clone())
+                    .unwrap_or_default(),
+            }
+        })
+        .map(|mut m| {
+            if !m.mbps_min.is_finite() || m.ok_runs == 0 {
+                m.mbps_min = 0.0;
+            }
+            m
+        })
+        .collect()
+}
+
+pub fn write_csv<T: Serialize>(path: &Path, items: &[T]) -> Result<()> {
+    let mut w = csv::Writer::from_path(path).with_context(|| format!("{}", path.display()))?;
+    for it in items {
+        w.serialize(it)?;
+    }
+    w.flush()?;
+    Ok(())
+}
+
+pub fn read_rows(path: &Path) -> Result<Vec<Row>> {
+    let mut r = csv::Reader::from_path(path).with_context(|| format!("{}", path.display()))?;
+    r.deserialize()
+        .collect::<Result<Vec<Row>, _>>()
+        .with_context(|| format!("parsing {}", path.display()))
+}
+
+/// Appends rows to a CSV file as they come (header when the file is new), so that an
+/// interrupted sweep keeps what it measured.
+pub struct CsvLog {
+    w: csv::Writer<std::fs::File>,
+}
+
+impl CsvLog {
+    pub fn create(path: &Path) -> Result<CsvLog> {
+        let f = std::fs::File::create(path).with_context(|| format!("{}", path.display()))?;
+        Ok(CsvLog {
+            w: csv::Writer::from_writer(f),
+        })
+    }
+    pub fn push(&mut self, row: &Row) -> Result<()> {
+        self.w.serialize(row)?;
+        self.w.flush()?;
+        Ok(())
+    }
+}
+
+/// Best iperf3 median on a link and direction: (Mbit/s, streams).
+pub fn iperf_best(
+    meds: &[Med],
+    rate: &str,
+    regime: &str,
+    rtt: u32,
+    dir: &str,
+) -> Option<(f64, u16)> {
+    meds.iter()
+        .filter(|m| {
+            m.tool == "iperf3"
+                && m.usable()
+                && m.rate == rate
+                && m.regime == regime
+                && m.rtt_ms == rtt
+                && m.direction == dir
+        })
+        .map(|m| (m.mbps_median, m.streams))
+        .max_by(|a, b| a.0.total_cmp(&b.0))
+}
+
+/// Best peer median for a link, direction and data set: (Mbit/s, tool, streams).
+pub fn best_peer<'a>(meds: &'a [Med], k: &Key) -> Option<&'a Med> {
+    meds.iter()
+        .filter(|m| {
+            m.tool != "ferry"
+                && m.tool != "iperf3"
+                && m.usable()
+                && m.rate == k.rate
+                && m.regime == k.regime
+                && m.rtt_ms == k.rtt_ms
+                && m.direction == k.direction
+                && m.dataset == k.dataset
+        })
+        .max_by(|a, b| a.mbps_median.total_cmp(&b.mbps_median))
+}
+
+/// Outcome of one target check.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct TargetCheck {
+    pub name: String,
+    /// None: not measured in this run.
+    pub pass: Option<bool>,
+    pub detail: String,
+}
+
+fn find<'a>(meds: &'a [Med], rtt: u32, dataset: &str) -> Option<&'a Med> {
+    meds.iter().find(|m| {
+        m.tool == "ferry"
+            && m.rate == "1gbit"
+            && m.regime == "default"
+            && m.direction == "put"
+            && m.rtt_ms == rtt
+            && m.dataset == dataset
+            && m.streams == 0
+            && m.block == "default"
+            && m.usable()
+    })
+}
+
+/// The issue's targets, on the 1 Gbit/s emulated link, default regime, ferry's defaults, put:
+/// (1) one 1 GiB file at ≥ 95% of iperf3's best at RTT 0, 50 and 100 ms; (2) 10,000 × 10 KiB at
+/// 100 ms in ≤ 1.5 × the wall time of one file of the same bytes.
+pub fn targets(meds: &[Med]) -> Vec<TargetCheck> {
+    let mut out = Vec::new();
+    for rtt in TARGET_RTTS {
+        let name = format!("1 GiB file at {rtt} ms: ≥ 95% of iperf3's best");
+        let f = find(meds, rtt, &TARGET_FILE.label());
+        let ip = iperf_best(meds, "1gbit", "default", rtt, "put");
+        let (pass, detail) = match (f, ip) {
+            (Some(f), Some((ip, s))) => {
+                let ratio = f.mbps_median / ip;
+                (
+                    Some(ratio >= 0.95),
+                    format!(
+                        "ferry {:.0} Mbit/s (min {:.0}, max {:.0}, n={}) = {:.1}% of iperf3 {:.0} Mbit/s (-P {s})",
+                        f.mbps_median,
+                        f.mbps_min,
+                        f.mbps_max,
+                        f.ok_runs,
+                        ratio * 100.0,
+                        ip
+                    ),
+                )
+            }
+            (None, _) => (None, "not measured (run with --targets)".into()),
+            (_, None) => (None, "no iperf3 figure for this link".into()),
+        };
+        out.push(TargetCheck { name, pass, detail });
+    }
+    let name =
+        format!("10,000 × 10 KiB at {TARGET_TREE_RTT} ms: wall ≤ 1.5 × one file of the same bytes");
+    let t = find(meds, TARGET_TREE_RTT, &TARGET_TREE.label());
+    let f = find(meds, TARGET_TREE_RTT, &TARGET_TREE_FILE.label());
+    let (pass, detail) = match (t, f) {
+        (Some(t), Some(f)) => {
+            let ratio = t.wall_s_median / f.wall_s_median;
+            (
+                Some(ratio <= 1.5),
+                format!(
+                    "tree {:.2} s vs one {} file {:.2} s = {:.2}×",
+                    t.wall_s_median,
+                    TARGET_TREE_FILE.label().trim_start_matches("file-"),
+                    f.wall_s_median,
+                    ratio
+                ),
+            )
+        }
+        _ => (None, "not measured (run with --targets)".into()),
+    };
+    out.push(TargetCheck { name, pass, detail });
+    out
+}
+
+/// "timed out after 140 s" → 140.
+pub fn timed_out_secs(error: &str) -> Option<f64> {
+    error
+        .strip_prefix("timed out after ")?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+fn fmt_streams(m: &Med) -> String {
+    if m.streams == 0 {
+        "default".into()
+    } else if m.streams_used != m.streams && m.streams_used != 0 {
+        format!("{} (as {})", m.streams, m.streams_used)
+    } else {
+        m.streams.to_string()
+    }
+}
+
+/// The markdown tables of medians, per link and direction.
+pub fn summary_tables(meds: &[Med]) -> String {
+    let mut s = String::new();
+    let mut links: Vec<(String, String, u32, String)> = Vec::new();
+    for m in meds {
+        let l = m.key().link();
+        if !links.contains(&l) {
+            links.push(l);
+        }
+    }
+    for (rate, regime, rtt, dir) in links {
+        let here: Vec<&Med> = meds
+            .iter()
+            .filter(|m| {
+                m.rate == rate && m.regime == regime && m.rtt_ms == rtt && m.direction == dir
+            })
+            .collect();
+        let _ = writeln!(s, "\n### {dir}, {rate}, RTT {rtt} ms, {regime} regime\n");
+        let ip = iperf_best(meds, &rate, &regime, rtt, &dir);
+        let ips: Vec<&&Med> = here.iter().filter(|m| m.tool == "iperf3").collect();
+        if !ips.is_empty() {
+            let list: Vec<String> = ips
+                .iter()
+                .map(|m| {
+                    if m.usable() {
+                        format!("-P {}: {:.0}", m.streams, m.mbps_median)
+                    } else {
+                        format!("-P {}: failed", m.streams)
+                    }
+                })
+                .collect();
+            let _ = writeln!(
+                s,
+                "iperf3 memory to memory (Mbit/s, median): {}{}\n",
+                list.join(", "),
+                ip.map(|(v, p)| format!(" — best {v:.0} (-P {p})"))
+                    .unwrap_or_default()
+            );
+        }
+        let _ = writeln!(
+            s,
+            "| data set | tool | streams | block | Mbit/s median | min–max | wall s | ok/runs | vs iperf3 best | vs best peer |"
+        );
+        let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|");
+        for m in here.iter().filter(|m| m.tool != "iperf3") {
+            let vs_ip = match ip {
+                Some((v, _)) if m.usable() => format!("{:.0}%", m.mbps_median / v * 100.0),
+                _ => "–".into(),
+            };
+            let vs_peer = match best_peer(meds, &m.key()) {
+                Some(p) if m.usable() => format!(
+                    "{:.2}× ({} {})",
+                    m.mbps_median / p.mbps_median,
+                    p.tool,
+                    fmt_streams(p)
+                ),
+                _ => "–".into(),
+            };
+            let (med, range, wall) = if m.usable() {
+                (
+                    format!("{:.0}", m.mbps_median),
+                    format!("{:.0}–{:.0}", m.mbps_min, m.mbps_max),
+                    format!("{:.2}", m.wall_s_median),
+                )
+            } else if let Some(secs) = timed_out_secs(&m.first_error) {
+                // A lower bound on the time, so an upper bound on the rate.
+                let bound = m.bytes as f64 * 8.0 / secs / 1e6;
+                (
+                    format!("< {bound:.1}"),
+                    format!("timed out after {secs:.0} s"),
+                    format!("> {secs:.0}"),
+                )
+            } else {
+                let e: String = m.first_error.chars().take(80).collect();
+                ("FAILED".into(), e.replace('|', "/"), "–".into())
+            };
+            let _ = writeln!(
+                s,
+                "| {} | {} | {} | {} | {} | {} | {} | {}/{} | {} | {} |",
+                m.dataset,
+                m.tool,
+                fmt_streams(m),
+                m.block,
+                med,
+                range,
+                wall,
+                m.ok_runs,
+                m.runs,
+                vs_ip,
+                vs_peer
+            );
+        }
+    }
+    s
+}
+
+pub fn targets_markdown(checks: &[TargetCheck]) -> String {
+    let mut s = String::from("| target | result | numbers |\n|---|---|---|\n");
+    for c in checks {
+        let r = match c.pass {
+            Some(true) => "PASS",
+            Some(false) => "MISS",
+            None => "not measured",
+        };
+        let _ = writeln!(s, "| {} | {} | {} |", c.name, r, c.detail);
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    pub(crate) fn row(tool: &str, rtt: u32, ds: &str, streams: u16, mbps: f64) -> Row {
+        Row {
+            tool: tool.into(),
+            direction: "put".into(),
+            rate: "1gbit".into(),
+            rtt_ms: rtt,
+            regime: "default".into(),
+            dataset: ds.into(),
+            files: 1,
+            bytes: 1 << 30,
+            streams,
+            streams_used: streams,
+            block: if tool == "ferry" {
+                "default".into()
+            } else {
+                "-".into()
+            },
+            run: 1,
+            wall_s: (1u64 << 30) as f64 * 8.0 / mbps / 1e6,
+            sync_s: 0.0,
+            tool_s: None,
+            mbps,
+            tool_mbps: None,
+            verified: true,
+            error: String::new(),
+            started: 0,
+        }
+    }
+
+    #[test]
+    fn median_odd_even_empty() {
+        assert_eq!(median(&[]), None);
+        assert_eq!(median(&[3.0]), Some(3.0));
+        assert_eq!(median(&[5.0, 1.0, 3.0]), Some(3.0));
+        assert_eq!(median(&[4.0, 1.0, 3.0, 2.0]), Some(2.5));
+    }
+
+    #[test]
+    fn medians_skip_failed_runs_and_keep_order() {
+        let mut rows = vec![
+            row("iperf3", 0, "memory", 4, 990.0),
+            row("ferry", 0, "file-1GiB", 0, 900.0),
+            row("ferry", 0, "file-1GiB", 0, 950.0),
+            row("ferry", 0, "file-1GiB", 0, 10.0),
+            row("ferry", 0, "file-1GiB", 0, 960.0),
+        ];
+        rows[3].verified = false;
+        rows[3].error = "digest mismatch".into();
+        let m = medians(&rows);
+        assert_eq!(m.len(), 2);
+        assert_eq!(m[0].tool, "iperf3");
+        let f = &m[1];
+        assert_eq!((f.runs, f.ok_runs), (4, 3));
+        assert_eq!(f.mbps_median, 950.0);
+        assert_eq!(f.mbps_min, 900.0);
+        assert_eq!(f.mbps_max, 960.0);
+        assert!(!f.all_verified);
+        assert_eq!(f.first_error, "digest mismatch");
+        // all failed: usable() false, zeros
+        let mut bad = row("scp", 0, "file-1GiB", 1, 100.0);
+        bad.error = "timeout".into();
+        let m = medians(&[bad]);
+        assert!(!m[0].usable());
+        assert_eq!(m[0].mbps_min, 0.0);
+    }
+
+    #[test]
+    fn csv_round_trip() {
+        let t = tempfile::tempdir().unwrap();
+        let p = t.path().join("r.csv");
+        let mut a = row("ferry", 50, "tree-10000x10KiB", 4, 123.5);
+        a.tool_s = Some(1.25);
+        a.error = "x, \"quoted\"\nline".into();
+        let b = row("rsync", 50, "tree-10000x10KiB", 1, 55.0);
+        let mut log = CsvLog::create(&p).unwrap();
+        log.push(&a).unwrap();
+        log.push(&b).unwrap();
+        drop(log);
+        let back = read_rows(&p).unwrap();
+        assert_eq!(back, vec![a, b]);
+        let meds = medians(&back);
+        let mp = t.path().join("m.csv");
+        write_csv(&mp, &meds).unwrap();
+        let text = std::fs::read_to_string(&mp).unwrap();
+        assert!(text.starts_with("tool,direction,rate,rtt_ms,regime,dataset,"));
+        let n = csv::Reader::from_path(&mp).unwrap().records().count();
+        assert_eq!(n, 2);
+    }
+
+    #[test]
+    fn summary_ratios_and_targets() {
+        let mut rows = Vec::new();
+        for rtt in [0, 50, 100] {
+            rows.push(row("iperf3", rtt, "memory", 1, 500.0));
+            rows.push(row("iperf3", rtt, "memory", 4, 980.0));
+            let f = if rtt == 100 { 900.0 } else { 960.0 };
+            rows.push(row("ferry", rtt, "file-1GiB", 0, f));
+            rows.push(row("rsync", rtt, "file-1GiB", 1, 400.0));
+            rows.push(row("scp", rtt, "file-1GiB", 1, 200.0));
+        }
+        let mut tree = row("ferry", 100, "tree-10000x10KiB", 0, 50.0);
+        tree.wall_s = 3.0;
+        tree.sync_s = 0.1;
+        let mut same = row("ferry", 100, "file-100000KiB", 0, 500.0);
+        same.wall_s = 2.0;
+        rows.push(tree);
+        rows.push(same);
+        let meds = medians(&rows);
+        let s = summary_tables(&meds);
+        assert!(s.contains("### put, 1gbit, RTT 50 ms, default regime"));
+        assert!(s.contains("best 980 (-P 4)"));
+        // ferry 960 / iperf3 980 = 98%; / rsync 400 = 2.40x
+        assert!(
+            s.contains("| file-1GiB | ferry | default | default | 960 | 960–960 |"),
+            "{s}"
+        );
+        assert!(s.contains("| 98% | 2.40× (rsync 1) |"), "{s}");
+        // the best peer against itself
+        assert!(s.contains("| 41% | 1.00× (rsync 1) |"), "{s}");
+        let t = targets(&meds);
+        assert_eq!(t.len(), 4);
+        assert_eq!(t[0].pass, Some(true));
+        assert_eq!(t[1].pass, Some(true));
+        // 900 / 980 = 91.8%
+        assert_eq!(t[2].pass, Some(false));
+        assert!(t[2].detail.contains("91.8%"), "{}", t[2].detail);
+        // 3.1 s vs 2.0 s = 1.55x
+        assert_eq!(t[3].pass, Some(false));
+        assert!(t[3].detail.contains("1.55×"), "{}", t[3].detail);
+        let md = targets_markdown(&t);
+        assert_eq!(md.matches("MISS").count(), 2);
+        // nothing measured
+        // a timed-out point shows a bound
+        let mut slow = row("scp", 100, "file-1GiB", 1, 1.0);
+        slow.error = "timed out after 100 s".into();
+        slow.verified = false;
+        let s = summary_tables(&medians(&[slow]));
+        assert!(
+            s.contains("| < 85.9 | timed out after 100 s | > 100 |"),
+            "{s}"
+        );
+        let none = targets(&[]);
+        assert!(none.iter().all(|c| c.pass.is_none()));
+    }
+}
