@@ -4,7 +4,7 @@
 #   ip, iperf3, ping                       via scripts/netem-deps.sh (the emulated WAN bed)
 #   DejaVu Sans (fonts-dejavu-core)        text in the PNG plots (loaded at run time)
 #   rsync                                  peer: rsync daemon in the server namespace
-#   sshd + ssh/scp (openssh-server/-client) peer: scp, and rsync over ssh
+#   sshd + ssh/scp (openssh-server/-client) tests of ssh-started sessions; peer: scp
 #   xrootd + xrdcp (xrootd-server/-client) peer: XRootD
 #   globus-url-copy + globus-gridftp-server peer: GridFTP
 #     (globus-gass-copy-progs, globus-gridftp-server-progs)
@@ -26,13 +26,15 @@ fi
 # command-or-file -> package
 declare -a want=(
     "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf=fonts-dejavu-core"
+    # The tests of ssh-started sessions (`ferry put FILES user@host:PATH`) run a local sshd.
+    "ssh=openssh-client"
+    "ssh-keygen=openssh-client"
+    "/usr/sbin/sshd=openssh-server"
 )
 if [ "$peers" = 1 ]; then
     want+=(
         "rsync=rsync"
-        "ssh=openssh-client"
         "scp=openssh-client"
-        "/usr/sbin/sshd=openssh-server"
         "xrootd=xrootd-server"
         "xrdcp=xrootd-client"
         "globus-url-copy=globus-gass-copy-progs"

@@ -39,6 +39,72 @@ pub enum Command {
     /// AES-GCM speed (`host`), or a file system's read/write behaviour (`disk PATH`).
     #[command(subcommand)]
     Probe(ProbeCommand),
+    /// Manage the server's access tokens: each has a name, path scopes, and is stored hashed.
+    #[command(subcommand)]
+    Token(TokenCommand),
+}
+
+#[derive(Subcommand, Debug)]
+pub enum TokenCommand {
+    /// Create a token and print it (once: only its hash is kept).
+    Add(TokenAddArgs),
+    /// Show the tokens: names and scopes, never secrets.
+    List(TokenFileArgs),
+    /// Delete a token; a running server refuses it from the next login on.
+    Revoke(TokenRevokeArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct TokenFileArgs {
+    /// Token file (default: tokens.toml in the server's state directory).
+    #[arg(long)]
+    pub tokens: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+pub struct TokenAddArgs {
+    /// A name for the token (letters, digits, - _ . @): who or what uses it.
+    pub name: String,
+    /// Path prefix (under the server root) it may get and list; repeat for more. Default: all.
+    #[arg(long = "read", value_name = "PREFIX")]
+    pub read: Vec<String>,
+    /// Path prefix it may put into; repeat for more. Default: all (unless --read-only).
+    #[arg(long = "write", value_name = "PREFIX")]
+    pub write: Vec<String>,
+    /// No writes at all.
+    #[arg(long, conflicts_with = "write")]
+    pub read_only: bool,
+    #[command(flatten)]
+    pub file: TokenFileArgs,
+}
+
+#[derive(Args, Debug)]
+pub struct TokenRevokeArgs {
+    pub name: String,
+    #[command(flatten)]
+    pub file: TokenFileArgs,
+}
+
+/// How the client reaches and trusts a server.
+#[derive(Args, Debug, Clone)]
+pub struct ConnArgs {
+    /// Plain TCP instead of TLS: anyone on the path can read and change the data. Only works
+    /// against a server started with --allow-plaintext.
+    #[arg(long)]
+    pub no_encrypt: bool,
+    /// Accept only the server whose certificate has this SHA-256 fingerprint (printed by
+    /// `ferry serve` at start), instead of trusting it on first use.
+    #[arg(long, value_name = "sha256:HEX")]
+    pub server_fingerprint: Option<String>,
+    /// File of pinned server keys (default: $XDG_CONFIG_HOME/ferry/known_hosts).
+    #[arg(long, env = "FERRY_KNOWN_HOSTS")]
+    pub known_hosts: Option<PathBuf>,
+    /// Command that reaches USER@HOST for ssh-started sessions, e.g. "ssh -p 2222 -i key".
+    #[arg(long, env = "FERRY_SSH", default_value = "ssh")]
+    pub ssh: String,
+    /// The ferry binary on the remote host, for ssh-started sessions.
+    #[arg(long, env = "FERRY_REMOTE_BIN", default_value = "ferry")]
+    pub remote_ferry: String,
 }
 
 #[derive(Subcommand, Debug)]
@@ -86,12 +152,14 @@ pub struct ProbeDiskArgs {
 
 #[derive(Args, Debug)]
 pub struct ServeArgs {
-    /// Directory that every client path is confined to.
+    /// Directory that every client path is confined to (with --oneshot: default /, relative
+    /// paths from $HOME, as with scp).
+    #[arg(long, required_unless_present = "oneshot")]
+    pub root: Option<PathBuf>,
+    /// Address to listen on: control and data connections all use this one port. Default
+    /// 0.0.0.0:7070; with --oneshot, an ephemeral port.
     #[arg(long)]
-    pub root: PathBuf,
-    /// Address to listen on: control and data connections all use this one port.
-    #[arg(long, default_value = "0.0.0.0:7070")]
-    pub listen: String,
+    pub listen: Option<String>,
     /// File holding the access token; created with a new random token (mode 0600) if absent.
     #[arg(long)]
     pub token_file: Option<PathBuf>,
@@ -108,6 +176,19 @@ pub struct ServeArgs {
     /// long (e.g. 24h, 7d is 168h). They are what a re-run resumes from.
     #[arg(long, default_value = "24h")]
     pub partial_max_age: String,
+    /// Token file: named tokens with path scopes, stored hashed (`ferry token add`). Default:
+    /// tokens.toml in the state directory; on first start one full-access token is made.
+    #[arg(long, conflicts_with = "token_file")]
+    pub tokens: Option<PathBuf>,
+    /// Also accept clients without TLS (their --no-encrypt). Their data crosses the network
+    /// readable and unprotected; TLS clients are still served with TLS.
+    #[arg(long)]
+    pub allow_plaintext: bool,
+    /// Serve one client over an ssh channel and exit: bind an ephemeral port, print it with a
+    /// one-time token and the certificate fingerprint on stdout, and stop when stdin closes
+    /// (what `ferry put FILES USER@HOST:PATH` runs on the remote host).
+    #[arg(long, conflicts_with_all = ["tokens", "token_file"])]
+    pub oneshot: bool,
 }
 
 /// Options shared by put and get.
@@ -157,11 +238,14 @@ pub struct TransferArgs {
     /// connection lost) for this long, e.g. 3m, 90s, 0 for never. Each retry resumes.
     #[arg(long, default_value = "3m")]
     pub retry_for: String,
+    #[command(flatten)]
+    pub conn: ConnArgs,
 }
 
 #[derive(Args, Debug)]
 pub struct PutArgs {
-    /// Local files or directories, then the remote destination HOST[:PORT]:PATH.
+    /// Local files or directories, then the remote destination HOST[:PORT]:PATH (a running
+    /// `ferry serve`) or USER@HOST:PATH (a session started over ssh).
     #[arg(required = true, num_args = 2..)]
     pub paths: Vec<String>,
     #[command(flatten)]
@@ -170,7 +254,7 @@ pub struct PutArgs {
 
 #[derive(Args, Debug)]
 pub struct GetArgs {
-    /// Remote source HOST[:PORT]:PATH.
+    /// Remote source HOST[:PORT]:PATH, or USER@HOST:PATH over ssh.
     pub remote: String,
     /// Local destination (a directory, or a new name).
     pub dest: PathBuf,
@@ -189,6 +273,8 @@ pub struct LsArgs {
     pub token: Option<String>,
     #[arg(long)]
     pub config: Option<PathBuf>,
+    #[command(flatten)]
+    pub conn: ConnArgs,
 }
 
 #[derive(Args, Debug)]

@@ -5,10 +5,10 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use ferry_net::ClientConfig;
+use ferry_net::{ClientConfig, KnownHosts, Security, ServerTrust};
 use ferry_proto::{ExistingPolicy, TransferOpts, MAX_BLOCK_DATA};
 
-use crate::args::TransferArgs;
+use crate::args::{ConnArgs, TransferArgs};
 
 pub const DEFAULT_PORT: u16 = 7070;
 
@@ -53,11 +53,14 @@ pub fn parse_duration(s: &str) -> Result<Duration> {
 }
 
 /// A remote location `HOST[:PORT]:PATH`; IPv6 hosts in brackets: `[::1]:7070:/data`.
+/// `USER@HOST:PATH` means a session started over ssh (no port: ssh's own config decides).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Remote {
     pub host: String,
     pub port: u16,
     pub path: String,
+    /// Set for `USER@HOST:PATH`.
+    pub ssh_user: Option<String>,
 }
 
 impl Remote {
@@ -80,6 +83,17 @@ impl Remote {
         if host.is_empty() {
             bail!("`{s}`: empty host (expected HOST[:PORT]:PATH)");
         }
+        if let Some((user, h)) = host.rsplit_once('@') {
+            if user.is_empty() || h.is_empty() {
+                bail!("`{s}`: expected USER@HOST:PATH");
+            }
+            return Ok(Self {
+                host: h.to_owned(),
+                port: DEFAULT_PORT,
+                path: rest.to_owned(),
+                ssh_user: Some(user.to_owned()),
+            });
+        }
         let (port, path) = match rest.split_once(':') {
             Some((p, path)) if !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()) => (
                 p.parse()
@@ -96,7 +110,13 @@ impl Remote {
             } else {
                 path.to_owned()
             },
+            ssh_user: None,
         })
+    }
+
+    /// `user@host` for ssh.
+    pub fn ssh_target(&self) -> Option<String> {
+        self.ssh_user.as_ref().map(|u| format!("{u}@{}", self.host))
     }
 
     /// Whether a command-line word names a remote rather than a local path.
@@ -129,6 +149,37 @@ struct ClientFile {
 #[derive(Debug, Default, serde::Deserialize)]
 struct HostEntry {
     token: Option<String>,
+}
+
+/// Where the client pins server keys: `$XDG_CONFIG_HOME/ferry/known_hosts`, else
+/// `~/.config/ferry/known_hosts`.
+pub fn default_known_hosts() -> Option<PathBuf> {
+    if let Some(x) = std::env::var_os("XDG_CONFIG_HOME") {
+        return Some(PathBuf::from(x).join("ferry/known_hosts"));
+    }
+    std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".config/ferry/known_hosts"))
+}
+
+/// How to protect and trust the connections to `server` (`host:port`).
+pub fn security(conn: &ConnArgs, server: &str) -> Result<Security> {
+    if conn.no_encrypt {
+        if conn.server_fingerprint.is_some() {
+            bail!("--server-fingerprint needs TLS; drop --no-encrypt");
+        }
+        return Ok(Security::Plaintext);
+    }
+    if let Some(fp) = &conn.server_fingerprint {
+        return Ok(Security::Tls(ServerTrust::Pinned(fp.parse()?)));
+    }
+    let file = conn
+        .known_hosts
+        .clone()
+        .or_else(default_known_hosts)
+        .context("no place for the known-hosts file: set HOME, or pass --known-hosts or --server-fingerprint")?;
+    Ok(Security::Tls(ServerTrust::KnownHosts {
+        file: KnownHosts::new(file),
+        host: server.to_owned(),
+    }))
 }
 
 pub fn default_config_path() -> Option<PathBuf> {
@@ -204,7 +255,12 @@ pub fn client_config(args: &TransferArgs, remote: &Remote) -> Result<ClientConfi
     } else {
         ExistingPolicy::Fail
     };
-    let token = resolve_token(args.token.as_deref(), args.config.as_deref(), &remote.host)?;
+    // An ssh-started session brings its own one-time token.
+    let token = if remote.ssh_user.is_some() {
+        String::new()
+    } else {
+        resolve_token(args.token.as_deref(), args.config.as_deref(), &remote.host)?
+    };
     Ok(ClientConfig {
         server: remote.server(),
         token,
@@ -221,6 +277,7 @@ pub fn client_config(args: &TransferArgs, remote: &Remote) -> Result<ClientConfi
         idle_timeout: Duration::from_secs(120),
         corrupt_blocks: Vec::new(),
         retry_for: parse_duration(&args.retry_for)?,
+        security: security(&args.conn, &remote.server())?,
     })
 }
 
@@ -257,6 +314,15 @@ mod tests {
             ("::1", 9000, "[::1]:9000".to_string())
         );
         assert!(Remote::parse("nocolon").is_err());
+        let r = Remote::parse("alice@dtn2:data/run1").unwrap();
+        assert_eq!(
+            (r.ssh_target().unwrap().as_str(), r.path.as_str()),
+            ("alice@dtn2", "data/run1")
+        );
+        let r = Remote::parse("alice@dtn2:/abs").unwrap();
+        assert_eq!(r.path, "/abs");
+        assert!(Remote::parse("@dtn2:/x").is_err());
+        assert!(Remote::looks_remote("alice@dtn2:/x"));
         assert!(Remote::looks_remote("host:/p"));
         assert!(!Remote::looks_remote("./a:b"));
         assert!(!Remote::looks_remote("/abs/path"));

@@ -7,6 +7,7 @@ mod args;
 mod commands;
 mod config;
 mod progress;
+mod ssh;
 
 use std::process::ExitCode;
 

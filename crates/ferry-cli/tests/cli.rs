@@ -83,33 +83,41 @@ fn serve_without_token_file_uses_state_dir_and_shows_token_once() {
     let state = sb.state_dir();
     let s1 = Server::start(&sb, &root, None, &[]);
     let err1 = s1.stderr();
-    let token_path = state.join("token");
-    let token = fs::read_to_string(&token_path).unwrap().trim().to_owned();
-    assert!(!token.is_empty());
-    assert_eq!(mode(&token_path), 0o600);
-    assert!(
-        err1.contains(&format!("token and state in {}", state.display())),
-        "first start says where its state is:\n{err1}"
-    );
-    assert!(
-        err1.lines()
-            .any(|l| l.contains("new access token") && l.contains(&token)),
-        "first start shows the new token:\n{err1}"
-    );
+    let token = s1.token.clone();
+    assert_eq!(token.len(), 48, "first start shows the new token:\n{err1}");
     assert_eq!(err1.matches(&token).count(), 1, "token shown once:\n{err1}");
+    // Only the hash is stored, in a private file; the TLS key sits beside it.
+    let tokens = state.join("tokens.toml");
+    let stored = fs::read_to_string(&tokens).unwrap();
+    assert!(!stored.contains(&token), "secret stored:\n{stored}");
+    assert!(stored.contains("name = \"default\""), "{stored}");
+    assert_eq!(mode(&tokens), 0o600);
+    assert_eq!(mode(&state.join("server-key.pem")) & 0o077, 0);
+    let fp_line = err1
+        .lines()
+        .find(|l| l.contains("--server-fingerprint sha256:"))
+        .unwrap_or_else(|| panic!("fingerprint shown:\n{err1}"));
+    let fingerprint = fp_line.rsplit(' ').next().unwrap().to_owned();
     drop(s1);
 
     let s2 = Server::start(&sb, &root, None, &[]);
     let err2 = s2.stderr();
-    assert_eq!(s2.token, token, "second start reuses the token");
-    assert!(
-        err2.contains(&format!("token and state in {}", state.display())),
-        "{err2}"
-    );
     assert!(
         !err2.contains(&token),
         "second start must not print the token again:\n{err2}"
     );
+    assert!(
+        err2.contains(&fingerprint),
+        "same key after a restart:\n{err2}"
+    );
+    // The token from the first start still works, pinned to the printed fingerprint.
+    let out = run(
+        sb.client(&token)
+            .args(["ls", "--server-fingerprint", &fingerprint])
+            .arg(s2.remote("/")),
+        CMD_TIMEOUT,
+    );
+    assert_code(&out, 0);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -588,8 +596,11 @@ fn not_a_terminal_no_progress_artifacts_and_quiet_is_silent() {
     assert!(out.stdout.is_empty(), "nothing on stdout: {out:?}");
     assert!(!out.stderr.contains('\r'), "no carriage returns: {out:?}");
     assert!(!out.stderr.contains('\x1b'), "no escape codes: {out:?}");
+    // The first contact pins the server's key and says so, once (like ssh).
     let lines: Vec<&str> = out.stderr.lines().filter(|l| !l.is_empty()).collect();
-    assert_eq!(lines.len(), 1, "just the summary: {out:?}");
+    assert_eq!(lines.len(), 2, "the pin notice and the summary: {out:?}");
+    assert!(lines[0].contains("pinned its key"), "{out:?}");
+    let lines = &lines[1..];
     assert!(
         lines[0].starts_with("put: 1 files, 16.00 MiB in ") && lines[0].contains("verified"),
         "{out:?}"

@@ -19,7 +19,19 @@ use tokio::net::{TcpSocket, TcpStream};
 use crate::conn::{expect_frame, send};
 use crate::engine::{drive_receiver, drive_sender, Limits, StreamReport};
 use crate::error::SessionError;
+use crate::stream::Stream;
 use crate::tcp::tune;
+use crate::tls::{ClientTls, Known, ServerTrust};
+
+/// Whether and how the connections of a session are protected.
+#[derive(Clone, Debug)]
+pub enum Security {
+    /// TLS 1.3 on every connection, the server identified as `ServerTrust` says. The default.
+    Tls(ServerTrust),
+    /// Plain TCP (`--no-encrypt`): only against a server started with `--allow-plaintext`,
+    /// and anyone on the path can read and change the data.
+    Plaintext,
+}
 
 #[derive(Clone, Debug)]
 pub struct ClientConfig {
@@ -35,6 +47,7 @@ pub struct ClientConfig {
     pub corrupt_blocks: Vec<u64>,
     /// How long to keep retrying (with backoff) after failures that a retry can fix.
     pub retry_for: Duration,
+    pub security: Security,
 }
 
 /// What a finished transfer did, as printed by `--json`.
@@ -53,6 +66,9 @@ pub struct TransferReport {
     pub streams: Vec<StreamReport>,
     /// Sessions it took: more than 1 when the job resumed after a failure.
     pub attempts: u32,
+    /// Whether the connections were TLS, and the server certificate's fingerprint.
+    pub encrypted: bool,
+    pub server_fingerprint: Option<String>,
     pub errors: Vec<String>,
     /// `(path, hex digest)` of every stored file.
     #[serde(skip)]
@@ -67,7 +83,10 @@ impl TransferReport {
 }
 
 struct Connected {
-    control: TcpStream,
+    control: Stream,
+    /// The TLS setup data connections use, pinned to the certificate the control connection
+    /// accepted; `None` for plain TCP.
+    tls: Option<Arc<ClientTls>>,
     addr: SocketAddr,
     session: SessionId,
     secret: [u8; 32],
@@ -100,8 +119,38 @@ async fn dial(addr: SocketAddr, window: u32, timeout: Duration) -> Result<TcpStr
     Ok(stream)
 }
 
+/// Starts TLS on a fresh connection, telling a changed server key apart from other failures.
+async fn secure(
+    tcp: TcpStream,
+    tls: &ClientTls,
+    timeout: Duration,
+    on_change: impl FnOnce(String, String) -> SessionError,
+) -> Result<Stream, SessionError> {
+    let handshake = tls.connector().connect(ClientTls::server_name(), tcp);
+    match tokio::time::timeout(timeout, handshake).await {
+        Ok(Ok(s)) => Ok(Stream::Tls(Box::new(tokio_rustls::TlsStream::Client(s)))),
+        Ok(Err(e)) => {
+            if let (Some(pin), Some(seen)) = (tls.pin(), tls.seen()) {
+                if pin != seen {
+                    return Err(on_change(pin.to_string(), seen.to_string()));
+                }
+            }
+            // rustls reports what it refused as InvalidData; anything else is the network.
+            if e.kind() == std::io::ErrorKind::InvalidData {
+                Err(SessionError::Tls(format!(
+                    "handshake failed: {e} (is this a ferry server? one that only allows plain \
+                     TCP needs --no-encrypt)"
+                )))
+            } else {
+                Err(SessionError::Io(e))
+            }
+        }
+        Err(_) => Err(SessionError::Timeout("waiting for the TLS handshake")),
+    }
+}
+
 async fn hello(
-    stream: &mut TcpStream,
+    stream: &mut Stream,
     role: Role,
     timeout: Duration,
 ) -> Result<(SessionId, [u8; 32]), SessionError> {
@@ -137,9 +186,65 @@ async fn hello(
     }
 }
 
-async fn connect(cfg: &ClientConfig) -> Result<Connected, SessionError> {
+async fn connect(cfg: &ClientConfig, reporter: &dyn Reporter) -> Result<Connected, SessionError> {
     let addr = resolve(&cfg.server).await?;
-    let mut control = dial(addr, 0, cfg.connect_timeout).await?;
+    let tcp = dial(addr, 0, cfg.connect_timeout).await?;
+    let (mut control, tls) = match &cfg.security {
+        Security::Plaintext => (Stream::Plain(tcp), None),
+        Security::Tls(trust) => {
+            let (pin, known) = match trust {
+                ServerTrust::Pinned(fp) => (Some(*fp), None),
+                ServerTrust::KnownHosts { file, host } => {
+                    let found = file
+                        .lookup(host)
+                        .map_err(|e| SessionError::Tls(e.to_string()))?;
+                    match found {
+                        Known::Pinned { fingerprint, line } => {
+                            (Some(fingerprint), Some((file, host, line)))
+                        }
+                        Known::Unknown => (None, Some((file, host, 0))),
+                    }
+                }
+            };
+            let tls = ClientTls::new(pin).map_err(|e| SessionError::Tls(e.to_string()))?;
+            let control = secure(tcp, &tls, cfg.connect_timeout, |expected, presented| {
+                let fix = match known {
+                    Some((file, _, line)) => format!(
+                        "remove line {line} of {} (or pass --server-fingerprint {presented})",
+                        file.path().display()
+                    ),
+                    None => format!("pass --server-fingerprint {presented}"),
+                };
+                SessionError::ServerKeyChanged {
+                    host: cfg.server.clone(),
+                    expected,
+                    presented,
+                    fix,
+                }
+            })
+            .await?;
+            let seen = tls
+                .seen()
+                .ok_or_else(|| SessionError::Tls("no server certificate".into()))?;
+            let tls = match pin {
+                Some(_) => tls,
+                None => {
+                    // First contact: remember the key, and hold the data connections of this
+                    // session to it too.
+                    if let Some((file, host, _)) = known {
+                        file.add(host, seen)
+                            .map_err(|e| SessionError::Tls(e.to_string()))?;
+                        reporter.on_warning(&format!(
+                            "first connection to {host}: pinned its key {seen} in {}",
+                            file.path().display()
+                        ));
+                    }
+                    ClientTls::new(Some(seen)).map_err(|e| SessionError::Tls(e.to_string()))?
+                }
+            };
+            (control, Some(Arc::new(tls)))
+        }
+    };
     let (session, secret) = hello(
         &mut control,
         Role::Control {
@@ -150,6 +255,7 @@ async fn connect(cfg: &ClientConfig) -> Result<Connected, SessionError> {
     .await?;
     Ok(Connected {
         control,
+        tls,
         addr,
         session,
         secret,
@@ -161,7 +267,7 @@ async fn start(
     cfg: &ClientConfig,
     c: &mut Connected,
     request: Frame,
-) -> Result<(TransferOpts, Vec<TcpStream>), SessionError> {
+) -> Result<(TransferOpts, Vec<Stream>), SessionError> {
     send(&mut c.control, &request).await?;
     let reply = tokio::time::timeout(
         cfg.idle_timeout,
@@ -185,8 +291,23 @@ async fn start(
     let dials = (0..streams).map(|i| {
         let (addr, session, secret) = (c.addr, c.session, c.secret);
         let (window, timeout) = (opts.tcp_window, cfg.connect_timeout);
+        let (tls, host) = (c.tls.clone(), cfg.server.clone());
         async move {
-            let mut s = dial(addr, window, timeout).await?;
+            let tcp = dial(addr, window, timeout).await?;
+            let mut s = match tls {
+                None => Stream::Plain(tcp),
+                Some(tls) => {
+                    secure(tcp, &tls, timeout, |expected, presented| {
+                        SessionError::ServerKeyChanged {
+                            host,
+                            expected,
+                            presented,
+                            fix: "retry: the server's key changed during the session".into(),
+                        }
+                    })
+                    .await?
+                }
+            };
             hello(
                 &mut s,
                 Role::Data {
@@ -293,13 +414,14 @@ async fn put_once(
         srcs.push(local_source(p)?);
     }
     let t0 = Instant::now();
-    let mut c = connect(cfg).await?;
+    let mut c = connect(cfg, reporter.as_ref()).await?;
     let request = Frame::PutRequest {
         dest: dest.to_owned(),
         sources: srcs.len() as u32,
         opts: cfg.opts.clone(),
     };
     let (opts, data) = start(cfg, &mut c, request).await?;
+    let security = security_of(&c);
     let (tx, rx) = flume::bounded(opts.streams as usize * 2);
     let (ctl_tx, ctl_rx) = flume::unbounded();
     let config = SenderConfig {
@@ -322,7 +444,9 @@ async fn put_once(
     tokio::task::spawn_blocking(move || sender.finish())
         .await
         .ok();
-    Ok(report("put", &opts, summary, t0, streams, errors, manifest))
+    Ok(report(
+        "put", &opts, summary, t0, streams, errors, manifest, security,
+    ))
 }
 
 /// Fetches `src` from the server into the local `dest`, retrying (and resuming) on failures
@@ -347,12 +471,13 @@ async fn get_once(
 ) -> Result<TransferReport, SessionError> {
     let destination = local_destination(dest)?;
     let t0 = Instant::now();
-    let mut c = connect(cfg).await?;
+    let mut c = connect(cfg, reporter.as_ref()).await?;
     let request = Frame::GetRequest {
         src: src.to_owned(),
         opts: cfg.opts.clone(),
     };
     let (opts, data) = start(cfg, &mut c, request).await?;
+    let security = security_of(&c);
     let (tx, rx) = flume::unbounded();
     let config = ReceiverConfig {
         existing: opts.existing,
@@ -372,12 +497,18 @@ async fn get_once(
     .await?;
     let errors = receiver.errors();
     let manifest = receiver.manifest();
-    Ok(report("get", &opts, summary, t0, streams, errors, manifest))
+    Ok(report(
+        "get", &opts, summary, t0, streams, errors, manifest, security,
+    ))
 }
 
 /// Lists a remote directory (or describes a single remote file).
-pub async fn list(cfg: &ClientConfig, path: &str) -> Result<Vec<ListEntry>, SessionError> {
-    let mut c = connect(cfg).await?;
+pub async fn list(
+    cfg: &ClientConfig,
+    path: &str,
+    reporter: &dyn Reporter,
+) -> Result<Vec<ListEntry>, SessionError> {
+    let mut c = connect(cfg, reporter).await?;
     send(
         &mut c.control,
         &Frame::ListRequest {
@@ -400,6 +531,14 @@ pub async fn list(cfg: &ClientConfig, path: &str) -> Result<Vec<ListEntry>, Sess
     }
 }
 
+fn security_of(c: &Connected) -> (bool, Option<String>) {
+    (
+        c.control.is_encrypted(),
+        c.tls.as_ref().and_then(|t| t.pin()).map(|f| f.to_string()),
+    )
+}
+
+#[allow(clippy::too_many_arguments)]
 fn report(
     direction: &'static str,
     opts: &TransferOpts,
@@ -408,6 +547,7 @@ fn report(
     streams: Vec<StreamReport>,
     errors: Vec<String>,
     manifest: Vec<(String, String)>,
+    (encrypted, server_fingerprint): (bool, Option<String>),
 ) -> TransferReport {
     let seconds = t0.elapsed().as_secs_f64();
     TransferReport {
@@ -423,6 +563,8 @@ fn report(
         checksum: digest::algo_name(opts.checksum),
         streams,
         attempts: 1,
+        encrypted,
+        server_fingerprint,
         errors,
         manifest,
     }

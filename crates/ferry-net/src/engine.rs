@@ -24,14 +24,13 @@ use ferry_core::send::Sender;
 use ferry_core::Reporter;
 use ferry_proto::{CompleteSummary, Frame, MAX_BLOCK_PAYLOAD, MAX_CONTROL_PAYLOAD};
 use serde::Serialize;
-use tokio::io::{AsyncWriteExt, BufReader, BufWriter};
-use tokio::net::tcp::OwnedReadHalf;
-use tokio::net::TcpStream;
+use tokio::io::{AsyncWriteExt, BufReader, BufWriter, ReadHalf};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 
 use crate::conn::{read_frame, send, write_frame};
 use crate::error::SessionError;
+use crate::stream::Stream;
 use crate::tcp::{tcp_info, TcpInfo};
 
 /// How long a data connection holds a partly filled write buffer for more frames before it
@@ -83,7 +82,7 @@ async fn watchdog(activity: &Activity, limit: Duration) -> SessionError {
 
 /// Reads control frames in their own task: a read cut short by `select!` would lose bytes.
 fn spawn_control_reader(
-    mut r: OwnedReadHalf,
+    mut r: ReadHalf<Stream>,
     activity: Activity,
 ) -> mpsc::Receiver<Result<Frame, SessionError>> {
     let (tx, rx) = mpsc::channel(64);
@@ -112,8 +111,8 @@ pub(crate) struct Limits {
 
 /// Runs the sending end until the receiver reports `Complete`.
 pub(crate) async fn drive_sender(
-    control: TcpStream,
-    data: Vec<TcpStream>,
+    control: Stream,
+    data: Vec<Stream>,
     sender: Sender,
     frames: flume::Receiver<Frame>,
     control_out: flume::Receiver<Frame>,
@@ -121,7 +120,7 @@ pub(crate) async fn drive_sender(
     limits: Limits,
 ) -> Result<(CompleteSummary, Vec<StreamReport>, Vec<String>, Sender), SessionError> {
     let activity = Activity::new();
-    let (ctrl_r, mut ctrl_w) = control.into_split();
+    let (ctrl_r, mut ctrl_w) = tokio::io::split(control);
     let mut ctrl_rx = spawn_control_reader(ctrl_r, activity.clone());
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut streams = JoinSet::new();
@@ -215,14 +214,13 @@ pub(crate) async fn drive_sender(
 
 /// Pulls frames from the shared queue and writes them until told to stop.
 async fn send_stream(
-    stream: TcpStream,
+    stream: Stream,
     frames: flume::Receiver<Frame>,
     mut stop: watch::Receiver<bool>,
     activity: Activity,
     reporter: Arc<dyn Reporter>,
 ) -> Result<StreamReport, SessionError> {
-    let (_r, w) = stream.into_split();
-    let mut w = BufWriter::with_capacity(256 << 10, w);
+    let mut w = BufWriter::with_capacity(256 << 10, stream);
     let mut scratch = BytesMut::with_capacity(8 << 10);
     let mut bytes = 0u64;
     loop {
@@ -264,22 +262,22 @@ async fn send_stream(
         }
     }
     w.flush().await?;
-    let info = tcp_info(w.get_ref().as_ref());
+    let info = tcp_info(w.get_ref().tcp());
     let _ = w.shutdown().await;
     Ok(StreamReport { bytes, tcp: info })
 }
 
 /// Runs the receiving end until every announced entry is resolved, then sends `Complete`.
 pub(crate) async fn drive_receiver(
-    control: TcpStream,
-    data: Vec<TcpStream>,
+    control: Stream,
+    data: Vec<Stream>,
     receiver: Arc<Receiver>,
     control_out: flume::Receiver<Frame>,
     writers: usize,
     limits: Limits,
 ) -> Result<(CompleteSummary, Vec<StreamReport>), SessionError> {
     let activity = Activity::new();
-    let (ctrl_r, mut ctrl_w) = control.into_split();
+    let (ctrl_r, mut ctrl_w) = tokio::io::split(control);
     let mut ctrl_rx = spawn_control_reader(ctrl_r, activity.clone());
     // A short queue between network and storage: a slow disk pushes back on TCP instead of
     // filling memory.
@@ -418,12 +416,11 @@ impl Drop for AbortOnDrop {
 
 /// Reads data frames from one connection and hands them to the writers.
 async fn recv_stream(
-    stream: TcpStream,
+    stream: Stream,
     to_writers: flume::Sender<Frame>,
     activity: Activity,
 ) -> Result<StreamReport, SessionError> {
-    let (r, _w) = stream.into_split();
-    let mut r = BufReader::with_capacity(256 << 10, r);
+    let mut r = BufReader::with_capacity(256 << 10, stream);
     let mut bytes = 0u64;
     loop {
         let frame = match read_frame(&mut r, MAX_BLOCK_PAYLOAD).await {
@@ -449,6 +446,6 @@ async fn recv_stream(
             break;
         }
     }
-    let info = tcp_info(r.get_ref().as_ref());
+    let info = tcp_info(r.get_ref().tcp());
     Ok(StreamReport { bytes, tcp: info })
 }

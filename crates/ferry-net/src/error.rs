@@ -29,6 +29,22 @@ pub enum SessionError {
     /// The peer closed a connection the session still needed.
     #[error("peer closed the {0} connection unexpectedly")]
     Closed(&'static str),
+    /// TLS could not be set up: a configuration or protocol mismatch, which a retry repeats.
+    #[error("TLS: {0}")]
+    Tls(String),
+    /// The server presented another key than the one pinned for it. Like ssh, this is refused:
+    /// either the server was reinstalled or someone is in the middle.
+    #[error(
+        "the server key of {host} has CHANGED: pinned {expected}, presented {presented}. \
+         Someone may be intercepting the connection, or the server's key was replaced. \
+         If you trust the new key, {fix}"
+    )]
+    ServerKeyChanged {
+        host: String,
+        expected: String,
+        presented: String,
+        fix: String,
+    },
 }
 
 impl From<io::Error> for SessionError {
@@ -45,7 +61,11 @@ impl SessionError {
             Self::Remote { code, .. } => {
                 matches!(*code, ErrorCode::BUSY | ErrorCode::TIMEOUT)
             }
-            Self::Decode(_) | Self::Protocol(_) | Self::Fs(_) => false,
+            Self::Decode(_)
+            | Self::Protocol(_)
+            | Self::Fs(_)
+            | Self::Tls(_)
+            | Self::ServerKeyChanged { .. } => false,
         }
     }
 
@@ -65,6 +85,7 @@ impl SessionError {
             Self::Timeout(_) => ErrorCode::TIMEOUT,
             Self::Fs(e) => e.code(),
             Self::Io(_) | Self::Closed(_) => ErrorCode::IO,
+            Self::Tls(_) | Self::ServerKeyChanged { .. } => ErrorCode::ENCRYPTION,
         }
     }
 }

@@ -2,14 +2,18 @@
 //! transfer between a `ferry_core` sender and receiver across one control and N data
 //! connections, all on one server port.
 
+pub mod access;
 pub mod client;
 mod conn;
 mod engine;
 pub mod error;
 pub mod server;
+mod stream;
 pub mod tcp;
+pub mod tls;
 
-pub use client::{ClientConfig, TransferReport};
+pub use client::{ClientConfig, Security, TransferReport};
 pub use engine::StreamReport;
 pub use error::SessionError;
 pub use server::{Server, ServerConfig};
+pub use tls::{Fingerprint, Identity, KnownHosts, ServerTrust};

@@ -7,7 +7,7 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use ferry_core::recv::{Destination, Receiver, ReceiverConfig};
 use ferry_core::root::Kind;
@@ -18,16 +18,20 @@ use ferry_proto::{
     TransferOpts, HEADER_LEN, MAX_CONTROL_PAYLOAD, MAX_LIST_ENTRIES, PROTOCOL_VERSION,
 };
 use subtle::ConstantTimeEq;
-use tokio::io::AsyncReadExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{broadcast, mpsc, OwnedSemaphorePermit as Permit, Semaphore};
 use tokio::task::JoinSet;
+use tokio_rustls::TlsAcceptor;
 use tracing::{debug, info, warn};
 
+use crate::access::{Access, AccessList, Grant, LoginBrake};
 use crate::conn::{expect_frame, send};
 use crate::engine::{drive_receiver, drive_sender, Limits};
 use crate::error::SessionError;
+use crate::stream::{Stream, TLS_HANDSHAKE_RECORD};
 use crate::tcp::{set_window, tune};
+use crate::tls::Identity;
 
 /// Largest `Hello` accepted: before authentication a peer may not make us allocate more.
 const MAX_HELLO: u32 = 1024;
@@ -35,7 +39,17 @@ const MAX_HELLO: u32 = 1024;
 #[derive(Clone, Debug)]
 pub struct ServerConfig {
     pub root: PathBuf,
-    pub token: String,
+    /// The tokens that may log in, and what each may touch.
+    pub access: Arc<Access>,
+    /// The server's TLS key and certificate. `None` serves plain TCP only, which requires
+    /// `allow_plaintext`.
+    pub tls: Option<Identity>,
+    /// Accept clients that connect without TLS (`serve --allow-plaintext`). Never implied.
+    pub allow_plaintext: bool,
+    /// Where relative remote paths point, relative to the root: empty for a daemon (every
+    /// path is under the root), the user's home for `serve --oneshot` (so `host:file` means
+    /// `~/file`, as with scp).
+    pub base: String,
     /// Connections open at once (control and data together); more are refused with `BUSY`.
     pub max_connections: usize,
     pub max_streams: u16,
@@ -54,10 +68,14 @@ pub struct ServerConfig {
 }
 
 impl ServerConfig {
+    /// A TLS server with a fresh in-memory identity and one full-access token.
     pub fn new(root: impl Into<PathBuf>, token: impl Into<String>) -> Self {
         Self {
             root: root.into(),
-            token: token.into(),
+            access: Arc::new(Access::Fixed(AccessList::single("default", &token.into()))),
+            tls: Some(Identity::generate().expect("generating a P-256 key works")),
+            allow_plaintext: false,
+            base: String::new(),
             max_connections: 512,
             max_streams: 64,
             session_memory: 1 << 30,
@@ -77,12 +95,16 @@ struct Pending {
     secret: [u8; 32],
     /// A joining data connection travels with its connection-cap permit, so that it counts
     /// against the cap for as long as it is open, not just while it shakes hands.
-    joins: mpsc::Sender<(u16, TcpStream, Permit)>,
+    joins: mpsc::Sender<(u16, Stream, Permit)>,
 }
 
 struct Shared {
     config: ServerConfig,
     root: Root,
+    tls: Option<TlsAcceptor>,
+    brake: Mutex<LoginBrake>,
+    /// When the last session ended (or the server started), for `serve --oneshot`'s exit.
+    last_session_end: Mutex<Instant>,
     pending: Mutex<HashMap<SessionId, Pending>>,
     /// Sessions running now; when the last ends, idle buffers go back to the system.
     active: std::sync::atomic::AtomicUsize,
@@ -112,6 +134,11 @@ impl Drop for ActiveSession<'_> {
             ferry_core::buf::release();
             trim_heap();
         }
+        *self
+            .0
+            .last_session_end
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Instant::now();
     }
 }
 
@@ -133,12 +160,27 @@ pub struct Server {
 impl Server {
     pub async fn bind(addr: SocketAddr, config: ServerConfig) -> Result<Self, SessionError> {
         let root = Root::open(&config.root)?;
+        let tls = match &config.tls {
+            Some(id) => Some(TlsAcceptor::from(
+                id.server_config()
+                    .map_err(|e| SessionError::Tls(e.to_string()))?,
+            )),
+            None if config.allow_plaintext => None,
+            None => {
+                return Err(SessionError::Tls(
+                    "a server without a TLS identity must allow plain TCP explicitly".into(),
+                ))
+            }
+        };
         let listener = TcpListener::bind(addr).await?;
         Ok(Self {
             listener,
             shared: Arc::new(Shared {
                 config,
                 root,
+                tls,
+                brake: Mutex::default(),
+                last_session_end: Mutex::new(Instant::now()),
                 pending: Mutex::default(),
                 active: Default::default(),
             }),
@@ -147,6 +189,12 @@ impl Server {
 
     pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
         self.listener.local_addr()
+    }
+
+    /// How long no session has been running (zero while one runs): `serve --oneshot` exits
+    /// when this grows too long.
+    pub fn idle_probe(&self) -> IdleProbe {
+        IdleProbe(self.shared.clone())
     }
 
     /// Counts the leftovers of interrupted transfers under the root and removes those older
@@ -160,6 +208,9 @@ impl Server {
     /// waits (bounded) for them.
     pub async fn run(self, shutdown: impl Future<Output = ()>) {
         let limit = Arc::new(Semaphore::new(self.shared.config.max_connections));
+        // Refusals are answered (so a client sees "busy", not a reset), but only so many at
+        // once: beyond that a flood is simply dropped.
+        let refusals = Arc::new(Semaphore::new(64));
         let (stop_tx, _) = broadcast::channel::<()>(1);
         let mut tasks = JoinSet::new();
         tokio::pin!(shutdown);
@@ -205,7 +256,9 @@ impl Server {
                 }
             };
             let Ok(permit) = limit.clone().try_acquire_owned() else {
-                tasks.spawn(refuse_busy(stream));
+                if let Ok(p) = refusals.clone().try_acquire_owned() {
+                    tasks.spawn(refuse_busy(self.shared.clone(), stream, p));
+                }
                 continue;
             };
             let shared = self.shared.clone();
@@ -234,16 +287,99 @@ impl Server {
     }
 }
 
-async fn refuse_busy(mut stream: TcpStream) {
+/// See [`Server::idle_probe`].
+#[derive(Clone)]
+pub struct IdleProbe(Arc<Shared>);
+
+impl IdleProbe {
+    pub fn idle_for(&self) -> Duration {
+        if self.0.active.load(std::sync::atomic::Ordering::Acquire) > 0 {
+            return Duration::ZERO;
+        }
+        self.0
+            .last_session_end
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .elapsed()
+    }
+}
+
+async fn refuse_busy(shared: Arc<Shared>, stream: TcpStream, _slot: Permit) {
     let frame = Frame::Error {
         code: ErrorCode::BUSY,
         message: "server is at its connection limit; try again".into(),
     };
-    let _ = tokio::time::timeout(Duration::from_secs(1), send(&mut stream, &frame)).await;
+    let _ = tokio::time::timeout(Duration::from_secs(2), async {
+        // Answer in the client's own language: a TLS client would read a plain frame as a
+        // corrupt record. A client that says nothing at first gets the plain frame.
+        let mut first = [0u8; 1];
+        let peeked = tokio::time::timeout(Duration::from_millis(200), stream.peek(&mut first));
+        let tls = matches!(peeked.await, Ok(Ok(1))) && first[0] == TLS_HANDSHAKE_RECORD;
+        let mut s = if tls {
+            match transport(&shared, stream).await {
+                Ok(s) => s,
+                Err(_) => return,
+            }
+        } else {
+            Stream::Plain(stream)
+        };
+        let _ = send(&mut s, &frame).await;
+    })
+    .await;
+}
+
+/// Starts TLS, or accepts plain TCP where allowed; the first byte says which the client wants.
+async fn transport(shared: &Shared, stream: TcpStream) -> Result<Stream, SessionError> {
+    let mut first = [0u8; 1];
+    if stream.peek(&mut first).await? == 0 {
+        return Err(SessionError::Closed("control"));
+    }
+    if first[0] == TLS_HANDSHAKE_RECORD {
+        let Some(acceptor) = &shared.tls else {
+            // Take the ClientHello off the socket first: closing with unread bytes sends a
+            // reset, which the client would take for a network failure and retry. The plain
+            // frame then fails its TLS parse, which it reports as a mismatch.
+            let frame = Frame::Error {
+                code: ErrorCode::ENCRYPTION,
+                message: "this server only serves plain TCP (--no-encrypt)".into(),
+            };
+            refuse_plainly(stream, &frame).await;
+            return Err(SessionError::Tls(
+                "client started TLS; this server only serves plain TCP".into(),
+            ));
+        };
+        let tls = acceptor
+            .accept(stream)
+            .await
+            .map_err(|e| SessionError::Tls(format!("handshake failed: {e}")))?;
+        return Ok(Stream::Tls(Box::new(tokio_rustls::TlsStream::Server(tls))));
+    }
+    if !shared.config.allow_plaintext {
+        let frame = Frame::Error {
+            code: ErrorCode::ENCRYPTION,
+            message: "this server requires TLS: connect without --no-encrypt (plain TCP is \
+                      only accepted by `ferry serve --allow-plaintext`)"
+                .into(),
+        };
+        refuse_plainly(stream, &frame).await;
+        return Err(SessionError::Tls("client offered plain TCP".into()));
+    }
+    Ok(Stream::Plain(stream))
+}
+
+/// Sends a plain `Error` frame and closes. What the client sent first is read off the socket
+/// before: closing with unread bytes sends a reset, which the client would take for a network
+/// failure (and retry) instead of reading the refusal.
+async fn refuse_plainly(stream: TcpStream, frame: &Frame) {
+    let mut plain = Stream::Plain(stream);
+    let mut first = [0u8; 4096];
+    let _ = tokio::time::timeout(Duration::from_millis(500), plain.read(&mut first)).await;
+    let _ = send(&mut plain, frame).await;
+    let _ = plain.shutdown().await;
 }
 
 /// Reads the first frame of a connection, which must be a small `Hello`.
-async fn read_hello(stream: &mut TcpStream) -> Result<Role, SessionError> {
+async fn read_hello(stream: &mut Stream) -> Result<Role, SessionError> {
     let mut head = [0u8; HEADER_LEN];
     stream.read_exact(&mut head).await?;
     let header = FrameHeader::parse(&head)?;
@@ -268,14 +404,18 @@ async fn read_hello(stream: &mut TcpStream) -> Result<Role, SessionError> {
 
 async fn handle(
     shared: Arc<Shared>,
-    mut stream: TcpStream,
+    tcp: TcpStream,
     peer: SocketAddr,
     permit: Permit,
 ) -> Result<(), SessionError> {
-    tune(&stream);
-    let role = match tokio::time::timeout(shared.config.handshake_timeout, read_hello(&mut stream))
+    tune(&tcp);
+    // One deadline for TLS and Hello together: a client that trickles bytes cannot hold a
+    // connection slot longer than this.
+    let deadline = tokio::time::Instant::now() + shared.config.handshake_timeout;
+    let mut stream = tokio::time::timeout_at(deadline, transport(&shared, tcp))
         .await
-    {
+        .map_err(|_| SessionError::Timeout("waiting for the TLS handshake"))??;
+    let role = match tokio::time::timeout_at(deadline, read_hello(&mut stream)).await {
         Ok(Ok(role)) => role,
         Ok(Err(e)) => {
             let _ = send(&mut stream, &e.to_frame()).await;
@@ -285,24 +425,17 @@ async fn handle(
     };
     match role {
         Role::Control { token } => {
-            let ok: bool = token
-                .as_bytes()
-                .ct_eq(shared.config.token.as_bytes())
-                .into();
-            if !ok {
-                warn!(%peer, "wrong token");
-                tokio::time::sleep(shared.config.auth_failure_delay).await;
-                let frame = Frame::Error {
-                    code: ErrorCode::AUTH,
-                    message: "authentication failed: wrong token".into(),
-                };
-                let _ = send(&mut stream, &frame).await;
-                return Err(SessionError::Remote {
-                    code: ErrorCode::AUTH,
-                    message: "wrong token".into(),
-                });
-            }
-            control_session(&shared, stream).await
+            let grant = match login(&shared, peer, &token).await {
+                Ok(g) => g,
+                Err(frame) => {
+                    let _ = send(&mut stream, &frame).await;
+                    let Frame::Error { code, message } = frame else {
+                        unreachable!("login fails with an Error frame")
+                    };
+                    return Err(SessionError::Remote { code, message });
+                }
+            };
+            control_session(&shared, stream, grant).await
         }
         Role::Data {
             session,
@@ -333,11 +466,61 @@ async fn handle(
     }
 }
 
-async fn welcome(
-    stream: &mut TcpStream,
-    session: SessionId,
-    secret: [u8; 32],
-) -> std::io::Result<()> {
+/// Checks a token, slowing down addresses that keep failing. The error is the frame to send.
+async fn login(shared: &Shared, peer: SocketAddr, token: &str) -> Result<Grant, Frame> {
+    let ip = peer.ip();
+    let braked = shared
+        .brake
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .check(ip, Instant::now());
+    if let Err(wait) = braked {
+        warn!(%peer, "login refused: too many failures from this address");
+        return Err(Frame::Error {
+            code: ErrorCode::SLOW_DOWN,
+            message: format!(
+                "too many failed logins from {ip}; try again in {} s",
+                wait.as_secs().max(1)
+            ),
+        });
+    }
+    let list = match shared.config.access.current() {
+        Ok(l) => l,
+        Err(e) => {
+            warn!("cannot read the token file: {e}");
+            return Err(Frame::Error {
+                code: ErrorCode::INTERNAL,
+                message: "the server cannot read its token file; see its log".into(),
+            });
+        }
+    };
+    match list.authenticate(token) {
+        Some(g) => {
+            shared
+                .brake
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .succeeded(ip);
+            info!(%peer, token = %g.name, "login");
+            Ok(g)
+        }
+        None => {
+            warn!(%peer, "wrong token");
+            shared
+                .brake
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .failed(ip, Instant::now());
+            tokio::time::sleep(shared.config.auth_failure_delay).await;
+            Err(Frame::Error {
+                code: ErrorCode::AUTH,
+                message: "authentication failed: wrong token".into(),
+            })
+        }
+    }
+}
+
+async fn welcome(stream: &mut Stream, session: SessionId, secret: [u8; 32]) -> std::io::Result<()> {
     let frame = Frame::Welcome {
         version: PROTOCOL_VERSION,
         capabilities: Capabilities::ours(),
@@ -359,23 +542,27 @@ enum Work {
     Put {
         receiver: Arc<Receiver>,
         control: flume::Receiver<Frame>,
-        data: Vec<TcpStream>,
+        data: Vec<Stream>,
         permits: Vec<Permit>,
     },
     Get {
         source: Source,
         opts: TransferOpts,
-        data: Vec<TcpStream>,
+        data: Vec<Stream>,
         permits: Vec<Permit>,
     },
 }
 
-async fn control_session(shared: &Shared, mut stream: TcpStream) -> Result<(), SessionError> {
+async fn control_session(
+    shared: &Shared,
+    mut stream: Stream,
+    grant: Grant,
+) -> Result<(), SessionError> {
     let _active = ActiveSession::enter(shared);
     let session = SessionId(u64::from_le_bytes(random()));
     let secret = random::<32>();
     // Errors before the transfer starts are reported here; the engines report their own.
-    let work = match prepare(shared, &mut stream, session, secret).await {
+    let work = match prepare(shared, &mut stream, &grant, session, secret).await {
         Ok(w) => w,
         Err(e) => {
             if !matches!(e, SessionError::Io(_) | SessionError::Closed(_)) {
@@ -429,7 +616,8 @@ async fn control_session(shared: &Shared, mut stream: TcpStream) -> Result<(), S
 
 async fn prepare(
     shared: &Shared,
-    stream: &mut TcpStream,
+    stream: &mut Stream,
+    grant: &Grant,
     session: SessionId,
     secret: [u8; 32],
 ) -> Result<Work, SessionError> {
@@ -442,7 +630,11 @@ async fn prepare(
     .map_err(|_| SessionError::Timeout("waiting for a request"))??;
     match request {
         Frame::ListRequest { path } => {
-            list(shared, stream, &path).await?;
+            let rel = resolve(shared, &path)?;
+            if !grant.may_read(&rel) {
+                return Err(denied(grant, "list", &path));
+            }
+            list(shared, stream, &rel).await?;
             Ok(Work::Done)
         }
         Frame::PutRequest {
@@ -450,7 +642,11 @@ async fn prepare(
             sources,
             opts,
         } => {
-            let dest = resolve_dest(&shared.root, &dest, sources)?;
+            let rel = resolve(shared, &dest)?;
+            if !grant.may_write(&rel) {
+                return Err(denied(grant, "write to", &dest));
+            }
+            let dest = resolve_dest(&shared.root, &dest, rel, sources)?;
             let opts = clamp(&shared.config, opts);
             // Creating the destination may fail (not a directory, outside the root): find out
             // before any data connection is opened, and tell the client why.
@@ -471,7 +667,10 @@ async fn prepare(
             })
         }
         Frame::GetRequest { src, opts } => {
-            let rel = path::normalize_remote(&src).map_err(FsError::from)?;
+            let rel = resolve(shared, &src)?;
+            if !grant.may_read(&rel) {
+                return Err(denied(grant, "read", &src));
+            }
             shared.root.lstat(&rel)?;
             let name = path::split_parent(&rel).1;
             let name = if name.is_empty() {
@@ -500,6 +699,27 @@ async fn prepare(
     }
 }
 
+/// A remote path as a path under the root: absolute paths from the root, relative ones from
+/// the configured base.
+fn resolve(shared: &Shared, raw: &str) -> Result<String, SessionError> {
+    let rel = path::normalize_remote(raw).map_err(FsError::from)?;
+    if raw.starts_with('/') || shared.config.base.is_empty() {
+        Ok(rel)
+    } else {
+        Ok(path::join(&shared.config.base, &rel))
+    }
+}
+
+fn denied(grant: &Grant, what: &str, path: &str) -> SessionError {
+    SessionError::Remote {
+        code: ErrorCode::DENIED,
+        message: format!(
+            "permission denied: token `{}` may not {what} `{path}`",
+            grant.name
+        ),
+    }
+}
+
 /// Lowers what a client asked for to what this server allows, keeping memory bounded.
 fn clamp(config: &ServerConfig, mut opts: TransferOpts) -> TransferOpts {
     opts.streams = opts.streams.clamp(1, config.max_streams.max(1));
@@ -515,11 +735,11 @@ fn clamp(config: &ServerConfig, mut opts: TransferOpts) -> TransferOpts {
 /// Announces the session's parameters and waits for its data connections.
 async fn gather(
     shared: &Shared,
-    stream: &mut TcpStream,
+    stream: &mut Stream,
     session: SessionId,
     secret: [u8; 32],
     opts: &TransferOpts,
-) -> Result<(Vec<TcpStream>, Vec<Permit>), SessionError> {
+) -> Result<(Vec<Stream>, Vec<Permit>), SessionError> {
     let n = opts.streams as usize;
     let (tx, mut rx) = mpsc::channel(n);
     shared
@@ -546,7 +766,7 @@ async fn gather(
         },
     )
     .await?;
-    let mut slots: Vec<Option<(TcpStream, Permit)>> = (0..n).map(|_| None).collect();
+    let mut slots: Vec<Option<(Stream, Permit)>> = (0..n).map(|_| None).collect();
     let deadline = tokio::time::Instant::now() + shared.config.handshake_timeout;
     let mut joined = 0;
     while joined < n {
@@ -564,7 +784,7 @@ async fn gather(
         }
         joined += 1;
     }
-    let (data, permits): (Vec<TcpStream>, Vec<Permit>) = slots.into_iter().flatten().unzip();
+    let (data, permits): (Vec<Stream>, Vec<Permit>) = slots.into_iter().flatten().unzip();
     if opts.tcp_window > 0 {
         warn!(
             window = opts.tcp_window,
@@ -572,7 +792,7 @@ async fn gather(
         );
     }
     for s in &data {
-        if let Err(e) = set_window(s, opts.tcp_window) {
+        if let Err(e) = set_window(s.tcp(), opts.tcp_window) {
             warn!("cannot set TCP window: {e}");
         }
     }
@@ -581,8 +801,12 @@ async fn gather(
 
 /// Where a put lands: inside `dest` if it is a directory (or clearly meant as one), else
 /// under the name `dest` itself, like `cp`.
-fn resolve_dest(root: &Root, dest: &str, sources: u32) -> Result<Destination, SessionError> {
-    let rel = path::normalize_remote(dest).map_err(FsError::from)?;
+fn resolve_dest(
+    root: &Root,
+    dest: &str,
+    rel: String,
+    sources: u32,
+) -> Result<Destination, SessionError> {
     let is_dir = match root.lstat(&rel) {
         Ok(m) => m.kind == Kind::Dir,
         Err(e) if e.is_not_found() => false,
@@ -605,8 +829,8 @@ fn resolve_dest(root: &Root, dest: &str, sources: u32) -> Result<Destination, Se
     Ok(dest)
 }
 
-async fn list(shared: &Shared, stream: &mut TcpStream, raw: &str) -> Result<(), SessionError> {
-    let rel = path::normalize_remote(raw).map_err(FsError::from)?;
+async fn list(shared: &Shared, stream: &mut Stream, rel: &str) -> Result<(), SessionError> {
+    let rel = rel.to_owned();
     let meta = shared.root.lstat(&rel)?;
     let entry = |name: String, m: ferry_core::root::Meta| ListEntry {
         name,

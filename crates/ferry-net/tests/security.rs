@@ -298,12 +298,12 @@ async fn traversal_in_list_path_refused() {
             .copied()
             .chain(["esc/secret.txt", "abs/secret.txt", "a/b/tmp", "esc/x/"])
     {
-        let r = ferry_net::client::list(&server.client(), path).await;
+        let r = ferry_net::client::list(&server.client(), path, &ferry_core::NoReporter).await;
         assert!(is_refusal(code_of(&r)), "ls {path:?}: {r:?}");
     }
     // A link is described as a link, not listed through.
     for path in ["esc", "esc/", "/abs/", "a/b", "a/./b/"] {
-        let entries = ferry_net::client::list(&server.client(), path)
+        let entries = ferry_net::client::list(&server.client(), path, &ferry_core::NoReporter)
             .await
             .unwrap();
         assert_eq!(entries.len(), 1, "ls {path:?}: {entries:?}");
@@ -633,7 +633,7 @@ async fn client_refuses_server_of_another_version() {
         c.closed_within(T).await
     });
     let cfg = client_config(addr.to_string());
-    let r = ferry_net::client::list(&cfg, "/").await;
+    let r = ferry_net::client::list(&cfg, "/", &ferry_core::NoReporter).await;
     assert_eq!(code_of(&r), Some(ErrorCode::VERSION), "{r:?}");
     assert!(fake.await.unwrap(), "client hung up");
 }
@@ -657,7 +657,7 @@ async fn wrong_token_refused_and_server_keeps_serving() {
     for token in &wrong {
         let mut cfg = server.client();
         cfg.token = token.clone();
-        let r = ferry_net::client::list(&cfg, "/").await;
+        let r = ferry_net::client::list(&cfg, "/", &ferry_core::NoReporter).await;
         match &r {
             Err(SessionError::Remote { code, message }) => {
                 assert_eq!(*code, ErrorCode::AUTH, "{token:?}");
@@ -665,15 +665,33 @@ async fn wrong_token_refused_and_server_keeps_serving() {
             }
             other => panic!("token {token:?}: {other:?}"),
         }
-        let r = ferry_net::client::put(&cfg, std::slice::from_ref(&file), "/", reporter()).await;
-        assert_eq!(code_of(&r), Some(ErrorCode::AUTH), "{token:?}");
+    }
+    // Five failures from one address: the next attempts are slowed down, whatever the token,
+    // and not retried automatically.
+    assert_eq!(wrong.len() as u32, ferry_net::access::LoginBrake::FREE);
+    let r = ferry_net::client::put(
+        &server.client(),
+        std::slice::from_ref(&file),
+        "/",
+        reporter(),
+    )
+    .await;
+    match &r {
+        Err(e @ SessionError::Remote { code, message }) => {
+            assert_eq!(*code, ErrorCode::SLOW_DOWN, "{message}");
+            assert!(message.contains("try again in"), "{message}");
+            assert!(!e.is_retryable());
+        }
+        other => panic!("expected slow_down: {other:?}"),
     }
     // A token longer than the protocol allows is refused as malformed, not checked.
     let mut cfg = server.client();
     cfg.token = "t".repeat(300);
-    let r = ferry_net::client::list(&cfg, "/").await;
+    let r = ferry_net::client::list(&cfg, "/", &ferry_core::NoReporter).await;
     assert!(r.is_err());
     assert_eq!(names(&server.root), Vec::<String>::new());
+    // The wait is short at first: after it, the right token works again (and clears the count).
+    tokio::time::sleep(Duration::from_millis(2100)).await;
 
     let r = ferry_net::client::put(
         &server.client(),
@@ -870,7 +888,7 @@ async fn garbage_connections_dropped_while_a_transfer_succeeds() {
     assert_eq!(snapshot(&tree), snapshot(&server.root.join("in/t")));
     // And the server still serves new sessions afterwards.
     assert_eq!(
-        ferry_net::client::list(&server.client(), "/in/t")
+        ferry_net::client::list(&server.client(), "/in/t", &ferry_core::NoReporter)
             .await
             .unwrap()
             .len(),
@@ -1108,7 +1126,7 @@ async fn connection_cap_refuses_with_busy_then_recovers() {
     assert_eq!(code, Some(ErrorCode::BUSY));
     assert!(closed);
     // Through the client as well: a clear, retryable BUSY.
-    let r = ferry_net::client::list(&server.client(), "/").await;
+    let r = ferry_net::client::list(&server.client(), "/", &ferry_core::NoReporter).await;
     assert_eq!(code_of(&r), Some(ErrorCode::BUSY), "{r:?}");
     assert!(r.unwrap_err().is_retryable());
 

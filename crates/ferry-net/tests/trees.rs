@@ -201,9 +201,10 @@ async fn wide_directory_round_trip_and_listing() {
     let back = fast_tempdir();
     round_trip(&server, &tree, back.path()).await;
     // A listing of 3,000 entries spans several ListEntries frames (1,024 at most each).
-    let entries = ferry_net::client::list(&server.client(), "/incoming/wide")
-        .await
-        .unwrap();
+    let entries =
+        ferry_net::client::list(&server.client(), "/incoming/wide", &ferry_core::NoReporter)
+            .await
+            .unwrap();
     assert_eq!(entries.len(), 3000);
     let mut names: Vec<_> = entries.iter().map(|e| e.name.clone()).collect();
     names.sort();
@@ -275,9 +276,10 @@ async fn unicode_and_odd_names_round_trip() {
     let back = tempfile::tempdir().unwrap();
     round_trip(&server, &tree, back.path()).await;
 
-    let listed = ferry_net::client::list(&server.client(), "/incoming/names")
-        .await
-        .unwrap();
+    let listed =
+        ferry_net::client::list(&server.client(), "/incoming/names", &ferry_core::NoReporter)
+            .await
+            .unwrap();
     let mut got: Vec<_> = listed.into_iter().map(|e| e.name).collect();
     got.sort();
     let mut want = names.clone();
@@ -742,7 +744,9 @@ async fn get_file_to_new_name_tree_into_existing_dir_and_list() {
     );
 
     // Listing: names, kinds, sizes, modes, mtimes.
-    let entries = ferry_net::client::list(&cfg, "/pub").await.unwrap();
+    let entries = ferry_net::client::list(&cfg, "/pub", &ferry_core::NoReporter)
+        .await
+        .unwrap();
     let got: Vec<_> = entries.iter().map(|e| (e.name.as_str(), e.kind)).collect();
     assert_eq!(
         got,
@@ -763,24 +767,30 @@ async fn get_file_to_new_name_tree_into_existing_dir_and_list() {
         "a link's size is its target's length"
     );
     // A file is described by itself; the root lists its top entries.
-    let one = ferry_net::client::list(&cfg, "pub/a.bin").await.unwrap();
+    let one = ferry_net::client::list(&cfg, "pub/a.bin", &ferry_core::NoReporter)
+        .await
+        .unwrap();
     assert_eq!(one.len(), 1);
     assert_eq!(
         (one[0].name.as_str(), one[0].size),
         ("a.bin", a.len() as u64)
     );
-    let top = ferry_net::client::list(&cfg, "/").await.unwrap();
+    let top = ferry_net::client::list(&cfg, "/", &ferry_core::NoReporter)
+        .await
+        .unwrap();
     assert_eq!(
         top.iter().map(|e| e.name.as_str()).collect::<Vec<_>>(),
         ["pub"]
     );
-    let empty = ferry_net::client::list(&cfg, "/pub/emptydir")
+    let empty = ferry_net::client::list(&cfg, "/pub/emptydir", &ferry_core::NoReporter)
         .await
         .unwrap();
     assert!(empty.is_empty());
     // Missing paths are a clear not-found, for list and get alike.
     for res in [
-        ferry_net::client::list(&cfg, "/pub/nope").await.map(|_| ()),
+        ferry_net::client::list(&cfg, "/pub/nope", &ferry_core::NoReporter)
+            .await
+            .map(|_| ()),
         ferry_net::client::get(&cfg, "/pub/nope", back.path(), reporter())
             .await
             .map(|_| ()),

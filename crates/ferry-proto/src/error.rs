@@ -104,6 +104,9 @@ impl ErrorCode {
             Self::TIMEOUT => "timeout",
             Self::INTERNAL => "internal",
             Self::NO_SPACE => "no_space",
+            Self::ENCRYPTION => "encryption",
+            Self::DENIED => "denied",
+            Self::SLOW_DOWN => "slow_down",
             _ => return None,
         })
     }

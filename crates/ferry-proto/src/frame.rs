@@ -408,4 +408,10 @@ impl ErrorCode {
     pub const TIMEOUT: Self = Self(11);
     pub const INTERNAL: Self = Self(12);
     pub const NO_SPACE: Self = Self(13);
+    /// One end requires TLS and the other offered plain TCP, or the reverse.
+    pub const ENCRYPTION: Self = Self(14);
+    /// The token is valid but its scope does not cover the path or the operation.
+    pub const DENIED: Self = Self(15);
+    /// Too many failed logins from this address: wait before trying again.
+    pub const SLOW_DOWN: Self = Self(16);
 }

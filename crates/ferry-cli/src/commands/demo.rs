@@ -179,11 +179,10 @@ pub async fn run(args: DemoArgs, quiet: bool) -> Result<ExitCode> {
     let mut token = [0u8; 16];
     getrandom::fill(&mut token).map_err(|e| anyhow::anyhow!("no OS randomness: {e}"))?;
     let token = ferry_core::digest::hex(&token);
-    let server = Server::bind(
-        "127.0.0.1:0".parse()?,
-        ServerConfig::new(&dest, token.clone()),
-    )
-    .await?;
+    // TLS as in real use: the demo's throughput includes the encryption.
+    let config = ServerConfig::new(&dest, token.clone());
+    let fingerprint = config.tls.as_ref().map(|id| id.fingerprint().to_string());
+    let server = Server::bind("127.0.0.1:0".parse()?, config).await?;
     let addr = server.local_addr()?;
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let server_task = tokio::spawn(server.run(async {
@@ -205,15 +204,23 @@ pub async fn run(args: DemoArgs, quiet: bool) -> Result<ExitCode> {
         config: None,
         connect_timeout: 15,
         retry_for: "0".into(),
+        conn: crate::args::ConnArgs {
+            no_encrypt: false,
+            server_fingerprint: fingerprint,
+            known_hosts: None,
+            ssh: "ssh".into(),
+            remote_ferry: "ferry".into(),
+        },
     };
     let remote = Remote {
         host: "127.0.0.1".into(),
         port: addr.port(),
         path: "/".into(),
+        ssh_user: None,
     };
     let cfg = client_config(&targs, &remote)?;
     say(format!(
-        "server on {addr}, {} streams, 8 MiB blocks, blake3 end to end",
+        "server on {addr}, {} streams, 8 MiB blocks, TLS 1.3, blake3 end to end",
         args.streams
     ));
 

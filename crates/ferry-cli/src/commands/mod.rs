@@ -3,6 +3,7 @@
 mod demo;
 mod probe;
 mod serve;
+mod token;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -25,6 +26,7 @@ pub async fn run(cli: Cli) -> Result<ExitCode> {
         Command::Ls(a) => ls(a).await,
         Command::Demo(a) => demo::run(a, quiet).await,
         Command::Probe(c) => probe::run(c, quiet).await,
+        Command::Token(c) => token::run(c, quiet),
     }
 }
 
@@ -45,12 +47,16 @@ async fn put(args: PutArgs, quiet: bool) -> Result<ExitCode> {
             "`{s}` looks remote; put sends local paths (use get to fetch)"
         )));
     }
-    let cfg = client_config(&args.transfer, &remote).map_err(usage)?;
+    let mut cfg = client_config(&args.transfer, &remote).map_err(usage)?;
     warn_fixed_window(&cfg, quiet);
+    let oneshot = start_oneshot(&mut cfg, &remote, &args.transfer).await?;
     let sources: Vec<PathBuf> = sources.iter().map(PathBuf::from).collect();
     let progress = Arc::new(Progress::new(quiet || args.transfer.json));
     let result = ferry_net::client::put(&cfg, &sources, &remote.path, progress.clone()).await;
     progress.finish();
+    if let Some(o) = oneshot {
+        o.finish().await;
+    }
     finish(result, &args.transfer, quiet)
 }
 
@@ -58,12 +64,38 @@ async fn get(args: GetArgs, quiet: bool) -> Result<ExitCode> {
     let remote = Remote::parse(&args.remote)
         .context("the first argument of get is the source, HOST[:PORT]:PATH")
         .map_err(usage)?;
-    let cfg = client_config(&args.transfer, &remote).map_err(usage)?;
+    let mut cfg = client_config(&args.transfer, &remote).map_err(usage)?;
     warn_fixed_window(&cfg, quiet);
+    let oneshot = start_oneshot(&mut cfg, &remote, &args.transfer).await?;
     let progress = Arc::new(Progress::new(quiet || args.transfer.json));
     let result = ferry_net::client::get(&cfg, &remote.path, &args.dest, progress.clone()).await;
     progress.finish();
+    if let Some(o) = oneshot {
+        o.finish().await;
+    }
     finish(result, &args.transfer, quiet)
+}
+
+/// For `USER@HOST:PATH`: starts `ferry serve --oneshot` over ssh and points `cfg` at it, pinned
+/// to the key it announced on the (ssh-authenticated) channel.
+async fn start_oneshot(
+    cfg: &mut ferry_net::ClientConfig,
+    remote: &Remote,
+    args: &TransferArgs,
+) -> Result<Option<crate::ssh::Oneshot>> {
+    let Some(target) = remote.ssh_target() else {
+        return Ok(None);
+    };
+    let wait = std::time::Duration::from_secs(args.connect_timeout.max(1) + 30);
+    let o = crate::ssh::Oneshot::start(&args.conn, &target, &remote.host, wait)
+        .await
+        .with_context(|| format!("starting a ferry session on {target} over ssh"))?;
+    cfg.server = o.server.clone();
+    cfg.token = o.token.clone();
+    if let (ferry_net::Security::Tls(_), Some(fp)) = (&cfg.security, o.fingerprint) {
+        cfg.security = ferry_net::Security::Tls(ferry_net::ServerTrust::Pinned(fp));
+    }
+    Ok(Some(o))
 }
 
 /// Fixed socket buffers are the mistake that made iRODS up to 100x slower at 100 ms RTT: say
@@ -151,8 +183,14 @@ pub fn summary_line(r: &TransferReport) -> String {
 
 async fn ls(args: LsArgs) -> Result<ExitCode> {
     let remote = Remote::parse(&args.remote).map_err(usage)?;
+    if remote.ssh_user.is_some() {
+        return Err(usage(anyhow::anyhow!(
+            "ls needs a running `ferry serve` (HOST[:PORT]:PATH); over ssh, use ssh itself"
+        )));
+    }
     let token = resolve_token(args.token.as_deref(), args.config.as_deref(), &remote.host)
         .map_err(usage)?;
+    let security = crate::config::security(&args.conn, &remote.server()).map_err(usage)?;
     let cfg = ferry_net::ClientConfig {
         server: remote.server(),
         token,
@@ -169,8 +207,10 @@ async fn ls(args: LsArgs) -> Result<ExitCode> {
         idle_timeout: std::time::Duration::from_secs(60),
         corrupt_blocks: Vec::new(),
         retry_for: std::time::Duration::ZERO,
+        security,
     };
-    let entries = ferry_net::client::list(&cfg, &remote.path)
+    let notices = Progress::new(false);
+    let entries = ferry_net::client::list(&cfg, &remote.path, &notices)
         .await
         .context("listing failed")?;
     if args.json {

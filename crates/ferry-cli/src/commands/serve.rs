@@ -6,8 +6,11 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
+use std::sync::Arc;
+
 use anyhow::{bail, Context, Result};
-use ferry_net::{Server, ServerConfig};
+use ferry_net::access::{self, Access, AccessList};
+use ferry_net::{Identity, Server, ServerConfig};
 
 use crate::args::ServeArgs;
 use crate::usage;
@@ -69,47 +72,80 @@ pub fn load_or_create_token(path: &Path) -> Result<(String, bool)> {
 }
 
 pub async fn run(args: ServeArgs, quiet: bool) -> Result<ExitCode> {
-    let (token_path, explicit) = match &args.token_file {
-        Some(p) => (p.clone(), true),
-        None => (state_dir().map_err(usage)?.join("token"), false),
+    if args.oneshot {
+        return oneshot(args).await;
+    }
+    let root = args
+        .root
+        .clone()
+        .context("--root is required")
+        .map_err(usage)?;
+    let state = state_dir().map_err(usage)?;
+    let access = if let Some(path) = &args.token_file {
+        // One full-access token kept in a file, for scripts that need to read it back.
+        let (token, _) = load_or_create_token(path).map_err(usage)?;
+        Access::Fixed(AccessList::single("token-file", &token))
+    } else {
+        let path = args
+            .tokens
+            .clone()
+            .unwrap_or_else(|| state.join("tokens.toml"));
+        let file = access::load(&path).map_err(|e| usage(e.into()))?;
+        if file.tokens.is_empty() {
+            let token = access::add_token(&path, "default", vec![], vec![], false)
+                .with_context(|| format!("creating the first token in {}", path.display()))?;
+            // Shown once; only its hash is kept.
+            eprintln!(
+                "ferry: new full-access token `default` (shown once; only its hash is kept in {}): {token}",
+                path.display()
+            );
+            eprintln!("ferry: manage tokens with `ferry token add|list|revoke`");
+        } else if !quiet {
+            eprintln!(
+                "ferry: {} token(s) in {}",
+                file.tokens.len(),
+                path.display()
+            );
+        }
+        Access::file(path)
     };
-    let (token, created) = load_or_create_token(&token_path).map_err(usage)?;
-    if !explicit && !quiet {
+    let (identity, created) = Identity::load_or_create(&state).map_err(|e| usage(e.into()))?;
+    if !quiet {
         eprintln!(
-            "ferry: token and state in {}",
-            token_path.parent().unwrap_or(Path::new(".")).display()
+            "ferry: TLS key {} in {}; clients can pin it with --server-fingerprint {}",
+            if created { "created" } else { "loaded" },
+            state.display(),
+            identity.fingerprint()
         );
     }
-    if created && !explicit {
-        // Shown once; afterwards it is only in the token file.
-        eprintln!(
-            "ferry: new access token (shown once, kept in {}): {token}",
-            token_path.display()
-        );
-    }
-    if !args.root.is_dir() {
+    if !root.is_dir() {
         return Err(usage(anyhow::anyhow!(
             "--root {} is not a directory",
-            args.root.display()
+            root.display()
         )));
     }
-    let addr = tokio::net::lookup_host(&args.listen)
-        .await
-        .ok()
-        .and_then(|mut a| a.next())
-        .with_context(|| format!("--listen {}: not an address", args.listen))
-        .map_err(usage)?;
-    let mut config = ServerConfig::new(&args.root, token);
+    let listen = args.listen.clone().unwrap_or_else(|| "0.0.0.0:7070".into());
+    let addr = lookup(&listen).await?;
+    let mut config = ServerConfig::new(&root, String::new());
+    config.access = Arc::new(access);
+    config.tls = Some(identity);
+    config.allow_plaintext = args.allow_plaintext;
     config.max_connections = args.max_connections.max(1);
     config.max_streams = args.max_streams.max(1);
     config.idle_timeout = Duration::from_secs(args.idle_timeout.max(5));
     config.partial_max_age = crate::config::parse_duration(&args.partial_max_age).map_err(usage)?;
+    if args.allow_plaintext {
+        eprintln!(
+            "ferry: warning: --allow-plaintext: clients that ask for plain TCP (--no-encrypt) are \
+             served without encryption; their data and tokens can be read on the path"
+        );
+    }
     let server = Server::bind(addr, config)
         .await
         .with_context(|| format!("cannot listen on {addr}"))?;
     let local = server.local_addr()?;
     if !quiet {
-        eprintln!("ferry: serving {} on {local}", args.root.display());
+        eprintln!("ferry: serving {} on {local}", root.display());
     }
     let report = server.scan_partials();
     if !quiet && (report.kept_files > 0 || report.removed_files > 0) {
@@ -126,6 +162,89 @@ pub async fn run(args: ServeArgs, quiet: bool) -> Result<ExitCode> {
     if !quiet {
         eprintln!("ferry: stopped");
     }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn lookup(listen: &str) -> Result<std::net::SocketAddr> {
+    tokio::net::lookup_host(listen)
+        .await
+        .ok()
+        .and_then(|mut a| a.next())
+        .with_context(|| format!("--listen {listen}: not an address"))
+        .map_err(usage)
+}
+
+/// How long `serve --oneshot` waits without a session before it gives up: the client connects
+/// within seconds, and between retries waits at most 30 s.
+const ONESHOT_IDLE: Duration = Duration::from_secs(120);
+
+/// `serve --oneshot`: one client, started over ssh (see `crate::ssh`).
+async fn oneshot(args: ServeArgs) -> Result<ExitCode> {
+    let root = args.root.clone().unwrap_or_else(|| PathBuf::from("/"));
+    // Relative paths are relative to the home directory, as with scp.
+    let base = std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .and_then(|h| h.strip_prefix(&root).ok().map(Path::to_path_buf))
+        .map(|p| p.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let token = access::new_token();
+    let identity = Identity::generate()?;
+    let fingerprint = identity.fingerprint();
+    let mut config = ServerConfig::new(&root, token.clone());
+    config.tls = Some(identity);
+    config.allow_plaintext = args.allow_plaintext;
+    config.base = base;
+    config.max_connections = args.max_connections.clamp(1, 128);
+    config.max_streams = args.max_streams.max(1);
+    config.idle_timeout = Duration::from_secs(args.idle_timeout.max(5));
+    let listen = args.listen.clone().unwrap_or_else(|| "0.0.0.0:0".into());
+    let addr = lookup(&listen).await?;
+    let server = Server::bind(addr, config)
+        .await
+        .with_context(|| format!("cannot listen on {addr}"))?;
+    let port = server.local_addr()?.port();
+    // The address the ssh client reached us on (SSH_CONNECTION = "cip cport sip sport"): it
+    // works even when the client knows this host only by an ssh alias.
+    let ssh_addr = std::env::var("SSH_CONNECTION")
+        .ok()
+        .and_then(|v| v.split_whitespace().nth(2).map(str::to_owned))
+        .unwrap_or_default();
+    {
+        let mut out = std::io::stdout().lock();
+        writeln!(
+            out,
+            "{} 1 addr={ssh_addr} port={port} token={token} fingerprint={fingerprint}",
+            crate::ssh::ANNOUNCE
+        )?;
+        out.flush()?;
+    }
+    let idle = server.idle_probe();
+    let done = async move {
+        let stdin_closed = async {
+            let mut stdin = tokio::io::stdin();
+            let mut buf = [0u8; 256];
+            loop {
+                match tokio::io::AsyncReadExt::read(&mut stdin, &mut buf).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(_) => {}
+                }
+            }
+        };
+        let idle_out = async {
+            loop {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                if idle.idle_for() > ONESHOT_IDLE {
+                    return;
+                }
+            }
+        };
+        tokio::select! {
+            _ = stdin_closed => {}
+            _ = idle_out => {}
+            _ = shutdown_signal() => {}
+        }
+    };
+    server.run(done).await;
     Ok(ExitCode::SUCCESS)
 }
 

@@ -229,13 +229,20 @@ impl Server {
                     .lines()
                     .any(|l| l.starts_with("ferry: serving ") && l.ends_with(&want))
                 {
-                    let token_path = token_file
-                        .map(Path::to_path_buf)
-                        .unwrap_or_else(|| sb.state_dir().join("token"));
-                    let token = fs::read_to_string(&token_path)
-                        .expect("token file after start")
-                        .trim()
-                        .to_owned();
+                    // With --token-file the token is in the file; otherwise only its hash is
+                    // kept, and the first start prints it once (empty on later starts).
+                    let token = match token_file {
+                        Some(f) => fs::read_to_string(f)
+                            .expect("token file after start")
+                            .trim()
+                            .to_owned(),
+                        None => text
+                            .lines()
+                            .find(|l| l.contains("new full-access token"))
+                            .and_then(|l| l.rsplit(' ').next())
+                            .unwrap_or_default()
+                            .to_owned(),
+                    };
                     return Self {
                         guard,
                         port,

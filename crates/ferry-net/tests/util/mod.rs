@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use ferry_net::{ClientConfig, Server, ServerConfig};
+use ferry_net::{ClientConfig, Fingerprint, Security, Server, ServerConfig, ServerTrust};
 use ferry_proto::{ChecksumAlgo, ExistingPolicy, TransferOpts};
 use tokio::sync::oneshot;
 
@@ -20,6 +20,8 @@ pub const BLOCK: u32 = 64 * 1024;
 pub struct TestServer {
     pub addr: SocketAddr,
     pub root: PathBuf,
+    /// `None` when the test configured a plain-TCP-only server.
+    pub fingerprint: Option<Fingerprint>,
     _dir: tempfile::TempDir,
     stop: Option<oneshot::Sender<()>>,
     task: Option<tokio::task::JoinHandle<()>>,
@@ -41,7 +43,10 @@ impl TestServer {
         let mut config = ServerConfig::new(&root, TOKEN);
         config.auth_failure_delay = Duration::from_millis(50);
         config.handshake_timeout = Duration::from_secs(2);
+        // Raw frame clients (the hostile-input tests) speak plain TCP; the client API uses TLS.
+        config.allow_plaintext = true;
         f(&mut config);
+        let fingerprint = config.tls.as_ref().map(|id| id.fingerprint());
         let server = Server::bind("127.0.0.1:0".parse().unwrap(), config)
             .await
             .unwrap();
@@ -53,14 +58,20 @@ impl TestServer {
         Self {
             addr,
             root,
+            fingerprint,
             _dir: dir,
             stop: Some(tx),
             task: Some(task),
         }
     }
 
+    /// A TLS client pinned to this server's key (plain TCP if the server has no key).
     pub fn client(&self) -> ClientConfig {
-        client_config(self.addr.to_string())
+        let mut c = client_config(self.addr.to_string());
+        if let Some(fp) = self.fingerprint {
+            c.security = Security::Tls(ServerTrust::Pinned(fp));
+        }
+        c
     }
 
     pub async fn stop(mut self) {
@@ -94,6 +105,8 @@ pub fn client_config(server: String) -> ClientConfig {
         idle_timeout: Duration::from_secs(20),
         corrupt_blocks: Vec::new(),
         retry_for: Duration::ZERO,
+        // Fake servers in the tests speak plain frames; `TestServer::client` switches to TLS.
+        security: Security::Plaintext,
     }
 }
 
