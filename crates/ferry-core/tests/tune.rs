@@ -270,12 +270,15 @@ fn reacts_when_the_window_halves() {
     let o = simulate_sim(sim, cfg, secs(90));
     let (bn, best) = after.best(64);
     let recovered = first_time_at(&o.trace, secs(40), 0.95 * best);
+    let drift = o.state.history.iter().find(|s| s.verdict == Verdict::Drift);
     eprintln!(
-        "window 4->2 MiB at 40 s: {} -> {} streams (best {bn}); back to 95% of best {:.0} Mbit/s {:?} after the change",
+        "window 4->2 MiB at 40 s: noticed at {:?}; {} -> {} streams (best {bn}); 2 s at >= 95% of best {:.0} Mbit/s from {:?} after the change; rate 40-50 s {:.0}",
+        drift.map(|s| s.at),
         4,
         o.state.best,
         mbit(best),
-        recovered
+        recovered,
+        mbit(o.trace.rate(secs(40), secs(50))),
     );
     assert!(o.state.best >= 6, "{}", o.state.best);
     assert!(recovered.expect("never recovered") <= secs(20));
