@@ -11,6 +11,7 @@ pub mod recv;
 pub mod report;
 pub mod root;
 pub mod send;
+pub mod tune;
 
 pub use error::{FsError, PathError};
 pub use report::{NoReporter, Reporter};

@@ -1,0 +1,714 @@
+//! An online tuner for one concurrency knob (network streams, reader threads, writer threads).
+//!
+//! Sans-I/O: it never reads a clock, opens a socket or spawns a thread. The caller passes the
+//! time since the transfer started and the total payload bytes delivered so far, and applies
+//! the [`Action`]s it returns. That keeps the policy deterministic, so it can be tested against
+//! the simulated path in [`sim`] in milliseconds instead of against a WAN in hours, and the same
+//! code drives streams and storage threads. The state machine is documented in
+//! `docs/TUNING.md`.
+//!
+//! The search is a hill climb on measured throughput: the best setting is not predictable from
+//! the path alone (window caps, CPU contention, storage and cross traffic all move it; see
+//! BENCHMARKS.md), but throughput against concurrency is close to unimodal, so probing
+//! neighbours and keeping only clear gains finds the top in a handful of steps.
+
+pub mod sim;
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+/// Which knob a tuner drives; only used to label its actions and logs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Knob {
+    Streams,
+    Readers,
+    Writers,
+}
+
+/// What the caller should change now. A change is assumed to take effect at the `now` of the
+/// call that returned it: the tuner starts its warmup from there.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Action {
+    SetStreams(u32),
+    SetReaders(u32),
+    SetWriters(u32),
+}
+
+impl Action {
+    fn new(knob: Knob, n: u32) -> Self {
+        match knob {
+            Knob::Streams => Action::SetStreams(n),
+            Knob::Readers => Action::SetReaders(n),
+            Knob::Writers => Action::SetWriters(n),
+        }
+    }
+
+    /// The new value of the knob, whichever it is.
+    pub fn count(self) -> u32 {
+        match self {
+            Action::SetStreams(n) | Action::SetReaders(n) | Action::SetWriters(n) => n,
+        }
+    }
+}
+
+/// A configuration the tuner cannot run with.
+#[derive(Debug, thiserror::Error, Clone, PartialEq)]
+pub enum TuneError {
+    #[error("min ({min}) must be at least 1 and at most max ({max})")]
+    Bounds { min: u32, max: u32 },
+    #[error("{what} ({value}) is outside min..=max ({min}..={max})")]
+    OutOfBounds {
+        what: &'static str,
+        value: u32,
+        min: u32,
+        max: u32,
+    },
+    #[error("the measurement interval must be longer than zero")]
+    ZeroInterval,
+    #[error("samples per step must be at least 1")]
+    NoSamples,
+    #[error("{what} ({value}) must be a finite number in 0..1")]
+    Fraction { what: &'static str, value: f64 },
+}
+
+/// How the tuner measures and decides. Every field is public so a profile can override it;
+/// use [`TunerConfig::streams_for_rtt`] or [`TunerConfig::storage`] to start from values that
+/// suit the knob.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TunerConfig {
+    pub knob: Knob,
+    pub min: u32,
+    pub max: u32,
+    /// The fixed default ferry would use untuned. The tuner never settles on a setting it
+    /// measured slower than this one, and the default needs no margin to win a comparison:
+    /// "never make a transfer slower than the fixed default" (issue 6).
+    pub default: u32,
+    /// Where to begin: a profile or a previous transfer on the same route (HARP's lesson:
+    /// online search costs seconds, a good prior saves them). Usually the default.
+    pub start: u32,
+    /// Length of one rate sample. Long enough to hold several blocks per stream, so counting
+    /// bytes per block does not quantise the rate.
+    pub interval: Duration,
+    /// Time ignored after every change, so slow start of new streams (or the drain of removed
+    /// ones) is not mistaken for the steady rate of the new setting (iperf3 -O).
+    pub warmup: Duration,
+    /// Samples per measurement; the median is taken, so one outlier interval cannot decide.
+    pub samples: u32,
+    /// Smallest relative gain that justifies a move. Noise adds to it (see `TUNING.md`).
+    pub gain_threshold: f64,
+    /// Utility discount per unit above the default (Falcon: more streams must pay for
+    /// themselves, which keeps the tuner from taking bandwidth from neighbours for a sliver).
+    pub unit_cost: f64,
+    /// Relative change of the settled rate that means the path changed: search again.
+    pub drift_threshold: f64,
+    /// Settled measurements between probes of a neighbour (FTS3's ±1 steps).
+    pub probe_every: u32,
+    /// After a failed probe the wait for that direction doubles, up to this many times
+    /// `probe_every`: an optimum that keeps being confirmed is probed less and less.
+    pub max_backoff: u32,
+    /// Steps kept in [`TunerState::history`].
+    pub history: usize,
+}
+
+impl TunerConfig {
+    /// Network streams on a path with this round-trip time. Warmup covers slow start up to a
+    /// 64 MiB window (about 12 RTTs from a 10-segment initial window), the interval a few
+    /// RTTs but not less than half a second, so per-block byte counts average out.
+    pub fn streams_for_rtt(rtt: Duration) -> Self {
+        let warmup = (rtt * 16).clamp(Duration::from_millis(500), Duration::from_secs(10));
+        let interval = (rtt * 5).clamp(Duration::from_millis(500), Duration::from_secs(2));
+        Self {
+            knob: Knob::Streams,
+            min: 1,
+            max: 64,
+            default: 4,
+            start: 4,
+            interval,
+            warmup,
+            samples: 3,
+            gain_threshold: 0.05,
+            unit_cost: 0.01,
+            drift_threshold: 0.2,
+            probe_every: 4,
+            max_backoff: 8,
+            history: 64,
+        }
+    }
+
+    /// Reader or writer threads. Storage has no slow start, but queues and the page cache
+    /// need a moment to reach a steady state after a change; it also usually wants fewer
+    /// threads than the network, so the bounds are tighter.
+    pub fn storage(knob: Knob) -> Self {
+        Self {
+            knob,
+            max: 16,
+            interval: Duration::from_millis(500),
+            warmup: Duration::from_millis(500),
+            ..Self::streams_for_rtt(Duration::ZERO)
+        }
+    }
+
+    /// The same configuration starting from `start` (e.g. a remembered value for the route).
+    pub fn with_start(mut self, start: u32) -> Self {
+        self.start = start;
+        self
+    }
+
+    pub fn validate(&self) -> Result<(), TuneError> {
+        if self.min == 0 || self.min > self.max {
+            return Err(TuneError::Bounds {
+                min: self.min,
+                max: self.max,
+            });
+        }
+        for (what, value) in [("default", self.default), ("start", self.start)] {
+            if !(self.min..=self.max).contains(&value) {
+                return Err(TuneError::OutOfBounds {
+                    what,
+                    value,
+                    min: self.min,
+                    max: self.max,
+                });
+            }
+        }
+        if self.interval.is_zero() {
+            return Err(TuneError::ZeroInterval);
+        }
+        if self.samples == 0 {
+            return Err(TuneError::NoSamples);
+        }
+        for (what, value) in [
+            ("gain_threshold", self.gain_threshold),
+            ("unit_cost", self.unit_cost),
+            ("drift_threshold", self.drift_threshold),
+        ] {
+            if !(value.is_finite() && (0.0..1.0).contains(&value)) {
+                return Err(TuneError::Fraction { what, value });
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Default for TunerConfig {
+    /// Streams on a 50 ms path: the middle of the RTTs ferry is built for.
+    fn default() -> Self {
+        Self::streams_for_rtt(Duration::from_millis(50))
+    }
+}
+
+/// Where the state machine is (table in `TUNING.md`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    /// Measuring the starting setting.
+    Baseline,
+    /// Measuring a larger setting during a search.
+    Up,
+    /// Measuring a smaller setting during a search.
+    Down,
+    /// Holding the best setting and watching its rate.
+    Settled,
+    /// Measuring a neighbour of the best setting while settled.
+    Probe,
+}
+
+/// What became of one measurement.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// The first measurement, or the first after the path changed.
+    Baseline,
+    /// Better than the best: it is the best now.
+    Kept,
+    /// Not better by enough: back to (or on to) something else.
+    Rejected,
+    /// The settled rate moved by more than `drift_threshold`: searching again.
+    Drift,
+}
+
+/// One measured step, for logs and `--json`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Step {
+    /// When the measurement completed.
+    pub at: Duration,
+    pub value: u32,
+    /// Median rate over the measurement, bytes per second.
+    pub rate: f64,
+    pub verdict: Verdict,
+}
+
+/// A snapshot of the tuner for logs and `--json`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TunerState {
+    pub knob: Knob,
+    pub phase: Phase,
+    pub current: u32,
+    pub best: u32,
+    /// Latest rate estimate of `best`, bytes per second (0 before the first measurement).
+    pub best_rate: f64,
+    /// When the tuner first settled.
+    pub first_settled: Option<Duration>,
+    /// Changes asked of the caller so far.
+    pub changes: u64,
+    /// The latest measured steps, oldest first, at most `history` of them.
+    pub history: Vec<Step>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Dir {
+    Up,
+    Down,
+}
+
+/// Doubling and halving find the region of the optimum in log steps from any start (TCP's
+/// slow start does the same); fine steps then refine and track it (FTS3's ±1). A fine step is
+/// an eighth of the setting, at least 1: at 20 streams a ±1 step changes the rate by about
+/// 5%, no more than the threshold, so single steps could never climb there.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Stride {
+    Double,
+    Fine,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Search {
+    dir: Dir,
+    stride: Stride,
+    /// A step was kept in this search: a rejection then ends it instead of turning around.
+    moved: bool,
+    /// The default was measured in this search (the guarantee needs it).
+    seen_default: bool,
+    /// The current probe is the closing check of the default.
+    closing: bool,
+    /// The nearest setting in `dir` measured not better: the optimum lies before it, so the
+    /// search bisects towards it instead of stepping past it.
+    limit: Option<u32>,
+}
+
+/// The tuner. Feed it [`Tuner::on_progress`] regularly (every 100 ms or so, or on every
+/// progress event) and apply what it returns.
+#[derive(Clone, Debug)]
+pub struct Tuner {
+    cfg: TunerConfig,
+    phase: Phase,
+    current: u32,
+    best: u32,
+    best_rate: f64,
+    /// Relative half-range of the samples behind `best_rate`: the noise the next comparison
+    /// must beat on top of the threshold.
+    best_spread: f64,
+    search: Search,
+    /// Start of the current measurement (the last change); samples begin after the warmup.
+    since: Duration,
+    /// Start of the interval being sampled: time and bytes.
+    open: Option<(Duration, u64)>,
+    samples: Vec<f64>,
+    /// Settled measurements so far, and when a probe in each direction is next due.
+    settled_count: u64,
+    due: [u64; 2],
+    backoff: [u32; 2],
+    last_probe: Dir,
+    first_settled: Option<Duration>,
+    changes: u64,
+    history: VecDeque<Step>,
+}
+
+impl Tuner {
+    /// A tuner whose knob is at `cfg.start` since `start`.
+    pub fn new(cfg: TunerConfig, start: Duration) -> Result<Self, TuneError> {
+        cfg.validate()?;
+        let n = cfg.start;
+        Ok(Self {
+            phase: Phase::Baseline,
+            current: n,
+            best: n,
+            best_rate: 0.0,
+            best_spread: 0.0,
+            search: Search {
+                dir: Dir::Up,
+                stride: Stride::Double,
+                moved: false,
+                seen_default: false,
+                closing: false,
+                limit: None,
+            },
+            since: start,
+            open: None,
+            samples: Vec::with_capacity(cfg.samples as usize),
+            settled_count: 0,
+            due: [cfg.probe_every as u64; 2],
+            backoff: [1; 2],
+            last_probe: Dir::Down,
+            first_settled: None,
+            changes: 0,
+            history: VecDeque::with_capacity(cfg.history.min(1024)),
+            cfg,
+        })
+    }
+
+    /// Reports progress: `delivered` is the total payload bytes delivered since the start
+    /// (monotonic; what matters is the difference between calls). Returns a change to apply
+    /// now, if any. Calls may come at any rate; a call earlier than the previous one, or with
+    /// fewer bytes, restarts the current interval instead of producing a bogus sample.
+    pub fn on_progress(&mut self, now: Duration, delivered: u64) -> Option<Action> {
+        if now < self.since + self.cfg.warmup {
+            return None;
+        }
+        let Some((t0, b0)) = self.open else {
+            self.open = Some((now, delivered));
+            return None;
+        };
+        if now < t0 || delivered < b0 {
+            self.open = Some((now, delivered));
+            return None;
+        }
+        let dt = now - t0;
+        if dt < self.cfg.interval {
+            return None;
+        }
+        self.open = Some((now, delivered));
+        self.samples
+            .push((delivered - b0) as f64 / dt.as_secs_f64());
+        if self.samples.len() < self.cfg.samples as usize {
+            return None;
+        }
+        let (rate, spread) = median_and_spread(&mut self.samples);
+        self.samples.clear();
+        self.measured(now, rate, spread)
+            .map(|n| Action::new(self.cfg.knob, n))
+    }
+
+    /// Discards the interval in progress: the bytes since the last call say nothing about the
+    /// knob (the sender ran out of work, a retry reconnected, the walk stalled). Samples
+    /// already taken are kept.
+    pub fn skip_interval(&mut self, now: Duration, delivered: u64) {
+        if self.open.is_some() {
+            self.open = Some((now, delivered));
+        }
+    }
+
+    /// True once a search has ended and the tuner holds (or is briefly probing around) its
+    /// best setting.
+    pub fn settled(&self) -> bool {
+        matches!(self.phase, Phase::Settled | Phase::Probe)
+    }
+
+    /// The value the knob has now, as far as the tuner knows.
+    pub fn current(&self) -> u32 {
+        self.current
+    }
+
+    /// The best value measured so far.
+    pub fn best(&self) -> u32 {
+        self.best
+    }
+
+    pub fn config(&self) -> &TunerConfig {
+        &self.cfg
+    }
+
+    pub fn state(&self) -> TunerState {
+        TunerState {
+            knob: self.cfg.knob,
+            phase: self.phase,
+            current: self.current,
+            best: self.best,
+            best_rate: self.best_rate,
+            first_settled: self.first_settled,
+            changes: self.changes,
+            history: self.history.iter().copied().collect(),
+        }
+    }
+
+    /// One measurement of `self.current` is complete. Returns the new value, if it changes.
+    fn measured(&mut self, now: Duration, rate: f64, spread: f64) -> Option<u32> {
+        let n = self.current;
+        if n == self.cfg.default && self.phase != Phase::Settled {
+            self.search.seen_default = true;
+        }
+        match self.phase {
+            Phase::Baseline => {
+                self.record(now, n, rate, Verdict::Baseline);
+                self.take_best(n, rate, spread);
+                self.begin_search(now)
+            }
+            Phase::Up | Phase::Down => {
+                if self.better(n, rate, spread) {
+                    self.record(now, n, rate, Verdict::Kept);
+                    self.take_best(n, rate, spread);
+                    self.search.moved = true;
+                    if self.search.closing {
+                        self.search.closing = false;
+                        self.search.limit = None;
+                    }
+                    self.step(now)
+                } else {
+                    self.record(now, n, rate, Verdict::Rejected);
+                    if self.search.closing {
+                        return self.finish(now);
+                    }
+                    self.search.limit = Some(n);
+                    self.step(now)
+                }
+            }
+            Phase::Settled => {
+                let ratio = if self.best_rate > 0.0 {
+                    rate / self.best_rate
+                } else if rate > 0.0 {
+                    f64::INFINITY
+                } else {
+                    1.0
+                };
+                let drift = self.cfg.drift_threshold;
+                if ratio > 1.0 + drift || ratio < 1.0 / (1.0 + drift) {
+                    self.record(now, n, rate, Verdict::Drift);
+                    self.take_best(n, rate, spread);
+                    return self.begin_search(now);
+                }
+                // Follow slow changes without letting one measurement move the reference far.
+                self.best_rate = (self.best_rate + rate) / 2.0;
+                self.best_spread = (self.best_spread + spread) / 2.0;
+                self.settled_count += 1;
+                self.maybe_probe(now)
+            }
+            Phase::Probe => {
+                let dir = self.search.dir;
+                if self.better(n, rate, spread) {
+                    self.record(now, n, rate, Verdict::Kept);
+                    self.take_best(n, rate, spread);
+                    self.backoff = [1; 2];
+                    self.search = Search {
+                        dir,
+                        stride: Stride::Fine,
+                        moved: true,
+                        seen_default: true,
+                        closing: false,
+                        limit: None,
+                    };
+                    self.phase = phase_of(dir);
+                    self.step(now)
+                } else {
+                    self.record(now, n, rate, Verdict::Rejected);
+                    let i = dir as usize;
+                    self.backoff[i] = (self.backoff[i] * 2).min(self.cfg.max_backoff.max(1));
+                    self.due[i] = self.settled_count + self.wait(dir);
+                    self.settle(now)
+                }
+            }
+        }
+    }
+
+    fn take_best(&mut self, n: u32, rate: f64, spread: f64) {
+        self.best = n;
+        self.best_rate = rate;
+        self.best_spread = spread;
+    }
+
+    /// Starts a search from the best setting: up first, because on a long fat path too few
+    /// streams is the common loss; down if up does not pay.
+    fn begin_search(&mut self, now: Duration) -> Option<u32> {
+        self.search = Search {
+            dir: Dir::Up,
+            stride: Stride::Double,
+            moved: false,
+            seen_default: self.best == self.cfg.default,
+            closing: false,
+            limit: None,
+        };
+        self.backoff = [1; 2];
+        self.step(now)
+    }
+
+    /// Moves one step from the best in the search direction: doubling or halving until a
+    /// setting is rejected, then bisecting between the best and it. When a direction is
+    /// exhausted, turns down if going up never paid, else ends the search.
+    fn step(&mut self, now: Duration) -> Option<u32> {
+        if let Some(t) = self.target() {
+            self.phase = phase_of(self.search.dir);
+            return self.set(now, t);
+        }
+        if self.search.dir == Dir::Up && !self.search.moved {
+            self.search.dir = Dir::Down;
+            self.search.limit = None;
+            if let Some(t) = self.target() {
+                self.phase = Phase::Down;
+                return self.set(now, t);
+            }
+        }
+        self.finish(now)
+    }
+
+    fn target(&self) -> Option<u32> {
+        let s = self.search;
+        match s.limit {
+            None => self.next(self.best, s.dir, s.stride),
+            // Bisection stops once the bracket is within half the best: closer settings
+            // would differ by little more than the threshold, and the settled probes refine.
+            Some(r) if r.abs_diff(self.best) * 2 > self.best => {
+                let mid = ((self.best as u64 + r as u64) / 2) as u32;
+                (mid != self.best && mid != r).then_some(mid)
+            }
+            Some(_) => None,
+        }
+    }
+
+    /// Ends a search. If the default was never measured in it, it is measured first, so the
+    /// tuner never settles somewhere it has not compared with the default.
+    fn finish(&mut self, now: Duration) -> Option<u32> {
+        let d = self.cfg.default;
+        if !self.search.seen_default && self.best != d {
+            self.search.seen_default = true;
+            self.search.closing = true;
+            self.search.dir = if d > self.best { Dir::Up } else { Dir::Down };
+            self.phase = phase_of(self.search.dir);
+            return self.set(now, d);
+        }
+        self.settle(now)
+    }
+
+    /// Holds the best setting. After a search both directions get a fresh wait; after a
+    /// probe only the probed direction's wait changed (the caller set it).
+    fn settle(&mut self, now: Duration) -> Option<u32> {
+        if self.phase != Phase::Probe {
+            self.due = [
+                self.settled_count + self.wait(Dir::Up),
+                self.settled_count + self.wait(Dir::Down),
+            ];
+        }
+        self.phase = Phase::Settled;
+        self.first_settled.get_or_insert(now);
+        if self.current != self.best {
+            self.set(now, self.best)
+        } else {
+            None
+        }
+    }
+
+    fn wait(&self, dir: Dir) -> u64 {
+        self.cfg.probe_every as u64 * self.backoff[dir as usize] as u64
+    }
+
+    /// While settled, tries a neighbour when one is due, alternating directions so both
+    /// sides of the optimum stay known.
+    fn maybe_probe(&mut self, now: Duration) -> Option<u32> {
+        if self.cfg.probe_every == 0 {
+            return None;
+        }
+        let first = match self.last_probe {
+            Dir::Up => Dir::Down,
+            Dir::Down => Dir::Up,
+        };
+        for dir in [first, self.last_probe] {
+            if self.settled_count < self.due[dir as usize] {
+                continue;
+            }
+            if let Some(t) = self.next(self.best, dir, Stride::Fine) {
+                self.last_probe = dir;
+                self.search.dir = dir;
+                self.phase = Phase::Probe;
+                return self.set(now, t);
+            }
+        }
+        None
+    }
+
+    /// The neighbour of `n` in `dir`, or None at a bound. Doubling and halving stop at the
+    /// default on their way past it, so the default is always among the measured settings.
+    fn next(&self, n: u32, dir: Dir, stride: Stride) -> Option<u32> {
+        let (lo, hi, d) = (self.cfg.min, self.cfg.max, self.cfg.default);
+        let t = match (dir, stride) {
+            (Dir::Up, Stride::Fine) => n.saturating_add((n / 8).max(1)).min(hi),
+            (Dir::Down, Stride::Fine) => n.saturating_sub((n / 8).max(1)).max(lo),
+            (Dir::Up, Stride::Double) => {
+                let t = n.saturating_mul(2).min(hi);
+                if n < d && d < t {
+                    d
+                } else {
+                    t
+                }
+            }
+            (Dir::Down, Stride::Double) => {
+                let t = (n / 2).max(lo);
+                if t < d && d < n {
+                    d
+                } else {
+                    t
+                }
+            }
+        };
+        (t != n).then_some(t)
+    }
+
+    /// Whether `rate` measured at `n` beats the best. Rates are compared as utilities that
+    /// discount units above the default; a move needs the threshold or the measured noise of
+    /// both measurements, whichever is larger; the default needs no margin at all.
+    fn better(&self, n: u32, rate: f64, spread: f64) -> bool {
+        if rate <= 0.0 {
+            return false;
+        }
+        let new = self.utility(n, rate);
+        let old = self.utility(self.best, self.best_rate);
+        if n == self.cfg.default {
+            return new >= old;
+        }
+        let margin = self.cfg.gain_threshold.max(spread + self.best_spread);
+        new >= old * (1.0 + margin)
+    }
+
+    fn utility(&self, n: u32, rate: f64) -> f64 {
+        let extra = n.saturating_sub(self.cfg.default);
+        rate / (1.0 + self.cfg.unit_cost).powi(extra.min(i32::MAX as u32) as i32)
+    }
+
+    fn set(&mut self, now: Duration, n: u32) -> Option<u32> {
+        self.since = now;
+        self.open = None;
+        self.samples.clear();
+        if n == self.current {
+            return None;
+        }
+        self.current = n;
+        self.changes += 1;
+        Some(n)
+    }
+
+    fn record(&mut self, at: Duration, value: u32, rate: f64, verdict: Verdict) {
+        if self.cfg.history == 0 {
+            return;
+        }
+        if self.history.len() == self.cfg.history {
+            self.history.pop_front();
+        }
+        self.history.push_back(Step {
+            at,
+            value,
+            rate,
+            verdict,
+        });
+    }
+}
+
+fn phase_of(dir: Dir) -> Phase {
+    match dir {
+        Dir::Up => Phase::Up,
+        Dir::Down => Phase::Down,
+    }
+}
+
+/// Median of the samples, and their half-range relative to it: a cheap noise estimate that
+/// needs no history beyond one measurement.
+fn median_and_spread(samples: &mut [f64]) -> (f64, f64) {
+    samples.sort_by(f64::total_cmp);
+    let k = samples.len();
+    let median = if k % 2 == 1 {
+        samples[k / 2]
+    } else {
+        (samples[k / 2 - 1] + samples[k / 2]) / 2.0
+    };
+    let spread = if median > 0.0 {
+        (samples[k - 1] - samples[0]) / (2.0 * median)
+    } else {
+        0.0
+    };
+    (median, spread)
+}

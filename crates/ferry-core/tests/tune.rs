@@ -1,0 +1,521 @@
+//! The tuner against the simulated path: convergence, backing off, the default guarantee,
+//! noise, step changes, profile starts and the storage knob. Everything runs in simulated
+//! time, so each test is deterministic and takes milliseconds.
+
+use std::time::Duration;
+
+use ferry_core::tune::sim::{gbit, mbit, run, Path, Sim, Trace};
+use ferry_core::tune::{Action, Knob, Phase, TuneError, Tuner, TunerConfig, TunerState, Verdict};
+use proptest::prelude::*;
+
+const MIB: f64 = 1024.0 * 1024.0;
+const TICK: Duration = Duration::from_millis(100);
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+fn secs(n: u64) -> Duration {
+    Duration::from_secs(n)
+}
+
+/// The bench bed's 1 Gbit/s link with the default 4 MiB tcp_wmem cap on a 2-core host.
+fn gig(rtt: Duration) -> Path {
+    Path {
+        cores: 2,
+        contention: 0.03,
+        core_rate: gbit(2.0),
+        ..Path::wan(gbit(1.0), rtt, 4.0 * MIB)
+    }
+}
+
+/// Loopback-like: no RTT, no window cap, so the two cores are the limit and every stream
+/// beyond them costs 8%.
+fn cpu_bound() -> Path {
+    Path {
+        link: gbit(10.0),
+        rtt: Duration::ZERO,
+        window: f64::INFINITY,
+        core_rate: gbit(2.5),
+        cores: 2,
+        contention: 0.08,
+    }
+}
+
+/// 10 Gbit/s at 50 ms with a 4 MiB window: one stream carries 671 Mbit/s, so 15 are needed.
+fn ten_gig() -> Path {
+    Path {
+        cores: 16,
+        ..Path::wan(gbit(10.0), ms(50), 4.0 * MIB)
+    }
+}
+
+struct Outcome {
+    state: TunerState,
+    trace: Trace,
+    path: Path,
+    cfg: TunerConfig,
+}
+
+impl Outcome {
+    /// Steady rate of the setting the tuner holds, as a fraction of the best possible.
+    fn share_of_best(&self) -> f64 {
+        let (_, best) = self.path.best(self.cfg.max);
+        self.path.steady(self.state.best) / best
+    }
+
+    fn summary(&self, name: &str) -> String {
+        let (bn, br) = self.path.best(self.cfg.max);
+        format!(
+            "{name}: settles at {} ({:.0} Mbit/s steady, {:.1}% of best {bn} at {:.0}) after {:?}; {} changes",
+            self.state.best,
+            mbit(self.path.steady(self.state.best)),
+            100.0 * self.share_of_best(),
+            mbit(br),
+            self.state.first_settled,
+            self.state.changes,
+        )
+    }
+}
+
+fn simulate(path: Path, cfg: TunerConfig, until: Duration) -> Outcome {
+    simulate_sim(Sim::new(path, cfg.start), cfg, until)
+}
+
+fn simulate_sim(mut sim: Sim, cfg: TunerConfig, until: Duration) -> Outcome {
+    let mut tuner = Tuner::new(cfg.clone(), Duration::ZERO).unwrap();
+    let trace = run(&mut tuner, &mut sim, TICK, until);
+    Outcome {
+        state: tuner.state(),
+        trace,
+        path: *sim.path(),
+        cfg,
+    }
+}
+
+fn settled_within(o: &Outcome, limit: Duration) {
+    let at = o.state.first_settled.expect("never settled");
+    assert!(at <= limit, "settled only after {at:?}");
+}
+
+#[test]
+fn converges_on_1g_100ms_with_4mib_window() {
+    // One stream tops out at 335 Mbit/s: 3 fill the link, more only add contention.
+    for start in [4, 1] {
+        let cfg = TunerConfig::streams_for_rtt(ms(100)).with_start(start);
+        let o = simulate(gig(ms(100)), cfg, secs(30));
+        eprintln!("{}", o.summary(&format!("1G/100ms/4MiB from {start}")));
+        settled_within(&o, secs(30));
+        assert!((3..=8).contains(&o.state.best), "{}", o.state.best);
+        assert!(o.share_of_best() >= 0.95);
+    }
+}
+
+#[test]
+fn converges_on_cpu_bound_path_at_zero_rtt() {
+    let cfg = TunerConfig::streams_for_rtt(Duration::ZERO);
+    let o = simulate(cpu_bound(), cfg, secs(30));
+    eprintln!("{}", o.summary("0ms CPU-bound"));
+    settled_within(&o, secs(30));
+    assert!((1..=2).contains(&o.state.best), "{}", o.state.best);
+    assert!(o.share_of_best() >= 0.95);
+}
+
+#[test]
+fn converges_to_max_on_10g_50ms() {
+    let cfg = TunerConfig {
+        max: 16,
+        ..TunerConfig::streams_for_rtt(ms(50))
+    };
+    let o = simulate(ten_gig(), cfg, secs(30));
+    eprintln!("{}", o.summary("10G/50ms"));
+    settled_within(&o, secs(30));
+    assert_eq!(o.state.best, 16);
+}
+
+#[test]
+fn backs_off_when_adding_streams_hurts() {
+    // A profile that says 8 on a host where every stream beyond two costs 8%.
+    let cfg = TunerConfig::streams_for_rtt(Duration::ZERO).with_start(8);
+    let o = simulate(cpu_bound(), cfg, secs(60));
+    eprintln!("{}", o.summary("0ms CPU-bound from 8"));
+    assert_eq!(o.state.best, 2);
+    // It only ever kept steps down: every setting above the one it held was rejected.
+    let mut held = 8;
+    for s in &o.state.history {
+        match s.verdict {
+            Verdict::Kept => {
+                assert!(s.value < held, "{s:?}");
+                held = s.value;
+            }
+            Verdict::Rejected => assert_ne!(s.value, 2, "{s:?}"),
+            _ => {}
+        }
+    }
+    let r = o.trace.rate(secs(50), secs(60));
+    let (_, best) = o.path.best(64);
+    eprintln!(
+        "  last 10 s: {:.0} Mbit/s ({:.1}% of best, probes included)",
+        mbit(r),
+        100.0 * r / best
+    );
+    assert!(r >= 0.93 * best);
+}
+
+#[test]
+fn storage_tuner_wants_fewer_threads_than_the_network() {
+    // 500 MB/s device, saturated by 2 threads, 5% lost per thread beyond.
+    let disk = Path::storage(500e6, 2, 0.05);
+    let storage = simulate(disk, TunerConfig::storage(Knob::Writers), secs(30));
+    let network = simulate(
+        gig(ms(100)),
+        TunerConfig::streams_for_rtt(ms(100)),
+        secs(30),
+    );
+    eprintln!("{}", storage.summary("storage (saturates at 2)"));
+    eprintln!("{}", network.summary("network 1G/100ms"));
+    assert_eq!(storage.state.best, 2);
+    assert!(storage.state.best < network.state.best);
+    settled_within(&storage, secs(15));
+}
+
+#[test]
+fn storage_tuner_says_writers() {
+    let disk = Path::storage(500e6, 2, 0.05);
+    let mut sim = Sim::new(disk, 4);
+    let mut tuner = Tuner::new(TunerConfig::storage(Knob::Writers), Duration::ZERO).unwrap();
+    let mut now = Duration::ZERO;
+    let mut first = None;
+    while first.is_none() && now < secs(10) {
+        now += TICK;
+        first = tuner.on_progress(now, sim.advance(now));
+    }
+    let a = first.expect("no action");
+    assert!(matches!(a, Action::SetWriters(_)), "{a:?}");
+}
+
+#[test]
+fn a_good_profile_gets_within_10_percent_in_5_seconds() {
+    // 1 Gbit/s at 50 ms: one stream carries 671 Mbit/s, 2 fill the link.
+    let path = gig(ms(50));
+    let cold = simulate(
+        path,
+        TunerConfig::streams_for_rtt(ms(50)).with_start(1),
+        secs(30),
+    );
+    let profile = cold.state.best;
+    let warm = simulate(
+        path,
+        TunerConfig::streams_for_rtt(ms(50)).with_start(profile),
+        secs(30),
+    );
+    let final_rate = warm.trace.rate(secs(20), secs(30));
+    let first5 = warm.trace.rate(Duration::ZERO, secs(5));
+    let cold5 = cold.trace.rate(Duration::ZERO, secs(5));
+    eprintln!(
+        "1G/50ms: cold start 1 -> {profile}; from profile {profile}: first 5 s {:.0} Mbit/s = {:.1}% of final {:.0} (cold: {:.1}%)",
+        mbit(first5),
+        100.0 * first5 / final_rate,
+        mbit(final_rate),
+        100.0 * cold5 / cold.trace.rate(secs(20), secs(30)),
+    );
+    assert!(first5 >= 0.9 * final_rate);
+    // And it never dips below that while it explores.
+    for s in 1..30 {
+        let r = warm.trace.rate(secs(s), secs(s + 1));
+        assert!(r >= 0.9 * final_rate, "second {s}: {:.0}", mbit(r));
+    }
+}
+
+#[test]
+fn noise_does_not_make_it_oscillate() {
+    let mut worst_kept = 0;
+    let mut worst_actions = 0;
+    for seed in 1..=20u64 {
+        let cfg = TunerConfig::streams_for_rtt(ms(100));
+        let sim = Sim::new(gig(ms(100)), cfg.start).with_noise(0.05, ms(250), seed);
+        let o = simulate_sim(sim, cfg, secs(180));
+        let settled = o.state.first_settled.expect("never settled");
+        let after: Vec<_> = o.state.history.iter().filter(|s| s.at > settled).collect();
+        let kept = after.iter().filter(|s| s.verdict == Verdict::Kept).count();
+        let drift = after.iter().filter(|s| s.verdict == Verdict::Drift).count();
+        let actions = o.trace.actions_after(settled);
+        worst_kept = worst_kept.max(kept);
+        worst_actions = worst_actions.max(actions);
+        assert_eq!(drift, 0, "seed {seed}: noise taken for a path change");
+        assert!(kept <= 1, "seed {seed}: moved {kept} times on noise");
+        assert!(o.share_of_best() >= 0.95, "seed {seed}: {}", o.state.best);
+        // Probes back off: each is a change there and a change back, fewer and fewer (8
+        // probes in 180 s without noise).
+        assert!(
+            actions <= 20,
+            "seed {seed}: {actions} changes after settling"
+        );
+    }
+    eprintln!(
+        "±5% noise, 20 seeds x 180 s: at most {worst_kept} move(s) and {worst_actions} changes (probes and returns) after settling"
+    );
+}
+
+#[test]
+fn reacts_when_the_window_halves() {
+    // The peer's buffers shrink to 2 MiB at 40 s: one stream now carries 168 Mbit/s.
+    let before = gig(ms(100));
+    let after = Path {
+        window: 2.0 * MIB,
+        ..before
+    };
+    let cfg = TunerConfig::streams_for_rtt(ms(100));
+    let sim = Sim::new(before, cfg.start).with_change(secs(40), after);
+    let o = simulate_sim(sim, cfg, secs(90));
+    let (bn, best) = after.best(64);
+    let recovered = first_time_at(&o.trace, secs(40), 0.95 * best);
+    let drift = o.state.history.iter().find(|s| s.verdict == Verdict::Drift);
+    eprintln!(
+        "window 4->2 MiB at 40 s: noticed at {:?}; {} -> {} streams (best {bn}); 2 s at >= 95% of best {:.0} Mbit/s from {:?} after the change; rate 40-50 s {:.0}",
+        drift.map(|s| s.at),
+        4,
+        o.state.best,
+        mbit(best),
+        recovered,
+        mbit(o.trace.rate(secs(40), secs(50))),
+    );
+    assert!(o.state.best >= 6, "{}", o.state.best);
+    assert!(recovered.expect("never recovered") <= secs(20));
+    assert!(o.trace.rate(secs(80), secs(90)) >= 0.95 * best);
+}
+
+#[test]
+fn reacts_when_cross_traffic_halves_the_link() {
+    let before = ten_gig();
+    let after = Path {
+        link: gbit(5.0),
+        ..before
+    };
+    let cfg = TunerConfig {
+        max: 16,
+        ..TunerConfig::streams_for_rtt(ms(50))
+    };
+    let sim = Sim::new(before, cfg.start).with_change(secs(30), after);
+    let o = simulate_sim(sim, cfg, secs(90));
+    let drift = o
+        .state
+        .history
+        .iter()
+        .find(|s| s.verdict == Verdict::Drift)
+        .expect("change not noticed");
+    let (_, best) = after.best(16);
+    eprintln!(
+        "10G -> 5G at 30 s: noticed at {:?}, holds {} streams, {:.0} Mbit/s steady ({:.1}% of best)",
+        drift.at,
+        o.state.best,
+        mbit(after.steady(o.state.best)),
+        100.0 * after.steady(o.state.best) / best
+    );
+    assert!(drift.at <= secs(36));
+    assert!(o.state.first_settled.is_some() && o.state.phase != Phase::Up);
+    assert!(after.steady(o.state.best) >= 0.95 * best);
+}
+
+#[test]
+fn reacts_when_the_host_loses_a_core() {
+    // Another job takes one of the two cores at 30 s: two streams now contend.
+    let before = cpu_bound();
+    let after = Path { cores: 1, ..before };
+    let cfg = TunerConfig::streams_for_rtt(Duration::ZERO);
+    let sim = Sim::new(before, cfg.start).with_change(secs(30), after);
+    let o = simulate_sim(sim, cfg, secs(60));
+    let moved = o
+        .trace
+        .actions
+        .iter()
+        .filter(|a| a.0 > secs(30))
+        .find(|a| a.1 == 1 && o.state.best == 1);
+    eprintln!(
+        "0ms, 2 cores -> 1 at 30 s: holds {} streams, first set to 1 at {:?}",
+        o.state.best,
+        moved.map(|a| a.0)
+    );
+    assert_eq!(o.state.best, 1);
+    assert!(moved.expect("never went to 1").0 <= secs(45));
+}
+
+/// First time after `from` at which the rate over the next 2 s reaches `rate`.
+fn first_time_at(trace: &Trace, from: Duration, rate: f64) -> Option<Duration> {
+    let end = trace.points.last()?.at;
+    let mut t = from;
+    while t + secs(2) <= end {
+        if trace.rate(t, t + secs(2)) >= rate {
+            return Some(t - from);
+        }
+        t += TICK;
+    }
+    None
+}
+
+#[test]
+fn irregular_and_sparse_progress_calls_still_converge() {
+    // An engine that reports every 1.7 s, slower than the interval: each sample spans one
+    // gap, the decisions are the same.
+    let cfg = TunerConfig::streams_for_rtt(ms(100));
+    let mut sim = Sim::new(gig(ms(100)), cfg.start);
+    let mut tuner = Tuner::new(cfg, Duration::ZERO).unwrap();
+    let trace = run(&mut tuner, &mut sim, ms(1700), secs(60));
+    assert!(tuner.settled());
+    assert!((3..=8).contains(&tuner.best()), "{}", tuner.best());
+    assert!(!trace.actions.is_empty());
+}
+
+#[test]
+fn bogus_input_restarts_the_interval() {
+    let cfg = TunerConfig {
+        warmup: Duration::ZERO,
+        interval: secs(1),
+        samples: 1,
+        ..TunerConfig::streams_for_rtt(ms(50))
+    };
+    let mut t = Tuner::new(cfg, Duration::ZERO).unwrap();
+    assert_eq!(t.on_progress(secs(1), 1_000), None);
+    // Bytes went backwards (a counter reset): no sample.
+    assert_eq!(t.on_progress(secs(3), 10), None);
+    // Time went backwards: no sample.
+    assert_eq!(t.on_progress(secs(2), 20), None);
+    assert!(t.state().history.is_empty());
+    // A normal interval then measures 1000 B/s and moves up from the default.
+    assert_eq!(t.on_progress(secs(3), 1_020), Some(Action::SetStreams(8)));
+    let h = t.state().history;
+    assert_eq!(h.len(), 1);
+    assert_eq!(h[0].verdict, Verdict::Baseline);
+    assert!((h[0].rate - 1000.0).abs() < 1e-9);
+}
+
+#[test]
+fn skip_interval_discards_app_limited_time() {
+    let cfg = TunerConfig {
+        warmup: Duration::ZERO,
+        interval: secs(1),
+        samples: 1,
+        ..TunerConfig::streams_for_rtt(ms(50))
+    };
+    let mut t = Tuner::new(cfg, Duration::ZERO).unwrap();
+    t.on_progress(Duration::ZERO, 0);
+    t.on_progress(ms(500), 500);
+    // Nothing to send for a while: those bytes are not the knob's fault.
+    t.skip_interval(ms(900), 500);
+    assert_eq!(t.on_progress(ms(1900), 2_500), Some(Action::SetStreams(8)));
+    assert!((t.state().history[0].rate - 2000.0).abs() < 1e-9);
+}
+
+#[test]
+fn history_is_bounded() {
+    let cfg = TunerConfig {
+        history: 5,
+        probe_every: 1,
+        max_backoff: 1,
+        ..TunerConfig::streams_for_rtt(Duration::ZERO)
+    };
+    let o = simulate(cpu_bound(), cfg, secs(300));
+    assert_eq!(o.state.history.len(), 5);
+    assert!(o.state.changes > 20);
+}
+
+#[test]
+fn fixed_bounds_never_change_anything() {
+    let cfg = TunerConfig {
+        min: 4,
+        max: 4,
+        ..TunerConfig::streams_for_rtt(ms(50))
+    };
+    let o = simulate(gig(ms(50)), cfg, secs(60));
+    assert!(o.trace.actions.is_empty());
+    assert_eq!(o.state.phase, Phase::Settled);
+}
+
+#[test]
+fn bad_configs_are_refused() {
+    let ok = TunerConfig::default();
+    assert!(ok.validate().is_ok());
+    let cases = [
+        TunerConfig {
+            min: 0,
+            ..ok.clone()
+        },
+        TunerConfig {
+            min: 8,
+            max: 4,
+            ..ok.clone()
+        },
+        TunerConfig {
+            default: 65,
+            ..ok.clone()
+        },
+        TunerConfig {
+            start: 0,
+            min: 1,
+            ..ok.clone()
+        },
+        TunerConfig {
+            interval: Duration::ZERO,
+            ..ok.clone()
+        },
+        TunerConfig {
+            samples: 0,
+            ..ok.clone()
+        },
+        TunerConfig {
+            gain_threshold: f64::NAN,
+            ..ok.clone()
+        },
+        TunerConfig {
+            unit_cost: -0.1,
+            ..ok.clone()
+        },
+    ];
+    for c in cases {
+        assert!(Tuner::new(c.clone(), Duration::ZERO).is_err(), "{c:?}");
+    }
+    assert_eq!(
+        TunerConfig { samples: 0, ..ok }.validate(),
+        Err(TuneError::NoSamples)
+    );
+}
+
+/// Random paths: link 0.1–100 Gbit/s, RTT 0–200 ms, window 64 KiB–64 MiB, 1–16 cores of
+/// 0.5–20 Gbit/s, 0–20% contention per extra stream.
+fn any_path() -> impl Strategy<Value = Path> {
+    (
+        -1.0f64..2.0,
+        0u64..=200,
+        16.0f64..26.0,
+        -0.3f64..1.3,
+        1u32..=16,
+        0.0f64..0.2,
+    )
+        .prop_map(|(link, rtt, window, core, cores, contention)| Path {
+            link: gbit(10f64.powf(link)),
+            rtt: ms(rtt),
+            window: window.exp2(),
+            core_rate: gbit(10f64.powf(core)),
+            cores,
+            contention,
+        })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, rng_seed: proptest::test_runner::RngSeed::Fixed(6), failure_persistence: None, ..ProptestConfig::default() })]
+
+    /// Issue 6: never make a transfer slower than the fixed default. Whatever the path and
+    /// wherever a profile starts it, the tuner settles, and on something at least as fast as
+    /// the default (to rounding), and it finds most of the best while doing so.
+    #[test]
+    fn never_settles_below_the_default(path in any_path(), start in 1u32..=32) {
+        let cfg = TunerConfig { max: 32, ..TunerConfig::streams_for_rtt(path.rtt) }.with_start(start);
+        let o = simulate(path, cfg.clone(), secs(120));
+        prop_assert!(o.state.first_settled.is_some(), "never settled: {:?}", o.state.history);
+        let held = path.steady(o.state.best);
+        let default = path.steady(cfg.default);
+        prop_assert!(held >= default * (1.0 - 1e-6),
+            "holds {} at {:.0} Mbit/s, default {:.0}", o.state.best, mbit(held), mbit(default));
+        prop_assert!(o.share_of_best() >= 0.8, "holds {} at {:.1}% of best {:?} {:?}", o.state.best, 100.0 * o.share_of_best(), path, o.state.history);
+    }
+}
