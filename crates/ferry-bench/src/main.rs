@@ -585,6 +585,13 @@ fn run(cli: Cli) -> Result<ExitCode> {
         .unwrap_or_else(|| PathBuf::from("target/bench").join(stamp(started)));
     std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
     let out = out.canonicalize()?;
+    if cli.remote.is_none() {
+        // The bed's servers keep their TLS key here, and the clients pin it here, rather than
+        // in the user's own state and known-hosts files (every bed's server has the same
+        // address). Set before any thread starts; children inherit it.
+        std::env::set_var("FERRY_STATE_DIR", out.join("ferry-state"));
+        std::env::set_var("FERRY_KNOWN_HOSTS", out.join("ferry-state/known_hosts"));
+    }
     let (work, tmp_work) = if cli.tmpfs {
         let w = PathBuf::from(format!("/dev/shm/ferry-bench-{}", std::process::id()));
         (w.clone(), Some(w))
