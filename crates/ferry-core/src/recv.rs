@@ -95,6 +95,10 @@ pub enum RecvError {
     Inconsistent(FileId),
     #[error("peer sent data for file {0:?}, which it never offered")]
     Unoffered(FileId),
+    #[error(
+        "peer sent a block of {len} bytes for file {file:?}; this session's block size is {max}"
+    )]
+    BlockTooLarge { file: FileId, len: u64, max: u32 },
 }
 
 /// Merged set of byte ranges `[start, end)` written so far.
@@ -343,6 +347,15 @@ impl Receiver {
     fn handle_block(&self, block: Block) -> Result<(), RecvError> {
         let id = block.file.id;
         let len = block.data.len() as u64;
+        // The session's memory budget is sized in blocks of the agreed size: a peer that sends
+        // larger ones breaks the protocol, whatever the wire's own 64 MiB limit allows.
+        if len > u64::from(self.config.block_size) {
+            return Err(RecvError::BlockTooLarge {
+                file: id,
+                len,
+                max: self.config.block_size,
+            });
+        }
         if block_digest(&block.data) != block.digest {
             self.counters.bad_blocks.fetch_add(1, Ordering::Relaxed);
             self.reporter.on_bad_block();
@@ -1266,6 +1279,32 @@ mod tests {
         // A file that fits is still accepted.
         r.handle(offer(2, "sub/small.bin", 4096)).unwrap();
         assert_eq!(decision(&rx), Decision::Send);
+        r.abort();
+    }
+
+    #[test]
+    fn block_larger_than_the_session_block_size_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let (r, rx) = receiver(dir.path());
+        let size = (1u64 << 20) + 1;
+        r.handle(offer(1, "big.bin", size)).unwrap();
+        assert_eq!(decision(&rx), Decision::Send);
+        let data = Bytes::from(vec![7u8; size as usize]);
+        let block = Block {
+            file: FileMeta {
+                id: FileId(1),
+                path: "big.bin".into(),
+                size,
+                mode: 0o644,
+                mtime_ns: 0,
+            },
+            offset: 0,
+            digest: block_digest(&data),
+            file_digest: None,
+            data,
+        };
+        let err = r.handle(Frame::Block(block)).unwrap_err();
+        assert!(matches!(err, RecvError::BlockTooLarge { len, max: 1048576, .. } if len == size));
         r.abort();
     }
 }
