@@ -9,6 +9,10 @@
 //! The tests share process-wide figures, so they run one at a time (`SERIAL`) even under a
 //! harness that runs tests on threads.
 
+// The `SERIAL` guard is held across awaits on purpose: each test owns its runtime, so the lock
+// only ever waits for another test's thread, never for a task of its own runtime.
+#![allow(clippy::await_holding_lock)]
+
 mod util;
 
 use std::alloc::{GlobalAlloc, Layout, System};
