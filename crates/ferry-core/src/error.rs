@@ -9,6 +9,12 @@ use ferry_proto::ErrorCode;
 pub enum PathError {
     #[error("path is {0} bytes long, more than the limit")]
     TooLong(usize),
+    #[error("path `{path}` has a component of {len} bytes, more than the limit of {max}")]
+    NameTooLong {
+        path: String,
+        len: usize,
+        max: usize,
+    },
     #[error("path contains a NUL byte")]
     Nul,
     #[error("absolute path `{0}` is not allowed here")]

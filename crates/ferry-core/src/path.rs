@@ -10,6 +10,11 @@ use crate::error::PathError;
 /// Longest path accepted, matching the wire limit.
 pub const MAX_PATH: usize = ferry_proto::MAX_PATH;
 
+/// Longest single component, in bytes (Linux `NAME_MAX`). Checked here rather than left to
+/// `ENAMETOOLONG` so that the refusal names the path and the limit, and comes before any
+/// directory on the way has been created.
+pub const MAX_NAME: usize = 255;
+
 /// Checks a peer-supplied relative path. The empty string means "the base itself".
 pub fn validate_rel(path: &str) -> Result<(), PathError> {
     if path.len() > MAX_PATH {
@@ -28,6 +33,13 @@ pub fn validate_rel(path: &str) -> Result<(), PathError> {
         match comp {
             "" => return Err(PathError::EmptyComponent(path.to_owned())),
             "." | ".." => return Err(PathError::DotComponent(path.to_owned())),
+            c if c.len() > MAX_NAME => {
+                return Err(PathError::NameTooLong {
+                    path: path.to_owned(),
+                    len: c.len(),
+                    max: MAX_NAME,
+                })
+            }
             _ => {}
         }
     }
@@ -79,6 +91,8 @@ mod tests {
             "a/",
             "a\0b",
             "./a",
+            &"n".repeat(MAX_NAME + 1),
+            &format!("a/{}/b", "n".repeat(MAX_NAME + 1)),
         ] {
             assert!(validate_rel(bad).is_err(), "{bad:?} accepted");
         }
@@ -91,6 +105,7 @@ mod tests {
             "...",
             "new\nline",
             "q'\"uote",
+            &"n".repeat(MAX_NAME),
         ] {
             assert!(validate_rel(good).is_ok(), "{good:?} refused");
         }

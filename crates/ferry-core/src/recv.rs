@@ -95,6 +95,10 @@ pub enum RecvError {
     Inconsistent(FileId),
     #[error("peer sent data for file {0:?}, which it never offered")]
     Unoffered(FileId),
+    #[error(
+        "peer sent a block of {len} bytes for file {file:?}; this session's block size is {max}"
+    )]
+    BlockTooLarge { file: FileId, len: u64, max: u32 },
 }
 
 /// Merged set of byte ranges `[start, end)` written so far.
@@ -343,6 +347,15 @@ impl Receiver {
     fn handle_block(&self, block: Block) -> Result<(), RecvError> {
         let id = block.file.id;
         let len = block.data.len() as u64;
+        // The session's memory budget is sized in blocks of the agreed size: a peer that sends
+        // larger ones breaks the protocol, whatever the wire's own 64 MiB limit allows.
+        if len > u64::from(self.config.block_size) {
+            return Err(RecvError::BlockTooLarge {
+                file: id,
+                len,
+                max: self.config.block_size,
+            });
+        }
         if block_digest(&block.data) != block.digest {
             self.counters.bad_blocks.fetch_add(1, Ordering::Relaxed);
             self.reporter.on_bad_block();
@@ -577,6 +590,9 @@ impl Receiver {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return fail(ErrorCode::IO, format!("{rel}: {e}")),
         }
+        if let Err(message) = self.check_space(&dir, &rel, name, meta.size) {
+            return fail(ErrorCode::NO_SPACE, message);
+        }
         match self.open_writing(meta, true) {
             Ok(w) => {
                 let have: Vec<(u64, u64)> = w
@@ -595,6 +611,46 @@ impl Receiver {
             }
             Err((code, message)) => fail(code, message),
         }
+    }
+
+    /// Refuses a file the destination file system cannot hold, before anything is created for
+    /// it. Nothing is preallocated, so without this a peer that offers a petabyte would only be
+    /// stopped by `ENOSPC` after filling the disk that other transfers share; with it the sender
+    /// learns at once, with the numbers, and can pick another destination.
+    ///
+    /// Bytes that a resumable partial copy already occupies count as available, so a resume on
+    /// a nearly full disk is not refused for space it needs no more of. `f_bavail` (what an
+    /// unprivileged writer may use) is the conservative figure even for a root server. If the
+    /// file system cannot say, the writes decide.
+    fn check_space(&self, dir: &OwnedFd, rel: &str, name: &str, size: u64) -> Result<(), String> {
+        if size == 0 {
+            return Ok(());
+        }
+        let Ok(st) = rustix::fs::fstatvfs(dir) else {
+            return Ok(());
+        };
+        let available = st.f_bavail.saturating_mul(st.f_frsize);
+        if size <= available {
+            return Ok(());
+        }
+        let partial = if size > u64::from(self.config.block_size) {
+            rustix::fs::statat(
+                dir,
+                journaled_temp(name).as_str(),
+                rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
+            )
+            .map(|st| u64::try_from(st.st_blocks).unwrap_or(0).saturating_mul(512))
+            .unwrap_or(0)
+        } else {
+            0
+        };
+        if size <= available.saturating_add(partial) {
+            return Ok(());
+        }
+        Err(format!(
+            "{rel}: no space: the file is {size} bytes, the destination file system has {available} \
+             bytes available"
+        ))
     }
 
     /// Digest of a file already at the destination, with the transfer's algorithm.
@@ -683,9 +739,8 @@ impl Receiver {
                 File::from(root::open_in(&dir, &temp, flags, 0o600).map_err(|e| io(&temp, e))?);
             return Ok(writing(file, temp, None));
         }
-        let key = xxhash_rust::xxh3::xxh3_64(name.as_bytes());
-        let temp = format!(".ferry-{key:016x}.part");
-        let jname = format!(".ferry-{key:016x}.journal");
+        let temp = journaled_temp(name);
+        let jname = journal_name(name);
         let flags = root::OFlags::RDWR | root::OFlags::CREATE;
         let jfd = root::open_in(&dir, &jname, flags, 0o600).map_err(|e| io(&jname, e))?;
         // A session that just broke off may still be letting go of it: wait a little, bounded.
@@ -1002,6 +1057,23 @@ impl Receiver {
     }
 }
 
+/// The temporary name of a journaled (multi-block) file: derived from its final name, so that a
+/// later attempt finds it to resume from.
+fn journaled_temp(name: &str) -> String {
+    format!(
+        ".ferry-{:016x}.part",
+        xxhash_rust::xxh3::xxh3_64(name.as_bytes())
+    )
+}
+
+/// The resume journal kept beside [`journaled_temp`].
+fn journal_name(name: &str) -> String {
+    format!(
+        ".ferry-{:016x}.journal",
+        xxhash_rust::xxh3::xxh3_64(name.as_bytes())
+    )
+}
+
 /// Removes a temporary file and its journal.
 fn remove_temp(dir: &OwnedFd, temp: &str, journal: Option<&JournalFile>) {
     let _ = rustix::fs::unlinkat(dir, temp, rustix::fs::AtFlags::empty());
@@ -1145,5 +1217,94 @@ mod tests {
         assert_eq!(r.run_end(5), Some(40));
         assert!(r.contains(0, 40));
         assert!(!r.contains(0, 41));
+    }
+
+    fn receiver(dir: &std::path::Path) -> (Arc<Receiver>, flume::Receiver<Frame>) {
+        let dest = Destination {
+            root: Root::open(dir).unwrap(),
+            base: "in".into(),
+            rename_top: None,
+        };
+        let config = ReceiverConfig {
+            existing: ExistingPolicy::Fail,
+            checksum: ChecksumAlgo::Blake3,
+            tag: 7,
+            block_size: 1 << 20,
+        };
+        let (tx, rx) = flume::unbounded();
+        let r = Receiver::new(dest, config, tx, Arc::new(crate::report::NoReporter)).unwrap();
+        (r, rx)
+    }
+
+    fn offer(id: u64, path: &str, size: u64) -> Frame {
+        Frame::Offer {
+            entries: vec![OfferEntry {
+                file: FileId(id),
+                path: path.into(),
+                size,
+                mode: 0o644,
+                mtime_ns: 0,
+            }],
+        }
+    }
+
+    fn decision(rx: &flume::Receiver<Frame>) -> Decision {
+        match rx.recv_timeout(std::time::Duration::from_secs(5)).unwrap() {
+            Frame::Decisions { mut entries } => entries.pop().unwrap().decision,
+            other => panic!("expected Decisions, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn offer_larger_than_the_file_system_is_refused_up_front() {
+        let dir = tempfile::tempdir().unwrap();
+        let (r, rx) = receiver(dir.path());
+        let size = 1u64 << 50;
+        r.handle(offer(1, "sub/huge.bin", size)).unwrap();
+        match decision(&rx) {
+            Decision::Fail { code, message } => {
+                assert_eq!(code, ErrorCode::NO_SPACE);
+                assert!(message.contains("in/sub/huge.bin"), "{message}");
+                assert!(message.contains(&size.to_string()), "{message}");
+                assert!(message.contains("available"), "{message}");
+            }
+            other => panic!("expected Fail, got {other:?}"),
+        }
+        // Nothing was created for it: no temporary file, no journal.
+        let sub: Vec<_> = std::fs::read_dir(dir.path().join("in/sub"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert!(sub.is_empty(), "{sub:?}");
+        // A file that fits is still accepted.
+        r.handle(offer(2, "sub/small.bin", 4096)).unwrap();
+        assert_eq!(decision(&rx), Decision::Send);
+        r.abort();
+    }
+
+    #[test]
+    fn block_larger_than_the_session_block_size_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let (r, rx) = receiver(dir.path());
+        let size = (1u64 << 20) + 1;
+        r.handle(offer(1, "big.bin", size)).unwrap();
+        assert_eq!(decision(&rx), Decision::Send);
+        let data = Bytes::from(vec![7u8; size as usize]);
+        let block = Block {
+            file: FileMeta {
+                id: FileId(1),
+                path: "big.bin".into(),
+                size,
+                mode: 0o644,
+                mtime_ns: 0,
+            },
+            offset: 0,
+            digest: block_digest(&data),
+            file_digest: None,
+            data,
+        };
+        let err = r.handle(Frame::Block(block)).unwrap_err();
+        assert!(matches!(err, RecvError::BlockTooLarge { len, max: 1048576, .. } if len == size));
+        r.abort();
     }
 }

@@ -6,11 +6,13 @@
 //! length per frame type before anything is allocated), reads the payload and hands it to
 //! [`Frame::decode`]. Encoding goes into a caller's buffer; `Block` data can be written
 //! separately after [`Block::encode_head`] so that megabytes of file data are never copied.
+//! A connection's first frame, read before authentication, goes through [`handshake`].
 #![forbid(unsafe_code)]
 
 mod codec;
 mod error;
 mod frame;
+pub mod handshake;
 pub mod journal;
 
 pub use codec::FrameHeader;
