@@ -19,7 +19,7 @@ use tokio::net::{TcpSocket, TcpStream};
 use crate::conn::{expect_frame, send};
 use crate::engine::{drive_receiver, drive_sender, Limits, StreamReport};
 use crate::error::SessionError;
-use crate::stream::Stream;
+use crate::stream::{Recorder, Stream};
 use crate::tcp::tune;
 use crate::tls::{ClientTls, Known, ServerTrust};
 
@@ -126,10 +126,19 @@ async fn secure(
     timeout: Duration,
     on_change: impl FnOnce(String, String) -> SessionError,
 ) -> Result<Stream, SessionError> {
-    let handshake = tls.connector().connect(ClientTls::server_name(), tcp);
+    let handshake = tls
+        .connector()
+        .connect(ClientTls::server_name(), Recorder::new(tcp))
+        .into_fallible();
     match tokio::time::timeout(timeout, handshake).await {
         Ok(Ok(s)) => Ok(Stream::Tls(Box::new(tokio_rustls::TlsStream::Client(s)))),
-        Ok(Err(e)) => {
+        Ok(Err((e, io))) => {
+            // A refusal in plain TCP (busy, or a server without TLS): say what it said.
+            if let Some(ferry_proto::Frame::Error { code, message }) =
+                Recorder::plain_error(io.first_bytes())
+            {
+                return Err(SessionError::Remote { code, message });
+            }
             if let (Some(pin), Some(seen)) = (tls.pin(), tls.seen()) {
                 if pin != seen {
                     return Err(on_change(pin.to_string(), seen.to_string()));
@@ -346,10 +355,8 @@ where
     out
 }
 
-fn limits(cfg: &ClientConfig) -> Limits {
-    Limits {
-        idle: cfg.idle_timeout,
-    }
+fn limits(cfg: &ClientConfig, opts: &TransferOpts) -> Limits {
+    Limits::new(cfg.idle_timeout, opts.block_size)
 }
 
 /// Runs one attempt after another until the job is done, a failure that a retry cannot fix
@@ -432,8 +439,16 @@ async fn put_once(
         digest_cache,
     };
     let sender = Sender::start(srcs, config, tx, ctl_tx, reporter.clone());
-    let (summary, streams, remote_errors, sender) =
-        drive_sender(c.control, data, sender, rx, ctl_rx, reporter, limits(cfg)).await?;
+    let (summary, streams, remote_errors, sender) = drive_sender(
+        c.control,
+        data,
+        sender,
+        rx,
+        ctl_rx,
+        reporter,
+        limits(cfg, &opts),
+    )
+    .await?;
     let mut errors = sender.errors();
     errors.extend(remote_errors);
     let manifest = sender
@@ -492,7 +507,7 @@ async fn get_once(
         receiver.clone(),
         rx,
         cfg.writers,
-        limits(cfg),
+        limits(cfg, &opts),
     )
     .await?;
     let errors = receiver.errors();

@@ -19,9 +19,15 @@ pub(crate) async fn read_frame<R: AsyncRead + Unpin>(
     };
     let header = FrameHeader::parse(&head)?;
     if header.len > max {
+        let why = if header.ty == ferry_proto::FrameType::BLOCK {
+            " (the session's block size plus its header)"
+        } else {
+            ""
+        };
         return Err(SessionError::Protocol(format!(
-            "frame {:?} of {} bytes is larger than allowed here ({max})",
-            header.ty, header.len
+            "{} frame of {} bytes is larger than allowed here: {max}{why}",
+            header.ty.name(),
+            header.len
         )));
     }
     let len = header.len as usize;

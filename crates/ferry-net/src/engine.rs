@@ -107,6 +107,21 @@ fn spawn_control_reader(
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Limits {
     pub(crate) idle: Duration,
+    /// Largest frame a data connection may carry: the session's block size plus the block
+    /// header, so a peer cannot make the receiver reserve more than the session's memory
+    /// bound allows by announcing a block larger than agreed.
+    pub(crate) data_frame: u32,
+}
+
+impl Limits {
+    pub(crate) fn new(idle: Duration, block_size: u32) -> Self {
+        Self {
+            idle,
+            data_frame: block_size
+                .saturating_add(MAX_BLOCK_PAYLOAD - ferry_proto::MAX_BLOCK_DATA)
+                .min(MAX_BLOCK_PAYLOAD),
+        }
+    }
 }
 
 /// Runs the sending end until the receiver reports `Complete`.
@@ -302,7 +317,8 @@ pub(crate) async fn drive_receiver(
     let mut streams = JoinSet::new();
     for (i, s) in data.into_iter().enumerate() {
         let (tx, act) = (to_writers.clone(), activity.clone());
-        streams.spawn(async move { (i, recv_stream(s, tx, act).await) });
+        let max = limits.data_frame;
+        streams.spawn(async move { (i, recv_stream(s, tx, act, max).await) });
     }
     // The control loop keeps a sender for offers; it is dropped before the writers are joined.
     let offers_tx = to_writers;
@@ -419,11 +435,12 @@ async fn recv_stream(
     stream: Stream,
     to_writers: flume::Sender<Frame>,
     activity: Activity,
+    max_frame: u32,
 ) -> Result<StreamReport, SessionError> {
     let mut r = BufReader::with_capacity(256 << 10, stream);
     let mut bytes = 0u64;
     loop {
-        let frame = match read_frame(&mut r, MAX_BLOCK_PAYLOAD).await {
+        let frame = match read_frame(&mut r, max_frame).await {
             Ok(Some(f)) => f,
             Ok(None) => break,
             Err(e) => return Err(e),

@@ -14,8 +14,8 @@ use ferry_core::root::Kind;
 use ferry_core::send::{Sender, SenderConfig, Source};
 use ferry_core::{path, FsError, NoReporter, Root};
 use ferry_proto::{
-    Capabilities, ErrorCode, Frame, FrameHeader, FrameType, ListEntry, Role, SessionId,
-    TransferOpts, HEADER_LEN, MAX_CONTROL_PAYLOAD, MAX_LIST_ENTRIES, PROTOCOL_VERSION,
+    handshake, Capabilities, ErrorCode, Frame, ListEntry, Role, SessionId, TransferOpts,
+    HEADER_LEN, MAX_CONTROL_PAYLOAD, MAX_LIST_ENTRIES, PROTOCOL_VERSION,
 };
 use subtle::ConstantTimeEq;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -29,12 +29,9 @@ use crate::access::{Access, AccessList, Grant, LoginBrake};
 use crate::conn::{expect_frame, send};
 use crate::engine::{drive_receiver, drive_sender, Limits};
 use crate::error::SessionError;
-use crate::stream::{Stream, TLS_HANDSHAKE_RECORD};
+use crate::stream::{Recorder, Stream, TLS_HANDSHAKE_RECORD};
 use crate::tcp::{set_window, tune};
 use crate::tls::Identity;
-
-/// Largest `Hello` accepted: before authentication a peer may not make us allocate more.
-const MAX_HELLO: u32 = 1024;
 
 #[derive(Clone, Debug)]
 pub struct ServerConfig {
@@ -172,7 +169,16 @@ impl Server {
                 ))
             }
         };
-        let listener = TcpListener::bind(addr).await?;
+        // A deep accept queue: with the default (128), a burst of connections beyond it sees
+        // a connection the server never accepted, and hangs instead of getting BUSY.
+        let socket = if addr.is_ipv4() {
+            tokio::net::TcpSocket::new_v4()?
+        } else {
+            tokio::net::TcpSocket::new_v6()?
+        };
+        socket.set_reuseaddr(true)?;
+        socket.bind(addr)?;
+        let listener = socket.listen(4096)?;
         Ok(Self {
             listener,
             shared: Arc::new(Shared {
@@ -210,7 +216,7 @@ impl Server {
         let limit = Arc::new(Semaphore::new(self.shared.config.max_connections));
         // Refusals are answered (so a client sees "busy", not a reset), but only so many at
         // once: beyond that a flood is simply dropped.
-        let refusals = Arc::new(Semaphore::new(64));
+        let refusals = Arc::new(Semaphore::new(4096));
         let (stop_tx, _) = broadcast::channel::<()>(1);
         let mut tasks = JoinSet::new();
         tokio::pin!(shutdown);
@@ -257,7 +263,7 @@ impl Server {
             };
             let Ok(permit) = limit.clone().try_acquire_owned() else {
                 if let Ok(p) = refusals.clone().try_acquire_owned() {
-                    tasks.spawn(refuse_busy(self.shared.clone(), stream, p));
+                    tasks.spawn(refuse_busy(stream, p));
                 }
                 continue;
             };
@@ -304,26 +310,22 @@ impl IdleProbe {
     }
 }
 
-async fn refuse_busy(shared: Arc<Shared>, stream: TcpStream, _slot: Permit) {
+async fn refuse_busy(stream: TcpStream, _slot: Permit) {
     let frame = Frame::Error {
         code: ErrorCode::BUSY,
         message: "server is at its connection limit; try again".into(),
     };
-    let _ = tokio::time::timeout(Duration::from_secs(2), async {
-        // Answer in the client's own language: a TLS client would read a plain frame as a
-        // corrupt record. A client that says nothing at first gets the plain frame.
-        let mut first = [0u8; 1];
-        let peeked = tokio::time::timeout(Duration::from_millis(200), stream.peek(&mut first));
-        let tls = matches!(peeked.await, Ok(Ok(1))) && first[0] == TLS_HANDSHAKE_RECORD;
-        let mut s = if tls {
-            match transport(&shared, stream).await {
-                Ok(s) => s,
-                Err(_) => return,
-            }
-        } else {
-            Stream::Plain(stream)
-        };
-        let _ = send(&mut s, &frame).await;
+    // Always in plain TCP, at once and without a TLS handshake, so a flood costs no crypto: a
+    // TLS client reads the frame from the bytes that failed its handshake (`Recorder`).
+    let mut s = Stream::Plain(stream);
+    let _ = tokio::time::timeout(Duration::from_secs(1), send(&mut s, &frame)).await;
+    let _ = s.shutdown().await;
+    // Take the client's first bytes (its Hello, which follows the connection at once) off the
+    // socket before closing: closing with them unread sends a reset instead of a FIN. Briefly:
+    // a flood must not hold refusal slots.
+    let _ = tokio::time::timeout(Duration::from_millis(20), async {
+        let mut sink = [0u8; 4096];
+        while matches!(s.read(&mut sink).await, Ok(n) if n > 0) {}
     })
     .await;
 }
@@ -349,7 +351,7 @@ async fn transport(shared: &Shared, stream: TcpStream) -> Result<Stream, Session
             ));
         };
         let tls = acceptor
-            .accept(stream)
+            .accept(Recorder::new(stream))
             .await
             .map_err(|e| SessionError::Tls(format!("handshake failed: {e}")))?;
         return Ok(Stream::Tls(Box::new(tokio_rustls::TlsStream::Server(tls))));
@@ -378,28 +380,24 @@ async fn refuse_plainly(stream: TcpStream, frame: &Frame) {
     let _ = plain.shutdown().await;
 }
 
-/// Reads the first frame of a connection, which must be a small `Hello`.
+/// Reads the first frame of a connection, which must be a small `Hello`. The sans-I/O parser
+/// in `ferry_proto::handshake` (fuzzed) decides; nothing larger than `MAX_HELLO` is read.
 async fn read_hello(stream: &mut Stream) -> Result<Role, SessionError> {
+    let refused = |e: handshake::HandshakeError| {
+        let e = ferry_proto::ProtocolError::from(e);
+        SessionError::Remote {
+            code: e.code,
+            message: e.reason,
+        }
+    };
     let mut head = [0u8; HEADER_LEN];
     stream.read_exact(&mut head).await?;
-    let header = FrameHeader::parse(&head)?;
-    if header.ty != FrameType::HELLO || header.len > MAX_HELLO {
-        return Err(SessionError::Protocol(
-            "connection did not start with a ferry Hello".into(),
-        ));
-    }
-    let mut payload = vec![0u8; header.len as usize];
+    let len = handshake::check_hello_header(&head).map_err(refused)?;
+    let mut payload = vec![0u8; len];
     stream.read_exact(&mut payload).await?;
-    match Frame::decode(header.ty, payload.into())? {
-        Frame::Hello { version, role, .. } => {
-            ferry_proto::negotiate_version(version).map_err(|e| SessionError::Remote {
-                code: e.code,
-                message: e.reason,
-            })?;
-            Ok(role)
-        }
-        _ => Err(SessionError::Protocol("expected Hello".into())),
-    }
+    Ok(handshake::parse_hello(&head, &payload)
+        .map_err(refused)?
+        .role)
 }
 
 async fn handle(
@@ -542,6 +540,7 @@ enum Work {
     Put {
         receiver: Arc<Receiver>,
         control: flume::Receiver<Frame>,
+        block_size: u32,
         data: Vec<Stream>,
         permits: Vec<Permit>,
     },
@@ -571,18 +570,18 @@ async fn control_session(
             return Err(e);
         }
     };
-    let limits = Limits {
-        idle: shared.config.idle_timeout,
-    };
+    let idle = shared.config.idle_timeout;
     match work {
         Work::Done => Ok(()),
         Work::Put {
             receiver,
             control,
+            block_size,
             data,
             permits: _permits,
         } => {
             let writers = shared.config.writers;
+            let limits = Limits::new(idle, block_size);
             let (summary, _) =
                 drive_receiver(stream, data, receiver, control, writers, limits).await?;
             info!(files = summary.files, bytes = summary.bytes, "put complete");
@@ -605,6 +604,7 @@ async fn control_session(
             };
             let sender = Sender::start(vec![source], config, tx, ctl_tx, Arc::new(NoReporter));
             let reporter = Arc::new(NoReporter);
+            let limits = Limits::new(idle, opts.block_size);
             let result = drive_sender(stream, data, sender, rx, ctl_rx, reporter, limits).await;
             let (summary, _, _, sender) = result?;
             let _ = tokio::task::spawn_blocking(move || sender.finish()).await;
@@ -662,6 +662,7 @@ async fn prepare(
             Ok(Work::Put {
                 receiver,
                 control,
+                block_size: opts.block_size,
                 data,
                 permits,
             })

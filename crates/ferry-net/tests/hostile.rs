@@ -448,7 +448,6 @@ async fn absurd_frame_lengths_refused_without_allocating_them() {
 /// stream just by announcing a large Block, which the session memory budget (`clamp` in
 /// server.rs) never accounted for.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs fix: engine.rs recv_stream reads with MAX_BLOCK_PAYLOAD instead of the session block size"]
 async fn block_header_beyond_the_session_block_size_allocates_nothing() {
     let _serial = serial();
     let server = TestServer::start().await;
@@ -565,7 +564,6 @@ async fn classify(conns: Vec<Raw>) -> (Vec<Raw>, usize, usize, Vec<(Option<Error
 /// overflowing clients see an established connection the server never had: no BUSY, no
 /// timeout, just silence until their own timeouts. Each of them should have been answered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs fix: server.rs Server::bind listens with a backlog of 128; bind with TcpSocket and listen(4096)"]
 async fn connection_burst_beyond_the_listen_backlog_is_answered() {
     const N: usize = 2_000;
     const CAP: usize = 64;
@@ -643,7 +641,7 @@ async fn ten_thousand_connections_capped_with_busy_then_served() {
     assert_eq!(busy, N - CAP);
 
     // While they are held, a legitimate client is told BUSY, clearly and retryably.
-    let r = ferry_net::client::list(&server.client(), "/").await;
+    let r = ferry_net::client::list(&server.client(), "/", &ferry_core::NoReporter).await;
     match &r {
         Err(e @ SessionError::Remote { code, .. }) => {
             assert_eq!(*code, ErrorCode::BUSY);
@@ -927,7 +925,7 @@ async fn bad_names_refused_in_requests_and_offers() {
     // Absolute and doubled slashes in a request are the user's way of naming a path under the
     // root: resolved beneath it, never against the server's own `/`.
     for path in ["/etc/passwd", "//etc//passwd"] {
-        let r = ferry_net::client::list(&server.client(), path).await;
+        let r = ferry_net::client::list(&server.client(), path, &ferry_core::NoReporter).await;
         assert!(
             matches!(&r, Err(SessionError::Remote { code, .. }) if *code == ErrorCode::NOT_FOUND),
             "{path}: {r:?}"
@@ -1201,11 +1199,17 @@ async fn symlink_swapped_into_get_source_never_leaks_a_secret() {
                 } else {
                     got.path().to_path_buf()
                 };
+                // The racer renames d7 and the link `.swap-deep` into each other's place, so a
+                // file may arrive under either name; its content is d7's, never the secret's.
                 for rel in regular_files(&base) {
-                    assert_eq!(
-                        std::fs::read(base.join(&rel)).unwrap(),
-                        std::fs::read(src.join(&rel)).unwrap(),
-                        "{rel}"
+                    let got = blake3::hash(&std::fs::read(base.join(&rel)).unwrap())
+                        .to_hex()
+                        .to_string();
+                    let want = |r: &str| reference.get(r).map(|(_, d, ..)| d.clone());
+                    let swapped = rel.replacen(".swap-deep", "d7", 1);
+                    assert!(
+                        want(&rel) == Some(got.clone()) || want(&swapped) == Some(got),
+                        "round {round}: {rel} arrived with content of no source file"
                     );
                 }
             }
