@@ -23,7 +23,7 @@ pub async fn run(cli: Cli) -> Result<ExitCode> {
         Command::Serve(a) => serve::run(a, quiet).await,
         Command::Put(a) => put(a, quiet).await,
         Command::Get(a) => get(a, quiet).await,
-        Command::Ls(a) => ls(a).await,
+        Command::Ls(a) => ls(a, quiet).await,
         Command::Demo(a) => demo::run(a, quiet).await,
         Command::Probe(c) => probe::run(c, quiet).await,
         Command::Token(c) => token::run(c, quiet),
@@ -181,7 +181,7 @@ pub fn summary_line(r: &TransferReport) -> String {
     s
 }
 
-async fn ls(args: LsArgs) -> Result<ExitCode> {
+async fn ls(args: LsArgs, quiet: bool) -> Result<ExitCode> {
     let remote = Remote::parse(&args.remote).map_err(usage)?;
     if remote.ssh_user.is_some() {
         return Err(usage(anyhow::anyhow!(
@@ -209,8 +209,7 @@ async fn ls(args: LsArgs) -> Result<ExitCode> {
         retry_for: std::time::Duration::ZERO,
         security,
     };
-    let notices = Progress::new(false);
-    let entries = ferry_net::client::list(&cfg, &remote.path, &notices)
+    let entries = ferry_net::client::list(&cfg, &remote.path, &Notices(quiet))
         .await
         .context("listing failed")?;
     if args.json {
@@ -243,6 +242,17 @@ async fn ls(args: LsArgs) -> Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// For commands without a progress bar: warnings (such as a newly pinned server key) only.
+struct Notices(bool);
+
+impl ferry_core::Reporter for Notices {
+    fn on_warning(&self, msg: &str) {
+        if !self.0 {
+            eprintln!("warning: {msg}");
+        }
+    }
 }
 
 fn mode_string(mode: u32) -> String {
