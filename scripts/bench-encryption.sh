@@ -40,6 +40,7 @@ HZ=$(getconf CLK_TCK)
 # alternates TLS and plain puts from CLIENT_NS.
 run_case() {
     local label=$1 addr=$2
+    local res="$WORK/results-${label//[^A-Za-z0-9]/_}"
     local sprefix=() cprefix=()
     if [ -n "${3:-}" ]; then
         sprefix=(ip netns exec "$3")
@@ -53,7 +54,7 @@ run_case() {
     fp=$(grep -o 'sha256:[0-9a-f]*' "$WORK/serve.log" | head -1)
     local token
     token=$(cat "$WORK/token")
-    : >"$WORK/results-$label"
+    : >"$res"
     for run in $(seq "$RUNS"); do
         for mode in tls plain; do
             rm -rf "${WORK:?}/dst/big.bin"
@@ -67,13 +68,13 @@ run_case() {
                 "$WORK/src/big.bin" "$addr:7199:/" >/dev/null
             s1=$(ticks "$SERVER_PID")
             read -r wall user sys <"$WORK/time"
-            echo "$mode $wall $user $sys $(awk "BEGIN{print ($s1 - $s0) / $HZ}")" >>"$WORK/results-$label"
+            echo "$mode $wall $user $sys $(awk "BEGIN{print ($s1 - $s0) / $HZ}")" >>"$res"
         done
     done
     kill "$SERVER_PID"
     wait "$SERVER_PID" 2>/dev/null || true
     SERVER_PID=""
-    python3 - "$label" "$SIZE_MIB" "$WORK/results-$label" <<'EOF'
+    python3 - "$label" "$SIZE_MIB" "$res" <<'EOF'
 import statistics, sys
 label, mib, path = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 rows = [l.split() for l in open(path)]
