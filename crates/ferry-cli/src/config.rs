@@ -270,6 +270,7 @@ pub fn client_config(args: &TransferArgs, remote: &Remote) -> Result<ClientConfi
             checksum,
             existing,
             tcp_window,
+            auto_start: 0,
         },
         readers: args.readers.clamp(1, 64),
         writers: args.writers.clamp(1, 64),

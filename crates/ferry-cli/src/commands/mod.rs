@@ -200,6 +200,7 @@ async fn ls(args: LsArgs) -> Result<ExitCode> {
             checksum: ferry_proto::ChecksumAlgo::Blake3,
             existing: ferry_proto::ExistingPolicy::Fail,
             tcp_window: 0,
+            auto_start: 0,
         },
         readers: 1,
         writers: 1,

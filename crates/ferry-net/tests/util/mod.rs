@@ -98,6 +98,7 @@ pub fn client_config(server: String) -> ClientConfig {
             checksum: ChecksumAlgo::Blake3,
             existing: ExistingPolicy::Fail,
             tcp_window: 0,
+            auto_start: 0,
         },
         readers: 3,
         writers: 3,
@@ -319,6 +320,7 @@ pub fn raw_opts(existing: ExistingPolicy) -> TransferOpts {
         checksum: ChecksumAlgo::Blake3,
         existing,
         tcp_window: 0,
+        auto_start: 0,
     }
 }
 
