@@ -108,6 +108,8 @@ pub fn client_config(server: String) -> ClientConfig {
         retry_for: Duration::ZERO,
         // Fake servers in the tests speak plain frames; `TestServer::client` switches to TLS.
         security: Security::Plaintext,
+        start_from: Default::default(),
+        force_streams: None,
     }
 }
 
