@@ -276,6 +276,7 @@ async fn send_stream(
     let mut scratch = BytesMut::with_capacity(8 << 10);
     let mut bytes = 0u64;
     let is_active = move |n: &u32| index < *n as usize;
+    let mut gated = true;
     loop {
         if !is_active(&active.borrow()) {
             w.flush().await?;
@@ -308,7 +309,11 @@ async fn send_stream(
                             f = frames.recv_async() => match f { Ok(f) => f, Err(_) => break },
                             _ = stop.wait_for(|s| *s) => break,
                             // Parked while waiting: the frame goes to a stream still active.
-                            _ = active.wait_for(|n| !is_active(n)) => continue,
+                            r = active.wait_for(|n| !is_active(n)), if gated => {
+                                // The gate is gone (the session is ending): stop watching it.
+                                gated = r.is_ok();
+                                continue;
+                            }
                         }
                     }
                 }
