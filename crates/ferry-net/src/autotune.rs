@@ -37,6 +37,12 @@ pub const AUTO_MAX_STREAMS: u16 = 16;
 const SHAPE_FILES: u64 = 64;
 const SHAPE_WAIT: Duration = Duration::from_secs(1);
 
+/// Small files start on one stream only on paths at least this long. At 100 ms one stream beat
+/// four (BENCHMARKS.md: 4.5 s vs 6.7 s for 10,000 x 10 KiB); on loopback four beat one (0.6-1.5 s
+/// vs 1.2-2.3 s, measured with this change), because there the streams add parallel work, not
+/// thin app-limited flows. Where between the two it flips is not measured yet.
+const SMALL_FILES_MIN_RTT: Duration = Duration::from_millis(10);
+
 /// Process CPU time, user plus system (`getrusage(RUSAGE_SELF)`).
 pub(crate) fn process_cpu() -> Duration {
     // SAFETY: `usage` is a writable rusage; getrusage only writes into it.
@@ -261,15 +267,16 @@ impl StreamControl {
     }
 
     /// Starts the tuner once the walk has shown what it is sending. Trees of small files
-    /// (below one block on average) start on one stream with one as the default to beat:
-    /// BENCHMARKS.md measured them faster on 1 stream than on 4, and the tuner adds streams
-    /// only when they pay.
+    /// (below one block on average) on a long path start on one stream with one as the default
+    /// to beat: BENCHMARKS.md measured them faster on 1 stream than on 4 at 100 ms, and the
+    /// tuner adds streams only when they pay.
     fn begin(&mut self, now: Duration, (files, bytes): (u64, u64), walk_done: bool) {
         let shape_known = files >= SHAPE_FILES || (files > 0 && (walk_done || now >= SHAPE_WAIT));
         if !shape_known && now < 2 * SHAPE_WAIT {
             return;
         }
-        self.small = small_files(files, bytes, self.plan.block_size);
+        self.small =
+            self.rtt >= SMALL_FILES_MIN_RTT && small_files(files, bytes, self.plan.block_size);
         let (default, start) = if self.small {
             (1, 1)
         } else {
