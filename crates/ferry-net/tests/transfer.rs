@@ -25,10 +25,14 @@ async fn put_then_get_boundary_sizes_byte_identical() {
     for (i, n) in SIZES.iter().enumerate() {
         write(&tree.join(format!("f{i}_{n}")), &bytes(*n, i as u64));
     }
-    let report =
-        ferry_net::client::put(&server.client(), std::slice::from_ref(&tree), "/incoming/", reporter())
-            .await
-            .unwrap();
+    let report = ferry_net::client::put(
+        &server.client(),
+        std::slice::from_ref(&tree),
+        "/incoming/",
+        reporter(),
+    )
+    .await
+    .unwrap();
     assert_eq!(report.files, SIZES.len() as u64);
     assert!(report.is_success(), "{:?}", report.errors);
     assert_eq!(
