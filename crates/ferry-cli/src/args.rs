@@ -194,9 +194,10 @@ pub struct ServeArgs {
 /// Options shared by put and get.
 #[derive(Args, Debug, Clone)]
 pub struct TransferArgs {
-    /// Parallel TCP data connections.
-    #[arg(long, default_value_t = 4)]
-    pub streams: u16,
+    /// Parallel TCP data connections: `auto` (measure and adapt during the transfer, starting
+    /// from what worked last time for this server) or a fixed number.
+    #[arg(long, default_value = "auto", value_name = "auto|N")]
+    pub streams: String,
     /// Size of the blocks large files are cut into (e.g. 8M, 16MiB). 4 KiB to 64 MiB.
     #[arg(long, default_value = "8M")]
     pub block_size: String,

@@ -220,6 +220,29 @@ pub fn resolve_token(explicit: Option<&str>, config: Option<&Path>, host: &str) 
     )
 }
 
+/// `--streams`: `None` for `auto`, else the fixed count.
+pub fn parse_streams(s: &str) -> Result<Option<u16>> {
+    if s.trim().eq_ignore_ascii_case("auto") {
+        return Ok(None);
+    }
+    match s.trim().parse::<u16>() {
+        Ok(n @ 1..=256) => Ok(Some(n)),
+        _ => bail!("--streams must be `auto` or a number between 1 and 256"),
+    }
+}
+
+/// Starts an auto-tuned transfer from what the tuner settled on last time for this server.
+pub fn apply_profile(cfg: &mut ClientConfig, profiles: &crate::profiles::Profiles, key: &str) {
+    if !cfg.opts.is_auto() {
+        return;
+    }
+    if let Some(e) = profiles.load(key) {
+        let n = e.streams.clamp(1, u32::from(cfg.opts.streams)) as u16;
+        cfg.opts.auto_start = n;
+        cfg.start_from = ferry_net::StartFrom::Profile;
+    }
+}
+
 /// Turns transfer arguments into a client configuration for `remote`.
 pub fn client_config(args: &TransferArgs, remote: &Remote) -> Result<ClientConfig> {
     let block = parse_size(&args.block_size)?;
@@ -239,9 +262,11 @@ pub fn client_config(args: &TransferArgs, remote: &Remote) -> Result<ClientConfi
             w as u32
         }
     };
-    if args.streams == 0 || args.streams > 256 {
-        bail!("--streams must be between 1 and 256");
-    }
+    // Auto: open up to AUTO_MAX_STREAMS, start with the default (a profile may change that).
+    let (streams, auto_start) = match parse_streams(&args.streams)? {
+        None => (ferry_net::AUTO_MAX_STREAMS, ferry_net::DEFAULT_STREAMS),
+        Some(n) => (n, 0),
+    };
     let checksum = ferry_core::digest::parse_algo(&args.checksum).with_context(|| {
         format!(
             "--checksum {}: use blake3, xxh3, sha256 or md5",
@@ -265,11 +290,12 @@ pub fn client_config(args: &TransferArgs, remote: &Remote) -> Result<ClientConfi
         server: remote.server(),
         token,
         opts: TransferOpts {
-            streams: args.streams,
+            streams,
             block_size: block as u32,
             checksum,
             existing,
             tcp_window,
+            auto_start,
         },
         readers: args.readers.clamp(1, 64),
         writers: args.writers.clamp(1, 64),
@@ -278,6 +304,8 @@ pub fn client_config(args: &TransferArgs, remote: &Remote) -> Result<ClientConfi
         corrupt_blocks: Vec::new(),
         retry_for: parse_duration(&args.retry_for)?,
         security: security(&args.conn, &remote.server())?,
+        start_from: Default::default(),
+        force_streams: None,
     })
 }
 
@@ -297,6 +325,12 @@ mod tests {
         assert_eq!(parse_duration("0").unwrap(), Duration::ZERO);
         assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
         assert!(parse_duration("3 weeks").is_err());
+        assert_eq!(parse_streams("auto").unwrap(), None);
+        assert_eq!(parse_streams("AUTO").unwrap(), None);
+        assert_eq!(parse_streams("8").unwrap(), Some(8));
+        assert!(parse_streams("0").is_err());
+        assert!(parse_streams("257").is_err());
+        assert!(parse_streams("many").is_err());
     }
 
     #[test]

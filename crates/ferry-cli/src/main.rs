@@ -6,6 +6,7 @@
 mod args;
 mod commands;
 mod config;
+mod profiles;
 mod progress;
 mod ssh;
 

@@ -1004,3 +1004,98 @@ fn probe_host_and_disk_report_json_and_leave_nothing_behind() {
     assert_code(&out, 0);
     assert!(out.stdout.contains("recommendation"), "{}", out.stdout);
 }
+
+// ---------------------------------------------------------------------------------------------
+// auto-tuned streams
+
+#[test]
+fn put_streams_auto_reports_tuning_and_starts_from_a_profile() {
+    let sb = Sandbox::new();
+    let root = sb.mkdir("root");
+    let file = sb.path("src/data.bin");
+    write_pattern(&file, 5 * MIB, 11);
+    let s = Server::start(&sb, &root, Some(&sb.path("token")), &[]);
+    // `auto` is the default: no --streams.
+    let out = run(
+        sb.client(&s.token)
+            .args(["put", "--json", "--block-size", "256K"])
+            .arg(&file)
+            .arg(s.remote("/")),
+        CMD_TIMEOUT,
+    );
+    assert_code(&out, 0);
+    let v = one_json(&out.stdout);
+    let t = &v["tuning"];
+    assert_eq!(t["mode"], "auto", "{v}");
+    assert_eq!(t["start_from"], "default", "{v}");
+    assert_eq!(u64_field(t, "start"), 4, "{v}");
+    assert!(
+        u64_field(t, "connections") >= u64_field(t, "streams"),
+        "{v}"
+    );
+    assert!(
+        t["steps"].is_array() && t["load"]["sender"].is_object(),
+        "{v}"
+    );
+    let b = t["bottleneck"].as_str().expect("bottleneck is a string");
+    assert!(
+        ["network", "source storage", "destination storage", "cpu"].contains(&b),
+        "{v}"
+    );
+    assert_eq!(file_b3(&root.join("data.bin")), file_b3(&file));
+
+    // A remembered stream count for this server is where the next transfer starts.
+    let server = s.remote("/").trim_end_matches(":/").to_owned();
+    fs::create_dir_all(sb.state_dir()).unwrap();
+    fs::write(
+        sb.state_dir().join("profiles.json"),
+        format!(
+            r#"{{"version":1,"endpoints":{{"{server}":{{"streams":2,"settled":true,"updated":1}}}}}}"#
+        ),
+    )
+    .unwrap();
+    let out = run(
+        sb.client(&s.token)
+            .args([
+                "put",
+                "--streams",
+                "auto",
+                "--block-size",
+                "256K",
+                "--overwrite",
+            ])
+            .arg(&file)
+            .arg(s.remote("/")),
+        CMD_TIMEOUT,
+    );
+    assert_code(&out, 0);
+    assert!(
+        out.stderr.contains("streams (auto), limited by "),
+        "summary line says how the streams were chosen and what limited them: {}",
+        out.stderr
+    );
+    let out = run(
+        sb.client(&s.token)
+            .args(["put", "--json", "--block-size", "256K", "--overwrite"])
+            .arg(&file)
+            .arg(s.remote("/")),
+        CMD_TIMEOUT,
+    );
+    assert_code(&out, 0);
+    let v = one_json(&out.stdout);
+    assert_eq!(v["tuning"]["start_from"], "profile", "{v}");
+    assert_eq!(u64_field(&v["tuning"], "start"), 2, "{v}");
+    assert_eq!(file_b3(&root.join("data.bin")), file_b3(&file));
+}
+
+#[test]
+fn streams_must_be_auto_or_a_number() {
+    let sb = Sandbox::new();
+    let out = run(
+        sb.client("t")
+            .args(["put", "--streams", "lots", "x", "127.0.0.1:1:/"]),
+        CMD_TIMEOUT,
+    );
+    assert_code(&out, 2);
+    assert!(out.stderr.contains("auto"), "{}", out.stderr);
+}

@@ -1014,6 +1014,8 @@ impl Receiver {
             skipped: c.skipped.load(Ordering::Relaxed),
             failed: c.failed.load(Ordering::Relaxed),
             bad_blocks: c.bad_blocks.load(Ordering::Relaxed),
+            // The engine measures the load and fills it in.
+            receiver: Default::default(),
         }
     }
 

@@ -98,6 +98,9 @@ struct Shared {
     records: Mutex<HashMap<FileId, Arc<FileRecord>>>,
     skipped: Mutex<HashSet<FileId>>,
     errors: Mutex<Vec<String>>,
+    /// Files and bytes the walk has found so far (the engine sizes its first streams by them).
+    found_files: AtomicU64,
+    found_bytes: AtomicU64,
     block_seq: AtomicU64,
     corrupt: Mutex<HashSet<u64>>,
 }
@@ -138,6 +141,8 @@ impl Sender {
             records: Mutex::default(),
             skipped: Mutex::default(),
             errors: Mutex::default(),
+            found_files: AtomicU64::new(0),
+            found_bytes: AtomicU64::new(0),
             block_seq: AtomicU64::new(0),
             corrupt,
         });
@@ -201,6 +206,14 @@ impl Sender {
     /// Resolves once the walk is over, with what it found.
     pub fn totals(&self) -> flume::Receiver<WalkTotals> {
         self.totals_rx.clone()
+    }
+
+    /// Files and bytes the walk has found so far (it runs ahead of the readers).
+    pub fn found(&self) -> (u64, u64) {
+        (
+            self.shared.found_files.load(Ordering::Relaxed),
+            self.shared.found_bytes.load(Ordering::Relaxed),
+        )
     }
 
     /// The receiver's answers to offered files.
@@ -434,6 +447,8 @@ fn walk_sources(shared: &Shared, jobs: &flume::Sender<Job>, offers: &mut Offers<
                     next_id += 1;
                     totals.files += 1;
                     totals.bytes += meta.size;
+                    shared.found_bytes.fetch_add(meta.size, Ordering::Relaxed);
+                    shared.found_files.fetch_add(1, Ordering::Relaxed);
                     shared.reporter.on_discovered(1, meta.size);
                     let record = Arc::new(FileRecord {
                         dir: parent,

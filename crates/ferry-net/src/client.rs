@@ -10,14 +10,15 @@ use ferry_core::recv::{Destination, Receiver, ReceiverConfig};
 use ferry_core::send::{DigestCache, Sender, SenderConfig, Source};
 use ferry_core::{digest, FsError, Reporter, Root};
 use ferry_proto::{
-    Capabilities, Frame, ListEntry, Role, SessionId, TransferOpts, MAX_CONTROL_PAYLOAD,
-    PROTOCOL_VERSION,
+    Capabilities, Frame, ListEntry, Load, Role, SessionId, TransferOpts, TuneReport, TuneVerdict,
+    MAX_CONTROL_PAYLOAD, PROTOCOL_VERSION,
 };
 use serde::Serialize;
 use tokio::net::{TcpSocket, TcpStream};
 
+use crate::autotune::{bottleneck, cores};
 use crate::conn::{expect_frame, send};
-use crate::engine::{drive_receiver, drive_sender, Limits, StreamReport};
+use crate::engine::{drive_receiver, drive_sender, frame_queue, Limits, StreamPlan, StreamReport};
 use crate::error::SessionError;
 use crate::stream::{Recorder, Stream};
 use crate::tcp::tune;
@@ -48,6 +49,164 @@ pub struct ClientConfig {
     /// How long to keep retrying (with backoff) after failures that a retry can fix.
     pub retry_for: Duration,
     pub security: Security,
+    /// Where `opts.auto_start` came from, for the report.
+    pub start_from: StartFrom,
+    /// Test hook: with `opts.auto_start > 0`, the sending side holds this many streams from
+    /// the start instead of tuning (only when the client sends, i.e. for put).
+    pub force_streams: Option<u32>,
+}
+
+/// Where an auto-tuned transfer's first stream count came from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum StartFrom {
+    /// The built-in default.
+    #[default]
+    Default,
+    /// What the tuner settled on in an earlier transfer to the same server.
+    Profile,
+}
+
+/// How the stream count was chosen and what limited the transfer: `--json`'s `tuning`.
+#[derive(Clone, Debug, Serialize)]
+pub struct Tuning {
+    /// `auto` or `fixed`.
+    pub mode: &'static str,
+    /// Streams carrying data at the end: the setting the tuner holds (fixed: all of them).
+    pub streams: u32,
+    /// Data connections opened (with auto, the most the tuner may use).
+    pub connections: u32,
+    /// Streams carrying data at the start.
+    pub start: u32,
+    /// `profile`, `default`, `small files` (trees of small files start on one stream),
+    /// `test`, or `fixed`.
+    pub start_from: &'static str,
+    /// The tuner finished a search (short transfers end before it does).
+    pub settled: bool,
+    /// The tuner's measurements, oldest first.
+    pub steps: Vec<TuningStep>,
+    /// `network`, `source storage`, `destination storage` or `cpu`: see `load`.
+    pub bottleneck: &'static str,
+    pub load: Loads,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct TuningStep {
+    pub at_s: f64,
+    pub streams: u32,
+    pub mbit_per_s: f64,
+    /// `baseline`, `kept`, `rejected` or `drift`.
+    pub verdict: &'static str,
+}
+
+/// Both ends' measured load; `None` when that end's report did not arrive.
+#[derive(Clone, Debug, Serialize)]
+pub struct Loads {
+    /// Cores this client may use.
+    pub cores: u32,
+    /// Whether the server is on this host (loopback), so both ends share the cores.
+    pub same_host: bool,
+    pub sender: Option<LoadShare>,
+    pub receiver: Option<LoadShare>,
+}
+
+/// One end's load as fractions 0..=1.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct LoadShare {
+    /// CPU time over wall time times usable cores.
+    pub cpu: f64,
+    /// Share of time its queue towards the network was empty (sender: reading could not keep
+    /// up; receiver: the network could not keep up).
+    pub queue_empty: f64,
+    /// Share of time that queue was full (sender: the network or the receiver pushed back;
+    /// receiver: its writers could not keep up).
+    pub queue_full: f64,
+}
+
+impl From<Load> for LoadShare {
+    fn from(l: Load) -> Self {
+        let f = |x: u16| f64::from(x.min(1000)) / 1000.0;
+        Self {
+            cpu: f(l.cpu_permille),
+            queue_empty: f(l.starved_permille),
+            queue_full: f(l.blocked_permille),
+        }
+    }
+}
+
+impl Tuning {
+    fn new(
+        cfg: &ClientConfig,
+        opts: &TransferOpts,
+        connections: usize,
+        tuned: Option<&TuneReport>,
+        receiver: Option<Load>,
+        same_host: bool,
+    ) -> Self {
+        let connections = connections as u32;
+        let auto = opts.is_auto();
+        let sender = tuned.map(|t| t.sender);
+        let streams = match tuned {
+            Some(t) => u32::from(t.streams),
+            None if auto => u32::from(opts.auto_start).min(connections),
+            None => connections,
+        };
+        let start = tuned.map_or(streams, |t| u32::from(t.start));
+        let start_from = if !auto {
+            "fixed"
+        } else if tuned.is_some_and(|t| t.has(TuneReport::SMALL_FILES)) {
+            "small files"
+        } else if cfg.force_streams.is_some() {
+            "test"
+        } else {
+            match cfg.start_from {
+                StartFrom::Default => "default",
+                StartFrom::Profile => "profile",
+            }
+        };
+        let steps = tuned
+            .map(|t| {
+                t.steps
+                    .iter()
+                    .map(|s| TuningStep {
+                        at_s: f64::from(s.at_ms) / 1000.0,
+                        streams: u32::from(s.streams),
+                        mbit_per_s: (s.rate as f64 * 8.0 / 1e6 * 10.0).round() / 10.0,
+                        verdict: match s.verdict {
+                            TuneVerdict::Baseline => "baseline",
+                            TuneVerdict::Kept => "kept",
+                            TuneVerdict::Rejected => "rejected",
+                            TuneVerdict::Drift => "drift",
+                        },
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        Self {
+            mode: if auto { "auto" } else { "fixed" },
+            streams,
+            connections,
+            start,
+            start_from,
+            settled: tuned.is_some_and(|t| t.has(TuneReport::SETTLED)),
+            steps,
+            bottleneck: bottleneck(sender, receiver, same_host),
+            load: Loads {
+                cores: cores(),
+                same_host,
+                sender: sender.map(LoadShare::from),
+                receiver: receiver.map(LoadShare::from),
+            },
+        }
+    }
+
+    /// Whether this transfer's result is worth remembering for the next one to the same
+    /// server: auto-tuned bulk data with at least one measurement.
+    pub fn worth_remembering(&self) -> bool {
+        self.mode == "auto"
+            && !self.steps.is_empty()
+            && self.start_from != "small files"
+            && self.start_from != "test"
+    }
 }
 
 /// What a finished transfer did, as printed by `--json`.
@@ -64,6 +223,8 @@ pub struct TransferReport {
     pub block_size: u32,
     pub checksum: &'static str,
     pub streams: Vec<StreamReport>,
+    /// How many streams carried data and why, and what limited the transfer.
+    pub tuning: Tuning,
     /// Sessions it took: more than 1 when the job resumed after a failure.
     pub attempts: u32,
     /// Whether the connections were TLS, and the server certificate's fingerprint.
@@ -429,7 +590,11 @@ async fn put_once(
     };
     let (opts, data) = start(cfg, &mut c, request).await?;
     let security = security_of(&c);
-    let (tx, rx) = flume::bounded(opts.streams as usize * 2);
+    let plan = StreamPlan {
+        force: cfg.force_streams,
+        ..StreamPlan::from_opts(&opts)
+    };
+    let (tx, rx) = frame_queue(&plan, opts.streams);
     let (ctl_tx, ctl_rx) = flume::unbounded();
     let config = SenderConfig {
         block_size: opts.block_size,
@@ -439,7 +604,9 @@ async fn put_once(
         digest_cache,
     };
     let sender = Sender::start(srcs, config, tx, ctl_tx, reporter.clone());
-    let (summary, streams, remote_errors, sender) = drive_sender(
+    let same_host = c.addr.ip().is_loopback();
+    let connections = data.len();
+    let out = drive_sender(
         c.control,
         data,
         sender,
@@ -447,10 +614,20 @@ async fn put_once(
         ctl_rx,
         reporter,
         limits(cfg, &opts),
+        plan,
     )
     .await?;
+    let (summary, streams, sender) = (out.summary, out.streams, out.sender);
+    let tuning = Tuning::new(
+        cfg,
+        &opts,
+        connections,
+        Some(&out.tuning),
+        Some(summary.receiver),
+        same_host,
+    );
     let mut errors = sender.errors();
-    errors.extend(remote_errors);
+    errors.extend(out.remote_errors);
     let manifest = sender
         .digests()
         .into_iter()
@@ -460,7 +637,7 @@ async fn put_once(
         .await
         .ok();
     Ok(report(
-        "put", &opts, summary, t0, streams, errors, manifest, security,
+        "put", &opts, summary, t0, streams, tuning, errors, manifest, security,
     ))
 }
 
@@ -501,7 +678,9 @@ async fn get_once(
         block_size: opts.block_size,
     };
     let receiver = Receiver::new(destination, config, tx, reporter)?;
-    let (summary, streams) = drive_receiver(
+    let same_host = c.addr.ip().is_loopback();
+    let connections = data.len();
+    let (summary, streams, tuned) = drive_receiver(
         c.control,
         data,
         receiver.clone(),
@@ -510,10 +689,18 @@ async fn get_once(
         limits(cfg, &opts),
     )
     .await?;
+    let tuning = Tuning::new(
+        cfg,
+        &opts,
+        connections,
+        tuned.as_ref(),
+        Some(summary.receiver),
+        same_host,
+    );
     let errors = receiver.errors();
     let manifest = receiver.manifest();
     Ok(report(
-        "get", &opts, summary, t0, streams, errors, manifest, security,
+        "get", &opts, summary, t0, streams, tuning, errors, manifest, security,
     ))
 }
 
@@ -560,6 +747,7 @@ fn report(
     s: ferry_proto::CompleteSummary,
     t0: Instant,
     streams: Vec<StreamReport>,
+    tuning: Tuning,
     errors: Vec<String>,
     manifest: Vec<(String, String)>,
     (encrypted, server_fingerprint): (bool, Option<String>),
@@ -577,6 +765,7 @@ fn report(
         block_size: opts.block_size,
         checksum: digest::algo_name(opts.checksum),
         streams,
+        tuning,
         attempts: 1,
         encrypted,
         server_fingerprint,

@@ -22,12 +22,14 @@ use bytes::BytesMut;
 use ferry_core::recv::Receiver;
 use ferry_core::send::Sender;
 use ferry_core::Reporter;
-use ferry_proto::{CompleteSummary, Frame, MAX_BLOCK_PAYLOAD, MAX_CONTROL_PAYLOAD};
+use ferry_proto::{CompleteSummary, Frame, TuneReport, MAX_BLOCK_PAYLOAD, MAX_CONTROL_PAYLOAD};
 use serde::Serialize;
 use tokio::io::{AsyncWriteExt, BufReader, BufWriter, ReadHalf};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 
+pub(crate) use crate::autotune::StreamPlan;
+use crate::autotune::{LoadMeter, StreamControl, SAMPLE_EVERY};
 use crate::conn::{read_frame, send, write_frame};
 use crate::error::SessionError;
 use crate::stream::Stream;
@@ -124,7 +126,26 @@ impl Limits {
     }
 }
 
+/// What the sending end brings home.
+pub(crate) struct SenderOutcome {
+    pub(crate) summary: CompleteSummary,
+    pub(crate) streams: Vec<StreamReport>,
+    pub(crate) remote_errors: Vec<String>,
+    pub(crate) sender: Sender,
+    /// What the stream tuner did, and this end's load (also sent to the receiver in `Tuned`).
+    pub(crate) tuning: TuneReport,
+}
+
+/// The bounded queue between the readers and the data connections, sized by `plan`.
+pub(crate) fn frame_queue(
+    plan: &StreamPlan,
+    streams: u16,
+) -> (flume::Sender<Frame>, flume::Receiver<Frame>) {
+    flume::bounded(plan.queue_len(streams))
+}
+
 /// Runs the sending end until the receiver reports `Complete`.
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn drive_sender(
     control: Stream,
     data: Vec<Stream>,
@@ -133,8 +154,16 @@ pub(crate) async fn drive_sender(
     control_out: flume::Receiver<Frame>,
     reporter: Arc<dyn Reporter>,
     limits: Limits,
-) -> Result<(CompleteSummary, Vec<StreamReport>, Vec<String>, Sender), SessionError> {
+    plan: StreamPlan,
+) -> Result<SenderOutcome, SessionError> {
     let activity = Activity::new();
+    let mut meter = LoadMeter::start();
+    // The path's round trip, for the tuner's timing: the control connection has carried a TLS
+    // handshake and the request by now, so TCP has a minimum RTT for it.
+    let rtt = tcp_info(control.tcp())
+        .map(|i| Duration::from_micros(u64::from(i.min_rtt_us)))
+        .unwrap_or_default();
+    let (mut gate, active) = StreamControl::new(plan, &data, rtt);
     let (ctrl_r, mut ctrl_w) = tokio::io::split(control);
     let mut ctrl_rx = spawn_control_reader(ctrl_r, activity.clone());
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -142,14 +171,20 @@ pub(crate) async fn drive_sender(
     for (i, s) in data.into_iter().enumerate() {
         let frames = frames.clone();
         let (stop, act, rep) = (stop_rx.clone(), activity.clone(), reporter.clone());
-        streams.spawn(async move { (i, send_stream(s, frames, stop, act, rep).await) });
+        let active = active.clone();
+        streams.spawn(async move { (i, send_stream(i, s, frames, stop, active, act, rep).await) });
     }
-    // Only the stream tasks may hold the queue now: when they end, readers blocked on a full
-    // queue see it disconnected and stop.
-    drop(frames);
+    // Only the stream tasks and this loop's probe may hold the queue now: the probe is
+    // dropped with the loop, so when the streams end, readers blocked on a full queue see it
+    // disconnected and stop.
+    let probe = frames;
     let totals = sender.totals();
     let mut sent = false;
     let mut remote_errors = Vec::new();
+    let mut tick = tokio::time::interval(SAMPLE_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let dog = watchdog(&activity, limits.idle);
+    tokio::pin!(dog);
     let result = loop {
         tokio::select! {
             t = totals.recv_async(), if !sent => {
@@ -186,9 +221,21 @@ pub(crate) async fn drive_sender(
                 Ok((_, Ok(_))) => break Err(SessionError::Protocol("data connection ended early".into())),
                 Err(e) => break Err(SessionError::Protocol(format!("stream task failed: {e}"))),
             },
-            e = watchdog(&activity, limits.idle) => break Err(e),
+            _ = tick.tick() => {
+                let (empty, full) = (probe.is_empty(), probe.is_full());
+                meter.sample(empty, full);
+                gate.on_sample(empty, sender.found(), sent);
+            }
+            e = &mut dog => break Err(e),
         }
     };
+    drop(probe);
+    let tuning = gate.report(meter.load());
+    if result.is_ok() {
+        // The receiver reports (and remembers) what the tuner did; it is not an error if it
+        // has already gone.
+        let _ = send(&mut ctrl_w, &Frame::Tuned(tuning.clone())).await;
+    }
     let _ = stop_tx.send(true);
     // Readers waiting for a decision that will never come must not hold the session.
     sender.close();
@@ -219,26 +266,41 @@ pub(crate) async fn drive_sender(
     .await
     .map_err(|e| SessionError::Protocol(format!("reader threads failed: {e}")))?;
     let summary = result?;
-    Ok((
+    Ok(SenderOutcome {
         summary,
-        reports.into_iter().map(|(_, r)| r).collect(),
+        streams: reports.into_iter().map(|(_, r)| r).collect(),
         remote_errors,
         sender,
-    ))
+        tuning,
+    })
 }
 
-/// Pulls frames from the shared queue and writes them until told to stop.
+/// Pulls frames from the shared queue and writes them until told to stop. Stream `index`
+/// takes frames only while `index < active`; otherwise it flushes and parks without touching
+/// the queue, so the tuner decides how many connections carry data.
 async fn send_stream(
+    index: usize,
     stream: Stream,
     frames: flume::Receiver<Frame>,
     mut stop: watch::Receiver<bool>,
+    mut active: watch::Receiver<u32>,
     activity: Activity,
     reporter: Arc<dyn Reporter>,
 ) -> Result<StreamReport, SessionError> {
     let mut w = BufWriter::with_capacity(256 << 10, stream);
     let mut scratch = BytesMut::with_capacity(8 << 10);
     let mut bytes = 0u64;
+    let is_active = move |n: &u32| index < *n as usize;
+    let mut gated = true;
     loop {
+        if !is_active(&active.borrow()) {
+            w.flush().await?;
+            tokio::select! {
+                r = active.wait_for(is_active) => if r.is_err() { break },
+                _ = stop.wait_for(|s| *s) => break,
+            }
+            continue;
+        }
         let frame = match frames.try_recv() {
             Ok(f) => f,
             Err(flume::TryRecvError::Disconnected) => break,
@@ -261,6 +323,12 @@ async fn send_stream(
                         tokio::select! {
                             f = frames.recv_async() => match f { Ok(f) => f, Err(_) => break },
                             _ = stop.wait_for(|s| *s) => break,
+                            // Parked while waiting: the frame goes to a stream still active.
+                            r = active.wait_for(|n| !is_active(n)), if gated => {
+                                // The gate is gone (the session is ending): stop watching it.
+                                gated = r.is_ok();
+                                continue;
+                            }
                         }
                     }
                 }
@@ -283,6 +351,8 @@ async fn send_stream(
 }
 
 /// Runs the receiving end until every announced entry is resolved, then sends `Complete`.
+/// Returns the summary (with this end's load), the streams, and what the sender's tuner
+/// reported (`None` if the sender closed without saying).
 pub(crate) async fn drive_receiver(
     control: Stream,
     data: Vec<Stream>,
@@ -290,8 +360,9 @@ pub(crate) async fn drive_receiver(
     control_out: flume::Receiver<Frame>,
     writers: usize,
     limits: Limits,
-) -> Result<(CompleteSummary, Vec<StreamReport>), SessionError> {
+) -> Result<(CompleteSummary, Vec<StreamReport>, Option<TuneReport>), SessionError> {
     let activity = Activity::new();
+    let mut meter = LoadMeter::start();
     let (ctrl_r, mut ctrl_w) = tokio::io::split(control);
     let mut ctrl_rx = spawn_control_reader(ctrl_r, activity.clone());
     // A short queue between network and storage: a slow disk pushes back on TCP instead of
@@ -323,6 +394,10 @@ pub(crate) async fn drive_receiver(
     // The control loop keeps a sender for offers; it is dropped before the writers are joined.
     let offers_tx = to_writers;
     let done = receiver.done();
+    let mut tick = tokio::time::interval(SAMPLE_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let dog = watchdog(&activity, limits.idle);
+    tokio::pin!(dog);
     // However this future ends — error, or dropped mid-way by a shutting-down server — the
     // receiver's temporary files must not outlive the session.
     let mut cleanup = AbortOnDrop(Some(receiver.clone()));
@@ -354,17 +429,20 @@ pub(crate) async fn drive_receiver(
                 Ok((_, Ok(_))) => break Err(SessionError::Closed("data")),
                 Err(e) => break Err(SessionError::Protocol(format!("stream task failed: {e}"))),
             },
-            e = watchdog(&activity, limits.idle) => break Err(e),
+            _ = tick.tick() => meter.sample(offers_tx.is_empty(), offers_tx.is_full()),
+            e = &mut dog => break Err(e),
         }
     };
     let mut reports: Vec<(usize, StreamReport)> = Vec::new();
+    let mut tuned = None;
     let outcome = match result {
         Ok(()) => {
             // Failures found while finishing still reach the sender before `Complete`.
             let r = receiver.clone();
-            let summary = tokio::task::spawn_blocking(move || r.finish())
+            let mut summary = tokio::task::spawn_blocking(move || r.finish())
                 .await
                 .map_err(|e| SessionError::Protocol(format!("finalizer failed: {e}")))?;
+            summary.receiver = meter.load();
             let mut res = Ok(summary.clone());
             for frame in control_out.drain() {
                 if let Err(e) = send(&mut ctrl_w, &frame).await {
@@ -376,9 +454,11 @@ pub(crate) async fn drive_receiver(
                     res = Err(e.into());
                 }
             }
-            // Let the sender close the data connections; their EOF ends the stream tasks.
+            // Let the sender close the data connections; their EOF ends the stream tasks. It
+            // says what its tuner did first, on the control connection.
             let deadline = tokio::time::sleep(Duration::from_secs(10));
             tokio::pin!(deadline);
+            let mut control_open = true;
             loop {
                 tokio::select! {
                     j = streams.join_next() => match j {
@@ -386,8 +466,28 @@ pub(crate) async fn drive_receiver(
                         Some(_) => {}
                         None => break,
                     },
+                    f = ctrl_rx.recv(), if control_open => match f {
+                        Some(Ok(Frame::Tuned(t))) => tuned = Some(t),
+                        Some(Ok(_)) => {}
+                        _ => control_open = false,
+                    },
                     _ = &mut deadline => break,
                 }
+            }
+            if tuned.is_none() && control_open {
+                // The data connections closed first; the report is on its way or not coming.
+                let wait = async {
+                    while let Some(Ok(f)) = ctrl_rx.recv().await {
+                        if let Frame::Tuned(t) = f {
+                            return Some(t);
+                        }
+                    }
+                    None
+                };
+                tuned = tokio::time::timeout(Duration::from_secs(1), wait)
+                    .await
+                    .ok()
+                    .flatten();
             }
             res
         }
@@ -416,7 +516,7 @@ pub(crate) async fn drive_receiver(
     }
     let _ = ctrl_w.shutdown().await;
     reports.sort_by_key(|(i, _)| *i);
-    outcome.map(|s| (s, reports.into_iter().map(|(_, r)| r).collect()))
+    outcome.map(|s| (s, reports.into_iter().map(|(_, r)| r).collect(), tuned))
 }
 
 /// Aborts the receiver (removing its temporary files) if dropped while still armed.

@@ -3,6 +3,7 @@
 //! connections, all on one server port.
 
 pub mod access;
+mod autotune;
 pub mod client;
 mod conn;
 mod engine;
@@ -12,7 +13,8 @@ mod stream;
 pub mod tcp;
 pub mod tls;
 
-pub use client::{ClientConfig, Security, TransferReport};
+pub use autotune::{bottleneck, AUTO_MAX_STREAMS, DEFAULT_STREAMS};
+pub use client::{ClientConfig, Security, StartFrom, TransferReport, Tuning};
 pub use engine::StreamReport;
 pub use error::SessionError;
 pub use server::{Server, ServerConfig};

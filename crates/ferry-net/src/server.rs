@@ -27,7 +27,7 @@ use tracing::{debug, info, warn};
 
 use crate::access::{Access, AccessList, Grant, LoginBrake};
 use crate::conn::{expect_frame, send};
-use crate::engine::{drive_receiver, drive_sender, Limits};
+use crate::engine::{drive_receiver, drive_sender, frame_queue, Limits, StreamPlan};
 use crate::error::SessionError;
 use crate::stream::{Recorder, Stream, TLS_HANDSHAKE_RECORD};
 use crate::tcp::{set_window, tune};
@@ -582,7 +582,7 @@ async fn control_session(
         } => {
             let writers = shared.config.writers;
             let limits = Limits::new(idle, block_size);
-            let (summary, _) =
+            let (summary, ..) =
                 drive_receiver(stream, data, receiver, control, writers, limits).await?;
             info!(files = summary.files, bytes = summary.bytes, "put complete");
             Ok(())
@@ -593,7 +593,8 @@ async fn control_session(
             data,
             permits: _permits,
         } => {
-            let (tx, rx) = flume::bounded(opts.streams as usize * 2);
+            let plan = StreamPlan::from_opts(&opts);
+            let (tx, rx) = frame_queue(&plan, opts.streams);
             let (ctl_tx, ctl_rx) = flume::unbounded();
             let config = SenderConfig {
                 block_size: opts.block_size,
@@ -605,8 +606,9 @@ async fn control_session(
             let sender = Sender::start(vec![source], config, tx, ctl_tx, Arc::new(NoReporter));
             let reporter = Arc::new(NoReporter);
             let limits = Limits::new(idle, opts.block_size);
-            let result = drive_sender(stream, data, sender, rx, ctl_rx, reporter, limits).await;
-            let (summary, _, _, sender) = result?;
+            let result =
+                drive_sender(stream, data, sender, rx, ctl_rx, reporter, limits, plan).await?;
+            let (summary, sender) = (result.summary, result.sender);
             let _ = tokio::task::spawn_blocking(move || sender.finish()).await;
             info!(files = summary.files, bytes = summary.bytes, "get complete");
             Ok(())

@@ -1,6 +1,6 @@
 //! Socket options and the kernel's view of a connection.
 
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::time::Duration;
 
 use serde::Serialize;
@@ -40,13 +40,23 @@ pub struct TcpInfo {
     pub total_retrans: u32,
     pub min_rtt_us: u32,
     pub pacing_rate_bps: u64,
+    /// Payload bytes the peer acknowledged (`tcpi_bytes_acked`): what the stream tuner counts.
+    pub bytes_acked: u64,
+    /// Payload bytes received (`tcpi_bytes_received`).
+    pub bytes_received: u64,
     /// Effective SO_SNDBUF/SO_RCVBUF (the kernel doubles what is asked for).
     pub sndbuf: usize,
     pub rcvbuf: usize,
 }
 
 pub(crate) fn tcp_info(stream: &TcpStream) -> Option<TcpInfo> {
-    let fd = stream.as_raw_fd();
+    tcp_info_fd(stream.as_fd())
+}
+
+/// `TCP_INFO` of any TCP socket (the engine keeps duplicated descriptors of its data sockets, so
+/// it can sample them while the stream tasks own the connections).
+pub(crate) fn tcp_info_fd(sock: BorrowedFd<'_>) -> Option<TcpInfo> {
+    let fd = sock.as_raw_fd();
     let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
     let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
     // SAFETY: `info` is a properly sized, writable tcp_info and `len` holds its size; the kernel
@@ -63,7 +73,10 @@ pub(crate) fn tcp_info(stream: &TcpStream) -> Option<TcpInfo> {
     if rc != 0 {
         return None;
     }
-    let sock = SockRef::from(stream);
+    let sock = SockRef::from(&sock);
+    // Kernels before 4.1 fill less of the struct: the byte counters are then unknown (0).
+    let has_bytes = len as usize
+        >= std::mem::offset_of!(libc::tcp_info, tcpi_bytes_received) + std::mem::size_of::<u64>();
     Some(TcpInfo {
         rtt_us: info.tcpi_rtt,
         rttvar_us: info.tcpi_rttvar,
@@ -72,6 +85,12 @@ pub(crate) fn tcp_info(stream: &TcpStream) -> Option<TcpInfo> {
         total_retrans: info.tcpi_total_retrans,
         min_rtt_us: info.tcpi_min_rtt,
         pacing_rate_bps: info.tcpi_pacing_rate.saturating_mul(8),
+        bytes_acked: if has_bytes { info.tcpi_bytes_acked } else { 0 },
+        bytes_received: if has_bytes {
+            info.tcpi_bytes_received
+        } else {
+            0
+        },
         sndbuf: sock.send_buffer_size().unwrap_or(0),
         rcvbuf: sock.recv_buffer_size().unwrap_or(0),
     })

@@ -1098,9 +1098,14 @@ async fn stalled_client_times_out_and_partial_is_kept_for_resume() {
     std::fs::write(&file, &data).unwrap();
     filetime_set(&file, 1_600_000_000_000_000_000);
     std::fs::set_permissions(&file, std::os::unix::fs::PermissionsExt::from_mode(0o644)).unwrap();
-    let r = ferry_net::client::put(&server.client(), &[file.clone()], "/", reporter())
-        .await
-        .unwrap();
+    let r = ferry_net::client::put(
+        &server.client(),
+        std::slice::from_ref(&file),
+        "/",
+        reporter(),
+    )
+    .await
+    .unwrap();
     assert!(r.is_success(), "{:?}", r.errors);
     let sent: u64 = r.streams.iter().map(|s| s.bytes).sum();
     assert!(

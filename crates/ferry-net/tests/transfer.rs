@@ -25,10 +25,14 @@ async fn put_then_get_boundary_sizes_byte_identical() {
     for (i, n) in SIZES.iter().enumerate() {
         write(&tree.join(format!("f{i}_{n}")), &bytes(*n, i as u64));
     }
-    let report =
-        ferry_net::client::put(&server.client(), &[tree.clone()], "/incoming/", reporter())
-            .await
-            .unwrap();
+    let report = ferry_net::client::put(
+        &server.client(),
+        std::slice::from_ref(&tree),
+        "/incoming/",
+        reporter(),
+    )
+    .await
+    .unwrap();
     assert_eq!(report.files, SIZES.len() as u64);
     assert!(report.is_success(), "{:?}", report.errors);
     assert_eq!(
@@ -59,7 +63,7 @@ async fn single_file_renamed_like_cp_and_mode_mtime_kept() {
     write(&f, &bytes(300_000, 7));
     std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o640)).unwrap();
     let cfg = server.client();
-    ferry_net::client::put(&cfg, &[f.clone()], "/renamed.bin", reporter())
+    ferry_net::client::put(&cfg, std::slice::from_ref(&f), "/renamed.bin", reporter())
         .await
         .unwrap();
     let got = server.root.join("renamed.bin");

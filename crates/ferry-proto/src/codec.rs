@@ -18,10 +18,10 @@ use bytes::{BufMut, Bytes, BytesMut};
 use crate::error::DecodeError;
 use crate::frame::{
     Block, Capabilities, ChecksumAlgo, CompleteSummary, Decision, EntryKind, ErrorCode,
-    ExistingPolicy, FileDecision, FileId, FileMeta, Frame, FrameType, ListEntry, OfferEntry, Role,
-    SessionId, TransferOpts, HEADER_LEN, MAGIC, MAX_BLOCK_DATA, MAX_DIGEST, MAX_LIST_ENTRIES,
-    MAX_MESSAGE, MAX_OFFER_ENTRIES, MAX_PATH, MAX_RESUME_RANGES, MAX_STREAMS, MAX_TOKEN,
-    MIN_BLOCK_SIZE,
+    ExistingPolicy, FileDecision, FileId, FileMeta, Frame, FrameType, ListEntry, Load, OfferEntry,
+    Role, SessionId, TransferOpts, TuneReport, TuneStep, TuneVerdict, HEADER_LEN, MAGIC,
+    MAX_BLOCK_DATA, MAX_DIGEST, MAX_LIST_ENTRIES, MAX_MESSAGE, MAX_OFFER_ENTRIES, MAX_PATH,
+    MAX_RESUME_RANGES, MAX_STREAMS, MAX_TOKEN, MAX_TUNE_STEPS, MIN_BLOCK_SIZE,
 };
 
 const ROLE_CONTROL: u8 = 0;
@@ -95,6 +95,7 @@ impl Frame {
             Frame::EntryFailed { .. } => FrameType::ENTRY_FAILED,
             Frame::FileFailed { .. } => FrameType::FILE_FAILED,
             Frame::Complete(_) => FrameType::COMPLETE,
+            Frame::Tuned(_) => FrameType::TUNED,
         }
     }
 
@@ -175,7 +176,9 @@ impl Frame {
                 skipped: r.u64("skipped")?,
                 failed: r.u64("failed")?,
                 bad_blocks: r.u64("bad_blocks")?,
+                receiver: decode_load(&mut r)?,
             }),
+            FrameType::TUNED => Frame::Tuned(decode_tuned(&mut r)?),
             FrameType::OFFER => decode_offer(&mut r)?,
             FrameType::DECISIONS => decode_decisions(&mut r)?,
             FrameType::ENTRY_FAILED => Frame::EntryFailed {
@@ -329,9 +332,24 @@ impl Frame {
                 skipped,
                 failed,
                 bad_blocks,
+                receiver,
             }) => {
                 for n in [files, bytes, skipped, failed, bad_blocks] {
                     out.put_u64(*n);
+                }
+                put_load(out, receiver);
+            }
+            Frame::Tuned(t) => {
+                out.put_u16(t.streams);
+                out.put_u16(t.start);
+                out.put_u8(t.flags);
+                put_load(out, &t.sender);
+                out.put_u8(wire_len(t.steps.len(), "tune steps"));
+                for step in &t.steps {
+                    out.put_u32(step.at_ms);
+                    out.put_u16(step.streams);
+                    out.put_u64(step.rate);
+                    out.put_u8(step.verdict as u8);
                 }
             }
             Frame::Offer { entries } => {
@@ -418,6 +436,61 @@ fn put_opts(out: &mut BytesMut, opts: &TransferOpts) {
     out.put_u8(opts.checksum as u8);
     out.put_u8(opts.existing as u8);
     out.put_u32(opts.tcp_window);
+    out.put_u16(opts.auto_start);
+}
+
+fn put_load(out: &mut BytesMut, load: &Load) {
+    out.put_u16(load.cpu_permille);
+    out.put_u16(load.starved_permille);
+    out.put_u16(load.blocked_permille);
+}
+
+fn decode_load(r: &mut Reader<'_>) -> Result<Load, DecodeError> {
+    Ok(Load {
+        cpu_permille: r.u16("cpu_permille")?,
+        starved_permille: r.u16("starved_permille")?,
+        blocked_permille: r.u16("blocked_permille")?,
+    })
+}
+
+fn decode_tuned(r: &mut Reader<'_>) -> Result<TuneReport, DecodeError> {
+    let streams = r.u16("streams")?;
+    let start = r.u16("start")?;
+    let flags = r.u8("flags")?;
+    if flags & !TuneReport::ALL != 0 {
+        return Err(invalid("flags", flags));
+    }
+    let sender = decode_load(r)?;
+    let n = usize::from(r.u8("tune steps")?);
+    if n > MAX_TUNE_STEPS {
+        return Err(DecodeError::TooLong {
+            field: "tune steps",
+            len: n,
+            max: MAX_TUNE_STEPS,
+        });
+    }
+    let mut steps = Vec::with_capacity(n);
+    for _ in 0..n {
+        steps.push(TuneStep {
+            at_ms: r.u32("at_ms")?,
+            streams: r.u16("streams")?,
+            rate: r.u64("rate")?,
+            verdict: match r.u8("verdict")? {
+                0 => TuneVerdict::Baseline,
+                1 => TuneVerdict::Kept,
+                2 => TuneVerdict::Rejected,
+                3 => TuneVerdict::Drift,
+                other => return Err(invalid("verdict", other)),
+            },
+        });
+    }
+    Ok(TuneReport {
+        streams,
+        start,
+        flags,
+        sender,
+        steps,
+    })
 }
 
 fn put_str(out: &mut BytesMut, s: &str) {
@@ -481,6 +554,10 @@ fn decode_opts(r: &mut Reader<'_>) -> Result<TransferOpts, DecodeError> {
             other => return Err(invalid("existing", other)),
         },
         tcp_window: r.u32("tcp_window")?,
+        auto_start: match r.u16("auto_start")? {
+            n @ 0..=MAX_STREAMS => n,
+            other => return Err(invalid("auto_start", other)),
+        },
     })
 }
 

@@ -10,7 +10,7 @@ use bytes::Bytes;
 pub const MAGIC: [u8; 8] = *b"FERRY\r\n\x1a";
 
 /// The protocol version this build speaks. Bumped on any incompatible change to a frame layout.
-pub const PROTOCOL_VERSION: u16 = 1;
+pub const PROTOCOL_VERSION: u16 = 2;
 
 /// Size of the fixed frame header: type (1) and payload length (4).
 pub const HEADER_LEN: usize = 5;
@@ -53,6 +53,9 @@ pub const MAX_STREAMS: u16 = 256;
 /// Smallest block size: below a page, per-frame overhead and syscalls dominate.
 pub const MIN_BLOCK_SIZE: u32 = 4 << 10;
 
+/// Most tuner steps one `Tuned` frame may carry (the tuner keeps 64).
+pub const MAX_TUNE_STEPS: usize = 64;
+
 /// Frame type byte. Values are part of the protocol and never reused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct FrameType(pub u8);
@@ -78,6 +81,7 @@ impl FrameType {
     pub const OFFER: Self = Self(0x35);
     pub const DECISIONS: Self = Self(0x36);
     pub const ENTRY_FAILED: Self = Self(0x37);
+    pub const TUNED: Self = Self(0x38);
 
     /// The largest payload a frame of this type may declare, or `None` for an unknown type.
     /// Checked on the header alone, before any payload is read or allocated.
@@ -102,7 +106,8 @@ impl FrameType {
             | Self::COMPLETE
             | Self::OFFER
             | Self::DECISIONS
-            | Self::ENTRY_FAILED => Some(MAX_CONTROL_PAYLOAD),
+            | Self::ENTRY_FAILED
+            | Self::TUNED => Some(MAX_CONTROL_PAYLOAD),
             _ => None,
         }
     }
@@ -130,6 +135,7 @@ impl FrameType {
             Self::OFFER => "offer",
             Self::DECISIONS => "decisions",
             Self::ENTRY_FAILED => "entry_failed",
+            Self::TUNED => "tuned",
             _ => "unknown",
         }
     }
@@ -207,6 +213,84 @@ pub struct TransferOpts {
     pub existing: ExistingPolicy,
     /// SO_SNDBUF/SO_RCVBUF for data sockets; 0 leaves the kernel's autotuning alone.
     pub tcp_window: u32,
+    /// 0: `streams` is fixed, every data connection carries data. n >= 1: the stream count is
+    /// tuned during the transfer: `streams` is the most data connections (all are opened at
+    /// the start) and the sending side starts with n of them carrying data, n clamped to
+    /// `streams`.
+    pub auto_start: u16,
+}
+
+impl TransferOpts {
+    /// Whether the sending side tunes the number of streams that carry data.
+    pub fn is_auto(&self) -> bool {
+        self.auto_start > 0
+    }
+}
+
+/// What one end measured about its own side of a transfer, so the client can say what limited
+/// it. Fractions are in thousandths, 0..=1000 (larger values are clamped by the reader).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Load {
+    /// Process CPU time (user + system) over wall time times the cores it may use.
+    pub cpu_permille: u16,
+    /// Share of time this end's queue towards the network was empty: on the sender, the frame
+    /// queue the data connections pull from (reading could not keep up); on the receiver, the
+    /// queue to its writers (the network could not keep up).
+    pub starved_permille: u16,
+    /// Share of time that queue was full: on the sender, the connections could not send as
+    /// fast as the files were read; on the receiver, the writers could not store as fast as
+    /// the data arrived.
+    pub blocked_permille: u16,
+}
+
+/// What became of one tuner measurement (`TuneStep::verdict`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum TuneVerdict {
+    Baseline = 0,
+    Kept = 1,
+    Rejected = 2,
+    Drift = 3,
+}
+
+/// One measurement of the stream tuner.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TuneStep {
+    /// Milliseconds since the sender started the transfer.
+    pub at_ms: u32,
+    pub streams: u16,
+    /// Median rate measured, bytes per second.
+    pub rate: u64,
+    pub verdict: TuneVerdict,
+}
+
+/// What the sending side's stream tuner did, and the sender's load: sent after `Complete` so
+/// the client (the receiver of a get) can report and remember it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TuneReport {
+    /// Streams carrying data at the end.
+    pub streams: u16,
+    /// Streams carrying data at the start.
+    pub start: u16,
+    /// `TUNE_*` bits.
+    pub flags: u8,
+    pub sender: Load,
+    /// At most [`MAX_TUNE_STEPS`], oldest first.
+    pub steps: Vec<TuneStep>,
+}
+
+impl TuneReport {
+    /// The transfer was auto-tuned.
+    pub const AUTO: u8 = 1 << 0;
+    /// The tuner finished a search.
+    pub const SETTLED: u8 = 1 << 1;
+    /// The files were small (below a block on average), so the sender started low.
+    pub const SMALL_FILES: u8 = 1 << 2;
+    /// Every flag this build knows; others are refused.
+    pub const ALL: u8 = Self::AUTO | Self::SETTLED | Self::SMALL_FILES;
+
+    pub fn has(&self, flag: u8) -> bool {
+        self.flags & flag == flag
+    }
 }
 
 /// Kind of a listed directory entry.
@@ -297,6 +381,8 @@ pub struct CompleteSummary {
     pub skipped: u64,
     pub failed: u64,
     pub bad_blocks: u64,
+    /// The receiver's own load, for attributing the bottleneck.
+    pub receiver: Load,
 }
 
 /// Every frame of the protocol.
@@ -388,6 +474,9 @@ pub enum Frame {
         code: ErrorCode,
         message: String,
     },
+    /// Sender tells the receiver (control, after `Complete`, before closing) what its stream
+    /// tuner did and how loaded it was.
+    Tuned(TuneReport),
 }
 
 /// Error code carried on the wire in `Error` and `FileFailed`.

@@ -53,16 +53,60 @@ fn opts() -> impl Strategy<Value = TransferOpts> {
             Just(ExistingPolicy::Skip),
         ],
         any::<u32>(),
+        0..=MAX_STREAMS,
     )
         .prop_map(
-            |(streams, block_size, checksum, existing, tcp_window)| TransferOpts {
+            |(streams, block_size, checksum, existing, tcp_window, auto_start)| TransferOpts {
                 streams,
                 block_size,
                 checksum,
                 existing,
                 tcp_window,
+                auto_start,
             },
         )
+}
+
+fn load() -> impl Strategy<Value = Load> {
+    any::<[u16; 3]>().prop_map(|[cpu, starved, blocked]| Load {
+        cpu_permille: cpu,
+        starved_permille: starved,
+        blocked_permille: blocked,
+    })
+}
+
+fn tune_report() -> impl Strategy<Value = TuneReport> {
+    let step = (
+        any::<u32>(),
+        any::<u16>(),
+        any::<u64>(),
+        prop_oneof![
+            Just(TuneVerdict::Baseline),
+            Just(TuneVerdict::Kept),
+            Just(TuneVerdict::Rejected),
+            Just(TuneVerdict::Drift),
+        ],
+    )
+        .prop_map(|(at_ms, streams, rate, verdict)| TuneStep {
+            at_ms,
+            streams,
+            rate,
+            verdict,
+        });
+    (
+        any::<u16>(),
+        any::<u16>(),
+        0..=TuneReport::ALL,
+        load(),
+        vec(step, 0..=MAX_TUNE_STEPS),
+    )
+        .prop_map(|(streams, start, flags, sender, steps)| TuneReport {
+            streams,
+            start,
+            flags,
+            sender,
+            steps,
+        })
 }
 
 fn role() -> impl Strategy<Value = Role> {
@@ -222,17 +266,19 @@ fn frame() -> impl Strategy<Value = Frame> {
                 message,
             })
             .boxed(),
-        any::<[u64; 5]>()
-            .prop_map(|[files, bytes, skipped, failed, bad_blocks]| {
+        (any::<[u64; 5]>(), load())
+            .prop_map(|([files, bytes, skipped, failed, bad_blocks], receiver)| {
                 Frame::Complete(CompleteSummary {
                     files,
                     bytes,
                     skipped,
                     failed,
                     bad_blocks,
+                    receiver,
                 })
             })
             .boxed(),
+        tune_report().prop_map(Frame::Tuned).boxed(),
         vec(
             (
                 any::<u64>(),
@@ -387,6 +433,7 @@ fn sample_opts() -> TransferOpts {
         checksum: ChecksumAlgo::Blake3,
         existing: ExistingPolicy::Overwrite,
         tcp_window: 0,
+        auto_start: 4,
     }
 }
 
@@ -499,6 +546,23 @@ fn sample_frames() -> Vec<Frame> {
             skipped: 1,
             failed: 1,
             bad_blocks: 0,
+            receiver: Load {
+                cpu_permille: 310,
+                starved_permille: 5,
+                blocked_permille: 0,
+            },
+        }),
+        Frame::Tuned(TuneReport {
+            streams: 8,
+            start: 4,
+            flags: TuneReport::AUTO | TuneReport::SETTLED,
+            sender: Load::default(),
+            steps: vec![TuneStep {
+                at_ms: 3100,
+                streams: 4,
+                rate: 117_000_000,
+                verdict: TuneVerdict::Baseline,
+            }],
         }),
         Frame::Offer {
             entries: vec![OfferEntry {
@@ -544,7 +608,7 @@ fn sample_frames() -> Vec<Frame> {
 fn samples_cover_every_frame_type() {
     let mut types: Vec<u8> = sample_frames().iter().map(|f| f.frame_type().0).collect();
     types.dedup();
-    assert_eq!(types.len(), 20);
+    assert_eq!(types.len(), 21);
     for ty in 0..=u8::MAX {
         assert_eq!(
             FrameType(ty).max_payload().is_some(),
@@ -607,7 +671,7 @@ fn write_fuzz_seeds() {
 #[test]
 fn pinned_hello() {
     let frame = Frame::Hello {
-        version: 1,
+        version: 2,
         capabilities: Capabilities(1),
         role: Role::Control {
             token: "tok".into(),
@@ -617,13 +681,135 @@ fn pinned_hello() {
     let expected: &[u8] = &[
         0x01, 0, 0, 0, 0x18,                            // type, payload length 24
         b'F', b'E', b'R', b'R', b'Y', b'\r', b'\n', 0x1a, // magic
-        0, 1,                                           // version
+        0, 2,                                           // version
         0, 0, 0, 0, 0, 0, 0, 1,                         // capabilities
         0,                                              // role: control
         0, 3, b't', b'o', b'k',                         // token
     ];
     assert_eq!(&encode(&frame)[..], expected);
     assert_eq!(decode(expected.into()), Ok(frame));
+}
+
+#[test]
+fn pinned_get_request() {
+    let frame = Frame::GetRequest {
+        src: "d".into(),
+        opts: TransferOpts {
+            streams: 16,
+            block_size: 8 << 20,
+            checksum: ChecksumAlgo::Xxh3,
+            existing: ExistingPolicy::Skip,
+            tcp_window: 0x0100_0000,
+            auto_start: 4,
+        },
+    };
+    #[rustfmt::skip]
+    let expected: &[u8] = &[
+        0x11, 0, 0, 0, 17,                  // type, payload length
+        0, 1, b'd',                         // src
+        0, 16,                              // streams (the most, with auto)
+        0, 0x80, 0, 0,                      // block_size 8 MiB
+        2,                                  // checksum: xxh3
+        2,                                  // existing: skip
+        0x01, 0, 0, 0,                      // tcp_window 16 MiB
+        0, 4,                               // auto_start: tuned, starting with 4
+    ];
+    assert_eq!(&encode(&frame)[..], expected);
+    assert_eq!(decode(expected.into()), Ok(frame));
+}
+
+#[test]
+fn pinned_complete() {
+    let frame = Frame::Complete(CompleteSummary {
+        files: 1,
+        bytes: 2,
+        skipped: 3,
+        failed: 4,
+        bad_blocks: 5,
+        receiver: Load {
+            cpu_permille: 0x0102,
+            starved_permille: 7,
+            blocked_permille: 1000,
+        },
+    });
+    #[rustfmt::skip]
+    let expected: &[u8] = &[
+        0x34, 0, 0, 0, 46,                  // type, payload length
+        0, 0, 0, 0, 0, 0, 0, 1,             // files
+        0, 0, 0, 0, 0, 0, 0, 2,             // bytes
+        0, 0, 0, 0, 0, 0, 0, 3,             // skipped
+        0, 0, 0, 0, 0, 0, 0, 4,             // failed
+        0, 0, 0, 0, 0, 0, 0, 5,             // bad_blocks
+        0x01, 0x02,                         // receiver cpu_permille
+        0, 7,                               // receiver starved_permille
+        0x03, 0xe8,                         // receiver blocked_permille
+    ];
+    assert_eq!(&encode(&frame)[..], expected);
+    assert_eq!(decode(expected.into()), Ok(frame));
+}
+
+#[test]
+fn pinned_tuned() {
+    let frame = Frame::Tuned(TuneReport {
+        streams: 8,
+        start: 4,
+        flags: TuneReport::AUTO | TuneReport::SETTLED,
+        sender: Load {
+            cpu_permille: 1,
+            starved_permille: 2,
+            blocked_permille: 3,
+        },
+        steps: vec![TuneStep {
+            at_ms: 0x0102_0304,
+            streams: 4,
+            rate: 125_000_000,
+            verdict: TuneVerdict::Kept,
+        }],
+    });
+    #[rustfmt::skip]
+    let expected: &[u8] = &[
+        0x38, 0, 0, 0, 27,                  // type, payload length
+        0, 8,                               // streams at the end
+        0, 4,                               // start
+        0b011,                              // flags: auto, settled
+        0, 1, 0, 2, 0, 3,                   // sender load
+        1,                                  // one step
+        0x01, 0x02, 0x03, 0x04,             // at_ms
+        0, 4,                               // streams
+        0, 0, 0, 0, 0x07, 0x73, 0x59, 0x40, // rate 125,000,000 B/s
+        1,                                  // verdict: kept
+    ];
+    assert_eq!(&encode(&frame)[..], expected);
+    assert_eq!(decode(expected.into()), Ok(frame));
+    // Unknown flags, verdicts and too many steps are refused.
+    let mut bad = expected.to_vec();
+    bad[HEADER_LEN + 4] = 0x80;
+    assert_eq!(
+        decode(bad.as_slice().into()),
+        Err(DecodeError::InvalidValue {
+            field: "flags",
+            value: 0x80
+        })
+    );
+    let mut bad = expected.to_vec();
+    *bad.last_mut().unwrap() = 4;
+    assert_eq!(
+        decode(bad.as_slice().into()),
+        Err(DecodeError::InvalidValue {
+            field: "verdict",
+            value: 4
+        })
+    );
+    let mut bad = expected.to_vec();
+    bad[HEADER_LEN + 11] = (MAX_TUNE_STEPS + 1) as u8;
+    assert_eq!(
+        decode(bad.as_slice().into()),
+        Err(DecodeError::TooLong {
+            field: "tune steps",
+            len: MAX_TUNE_STEPS + 1,
+            max: MAX_TUNE_STEPS
+        })
+    );
 }
 
 #[test]
@@ -847,6 +1033,14 @@ fn transfer_options_are_range_checked() {
             },
             "block_size",
             u64::from(MAX_BLOCK_DATA) + 1,
+        ),
+        (
+            TransferOpts {
+                auto_start: MAX_STREAMS + 1,
+                ..sample_opts()
+            },
+            "auto_start",
+            u64::from(MAX_STREAMS) + 1,
         ),
     ];
     for (opts, field, value) in cases {

@@ -190,7 +190,7 @@ pub async fn run(args: DemoArgs, quiet: bool) -> Result<ExitCode> {
     }));
 
     let targs = TransferArgs {
-        streams: args.streams,
+        streams: args.streams.to_string(),
         block_size: "8M".into(),
         tcp_window: None,
         checksum: "blake3".into(),

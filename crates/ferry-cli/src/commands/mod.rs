@@ -13,9 +13,12 @@ use anyhow::{Context, Result};
 use ferry_net::{SessionError, TransferReport};
 
 use crate::args::{Cli, Command, GetArgs, LsArgs, PutArgs, TransferArgs};
-use crate::config::{client_config, resolve_token, Remote};
+use crate::config::{apply_profile, client_config, resolve_token, Remote};
+use crate::profiles::Profiles;
+
 use crate::progress::{human_bytes, Progress};
 use crate::usage;
+pub use serve::state_dir;
 
 pub async fn run(cli: Cli) -> Result<ExitCode> {
     let quiet = cli.quiet;
@@ -49,6 +52,7 @@ async fn put(args: PutArgs, quiet: bool) -> Result<ExitCode> {
     }
     let mut cfg = client_config(&args.transfer, &remote).map_err(usage)?;
     warn_fixed_window(&cfg, quiet);
+    let profile = profile_for(&mut cfg, &remote);
     let oneshot = start_oneshot(&mut cfg, &remote, &args.transfer).await?;
     let sources: Vec<PathBuf> = sources.iter().map(PathBuf::from).collect();
     let progress = Arc::new(Progress::new(quiet || args.transfer.json));
@@ -57,6 +61,7 @@ async fn put(args: PutArgs, quiet: bool) -> Result<ExitCode> {
     if let Some(o) = oneshot {
         o.finish().await;
     }
+    remember(&result, profile, quiet);
     finish(result, &args.transfer, quiet)
 }
 
@@ -66,6 +71,7 @@ async fn get(args: GetArgs, quiet: bool) -> Result<ExitCode> {
         .map_err(usage)?;
     let mut cfg = client_config(&args.transfer, &remote).map_err(usage)?;
     warn_fixed_window(&cfg, quiet);
+    let profile = profile_for(&mut cfg, &remote);
     let oneshot = start_oneshot(&mut cfg, &remote, &args.transfer).await?;
     let progress = Arc::new(Progress::new(quiet || args.transfer.json));
     let result = ferry_net::client::get(&cfg, &remote.path, &args.dest, progress.clone()).await;
@@ -73,7 +79,44 @@ async fn get(args: GetArgs, quiet: bool) -> Result<ExitCode> {
     if let Some(o) = oneshot {
         o.finish().await;
     }
+    remember(&result, profile, quiet);
     finish(result, &args.transfer, quiet)
+}
+
+/// Starts an auto-tuned transfer from the stream count remembered for this server (daemons by
+/// `host:port`, ssh sessions by `ssh:user@host`: their port changes every time). Returns
+/// where to remember the result.
+fn profile_for(cfg: &mut ferry_net::ClientConfig, remote: &Remote) -> Option<(Profiles, String)> {
+    if !cfg.opts.is_auto() {
+        return None;
+    }
+    let profiles = Profiles::default_location()?;
+    let key = match remote.ssh_target() {
+        Some(t) => format!("ssh:{t}"),
+        None => remote.server(),
+    };
+    apply_profile(cfg, &profiles, &key);
+    Some((profiles, key))
+}
+
+/// Saves what the tuner settled on for the next transfer to the same server.
+fn remember(
+    result: &Result<TransferReport, SessionError>,
+    profile: Option<(Profiles, String)>,
+    quiet: bool,
+) {
+    let (Ok(report), Some((profiles, key))) = (result, profile) else {
+        return;
+    };
+    let t = &report.tuning;
+    if !report.is_success() || !t.worth_remembering() {
+        return;
+    }
+    if let Err(e) = profiles.save(&key, t.streams, t.settled) {
+        if !quiet {
+            eprintln!("warning: cannot save the stream profile: {e:#}");
+        }
+    }
 }
 
 /// For `USER@HOST:PATH`: starts `ferry serve --oneshot` over ssh and points `cfg` at it, pinned
@@ -160,13 +203,15 @@ fn finish(
 
 pub fn summary_line(r: &TransferReport) -> String {
     let mut s = format!(
-        "{}: {} files, {} in {:.2} s = {:.1} MiB/s over {} streams, {} verified",
+        "{}: {} files, {} in {:.2} s = {:.1} MiB/s over {} streams ({}), limited by {}, {} verified",
         r.direction,
         r.files,
         human_bytes(r.bytes),
         r.seconds,
         r.mib_per_s,
-        r.streams.len(),
+        r.tuning.streams,
+        r.tuning.mode,
+        r.tuning.bottleneck,
         r.checksum
     );
     if r.skipped > 0 {
@@ -200,6 +245,7 @@ async fn ls(args: LsArgs, quiet: bool) -> Result<ExitCode> {
             checksum: ferry_proto::ChecksumAlgo::Blake3,
             existing: ferry_proto::ExistingPolicy::Fail,
             tcp_window: 0,
+            auto_start: 0,
         },
         readers: 1,
         writers: 1,
@@ -208,6 +254,8 @@ async fn ls(args: LsArgs, quiet: bool) -> Result<ExitCode> {
         corrupt_blocks: Vec::new(),
         retry_for: std::time::Duration::ZERO,
         security,
+        start_from: Default::default(),
+        force_streams: None,
     };
     let entries = ferry_net::client::list(&cfg, &remote.path, &Notices(quiet))
         .await

@@ -98,6 +98,7 @@ pub fn client_config(server: String) -> ClientConfig {
             checksum: ChecksumAlgo::Blake3,
             existing: ExistingPolicy::Fail,
             tcp_window: 0,
+            auto_start: 0,
         },
         readers: 3,
         writers: 3,
@@ -107,6 +108,8 @@ pub fn client_config(server: String) -> ClientConfig {
         retry_for: Duration::ZERO,
         // Fake servers in the tests speak plain frames; `TestServer::client` switches to TLS.
         security: Security::Plaintext,
+        start_from: Default::default(),
+        force_streams: None,
     }
 }
 
@@ -319,6 +322,7 @@ pub fn raw_opts(existing: ExistingPolicy) -> TransferOpts {
         checksum: ChecksumAlgo::Blake3,
         existing,
         tcp_window: 0,
+        auto_start: 0,
     }
 }
 

@@ -1,0 +1,175 @@
+//! The stream count the tuner settled on, per server, so that the next transfer to the same
+//! server starts there (HARP's lesson, docs/TUNING.md: a good prior saves the search).
+//!
+//! One JSON file, `profiles.json` in the client's state directory, replaced atomically (written
+//! to a temporary file in the same directory, synced, renamed over). At most [`MAX_ENTRIES`]
+//! servers are kept; the least recently updated go first. A missing or unreadable file is no
+//! profile: tuning then starts from the default.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, Result};
+use serde::{Deserialize, Serialize};
+
+/// Servers remembered at most.
+pub const MAX_ENTRIES: usize = 256;
+
+const FILE_NAME: &str = "profiles.json";
+
+/// What was learnt about one server.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Entry {
+    /// Streams the tuner held at the end of the last auto-tuned transfer of bulk data.
+    pub streams: u32,
+    /// Whether its search had finished (otherwise `streams` is the best measured so far).
+    pub settled: bool,
+    /// Seconds since the Unix epoch.
+    pub updated: u64,
+}
+
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct ProfileFile {
+    version: u32,
+    endpoints: BTreeMap<String, Entry>,
+}
+
+/// The profile store in one directory.
+#[derive(Clone, Debug)]
+pub struct Profiles {
+    dir: PathBuf,
+}
+
+impl Profiles {
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        Self { dir: dir.into() }
+    }
+
+    /// In the client's state directory: `$FERRY_STATE_DIR`, `$XDG_STATE_HOME/ferry` or
+    /// `~/.local/state/ferry`.
+    pub fn default_location() -> Option<Self> {
+        crate::commands::state_dir().ok().map(Self::new)
+    }
+
+    pub fn path(&self) -> PathBuf {
+        self.dir.join(FILE_NAME)
+    }
+
+    fn read(&self) -> ProfileFile {
+        std::fs::read(self.path())
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .unwrap_or_default()
+    }
+
+    /// What was remembered for `endpoint` (`host:port`).
+    pub fn load(&self, endpoint: &str) -> Option<Entry> {
+        self.read().endpoints.get(endpoint).copied()
+    }
+
+    /// Remembers `streams` for `endpoint`, now.
+    pub fn save(&self, endpoint: &str, streams: u32, settled: bool) -> Result<()> {
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        self.save_at(endpoint, streams, settled, now)
+    }
+
+    fn save_at(&self, endpoint: &str, streams: u32, settled: bool, now: u64) -> Result<()> {
+        let mut file = self.read();
+        file.version = 1;
+        file.endpoints.insert(
+            endpoint.to_owned(),
+            Entry {
+                streams,
+                settled,
+                updated: now,
+            },
+        );
+        while file.endpoints.len() > MAX_ENTRIES {
+            let oldest = file
+                .endpoints
+                .iter()
+                .filter(|(k, _)| k.as_str() != endpoint)
+                .min_by_key(|(k, e)| (e.updated, (*k).clone()))
+                .map(|(k, _)| k.clone());
+            match oldest {
+                Some(k) => file.endpoints.remove(&k),
+                None => break,
+            };
+        }
+        write_atomically(&self.dir, &self.path(), &serde_json::to_vec_pretty(&file)?)
+    }
+}
+
+fn write_atomically(dir: &Path, path: &Path, bytes: &[u8]) -> Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let mut tmp = tempfile::NamedTempFile::new_in(dir)
+        .with_context(|| format!("creating a temporary file in {}", dir.display()))?;
+    tmp.write_all(bytes)?;
+    tmp.as_file().sync_all()?;
+    tmp.persist(path)
+        .with_context(|| format!("replacing {}", path.display()))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn saved_streams_come_back_per_endpoint() {
+        let d = tempfile::tempdir().unwrap();
+        let p = Profiles::new(d.path().join("state/ferry"));
+        assert_eq!(p.load("dtn2:7070"), None, "nothing before the first save");
+        p.save_at("dtn2:7070", 8, true, 100).unwrap();
+        p.save_at("dtn3:7070", 2, false, 101).unwrap();
+        let e = p.load("dtn2:7070").unwrap();
+        assert_eq!((e.streams, e.settled, e.updated), (8, true, 100));
+        assert_eq!(p.load("dtn3:7070").unwrap().streams, 2);
+        // A new result replaces the old one.
+        p.save_at("dtn2:7070", 6, true, 102).unwrap();
+        assert_eq!(p.load("dtn2:7070").unwrap().streams, 6);
+        // Another store (the next process) reads the same file.
+        let again = Profiles::new(d.path().join("state/ferry"));
+        assert_eq!(again.load("dtn3:7070").unwrap().streams, 2);
+        // Only the file itself is left behind, no temporary files.
+        let names: Vec<_> = std::fs::read_dir(d.path().join("state/ferry"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, vec![std::ffi::OsString::from(FILE_NAME)]);
+    }
+
+    #[test]
+    fn the_store_is_bounded_and_forgets_the_oldest() {
+        let d = tempfile::tempdir().unwrap();
+        let p = Profiles::new(d.path());
+        for i in 0..MAX_ENTRIES + 10 {
+            p.save_at(&format!("h{i}:7070"), 4, true, i as u64).unwrap();
+        }
+        assert_eq!(p.read().endpoints.len(), MAX_ENTRIES);
+        for i in 0..10 {
+            assert_eq!(p.load(&format!("h{i}:7070")), None, "h{i} was the oldest");
+        }
+        assert!(p.load(&format!("h{}:7070", MAX_ENTRIES + 9)).is_some());
+        // Updating an old entry makes it new again: the next eviction takes another.
+        p.save_at("h10:7070", 5, true, 10_000).unwrap();
+        p.save_at("new:7070", 3, true, 10_001).unwrap();
+        assert_eq!(p.load("h10:7070").unwrap().streams, 5);
+        assert_eq!(p.load("h11:7070"), None);
+        assert_eq!(p.read().endpoints.len(), MAX_ENTRIES);
+    }
+
+    #[test]
+    fn a_damaged_file_is_no_profile_and_is_replaced() {
+        let d = tempfile::tempdir().unwrap();
+        let p = Profiles::new(d.path());
+        std::fs::write(p.path(), b"{ not json").unwrap();
+        assert_eq!(p.load("dtn2:7070"), None);
+        p.save_at("dtn2:7070", 4, false, 1).unwrap();
+        assert_eq!(p.load("dtn2:7070").unwrap().streams, 4);
+    }
+}

@@ -1,0 +1,430 @@
+//! Auto-tuning of the streams that carry data, and the load each end measures so the client can
+//! say what limited a transfer. The policy is `ferry_core::tune` (docs/TUNING.md); this is how
+//! the engine drives it (docs/DESIGN.md, "Auto-tuning").
+//!
+//! All data connections are opened at the start; the sending side lets the first `active` of
+//! them pull frames from the shared queue (a `watch` of the count) and parks the others. Every
+//! 100 ms the tuner gets the bytes the peer acknowledged on all data sockets (`TCP_INFO`), and
+//! nothing when the frame queue ran dry: a starved sender says nothing about the stream count.
+
+use std::os::fd::{AsFd, OwnedFd};
+use std::time::{Duration, Instant};
+
+use ferry_core::tune::{Tuner, TunerConfig, Verdict};
+use ferry_proto::{Load, TuneReport, TuneStep, TuneVerdict, MAX_TUNE_STEPS};
+use tokio::sync::watch;
+
+use crate::stream::Stream;
+use crate::tcp::tcp_info_fd;
+
+/// How often each end samples its queue (and the sender its tuner's clock).
+pub(crate) const SAMPLE_EVERY: Duration = Duration::from_millis(25);
+
+/// Samples per tuner tick: the tuner sees progress every 100 ms.
+const SAMPLES_PER_TICK: u32 = 4;
+
+/// The stream count ferry used before auto-tuning, and the one the tuner is never slower than
+/// on bulk data (BENCHMARKS.md: enough for 1 Gbit/s at 100 ms under a 4 MiB `tcp_wmem`).
+pub const DEFAULT_STREAMS: u16 = 4;
+
+/// Data connections an auto-tuned transfer opens (the server may allow fewer). Every one is a
+/// TCP + TLS handshake, made in parallel at the start; 16 reach 10 Gbit/s at 50 ms with 4 MiB
+/// windows, and beyond that the 2-core hosts we measured on lose more to contention than they gain.
+pub const AUTO_MAX_STREAMS: u16 = 16;
+
+/// The walk has found enough to tell a tree of small files from bulk data once it has this many
+/// files (or it ended, or this much time passed).
+const SHAPE_FILES: u64 = 64;
+const SHAPE_WAIT: Duration = Duration::from_secs(1);
+
+/// Small files start on one stream only on paths at least this long. At 100 ms one stream beat
+/// four (BENCHMARKS.md: 4.5 s vs 6.7 s for 10,000 x 10 KiB); on loopback four beat one (0.6-1.5 s
+/// vs 1.2-2.3 s, measured with this change), because there the streams add parallel work, not
+/// thin app-limited flows. Where between the two it flips is not measured yet.
+const SMALL_FILES_MIN_RTT: Duration = Duration::from_millis(10);
+
+/// Process CPU time, user plus system (`getrusage(RUSAGE_SELF)`).
+pub(crate) fn process_cpu() -> Duration {
+    // SAFETY: `usage` is a writable rusage; getrusage only writes into it.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) } != 0 {
+        return Duration::ZERO;
+    }
+    let tv = |t: libc::timeval| {
+        Duration::from_secs(t.tv_sec.max(0) as u64) + Duration::from_micros(t.tv_usec.max(0) as u64)
+    };
+    tv(usage.ru_utime) + tv(usage.ru_stime)
+}
+
+/// Cores this process may run on (affinity and cgroup quota included).
+pub(crate) fn cores() -> u32 {
+    std::thread::available_parallelism().map_or(1, |n| n.get() as u32)
+}
+
+fn permille(part: f64) -> u16 {
+    (part.clamp(0.0, 1.0) * 1000.0).round() as u16
+}
+
+/// Samples one end's queue towards the network (see [`Load`]) and its CPU time.
+pub(crate) struct LoadMeter {
+    t0: Instant,
+    cpu0: Duration,
+    samples: u64,
+    empty: u64,
+    full: u64,
+}
+
+impl LoadMeter {
+    pub(crate) fn start() -> Self {
+        Self {
+            t0: Instant::now(),
+            cpu0: process_cpu(),
+            samples: 0,
+            empty: 0,
+            full: 0,
+        }
+    }
+
+    pub(crate) fn sample(&mut self, empty: bool, full: bool) {
+        self.samples += 1;
+        self.empty += u64::from(empty);
+        self.full += u64::from(full);
+    }
+
+    pub(crate) fn load(&self) -> Load {
+        let wall = self.t0.elapsed().as_secs_f64() * f64::from(cores());
+        let cpu = process_cpu().saturating_sub(self.cpu0).as_secs_f64();
+        let share = |n: u64| n as f64 / self.samples.max(1) as f64;
+        Load {
+            cpu_permille: permille(if wall > 0.0 { cpu / wall } else { 0.0 }),
+            starved_permille: permille(share(self.empty)),
+            blocked_permille: permille(share(self.full)),
+        }
+    }
+}
+
+/// What limited a transfer, from both ends' loads (`None`: that end's report did not arrive).
+/// `same_host`: both ends share the cores (loopback), so their CPU adds up.
+pub fn bottleneck(sender: Option<Load>, receiver: Option<Load>, same_host: bool) -> &'static str {
+    let f = |x: u16| f64::from(x.min(1000)) / 1000.0;
+    let cpu: Vec<f64> = [sender, receiver]
+        .iter()
+        .flatten()
+        .map(|l| f(l.cpu_permille))
+        .collect();
+    let busiest = cpu.iter().copied().fold(0.0, f64::max);
+    let together: f64 = cpu.iter().sum();
+    if busiest >= 0.9 || (same_host && together >= 0.9) {
+        "cpu"
+    } else if sender.is_some_and(|l| f(l.starved_permille) >= 0.5) {
+        "source storage"
+    } else if receiver.is_some_and(|l| f(l.blocked_permille) >= 0.5) {
+        "destination storage"
+    } else {
+        "network"
+    }
+}
+
+/// A tree of small files: below one block on average, each file is one frame that one stream
+/// carries alone, and more streams mostly add flows that are each too thin to fill a window.
+fn small_files(files: u64, bytes: u64, block_size: u32) -> bool {
+    files > 0 && bytes / files < u64::from(block_size)
+}
+
+/// How the sending side runs its streams.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct StreamPlan {
+    /// 0: fixed, every stream carries data. n: auto-tuned, starting with n.
+    pub(crate) auto_start: u16,
+    pub(crate) block_size: u32,
+    /// Test hook: hold this many streams from the start and never tune.
+    pub(crate) force: Option<u32>,
+}
+
+impl StreamPlan {
+    pub(crate) fn from_opts(opts: &ferry_proto::TransferOpts) -> Self {
+        Self {
+            auto_start: opts.auto_start,
+            block_size: opts.block_size,
+            force: None,
+        }
+    }
+
+    /// Frames queued for the data connections: two per stream that starts carrying data
+    /// (at least two per default stream), so memory follows what is used, not what is open.
+    pub(crate) fn queue_len(&self, streams: u16) -> usize {
+        let streams = usize::from(streams.max(1));
+        if self.auto_start == 0 {
+            return streams * 2;
+        }
+        let start = usize::from(self.auto_start.max(DEFAULT_STREAMS));
+        start.min(streams) * 2
+    }
+}
+
+/// The sending side's stream gate and tuner.
+pub(crate) struct StreamControl {
+    t0: Instant,
+    plan: StreamPlan,
+    max: u32,
+    rtt: Duration,
+    active: watch::Sender<u32>,
+    /// Duplicates of the data sockets: sampled while the stream tasks own the connections,
+    /// and they keep the descriptor numbers from being reused before the session ends.
+    socks: Vec<OwnedFd>,
+    tuner: Option<Tuner>,
+    /// Whether the tuner may still start (auto and not forced).
+    tuning: bool,
+    start: u32,
+    small: bool,
+    tick_samples: u32,
+    tick_empty: u32,
+}
+
+impl StreamControl {
+    /// A gate over `data`, with its receiver for the stream tasks. `rtt` is the control
+    /// connection's, measured after the handshake.
+    pub(crate) fn new(
+        plan: StreamPlan,
+        data: &[Stream],
+        rtt: Duration,
+    ) -> (Self, watch::Receiver<u32>) {
+        let max = data.len().max(1) as u32;
+        let auto = plan.auto_start > 0;
+        let start = match plan.force {
+            Some(n) => n.clamp(1, max),
+            None if auto => u32::from(plan.auto_start).clamp(1, max),
+            None => max,
+        };
+        let socks = data
+            .iter()
+            .filter_map(|s| s.tcp().as_fd().try_clone_to_owned().ok())
+            .collect();
+        let (active, rx) = watch::channel(start);
+        let ctl = Self {
+            t0: Instant::now(),
+            plan,
+            max,
+            rtt,
+            active,
+            socks,
+            tuner: None,
+            tuning: auto && plan.force.is_none(),
+            start,
+            small: false,
+            tick_samples: 0,
+            tick_empty: 0,
+        };
+        (ctl, rx)
+    }
+
+    pub(crate) fn active(&self) -> u32 {
+        *self.active.borrow()
+    }
+
+    fn set(&self, n: u32) {
+        let n = n.clamp(1, self.max);
+        self.active
+            .send_if_modified(|a| std::mem::replace(a, n) != n);
+    }
+
+    /// Payload bytes the peer acknowledged, summed over the data connections.
+    fn acked(&self) -> u64 {
+        self.socks
+            .iter()
+            .filter_map(|s| tcp_info_fd(s.as_fd()))
+            .map(|i| i.bytes_acked)
+            .sum()
+    }
+
+    /// Called every [`SAMPLE_EVERY`]: whether the frame queue is empty now, what the walk has
+    /// found so far, and whether it has ended.
+    pub(crate) fn on_sample(&mut self, queue_empty: bool, found: (u64, u64), walk_done: bool) {
+        self.tick_samples += 1;
+        self.tick_empty += u32::from(queue_empty);
+        if self.tick_samples < SAMPLES_PER_TICK {
+            return;
+        }
+        let starved = self.tick_empty * 2 >= self.tick_samples;
+        (self.tick_samples, self.tick_empty) = (0, 0);
+        if !self.tuning {
+            return;
+        }
+        let now = self.t0.elapsed();
+        if self.tuner.is_none() {
+            self.begin(now, found, walk_done);
+            return;
+        }
+        let acked = self.acked();
+        let Some(tuner) = self.tuner.as_mut() else {
+            return;
+        };
+        if starved {
+            tuner.skip_interval(now, acked);
+        } else if let Some(action) = tuner.on_progress(now, acked) {
+            self.set(action.count());
+        }
+    }
+
+    /// Starts the tuner once the walk has shown what it is sending. Trees of small files
+    /// (below one block on average) on a long path start on one stream with one as the default
+    /// to beat: BENCHMARKS.md measured them faster on 1 stream than on 4 at 100 ms, and the
+    /// tuner adds streams only when they pay.
+    fn begin(&mut self, now: Duration, (files, bytes): (u64, u64), walk_done: bool) {
+        let shape_known = files >= SHAPE_FILES || (files > 0 && (walk_done || now >= SHAPE_WAIT));
+        if !shape_known && now < 2 * SHAPE_WAIT {
+            return;
+        }
+        self.small =
+            self.rtt >= SMALL_FILES_MIN_RTT && small_files(files, bytes, self.plan.block_size);
+        let (default, start) = if self.small {
+            (1, 1)
+        } else {
+            (u32::from(DEFAULT_STREAMS).min(self.max), self.start)
+        };
+        let cfg = TunerConfig {
+            max: self.max,
+            default,
+            ..TunerConfig::streams_for_rtt(self.rtt)
+        }
+        .with_start(start);
+        match Tuner::new(cfg, now) {
+            Ok(t) => {
+                self.tuner = Some(t);
+                self.start = start;
+                self.set(start);
+            }
+            Err(_) => self.tuning = false,
+        }
+    }
+
+    /// What the tuner did, with the sender's load.
+    pub(crate) fn report(&self, sender: Load) -> TuneReport {
+        let mut flags = 0;
+        if self.plan.auto_start > 0 || self.plan.force.is_some() {
+            flags |= TuneReport::AUTO;
+        }
+        if self.small {
+            flags |= TuneReport::SMALL_FILES;
+        }
+        let (streams, steps) = match &self.tuner {
+            Some(t) => {
+                if t.settled() {
+                    flags |= TuneReport::SETTLED;
+                }
+                let state = t.state();
+                // The setting it holds (a probe in progress returns to it), once measured.
+                let held = if state.best_rate > 0.0 {
+                    state.best
+                } else {
+                    self.active()
+                };
+                let skip = state.history.len().saturating_sub(MAX_TUNE_STEPS);
+                let steps = state.history[skip..]
+                    .iter()
+                    .map(|s| TuneStep {
+                        at_ms: u32::try_from(s.at.as_millis()).unwrap_or(u32::MAX),
+                        streams: u16::try_from(s.value).unwrap_or(u16::MAX),
+                        rate: s.rate.max(0.0) as u64,
+                        verdict: match s.verdict {
+                            Verdict::Baseline => TuneVerdict::Baseline,
+                            Verdict::Kept => TuneVerdict::Kept,
+                            Verdict::Rejected => TuneVerdict::Rejected,
+                            Verdict::Drift => TuneVerdict::Drift,
+                        },
+                    })
+                    .collect();
+                (held, steps)
+            }
+            None => (self.active(), Vec::new()),
+        };
+        TuneReport {
+            streams: u16::try_from(streams).unwrap_or(u16::MAX),
+            start: u16::try_from(self.start).unwrap_or(u16::MAX),
+            flags,
+            sender,
+            steps,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load(cpu: u16, starved: u16, blocked: u16) -> Load {
+        Load {
+            cpu_permille: cpu,
+            starved_permille: starved,
+            blocked_permille: blocked,
+        }
+    }
+
+    #[test]
+    fn bottleneck_follows_the_measurements() {
+        let idle = load(200, 0, 0);
+        assert_eq!(bottleneck(Some(idle), Some(idle), false), "network");
+        assert_eq!(bottleneck(Some(load(950, 0, 0)), Some(idle), false), "cpu");
+        assert_eq!(
+            bottleneck(Some(idle), Some(load(930, 0, 900)), false),
+            "cpu"
+        );
+        assert_eq!(
+            bottleneck(Some(load(500, 0, 0)), Some(load(450, 0, 0)), false),
+            "network"
+        );
+        assert_eq!(
+            bottleneck(Some(load(500, 0, 0)), Some(load(450, 0, 0)), true),
+            "cpu"
+        );
+        assert_eq!(
+            bottleneck(Some(load(300, 700, 0)), Some(idle), false),
+            "source storage"
+        );
+        assert_eq!(
+            bottleneck(Some(load(300, 0, 990)), Some(load(300, 0, 800)), false),
+            "destination storage"
+        );
+        // The sender's queue full while the receiver keeps up: the path between them.
+        assert_eq!(
+            bottleneck(Some(load(300, 0, 990)), Some(load(300, 800, 0)), false),
+            "network"
+        );
+        // A missing report is no evidence; out-of-range values are clamped.
+        assert_eq!(bottleneck(None, None, false), "network");
+        assert_eq!(bottleneck(None, Some(load(u16::MAX, 0, 0)), false), "cpu");
+    }
+
+    #[test]
+    fn small_files_are_below_a_block_on_average() {
+        assert!(small_files(10_000, 10_000 * 10_240, 8 << 20));
+        assert!(!small_files(1, 1 << 30, 8 << 20));
+        // One large file among many small ones lifts the average above a block.
+        assert!(!small_files(100, (1 << 30) + 99 * 10_240, 8 << 20));
+        assert!(
+            !small_files(0, 0, 8 << 20),
+            "nothing found yet is not small"
+        );
+    }
+
+    #[test]
+    fn queue_follows_the_streams_that_start() {
+        let fixed = StreamPlan {
+            auto_start: 0,
+            block_size: 1 << 20,
+            force: None,
+        };
+        assert_eq!(fixed.queue_len(8), 16);
+        let auto = StreamPlan {
+            auto_start: 2,
+            ..fixed
+        };
+        assert_eq!(auto.queue_len(16), 8);
+        assert_eq!(auto.queue_len(2), 4);
+        let big = StreamPlan {
+            auto_start: 12,
+            ..fixed
+        };
+        assert_eq!(big.queue_len(16), 24);
+    }
+}
