@@ -82,8 +82,8 @@ impl TransferReport {
     }
 }
 
-struct Connected {
-    control: Stream,
+pub(crate) struct Connected {
+    pub(crate) control: Stream,
     /// The TLS setup data connections use, pinned to the certificate the control connection
     /// accepted; `None` for plain TCP.
     tls: Option<Arc<ClientTls>>,
@@ -186,7 +186,10 @@ async fn hello(
     }
 }
 
-async fn connect(cfg: &ClientConfig, reporter: &dyn Reporter) -> Result<Connected, SessionError> {
+pub(crate) async fn connect(
+    cfg: &ClientConfig,
+    reporter: &dyn Reporter,
+) -> Result<Connected, SessionError> {
     let addr = resolve(&cfg.server).await?;
     let tcp = dial(addr, 0, cfg.connect_timeout).await?;
     let (mut control, tls) = match &cfg.security {
@@ -263,7 +266,7 @@ async fn connect(cfg: &ClientConfig, reporter: &dyn Reporter) -> Result<Connecte
 }
 
 /// Sends the request and, once the server is ready, opens the data connections.
-async fn start(
+pub(crate) async fn start(
     cfg: &ClientConfig,
     c: &mut Connected,
     request: Frame,
