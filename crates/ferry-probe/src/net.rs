@@ -339,7 +339,7 @@ pub fn analyse(
             let saturated = measured
                 .iter()
                 .any(|p| p.window == b.window && p.streams > b.streams && p.rate_mbps < top * 1.05);
-            let e = explain(&LimitInputs {
+            let mut e = explain(&LimitInputs {
                 rtt_ms: rtt,
                 upload,
                 tcp: tcp.clone(),
@@ -347,6 +347,28 @@ pub fn analyse(
                 best: Summary::of(b),
                 saturated,
             });
+            // A fixed buffer won: say what held autotuning back, since that is the default.
+            let auto_best = measured
+                .iter()
+                .filter(|p| p.window == 0)
+                .max_by(|x, y| x.rate_mbps.total_cmp(&y.rate_mbps));
+            if let (true, Some(ab)) = (b.window != 0, auto_best) {
+                let auto_one = measured.iter().find(|p| p.streams == 1 && p.window == 0);
+                let auto = explain(&LimitInputs {
+                    rtt_ms: rtt,
+                    upload,
+                    tcp: tcp.clone(),
+                    one: auto_one.map(|p| Summary::of(p)),
+                    best: Summary::of(ab),
+                    saturated: measured
+                        .iter()
+                        .any(|p| p.window == 0 && p.streams > ab.streams),
+                });
+                if let Some(first) = auto.sentences.first() {
+                    e.sentences
+                        .insert(1, format!("with autotuning (the default): {first}"));
+                }
+            }
             let best = Best {
                 streams: b.streams,
                 window: b.window,
@@ -432,8 +454,11 @@ const LOSSY_PCT: f64 = 1.0;
 /// a window-limited stream averages about 3/4 of its buffer in flight.
 const WINDOW_BOUND: f64 = 0.6;
 
-/// The window one stream may have in flight with socket buffer setting `window` on this host,
-/// and where that bound comes from.
+/// The send (upload) or receive buffer one stream gets with socket buffer setting `window` on
+/// this host, and where that bound comes from. Autotuning grows a buffer up to `tcp_wmem` /
+/// `tcp_rmem` max; a fixed SO_SNDBUF/SO_RCVBUF is first capped at `net.core.wmem_max` /
+/// `rmem_max` and then doubled by the kernel (for its bookkeeping), so a fixed 4 MiB buffer
+/// holds up to 8 MiB: more than autotuning's 4 MiB `tcp_wmem` max.
 pub fn window_cap(tcp: &TcpSettings, window: u32, upload: bool) -> Option<(u64, String)> {
     if window == 0 {
         let (name, triple) = if upload {
@@ -460,16 +485,22 @@ pub fn window_cap(tcp: &TcpSettings, window: u32, upload: bool) -> Option<(u64, 
     let w = u64::from(window);
     match core {
         Some(c) if c < w => Some((
-            c,
+            2 * c,
             format!(
-                "fixed socket buffer {} cut to {} by net.core.{core_name} (autotuning off)",
+                "fixed socket buffer {} (cut to {} by net.core.{core_name}, {} as the kernel \
+                 doubles it; autotuning off)",
                 bytes(w),
-                bytes(c)
+                bytes(c),
+                bytes(2 * c)
             ),
         )),
         _ => Some((
-            w,
-            format!("fixed socket buffer {} (autotuning off)", bytes(w)),
+            2 * w,
+            format!(
+                "fixed socket buffer {} ({} as the kernel doubles it; autotuning off)",
+                bytes(w),
+                bytes(2 * w)
+            ),
         )),
     }
 }
@@ -590,12 +621,12 @@ pub fn explain(inp: &LimitInputs) -> Explanation {
             ms(rtt),
             bytes(bdp)
         );
-        if let Some((w, what)) = &cap {
+        if let Some((w, _)) = &cap {
             if (*w) < bdp {
                 let _ = write!(
                     s,
-                    "; one stream would need a window of {} to carry it alone ({what})",
-                    bytes(bdp)
+                    ": one stream alone would need that much in flight, its buffer holds {}",
+                    bytes(*w)
                 );
             }
         }
@@ -928,15 +959,82 @@ mod tests {
     fn fixed_windows_name_the_core_cap() {
         let t = tcp_default_regime();
         let (w, what) = window_cap(&t, 4 << 20, true).unwrap();
-        assert_eq!(w, 212_992);
+        assert_eq!(w, 2 * 212_992);
         assert!(what.contains("net.core.wmem_max"), "{what}");
         let t = TcpSettings {
             core_wmem_max: Some(1 << 30),
             ..t
         };
         let (w, what) = window_cap(&t, 16 << 20, true).unwrap();
-        assert_eq!(w, 16 << 20);
-        assert_eq!(what, "fixed socket buffer 16 MiB (autotuning off)");
+        assert_eq!(w, 32 << 20);
+        assert_eq!(
+            what,
+            "fixed socket buffer 16 MiB (32 MiB as the kernel doubles it; autotuning off)"
+        );
+    }
+
+    /// The medians `ferry probe net` measured on the emulated bed (100 ms, 1 Gbit/s, default
+    /// regime: tcp_wmem max 4 MiB, core wmem_max 4 MiB).
+    #[test]
+    fn the_emulated_bed_explained() {
+        let tcp = TcpSettings {
+            core_wmem_max: Some(4 << 20),
+            core_rmem_max: Some(4 << 20),
+            ..tcp_default_regime()
+        };
+        let pt = |streams: u16, window: u32, rate_mbps: f64, retrans_pct: f64| PointReport {
+            streams,
+            window,
+            rate_mbps,
+            per_stream_mbps: rate_mbps / f64::from(streams),
+            runs_mbps: vec![rate_mbps],
+            rtt_load_ms: 101.0,
+            cwnd_bytes: 1e7,
+            retransmits: 0,
+            retrans_pct,
+            errors: Vec::new(),
+        };
+        let m = 4 << 20;
+        let points = vec![
+            pt(1, 0, 283.0, 0.0),
+            pt(2, 0, 474.0, 0.0),
+            pt(4, 0, 925.0, 0.0),
+            pt(8, 0, 887.0, 0.5),
+            pt(1, m, 465.0, 0.0),
+            pt(2, m, 913.0, 0.0),
+            pt(4, m, 993.0, 0.0),
+            pt(8, m, 1013.0, 0.4),
+        ];
+        let r = analyse(
+            "10.77.0.2:7070",
+            true,
+            NetOptions::default(),
+            tcp,
+            points,
+            100.07,
+            Vec::new(),
+        );
+        let b = r.best.clone().unwrap();
+        assert_eq!((b.streams, b.window), (4, m));
+        assert_eq!(r.limit, LimitKind::Link);
+        assert_eq!(r.one_stream_limit, Some(LimitKind::Window));
+        let e = &r.explanation;
+        assert!(
+            e[0].starts_with(
+                "fixed socket buffer 4 MiB (8 MiB as the kernel doubles it; autotuning off) \
+                 limits one stream to 670 Mbit/s at 100 ms RTT (measured 465 Mbit/s)"
+            ),
+            "{e:?}"
+        );
+        assert!(
+            e[1].starts_with(
+                "with autotuning (the default): send buffer cap 4 MiB (net.ipv4.tcp_wmem max) \
+                 limits one stream to 335 Mbit/s at 100 ms RTT (measured 283 Mbit/s); 4 streams \
+                 reach 925 Mbit/s"
+            ),
+            "{e:?}"
+        );
+        assert!(e[2].starts_with("the path is the limit"), "{e:?}");
     }
 
     fn sample(streams: u16, rate_mbps: f64) -> NetSample {
