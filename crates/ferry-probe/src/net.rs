@@ -312,6 +312,22 @@ pub fn analyse(
     mut notes: Vec<String>,
 ) -> NetReport {
     let measured: Vec<&PointReport> = points.iter().filter(|p| p.ok()).collect();
+    let (core_name, core) = if upload {
+        ("wmem_max", tcp.core_wmem_max)
+    } else {
+        ("rmem_max", tcp.core_rmem_max)
+    };
+    if let Some(c) = core {
+        for &w in options.windows.iter().filter(|&&w| u64::from(w) > c) {
+            notes.push(format!(
+                "a fixed {} socket buffer is cut to {} by net.core.{core_name} on this host, so \
+                 it measures the same as {} fixed",
+                bytes(u64::from(w)),
+                bytes(c),
+                bytes(c)
+            ));
+        }
+    }
     let top = measured.iter().map(|p| p.rate_mbps).fold(0.0, f64::max);
     // Within 3% of the fastest counts as as fast: then fewer streams and autotuning win.
     let best_point = measured
@@ -547,11 +563,19 @@ pub fn explain(inp: &LimitInputs) -> Explanation {
                     ),
                 )
             } else {
+                // Receiving, this host knows only its own receive buffer; the server's send
+                // buffer (its tcp_wmem) is the usual cap and cannot be read from here.
+                let suspect = if inp.upload {
+                    "the receiver, CPU or pacing may"
+                } else {
+                    "the server's send buffer, its net.ipv4.tcp_wmem max, which cannot be read \
+                     from here, is the usual cap"
+                };
                 (
                     LimitKind::Unknown,
                     format!(
-                        "one stream reaches {} with about {} in flight (neither its window \
-                         nor loss explains it: the receiver, CPU or pacing may); {reach}",
+                        "one stream reaches {} with about {} in flight (neither this host's \
+                         window nor loss explains it: {suspect}); {reach}",
                         rate(one.rate_mbps),
                         bytes(in_flight(one) as u64)
                     ),
@@ -926,6 +950,25 @@ mod tests {
         });
         assert_eq!(e.one_stream, Some(LimitKind::Window));
         assert!(e.sentences[0].starts_with("receive buffer cap 6 MiB (net.ipv4.tcp_rmem max)"));
+    }
+
+    #[test]
+    fn receiving_points_at_the_servers_send_buffer() {
+        // The bed's download: 32 MiB tcp_rmem here, 4 MiB tcp_wmem on the server.
+        let tcp = TcpSettings {
+            tcp_rmem: Some([4096, 131072, 32 << 20]),
+            ..tcp_default_regime()
+        };
+        let e = explain(&LimitInputs {
+            rtt_ms: 100.0,
+            upload: false,
+            tcp,
+            one: Some(summary(1, 239.0, 0.0)),
+            best: summary(4, 925.0, 0.0),
+            saturated: false,
+        });
+        assert_eq!(e.one_stream, Some(LimitKind::Unknown));
+        assert!(e.sentences[0].contains("the server's send buffer"), "{e:?}");
     }
 
     #[test]
