@@ -36,7 +36,8 @@ pub enum Command {
     /// the throughput.
     Demo(DemoArgs),
     /// Measure what limits a transfer on this host: CPU, NICs, TCP settings, digest and
-    /// AES-GCM speed (`host`), or a file system's read/write behaviour (`disk PATH`).
+    /// AES-GCM speed (`host`), a file system's read/write behaviour (`disk PATH`), or the
+    /// network path to a server (`net HOST[:PORT]`).
     #[command(subcommand)]
     Probe(ProbeCommand),
     /// Manage the server's access tokens: each has a name, path scopes, and is stored hashed.
@@ -114,6 +115,57 @@ pub enum ProbeCommand {
     /// Read/write throughput against threads, request size and issue order; small-file create
     /// rate; fsync latency. Works in a temporary directory under PATH, removed afterwards.
     Disk(ProbeDiskArgs),
+    /// Memory-to-memory throughput to a running `ferry serve` over ferry's own protocol,
+    /// against stream count and socket buffer; says what limits it and saves the best setting
+    /// as this endpoint's profile.
+    Net(Box<ProbeNetArgs>),
+}
+
+#[derive(Args, Debug)]
+pub struct ProbeNetArgs {
+    /// The server, HOST[:PORT] (port 7070 by default; IPv6 as [::1]:7070).
+    pub endpoint: String,
+    /// Seconds each point sends (default 4; 2 with --quick; at most 30).
+    #[arg(long)]
+    pub seconds: Option<f64>,
+    /// Seconds at the start of each point left out of its rate, for slow start (default: 1,
+    /// or a quarter of --seconds if that is less).
+    #[arg(long)]
+    pub skip: Option<f64>,
+    /// Runs per point; the median counts (default 3; 1 with --quick).
+    #[arg(long)]
+    pub runs: Option<usize>,
+    /// Streams 1 and 4, autotuning only, 2 s points, one run: for CI.
+    #[arg(long, conflicts_with = "full")]
+    pub quick: bool,
+    /// Every stream count (1, 2, 4, 8, 16) for every socket buffer, even when adding streams
+    /// stopped helping.
+    #[arg(long)]
+    pub full: bool,
+    /// Fixed socket buffers to try besides autotuning, comma-separated (e.g. 4M,16M), or
+    /// `none`. Each fixes SO_SNDBUF/SO_RCVBUF and so DISABLES TCP autotuning for its points.
+    #[arg(long, default_value = "4M,16M")]
+    pub windows: String,
+    /// Most streams to try.
+    #[arg(long, default_value_t = 16)]
+    pub max_streams: u16,
+    /// Measure the server sending to this host (default: this host sends, as for put).
+    #[arg(long)]
+    pub download: bool,
+    /// Do not save the result as this endpoint's profile.
+    #[arg(long)]
+    pub no_save: bool,
+    /// Print the report as JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// Access token (else FERRY_TOKEN, else the config file); any token with a read scope.
+    #[arg(long, env = "FERRY_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    /// Client config file (default: $XDG_CONFIG_HOME/ferry/config.toml).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    #[command(flatten)]
+    pub conn: ConnArgs,
 }
 
 #[derive(Args, Debug)]

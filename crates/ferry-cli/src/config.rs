@@ -129,6 +129,45 @@ impl Remote {
                 .is_some_and(|(h, _)| !h.is_empty() && !h.contains('/'))
     }
 
+    /// A server without a path: `HOST`, `HOST:PORT`, `[V6]` or `[V6]:PORT`.
+    pub fn parse_endpoint(s: &str) -> Result<Self> {
+        let (host, port) = if let Some(stripped) = s.strip_prefix('[') {
+            let (h, rest) = stripped
+                .split_once(']')
+                .with_context(|| format!("`{s}`: missing `]` after IPv6 host"))?;
+            match rest {
+                "" => (h, None),
+                r => (
+                    h,
+                    Some(
+                        r.strip_prefix(':')
+                            .with_context(|| format!("`{s}`: expected `:PORT` after the host"))?,
+                    ),
+                ),
+            }
+        } else {
+            match s.split_once(':') {
+                Some((h, p)) => (h, Some(p)),
+                None => (s, None),
+            }
+        };
+        if host.is_empty() || host.contains('@') || host.contains('/') {
+            bail!("`{s}` is not a server (expected HOST[:PORT])");
+        }
+        let port = match port {
+            None => DEFAULT_PORT,
+            Some(p) => p
+                .parse()
+                .with_context(|| format!("`{s}`: `{p}` is not a port (expected HOST[:PORT])"))?,
+        };
+        Ok(Self {
+            host: host.to_owned(),
+            port,
+            path: "/".into(),
+            ssh_user: None,
+        })
+    }
+
     pub fn server(&self) -> String {
         if self.host.contains(':') {
             format!("[{}]:{}", self.host, self.port)
@@ -240,6 +279,11 @@ pub fn apply_profile(cfg: &mut ClientConfig, profiles: &crate::profiles::Profile
         let n = e.streams.clamp(1, u32::from(cfg.opts.streams)) as u16;
         cfg.opts.auto_start = n;
         cfg.start_from = ferry_net::StartFrom::Profile;
+    } else if let Some(p) = ferry_probe::net::load_profiles(profiles.dir()).get(key) {
+        // No transfer has tuned this route yet, but `ferry probe net` measured it.
+        let n = p.streams.clamp(1, cfg.opts.streams);
+        cfg.opts.auto_start = n;
+        cfg.start_from = ferry_net::StartFrom::Probe;
     }
 }
 
@@ -361,5 +405,18 @@ mod tests {
         assert!(!Remote::looks_remote("./a:b"));
         assert!(!Remote::looks_remote("/abs/path"));
         assert!(!Remote::looks_remote("plain"));
+    }
+
+    #[test]
+    fn endpoints() {
+        let e = |s: &str| Remote::parse_endpoint(s).map(|r| r.server());
+        assert_eq!(e("dtn2").unwrap(), "dtn2:7070");
+        assert_eq!(e("dtn2:7071").unwrap(), "dtn2:7071");
+        assert_eq!(e("[::1]:9000").unwrap(), "[::1]:9000");
+        assert_eq!(e("[::1]").unwrap(), "[::1]:7070");
+        assert!(e("dtn2:/data").is_err());
+        assert!(e("alice@dtn2").is_err());
+        assert!(e(":7070").is_err());
+        assert!(e("dtn2:99999").is_err());
     }
 }

@@ -53,6 +53,10 @@ impl Profiles {
         crate::commands::state_dir().ok().map(Self::new)
     }
 
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
     pub fn path(&self) -> PathBuf {
         self.dir.join(FILE_NAME)
     }

@@ -1099,3 +1099,95 @@ fn streams_must_be_auto_or_a_number() {
     assert_code(&out, 2);
     assert!(out.stderr.contains("auto"), "{}", out.stderr);
 }
+
+#[test]
+fn probe_net_quick_json_reports_and_saves_a_profile() {
+    let sb = Sandbox::new();
+    let root = sb.mkdir("root");
+    let s = Server::start(&sb, &root, Some(&sb.path("token")), &[]);
+    let endpoint = format!("127.0.0.1:{}", s.port);
+    let out = run(
+        sb.client(&s.token)
+            .args(["probe", "net", "--quick", "--json"])
+            .arg(&endpoint),
+        Duration::from_secs(60),
+    );
+    assert_code(&out, 0);
+    let v: Value = serde_json::from_str(&out.stdout).expect("net report is JSON");
+    assert_eq!(v["endpoint"], endpoint.as_str(), "{v}");
+    assert_eq!(v["direction"], "client_to_server", "{v}");
+    let points = v["points"].as_array().expect("points");
+    // --quick: streams 1 then 4 (the ramp may stop after 1 on a host where 4 gain < 5%).
+    assert!(!points.is_empty() && points.len() <= 2, "{v}");
+    assert_eq!(points[0]["streams"], 1, "{v}");
+    for p in points {
+        assert_eq!(p["window"], 0, "{v}");
+        assert!(f64_field(p, "rate_mbps") > 0.0, "{v}");
+        assert_eq!(p["runs_mbps"].as_array().map(Vec::len), Some(1), "{v}");
+    }
+    assert!(f64_field(&v, "rtt_idle_ms") >= 0.0, "{v}");
+    let best = &v["best"];
+    assert!(f64_field(best, "rate_mbps") > 0.0, "{v}");
+    assert!(u64_field(best, "bdp_bytes") > 0, "{v}");
+    assert!(
+        ["window", "loss", "link", "unknown"].contains(&v["limit"].as_str().unwrap_or("")),
+        "{v}"
+    );
+    assert!(
+        v["explanation"].as_array().is_some_and(|e| !e.is_empty()),
+        "{v}"
+    );
+    assert!(v["tcp"].is_object(), "{v}");
+
+    // The profile, keyed by host:port, in the client state directory.
+    let file = sb.state_dir().join("net-profiles.json");
+    assert_eq!(v["profile"], file.to_str().unwrap(), "{v}");
+    let profiles: Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+    let p = &profiles[endpoint.as_str()];
+    assert_eq!(p["streams"], best["streams"], "{profiles}");
+    assert_eq!(p["window"], 0, "{profiles}");
+    assert!(f64_field(p, "rate_mbps") > 0.0, "{profiles}");
+    assert!(p["rtt_ms"].is_number(), "{profiles}");
+    assert!(
+        p["measured_at"].as_str().is_some_and(|t| t.ends_with('Z')),
+        "{profiles}"
+    );
+
+    // A transfer to this server with no tuned history of its own starts from the probe's best.
+    let data = sb.path("src/probe-then-put.bin");
+    write_pattern(&data, MIB, 5);
+    let out = run(
+        sb.client(&s.token)
+            .args(["put", "--json"])
+            .arg(&data)
+            .arg(s.remote("/")),
+        CMD_TIMEOUT,
+    );
+    assert_code(&out, 0);
+    let t = &one_json(&out.stdout)["tuning"];
+    assert_eq!(t["start_from"], "probe", "{t}");
+    assert_eq!(t["start"], best["streams"], "{t}");
+
+    // Text form, no save: the table and the best setting, and the profile file is unchanged.
+    let before = std::fs::read(&file).unwrap();
+    let out = run(
+        sb.client(&s.token)
+            .args(["probe", "net", "--quick", "--no-save", "--seconds", "1"])
+            .arg(&endpoint),
+        Duration::from_secs(60),
+    );
+    assert_code(&out, 0);
+    assert!(out.stdout.contains("best: "), "{}", out.stdout);
+    assert!(out.stdout.contains("autotuning"), "{}", out.stdout);
+    assert_eq!(std::fs::read(&file).unwrap(), before);
+
+    // A wrong token ends the probe at once with the server's reason.
+    let out = run(
+        sb.client("wrong")
+            .args(["probe", "net", "--quick"])
+            .arg(&endpoint),
+        Duration::from_secs(30),
+    );
+    assert_code(&out, 1);
+    assert!(out.stderr.contains("authentication failed"), "{out:?}");
+}

@@ -118,6 +118,11 @@ impl Grant {
         self.read.iter().any(|p| under(rel, p))
     }
 
+    /// Whether any read scope is granted (what a network probe needs: it touches no path).
+    pub fn may_read_something(&self) -> bool {
+        !self.read.is_empty()
+    }
+
     pub fn may_write(&self, rel: &str) -> bool {
         self.write.iter().any(|p| under(rel, p))
     }

@@ -64,6 +64,8 @@ pub enum StartFrom {
     Default,
     /// What the tuner settled on in an earlier transfer to the same server.
     Profile,
+    /// The best stream count `ferry probe net` measured to this server.
+    Probe,
 }
 
 /// How the stream count was chosen and what limited the transfer: `--json`'s `tuning`.
@@ -161,6 +163,7 @@ impl Tuning {
             match cfg.start_from {
                 StartFrom::Default => "default",
                 StartFrom::Profile => "profile",
+                StartFrom::Probe => "probe",
             }
         };
         let steps = tuned
@@ -243,8 +246,8 @@ impl TransferReport {
     }
 }
 
-struct Connected {
-    control: Stream,
+pub(crate) struct Connected {
+    pub(crate) control: Stream,
     /// The TLS setup data connections use, pinned to the certificate the control connection
     /// accepted; `None` for plain TCP.
     tls: Option<Arc<ClientTls>>,
@@ -356,7 +359,10 @@ async fn hello(
     }
 }
 
-async fn connect(cfg: &ClientConfig, reporter: &dyn Reporter) -> Result<Connected, SessionError> {
+pub(crate) async fn connect(
+    cfg: &ClientConfig,
+    reporter: &dyn Reporter,
+) -> Result<Connected, SessionError> {
     let addr = resolve(&cfg.server).await?;
     let tcp = dial(addr, 0, cfg.connect_timeout).await?;
     let (mut control, tls) = match &cfg.security {
@@ -433,7 +439,7 @@ async fn connect(cfg: &ClientConfig, reporter: &dyn Reporter) -> Result<Connecte
 }
 
 /// Sends the request and, once the server is ready, opens the data connections.
-async fn start(
+pub(crate) async fn start(
     cfg: &ClientConfig,
     c: &mut Connected,
     request: Frame,

@@ -8,6 +8,7 @@ pub mod client;
 mod conn;
 mod engine;
 pub mod error;
+pub mod probe;
 pub mod server;
 mod stream;
 pub mod tcp;

@@ -95,8 +95,8 @@ struct Pending {
     joins: mpsc::Sender<(u16, Stream, Permit)>,
 }
 
-struct Shared {
-    config: ServerConfig,
+pub(crate) struct Shared {
+    pub(crate) config: ServerConfig,
     root: Root,
     tls: Option<TlsAcceptor>,
     brake: Mutex<LoginBrake>,
@@ -695,6 +695,10 @@ async fn prepare(
                 permits,
             })
         }
+        probe @ Frame::ProbeRequest { .. } => {
+            crate::probe::serve(shared, stream, grant, session, secret, probe).await?;
+            Ok(Work::Done)
+        }
         other => Err(SessionError::Protocol(format!(
             "unexpected {:?} as a request",
             other.frame_type()
@@ -736,7 +740,7 @@ fn clamp(config: &ServerConfig, mut opts: TransferOpts) -> TransferOpts {
 }
 
 /// Announces the session's parameters and waits for its data connections.
-async fn gather(
+pub(crate) async fn gather(
     shared: &Shared,
     stream: &mut Stream,
     session: SessionId,

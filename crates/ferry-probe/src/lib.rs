@@ -8,13 +8,17 @@
 //!   size, issue order and buffered or direct I/O; small-file create rate; fdatasync latency; and
 //!   the thread count and request size to use for reading and for writing. Bounded in bytes and
 //!   time per point, and it removes everything it created, also on error or panic.
+//! - [`net::probe_net`]: throughput to a `ferry serve` against stream count and socket buffer,
+//!   what limits it (window, loss or the path) in words, and a per-endpoint profile. The
+//!   measurement itself is the caller's (a closure), so this crate needs no async runtime.
 //!
-//! Both reports are `serde::Serialize` and have `render_text()` for a terminal. Libraries never
+//! The reports are `serde::Serialize` and have `render_text()` for a terminal. Libraries never
 //! print: progress goes through [`ProbeProgress`].
 
 pub mod disk;
 pub mod host;
 pub mod interrupts;
+pub mod net;
 pub mod order;
 pub mod speed;
 pub mod tcp;

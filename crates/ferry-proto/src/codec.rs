@@ -19,9 +19,10 @@ use crate::error::DecodeError;
 use crate::frame::{
     Block, Capabilities, ChecksumAlgo, CompleteSummary, Decision, EntryKind, ErrorCode,
     ExistingPolicy, FileDecision, FileId, FileMeta, Frame, FrameType, ListEntry, Load, OfferEntry,
-    Role, SessionId, TransferOpts, TuneReport, TuneStep, TuneVerdict, HEADER_LEN, MAGIC,
-    MAX_BLOCK_DATA, MAX_DIGEST, MAX_LIST_ENTRIES, MAX_MESSAGE, MAX_OFFER_ENTRIES, MAX_PATH,
-    MAX_RESUME_RANGES, MAX_STREAMS, MAX_TOKEN, MAX_TUNE_STEPS, MIN_BLOCK_SIZE,
+    ProbeDirection, ProbeStream, Role, SessionId, TransferOpts, TuneReport, TuneStep, TuneVerdict,
+    HEADER_LEN, MAGIC, MAX_BLOCK_DATA, MAX_DIGEST, MAX_LIST_ENTRIES, MAX_MESSAGE,
+    MAX_OFFER_ENTRIES, MAX_PATH, MAX_PROBE_INTERVALS, MAX_RESUME_RANGES, MAX_STREAMS, MAX_TOKEN,
+    MAX_TUNE_STEPS, MIN_BLOCK_SIZE,
 };
 
 const ROLE_CONTROL: u8 = 0;
@@ -96,6 +97,9 @@ impl Frame {
             Frame::FileFailed { .. } => FrameType::FILE_FAILED,
             Frame::Complete(_) => FrameType::COMPLETE,
             Frame::Tuned(_) => FrameType::TUNED,
+            Frame::ProbeRequest { .. } => FrameType::PROBE_REQUEST,
+            Frame::ProbeResult { .. } => FrameType::PROBE_RESULT,
+            Frame::ProbeData { .. } => FrameType::PROBE_DATA,
         }
     }
 
@@ -186,6 +190,23 @@ impl Frame {
                 code: ErrorCode(r.u16("code")?),
                 message: r.str("message", MAX_MESSAGE)?,
             },
+            FrameType::PROBE_REQUEST => Frame::ProbeRequest {
+                direction: match r.u8("direction")? {
+                    0 => ProbeDirection::ClientToServer,
+                    1 => ProbeDirection::ServerToClient,
+                    other => return Err(invalid("direction", other)),
+                },
+                streams: decode_streams(&mut r)?,
+                duration_ms: r.u32("duration_ms")?,
+                window: r.u32("window")?,
+            },
+            FrameType::PROBE_RESULT => decode_probe_result(&mut r)?,
+            FrameType::PROBE_DATA => {
+                let len = r.u32("data_len")?;
+                Frame::ProbeData {
+                    data: r.bytes(usize::try_from(len).unwrap_or(usize::MAX), "data")?,
+                }
+            }
             _ => return Err(DecodeError::UnknownFrameType(ty.0)),
         };
         r.finish(ty)?;
@@ -377,6 +398,41 @@ impl Frame {
                     out.put_u64(e.file.0);
                     put_decision(out, &e.decision);
                 }
+            }
+            Frame::ProbeRequest {
+                direction,
+                streams,
+                duration_ms,
+                window,
+            } => {
+                out.put_u8(*direction as u8);
+                out.put_u16(*streams);
+                out.put_u32(*duration_ms);
+                out.put_u32(*window);
+            }
+            Frame::ProbeResult {
+                interval_ms,
+                intervals,
+                streams,
+            } => {
+                out.put_u16(*interval_ms);
+                out.put_u16(wire_len(intervals.len(), "probe intervals"));
+                for b in intervals {
+                    out.put_u64(*b);
+                }
+                out.put_u16(wire_len(streams.len(), "probe streams"));
+                for s in streams {
+                    out.put_u64(s.bytes);
+                    out.put_u32(s.rtt_us);
+                    out.put_u32(s.min_rtt_us);
+                    out.put_u32(s.snd_cwnd);
+                    out.put_u32(s.snd_mss);
+                    out.put_u32(s.total_retrans);
+                }
+            }
+            Frame::ProbeData { data } => {
+                out.put_u32(wire_len(data.len(), "probe data"));
+                out.put_slice(data);
             }
         }
     }
@@ -699,6 +755,35 @@ fn decode_decisions(r: &mut Reader<'_>) -> Result<Frame, DecodeError> {
         entries.push(FileDecision { file, decision });
     }
     Ok(Frame::Decisions { entries })
+}
+
+fn decode_probe_result(r: &mut Reader<'_>) -> Result<Frame, DecodeError> {
+    let interval_ms = match r.u16("interval_ms")? {
+        0 => return Err(invalid("interval_ms", 0u16)),
+        n => n,
+    };
+    let n = count(r, "intervals", MAX_PROBE_INTERVALS)?;
+    let mut intervals = Vec::with_capacity(n.min(r.remaining() / 8));
+    for _ in 0..n {
+        intervals.push(r.u64("interval")?);
+    }
+    let n = count(r, "streams", usize::from(MAX_STREAMS))?;
+    let mut streams = Vec::with_capacity(n.min(r.remaining() / 28));
+    for _ in 0..n {
+        streams.push(ProbeStream {
+            bytes: r.u64("bytes")?,
+            rtt_us: r.u32("rtt_us")?,
+            min_rtt_us: r.u32("min_rtt_us")?,
+            snd_cwnd: r.u32("snd_cwnd")?,
+            snd_mss: r.u32("snd_mss")?,
+            total_retrans: r.u32("total_retrans")?,
+        });
+    }
+    Ok(Frame::ProbeResult {
+        interval_ms,
+        intervals,
+        streams,
+    })
 }
 
 fn decode_block(r: &mut Reader<'_>) -> Result<Block, DecodeError> {

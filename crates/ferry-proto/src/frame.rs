@@ -55,6 +55,9 @@ pub const MIN_BLOCK_SIZE: u32 = 4 << 10;
 
 /// Most tuner steps one `Tuned` frame may carry (the tuner keeps 64).
 pub const MAX_TUNE_STEPS: usize = 64;
+/// Most per-interval byte counts one `ProbeResult` may carry (a 30 s probe in 100 ms buckets,
+/// plus its drain, needs about 350).
+pub const MAX_PROBE_INTERVALS: usize = 1024;
 
 /// Frame type byte. Values are part of the protocol and never reused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -82,6 +85,9 @@ impl FrameType {
     pub const DECISIONS: Self = Self(0x36);
     pub const ENTRY_FAILED: Self = Self(0x37);
     pub const TUNED: Self = Self(0x38);
+    pub const PROBE_REQUEST: Self = Self(0x16);
+    pub const PROBE_RESULT: Self = Self(0x17);
+    pub const PROBE_DATA: Self = Self(0x23);
 
     /// The largest payload a frame of this type may declare, or `None` for an unknown type.
     /// Checked on the header alone, before any payload is read or allocated.
@@ -107,7 +113,10 @@ impl FrameType {
             | Self::OFFER
             | Self::DECISIONS
             | Self::ENTRY_FAILED
-            | Self::TUNED => Some(MAX_CONTROL_PAYLOAD),
+            | Self::TUNED
+            | Self::PROBE_REQUEST
+            | Self::PROBE_RESULT
+            | Self::PROBE_DATA => Some(MAX_CONTROL_PAYLOAD),
             _ => None,
         }
     }
@@ -136,6 +145,9 @@ impl FrameType {
             Self::DECISIONS => "decisions",
             Self::ENTRY_FAILED => "entry_failed",
             Self::TUNED => "tuned",
+            Self::PROBE_REQUEST => "probe_request",
+            Self::PROBE_RESULT => "probe_result",
+            Self::PROBE_DATA => "probe_data",
             _ => "unknown",
         }
     }
@@ -385,6 +397,29 @@ pub struct CompleteSummary {
     pub receiver: Load,
 }
 
+/// Which way the filler of a network probe flows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ProbeDirection {
+    /// The client sends, the server counts (like `put`).
+    ClientToServer = 0,
+    /// The server sends, the client counts (like `get`).
+    ServerToClient = 1,
+}
+
+/// How one data connection of a probe fared, as the server saw it: the bytes it counted and,
+/// when it was the sender, its socket's `TCP_INFO` near the end of the sending period (zeros
+/// when the server received, or `TCP_INFO` was unavailable).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProbeStream {
+    pub bytes: u64,
+    pub rtt_us: u32,
+    pub min_rtt_us: u32,
+    /// Congestion window in segments.
+    pub snd_cwnd: u32,
+    pub snd_mss: u32,
+    pub total_retrans: u32,
+}
+
 /// Every frame of the protocol.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Frame {
@@ -477,6 +512,27 @@ pub enum Frame {
     /// Sender tells the receiver (control, after `Complete`, before closing) what its stream
     /// tuner did and how loaded it was.
     Tuned(TuneReport),
+    /// Client asks for a memory-to-memory throughput probe (control): filler flows one way
+    /// over `streams` data connections for `duration_ms`; nothing touches a disk.
+    ProbeRequest {
+        direction: ProbeDirection,
+        streams: u16,
+        duration_ms: u32,
+        /// SO_SNDBUF/SO_RCVBUF for the data connections; 0 leaves autotuning alone.
+        window: u32,
+    },
+    /// Server's account of a probe (control): bytes it counted per `interval_ms` bucket from
+    /// the moment all data connections had joined, and per data connection.
+    ProbeResult {
+        interval_ms: u16,
+        intervals: Vec<u64>,
+        streams: Vec<ProbeStream>,
+    },
+    /// Filler on a probe's data connections (a length, then that many bytes); the receiver
+    /// discards it.
+    ProbeData {
+        data: Bytes,
+    },
 }
 
 /// Error code carried on the wire in `Error` and `FileFailed`.

@@ -314,6 +314,44 @@ fn frame() -> impl Strategy<Value = Frame> {
                 message
             })
             .boxed(),
+        (any::<bool>(), 1..=MAX_STREAMS, any::<u32>(), any::<u32>())
+            .prop_map(|(up, streams, duration_ms, window)| Frame::ProbeRequest {
+                direction: if up {
+                    ProbeDirection::ClientToServer
+                } else {
+                    ProbeDirection::ServerToClient
+                },
+                streams,
+                duration_ms,
+                window,
+            })
+            .boxed(),
+        (
+            1..=u16::MAX,
+            vec(any::<u64>(), 0..64),
+            vec(
+                any::<(u64, [u32; 5])>().prop_map(|(bytes, [a, b, c, d, e])| ProbeStream {
+                    bytes,
+                    rtt_us: a,
+                    min_rtt_us: b,
+                    snd_cwnd: c,
+                    snd_mss: d,
+                    total_retrans: e,
+                }),
+                0..20
+            ),
+        )
+            .prop_map(|(interval_ms, intervals, streams)| Frame::ProbeResult {
+                interval_ms,
+                intervals,
+                streams,
+            })
+            .boxed(),
+        vec(any::<u8>(), 0..600)
+            .prop_map(|d| Frame::ProbeData {
+                data: Bytes::from(d)
+            })
+            .boxed(),
     ]
 }
 
@@ -601,6 +639,27 @@ fn sample_frames() -> Vec<Frame> {
                 },
             ],
         },
+        Frame::ProbeRequest {
+            direction: ProbeDirection::ServerToClient,
+            streams: 4,
+            duration_ms: 4000,
+            window: 16 << 20,
+        },
+        Frame::ProbeResult {
+            interval_ms: 100,
+            intervals: vec![0, 1 << 20, 12_500_000],
+            streams: vec![ProbeStream {
+                bytes: 13_548_576,
+                rtt_us: 101_000,
+                min_rtt_us: 100_050,
+                snd_cwnd: 900,
+                snd_mss: 8948,
+                total_retrans: 3,
+            }],
+        },
+        Frame::ProbeData {
+            data: Bytes::from_static(&[0; 16]),
+        },
     ]
 }
 
@@ -608,7 +667,7 @@ fn sample_frames() -> Vec<Frame> {
 fn samples_cover_every_frame_type() {
     let mut types: Vec<u8> = sample_frames().iter().map(|f| f.frame_type().0).collect();
     types.dedup();
-    assert_eq!(types.len(), 21);
+    assert_eq!(types.len(), 24);
     for ty in 0..=u8::MAX {
         assert_eq!(
             FrameType(ty).max_payload().is_some(),
@@ -1190,5 +1249,83 @@ fn decode_enforces_the_header_bound_too() {
             len: MAX_CONTROL_PAYLOAD + 1,
             max: MAX_CONTROL_PAYLOAD
         })
+    );
+}
+
+#[test]
+fn pinned_probe_request() {
+    let frame = Frame::ProbeRequest {
+        direction: ProbeDirection::ClientToServer,
+        streams: 4,
+        duration_ms: 4000,
+        window: 0,
+    };
+    assert_eq!(
+        &encode(&frame)[..],
+        &[
+            0x16, 0, 0, 0, 11, // header
+            0,  // direction
+            0, 4, // streams
+            0, 0, 0x0f, 0xa0, // duration_ms
+            0, 0, 0, 0, // window
+        ]
+    );
+}
+
+#[test]
+fn probe_frames_are_range_checked() {
+    let request = |direction: u8, streams: u16| {
+        let mut p = vec![direction];
+        p.extend_from_slice(&streams.to_be_bytes());
+        p.extend_from_slice(&[0; 8]);
+        Frame::decode(FrameType::PROBE_REQUEST, p.into())
+    };
+    assert!(request(1, 1).is_ok());
+    assert_eq!(
+        request(2, 1),
+        Err(DecodeError::InvalidValue {
+            field: "direction",
+            value: 2
+        })
+    );
+    for streams in [0, MAX_STREAMS + 1, 10_000] {
+        assert_eq!(
+            request(0, streams),
+            Err(DecodeError::InvalidValue {
+                field: "streams",
+                value: u64::from(streams)
+            })
+        );
+    }
+
+    // interval_ms 0, then a count of intervals over the bound.
+    assert_eq!(
+        Frame::decode(FrameType::PROBE_RESULT, vec![0, 0, 0, 0, 0, 0].into()),
+        Err(DecodeError::InvalidValue {
+            field: "interval_ms",
+            value: 0
+        })
+    );
+    let mut p = 100u16.to_be_bytes().to_vec();
+    p.extend_from_slice(
+        &u16::try_from(MAX_PROBE_INTERVALS + 1)
+            .unwrap()
+            .to_be_bytes(),
+    );
+    assert_eq!(
+        Frame::decode(FrameType::PROBE_RESULT, p.into()),
+        Err(DecodeError::TooLong {
+            field: "intervals",
+            len: MAX_PROBE_INTERVALS + 1,
+            max: MAX_PROBE_INTERVALS
+        })
+    );
+
+    // Filler whose length prefix promises more than the payload holds.
+    let mut p = 8u32.to_be_bytes().to_vec();
+    p.extend_from_slice(&[0; 4]);
+    assert_eq!(
+        Frame::decode(FrameType::PROBE_DATA, p.into()),
+        Err(DecodeError::Truncated { field: "data" })
     );
 }

@@ -1,4 +1,5 @@
-//! `ferry probe host|disk`: reports on stdout (text, or JSON with `--json`), progress on stderr.
+//! `ferry probe host|disk|net`: reports on stdout (text, or JSON with `--json`), progress on
+//! stderr.
 
 use std::io::IsTerminal;
 use std::process::ExitCode;
@@ -6,7 +7,9 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 use ferry_probe::ProbeProgress;
 
-use crate::args::ProbeCommand;
+use crate::args::{ProbeCommand, ProbeNetArgs};
+use crate::config::{parse_size, resolve_token, Remote};
+use crate::usage;
 
 /// Step names on stderr, only for a person watching a terminal.
 struct Steps {
@@ -44,6 +47,15 @@ pub async fn run(cmd: ProbeCommand, quiet: bool) -> Result<ExitCode> {
                     .transpose()?,
             )
         }
+        ProbeCommand::Net(a) => {
+            let json = a.json;
+            let report = net(*a, steps, quiet).await?;
+            (
+                report.render_text(),
+                json.then(|| serde_json::to_string_pretty(&report))
+                    .transpose()?,
+            )
+        }
         ProbeCommand::Disk(a) => {
             let mut opts = if a.quick {
                 ferry_probe::disk::DiskOptions::quick()
@@ -74,4 +86,177 @@ pub async fn run(cmd: ProbeCommand, quiet: bool) -> Result<ExitCode> {
         None => print!("{text}"),
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Prints the warnings of a probe session (a server key pinned on first contact).
+struct Notices {
+    quiet: bool,
+}
+
+impl ferry_core::Reporter for Notices {
+    fn on_warning(&self, msg: &str) {
+        if !self.quiet {
+            eprintln!("warning: {msg}");
+        }
+    }
+}
+
+/// `ferry probe net`: the sweep runs on a blocking thread (ferry-probe has no async runtime)
+/// and measures each point with `ferry_net::probe::run` on this runtime.
+async fn net(a: ProbeNetArgs, steps: Steps, quiet: bool) -> Result<ferry_probe::net::NetReport> {
+    use ferry_net::probe::{ProbeDirection, ProbePoint, MAX_PROBE_DURATION};
+    use ferry_probe::net::{NetOptions, NetSample};
+
+    let remote = Remote::parse_endpoint(&a.endpoint).map_err(usage)?;
+    let mut opts = if a.quick {
+        NetOptions::quick()
+    } else {
+        NetOptions::default()
+    };
+    opts.full = a.full;
+    if let Some(s) = a.seconds {
+        if !(0.5..=MAX_PROBE_DURATION.as_secs_f64()).contains(&s) {
+            return Err(usage(anyhow::anyhow!(
+                "--seconds must be between 0.5 and {}",
+                MAX_PROBE_DURATION.as_secs()
+            )));
+        }
+        opts.seconds = s;
+        opts.skip = opts.skip.min(s / 4.0);
+    }
+    if let Some(s) = a.skip {
+        if !(0.0..opts.seconds).contains(&s) {
+            return Err(usage(anyhow::anyhow!(
+                "--skip must be at least 0 and less than --seconds"
+            )));
+        }
+        opts.skip = s;
+    }
+    if let Some(r) = a.runs {
+        opts.runs = r.clamp(1, 20);
+    }
+    let max_streams = a.max_streams.clamp(1, ferry_proto::MAX_STREAMS);
+    opts.streams.retain(|&n| n <= max_streams);
+    if opts.streams.last() != Some(&max_streams) && !a.quick {
+        opts.streams.push(max_streams);
+    }
+    if !a.quick {
+        opts.windows = vec![0];
+        if a.windows.trim() != "none" {
+            for w in a.windows.split(',').filter(|w| !w.trim().is_empty()) {
+                let n = parse_size(w).map_err(usage)?;
+                if n == 0 || n > u64::from(u32::MAX / 2) {
+                    return Err(usage(anyhow::anyhow!(
+                        "--windows: {w} is out of range (1 byte to 2G)"
+                    )));
+                }
+                opts.windows.push(n as u32);
+            }
+        }
+    }
+    let token =
+        resolve_token(a.token.as_deref(), a.config.as_deref(), &remote.host).map_err(usage)?;
+    let security = crate::config::security(&a.conn, &remote.server()).map_err(usage)?;
+    let cfg = ferry_net::ClientConfig {
+        server: remote.server(),
+        token,
+        opts: ferry_proto::TransferOpts {
+            streams: 1,
+            block_size: 1 << 20,
+            checksum: ferry_proto::ChecksumAlgo::Blake3,
+            existing: ferry_proto::ExistingPolicy::Fail,
+            tcp_window: 0,
+            auto_start: 0,
+        },
+        readers: 1,
+        writers: 1,
+        connect_timeout: std::time::Duration::from_secs(15),
+        idle_timeout: std::time::Duration::from_secs(30),
+        corrupt_blocks: Vec::new(),
+        retry_for: std::time::Duration::ZERO,
+        security,
+        start_from: Default::default(),
+        force_streams: None,
+    };
+    let upload = !a.download;
+    let direction = if upload {
+        ProbeDirection::ClientToServer
+    } else {
+        ProbeDirection::ServerToClient
+    };
+    let endpoint = remote.server();
+    let handle = tokio::runtime::Handle::current();
+    let notices = Notices {
+        quiet: quiet || a.json,
+    };
+    let tcp = ferry_probe::net::local_tcp_settings();
+    let (report, fatal) = tokio::task::spawn_blocking(move || {
+        // An error that a retry cannot fix (wrong token, TLS, a changed server key) ends the
+        // sweep: every further point would fail the same way, and the server brakes logins.
+        let mut fatal: Option<ferry_net::SessionError> = None;
+        let report = ferry_probe::net::probe_net(&endpoint, upload, &opts, tcp, &steps, |p| {
+            if let Some(e) = &fatal {
+                return Err(e.to_string());
+            }
+            let point = ProbePoint {
+                direction,
+                streams: p.streams,
+                duration: std::time::Duration::from_secs_f64(p.seconds),
+                window: p.window,
+            };
+            match handle.block_on(ferry_net::probe::run(&cfg, &point, &notices)) {
+                Ok(r) => Ok(NetSample {
+                    streams: r.streams,
+                    rate_mbps: r.rate_mbps(std::time::Duration::from_secs_f64(p.skip)),
+                    sent_bytes: r.sent_bytes,
+                    received_bytes: r.received_bytes,
+                    rtt_idle_ms: f64::from(if r.rtt_idle_min_us > 0 {
+                        r.rtt_idle_min_us
+                    } else {
+                        r.rtt_idle_us
+                    }) / 1000.0,
+                    rtt_load_ms: r.rtt_load_ms(),
+                    cwnd_bytes: r.cwnd_bytes(),
+                    retransmits: r.retransmits(),
+                    mss: r.per_stream.first().map_or(0, |s| s.snd_mss),
+                }),
+                Err(e) => {
+                    let msg = e.to_string();
+                    if !e.is_retryable() {
+                        fatal = Some(e);
+                    }
+                    Err(msg)
+                }
+            }
+        });
+        (report, fatal)
+    })
+    .await?;
+    let mut report = report;
+    if report.best.is_none() {
+        let why = match fatal {
+            Some(e) => anyhow::Error::new(e),
+            None => anyhow::anyhow!(
+                "{}",
+                report
+                    .points
+                    .iter()
+                    .flat_map(|p| p.errors.first())
+                    .next()
+                    .cloned()
+                    .unwrap_or_else(|| "nothing was measured".into())
+            ),
+        };
+        return Err(why.context(format!("probing {}", report.endpoint)));
+    }
+    if !a.no_save {
+        let entry = report.profile_entry(ferry_probe::net::rfc3339(std::time::SystemTime::now()));
+        if let Some(entry) = entry {
+            let dir = super::serve::state_dir()?;
+            let path = ferry_probe::net::save_profile(&dir, &report.endpoint, entry)
+                .with_context(|| format!("saving the profile in {}", dir.display()))?;
+            report.profile = Some(path);
+        }
+    }
+    Ok(report)
 }
