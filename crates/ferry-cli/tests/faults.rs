@@ -1337,3 +1337,47 @@ fn server_rss_growth_after_32_clients_is_under_200mib() {
         rss.saturating_sub(rss0) as f64 / 1024.0
     );
 }
+
+/// `ferry probe net` across the emulated WAN (50 ms, 200 Mbit/s): short and bounded, it sees the
+/// bed's RTT and a rate the link can carry, explains the limit, and saves the profile.
+#[test]
+fn probe_net_on_the_bed_sees_the_rtt_and_the_rate() {
+    let _serial = serial();
+    let test = "probe_net_on_the_bed_sees_the_rtt_and_the_rate";
+    let Some(bed) = bed_or_skip(test, bed_config(50, Some(200_000_000), 0.0)) else {
+        return;
+    };
+    let sb = Sandbox::new();
+    let root = sb.mkdir("root");
+    let srv = Serve::start(&sb, &root, &bed_listen(&bed), Some(&bed), &[]);
+    let endpoint = bed_listen(&bed);
+    let mut cmd = sb.client(&srv.token);
+    cmd.args(["probe", "net", "--quick", "--json", "--seconds", "3"])
+        .arg(&endpoint);
+    let out = run(
+        bed.enter(Host::Client, &mut cmd).unwrap(),
+        Duration::from_secs(90),
+    );
+    assert_code(&out, 0);
+    let v = one_json(&out.stdout);
+    let rtt = v["rtt_idle_ms"].as_f64().unwrap();
+    assert!(
+        (49.0..56.0).contains(&rtt),
+        "idle RTT {rtt} ms on a 50 ms bed: {v}"
+    );
+    let best = v["best"]["rate_mbps"].as_f64().unwrap();
+    // The link carries 200 Mbit/s of frames; a 2 s measurement after slow start gets most of it.
+    assert!(
+        (60.0..=205.0).contains(&best),
+        "best {best} Mbit/s on a 200 Mbit/s link: {v}"
+    );
+    assert!(
+        v["explanation"].as_array().is_some_and(|e| !e.is_empty()),
+        "{v}"
+    );
+    let profiles: Value = serde_json::from_slice(
+        &fs::read(sb.state_dir().join("net-profiles.json")).expect("profile saved"),
+    )
+    .unwrap();
+    assert!(profiles[endpoint.as_str()]["streams"].as_u64().unwrap() >= 1);
+}

@@ -100,6 +100,8 @@ pub(crate) struct Shared {
     root: Root,
     tls: Option<TlsAcceptor>,
     brake: Mutex<LoginBrake>,
+    /// The connection cap; auto-tuned sessions size their spare connections by what is free.
+    connections: Arc<Semaphore>,
     /// When the last session ended (or the server started), for `serve --oneshot`'s exit.
     last_session_end: Mutex<Instant>,
     pending: Mutex<HashMap<SessionId, Pending>>,
@@ -179,6 +181,7 @@ impl Server {
         socket.set_reuseaddr(true)?;
         socket.bind(addr)?;
         let listener = socket.listen(4096)?;
+        let connections = Arc::new(Semaphore::new(config.max_connections));
         Ok(Self {
             listener,
             shared: Arc::new(Shared {
@@ -186,6 +189,7 @@ impl Server {
                 root,
                 tls,
                 brake: Mutex::default(),
+                connections,
                 last_session_end: Mutex::new(Instant::now()),
                 pending: Mutex::default(),
                 active: Default::default(),
@@ -213,7 +217,7 @@ impl Server {
     /// Serves until `shutdown` resolves, then stops accepting, tells every session to end, and
     /// waits (bounded) for them.
     pub async fn run(self, shutdown: impl Future<Output = ()>) {
-        let limit = Arc::new(Semaphore::new(self.shared.config.max_connections));
+        let limit = self.shared.connections.clone();
         // Refusals are answered (so a client sees "busy", not a reset), but only so many at
         // once: beyond that a flood is simply dropped.
         let refusals = Arc::new(Semaphore::new(4096));
@@ -649,7 +653,7 @@ async fn prepare(
                 return Err(denied(grant, "write to", &dest));
             }
             let dest = resolve_dest(&shared.root, &dest, rel, sources)?;
-            let opts = clamp(&shared.config, opts);
+            let opts = clamp(shared, opts);
             // Creating the destination may fail (not a directory, outside the root): find out
             // before any data connection is opened, and tell the client why.
             let (tx, control) = flume::unbounded();
@@ -686,7 +690,7 @@ async fn prepare(
                 rel,
                 name,
             };
-            let opts = clamp(&shared.config, opts);
+            let opts = clamp(shared, opts);
             let (data, permits) = gather(shared, stream, session, secret, &opts).await?;
             Ok(Work::Get {
                 source,
@@ -728,8 +732,18 @@ fn denied(grant: &Grant, what: &str, path: &str) -> SessionError {
 }
 
 /// Lowers what a client asked for to what this server allows, keeping memory bounded.
-fn clamp(config: &ServerConfig, mut opts: TransferOpts) -> TransferOpts {
+fn clamp(shared: &Shared, mut opts: TransferOpts) -> TransferOpts {
+    let config = &shared.config;
     opts.streams = opts.streams.clamp(1, config.max_streams.max(1));
+    if opts.is_auto() {
+        // An auto-tuned session opens connections it may never use. Beyond its starting count,
+        // it gets at most an eighth of the free connection slots, so that a burst of clients
+        // fills the cap with sessions, not with idle spares (32 clients × 16 would exceed 512).
+        let spare = (shared.connections.available_permits() / 8) as u16;
+        let floor = opts.auto_start.max(1);
+        opts.streams = opts.streams.min(floor.max(spare)).max(1);
+        opts.auto_start = opts.auto_start.min(opts.streams);
+    }
     // Frames in flight per session: one per stream, the writer queue and one per writer.
     let slots = u64::from(opts.streams) + 3 * config.writers.max(1) as u64;
     while u64::from(opts.block_size) * slots > config.session_memory && opts.block_size > (1 << 20)
@@ -776,9 +790,24 @@ pub(crate) async fn gather(
     let mut slots: Vec<Option<(Stream, Permit)>> = (0..n).map(|_| None).collect();
     let deadline = tokio::time::Instant::now() + shared.config.handshake_timeout;
     let mut joined = 0;
+    // A client that gives up (a data connection refused as busy, say) closes its control
+    // connection: notice it, rather than hold what already joined until the deadline. Peeked
+    // on the socket, never read: a client whose data connections have all been welcomed may
+    // already be sending its first frames, which belong to the engine.
+    let mut watch_control = true;
     while joined < n {
-        let (index, s, permit) = tokio::time::timeout_at(deadline, rx.recv())
-            .await
+        let mut probe = [0u8; 1];
+        let next = tokio::select! {
+            j = tokio::time::timeout_at(deadline, rx.recv()) => j,
+            r = stream.tcp().peek(&mut probe), if watch_control => {
+                match r {
+                    Ok(0) | Err(_) => return Err(SessionError::Closed("control")),
+                    Ok(_) => watch_control = false,
+                }
+                continue;
+            }
+        };
+        let (index, s, permit) = next
             .map_err(|_| SessionError::Timeout("waiting for data connections to join"))?
             .ok_or(SessionError::Closed("data"))?;
         let slot = slots.get_mut(index as usize).ok_or_else(|| {
