@@ -670,6 +670,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
     let t0 = Instant::now();
     let mut runner = Runner::new(&opts, &plan, peer_infos)?;
     let result = runner.prepare_data().and_then(|_| runner.run());
+    runner::empty_trash(&opts.work);
     if let Err(e) = &result {
         eprintln!("ferry-bench: {e:#}");
         runner.notes.push(format!("sweep stopped: {e:#}"));

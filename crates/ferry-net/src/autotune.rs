@@ -37,12 +37,6 @@ pub const AUTO_MAX_STREAMS: u16 = 16;
 const SHAPE_FILES: u64 = 64;
 const SHAPE_WAIT: Duration = Duration::from_secs(1);
 
-/// Small files start on one stream only on paths at least this long. At 100 ms one stream beat
-/// four (BENCHMARKS.md: 4.5 s vs 6.7 s for 10,000 x 10 KiB); on loopback four beat one (0.6-1.5 s
-/// vs 1.2-2.3 s, measured with this change), because there the streams add parallel work, not
-/// thin app-limited flows. Where between the two it flips is not measured yet.
-const SMALL_FILES_MIN_RTT: Duration = Duration::from_millis(10);
-
 /// Process CPU time, user plus system (`getrusage(RUSAGE_SELF)`).
 pub(crate) fn process_cpu() -> Duration {
     // SAFETY: `usage` is a writable rusage; getrusage only writes into it.
@@ -266,22 +260,19 @@ impl StreamControl {
         }
     }
 
-    /// Starts the tuner once the walk has shown what it is sending. Trees of small files
-    /// (below one block on average) on a long path start on one stream with one as the default
-    /// to beat: BENCHMARKS.md measured them faster on 1 stream than on 4 at 100 ms, and the
-    /// tuner adds streams only when they pay.
+    /// Starts the tuner once the walk has shown what it is sending. Trees of small files start
+    /// like bulk data: an earlier rule started them on one stream at long RTTs, from a
+    /// measurement (4.5 s on 1 stream vs 6.7 s on 4 at 100 ms) that turned out to be ext4's
+    /// slow inode allocation right after the benchmark deleted the previous run's 10,000 files;
+    /// into a fresh directory 4 streams take 2.5 s and 1 stream 4.5 s (BENCHMARKS.md). They are
+    /// still flagged, so their short runs do not overwrite a route's profile.
     fn begin(&mut self, now: Duration, (files, bytes): (u64, u64), walk_done: bool) {
         let shape_known = files >= SHAPE_FILES || (files > 0 && (walk_done || now >= SHAPE_WAIT));
         if !shape_known && now < 2 * SHAPE_WAIT {
             return;
         }
-        self.small =
-            self.rtt >= SMALL_FILES_MIN_RTT && small_files(files, bytes, self.plan.block_size);
-        let (default, start) = if self.small {
-            (1, 1)
-        } else {
-            (u32::from(DEFAULT_STREAMS).min(self.max), self.start)
-        };
+        self.small = small_files(files, bytes, self.plan.block_size);
+        let (default, start) = (u32::from(DEFAULT_STREAMS).min(self.max), self.start);
         let cfg = TunerConfig {
             max: self.max,
             default,

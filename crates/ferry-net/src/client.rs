@@ -79,11 +79,13 @@ pub struct Tuning {
     pub connections: u32,
     /// Streams carrying data at the start.
     pub start: u32,
-    /// `profile`, `default`, `small files` (trees of small files start on one stream),
-    /// `test`, or `fixed`.
+    /// `profile`, `probe`, `default`, `test`, or `fixed`.
     pub start_from: &'static str,
     /// The tuner finished a search (short transfers end before it does).
     pub settled: bool,
+    /// A tree of small files (below one block on average): not remembered as the route's
+    /// profile, its runs being too short to measure the path.
+    pub small_files: bool,
     /// The tuner's measurements, oldest first.
     pub steps: Vec<TuningStep>,
     /// `network`, `source storage`, `destination storage` or `cpu`: see `load`.
@@ -155,8 +157,6 @@ impl Tuning {
         let start = tuned.map_or(streams, |t| u32::from(t.start));
         let start_from = if !auto {
             "fixed"
-        } else if tuned.is_some_and(|t| t.has(TuneReport::SMALL_FILES)) {
-            "small files"
         } else if cfg.force_streams.is_some() {
             "test"
         } else {
@@ -191,6 +191,7 @@ impl Tuning {
             start,
             start_from,
             settled: tuned.is_some_and(|t| t.has(TuneReport::SETTLED)),
+            small_files: tuned.is_some_and(|t| t.has(TuneReport::SMALL_FILES)),
             steps,
             bottleneck: bottleneck(sender, receiver, same_host),
             load: Loads {
@@ -207,7 +208,7 @@ impl Tuning {
     pub fn worth_remembering(&self) -> bool {
         self.mode == "auto"
             && !self.steps.is_empty()
-            && self.start_from != "small files"
+            && !self.small_files
             && self.start_from != "test"
     }
 }

@@ -71,9 +71,14 @@ impl SessionError {
 
     /// The frame that tells the peer why the session ends.
     pub fn to_frame(&self) -> ferry_proto::Frame {
+        let message = match self {
+            // Already a message for the peer; its Display adds the code, which the frame carries.
+            Self::Remote { message, .. } => message.clone(),
+            other => other.to_string(),
+        };
         ferry_proto::Frame::Error {
             code: self.code(),
-            message: self.to_string(),
+            message,
         }
     }
 

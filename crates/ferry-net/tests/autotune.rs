@@ -68,7 +68,7 @@ async fn auto_put_and_get_arrive_identical_and_report_tuning() {
     let t = &put.tuning;
     assert_eq!((t.mode, t.connections), ("auto", 8));
     assert!((1..=8).contains(&t.streams), "{t:?}");
-    assert!(["default", "small files"].contains(&t.start_from), "{t:?}");
+    assert_eq!(t.start_from, "default", "{t:?}");
     assert!(one_of_the_bottlenecks(t.bottleneck), "{t:?}");
     // Both ends' loads are known on a put: the sender's own, the receiver's from Complete.
     assert!(
