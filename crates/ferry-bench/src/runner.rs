@@ -361,6 +361,8 @@ fn make_dest(p: &Path) -> Result<()> {
         if fs::rename(p, &aside).is_err() {
             data::remove_path(p)?;
         }
+    } else {
+        data::remove_path(p)?;
     }
     fs::create_dir_all(p)?;
     // Peers' servers write as `nobody` (XRootD, GridFTP anonymous).
@@ -866,6 +868,19 @@ impl<'a> Runner<'a> {
         if !out.success {
             row.error = format!("ferry {}: {}", out.code, short(&out.stderr));
             return row;
+        }
+        // A run that found its data already there measured nothing: say so rather than report
+        // a rate (a destination that was not emptied makes ferry skip or resume).
+        if !(remote && case.direction == Direction::Put) {
+            if let Ok(v) = serde_json::from_str::<serde_json::Value>(&out.stdout) {
+                let skipped = v.get("skipped").and_then(|x| x.as_u64()).unwrap_or(0);
+                if skipped > 0 {
+                    row.error = format!(
+                        "{skipped} files were already at the destination: nothing was measured"
+                    );
+                    return row;
+                }
+            }
         }
         // Verify what arrived.
         let got = if remote && case.direction == Direction::Put {
