@@ -270,6 +270,38 @@ pub fn parse_streams(s: &str) -> Result<Option<u16>> {
     }
 }
 
+/// A client for sessions that move no files (`ls`, `probe net`): the token and trust of a
+/// transfer, one stream, no retries.
+pub fn control_config(
+    token: Option<&str>,
+    config: Option<&Path>,
+    conn: &ConnArgs,
+    remote: &Remote,
+    idle_timeout: Duration,
+) -> Result<ClientConfig> {
+    Ok(ClientConfig {
+        server: remote.server(),
+        token: resolve_token(token, config, &remote.host)?,
+        opts: TransferOpts {
+            streams: 1,
+            block_size: 1 << 20,
+            checksum: ferry_proto::ChecksumAlgo::Blake3,
+            existing: ExistingPolicy::Fail,
+            tcp_window: 0,
+            auto_start: 0,
+        },
+        readers: 1,
+        writers: 1,
+        connect_timeout: Duration::from_secs(15),
+        idle_timeout,
+        corrupt_blocks: Vec::new(),
+        retry_for: Duration::ZERO,
+        security: security(conn, &remote.server())?,
+        start_from: Default::default(),
+        force_streams: None,
+    })
+}
+
 /// Starts an auto-tuned transfer from what the tuner settled on last time for this server.
 pub fn apply_profile(cfg: &mut ClientConfig, profiles: &crate::profiles::Profiles, key: &str) {
     if !cfg.opts.is_auto() {

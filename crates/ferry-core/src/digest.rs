@@ -81,6 +81,22 @@ pub fn hex(bytes: &[u8]) -> String {
         })
 }
 
+/// The 32 bytes that 64 hex digits (either case) spell, for digests and fingerprints typed or
+/// stored as text; `None` for anything else.
+pub fn unhex32(s: &str) -> Option<[u8; 32]> {
+    let b = s.as_bytes();
+    if b.len() != 64 {
+        return None;
+    }
+    let mut out = [0u8; 32];
+    for (o, pair) in out.iter_mut().zip(b.chunks_exact(2)) {
+        let hi = (pair[0] as char).to_digit(16)?;
+        let lo = (pair[1] as char).to_digit(16)?;
+        *o = (hi * 16 + lo) as u8;
+    }
+    Some(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -141,20 +141,6 @@ pub fn hash_token(token: &str) -> [u8; 32] {
     Sha256::digest(token.as_bytes()).into()
 }
 
-fn parse_hex32(s: &str) -> Option<[u8; 32]> {
-    let b = s.as_bytes();
-    if b.len() != 64 {
-        return None;
-    }
-    let mut out = [0u8; 32];
-    for (i, pair) in b.chunks(2).enumerate() {
-        let hi = (pair[0] as char).to_digit(16)?;
-        let lo = (pair[1] as char).to_digit(16)?;
-        out[i] = (hi * 16 + lo) as u8;
-    }
-    Some(out)
-}
-
 /// A parsed token list, ready to check logins against.
 #[derive(Clone, Debug, Default)]
 pub struct AccessList {
@@ -172,7 +158,7 @@ impl AccessList {
     pub fn from_file(file: &TokenFile) -> Result<Self, AccessError> {
         let mut entries = Vec::with_capacity(file.tokens.len());
         for e in &file.tokens {
-            let hash = parse_hex32(&e.sha256.to_ascii_lowercase()).ok_or_else(|| {
+            let hash = ferry_core::digest::unhex32(&e.sha256).ok_or_else(|| {
                 AccessError::Invalid(format!("token `{}`: sha256 must be 64 hex digits", e.name))
             })?;
             entries.push((hash, Grant::from_entry(e)?));
@@ -201,7 +187,7 @@ impl AccessList {
 /// Where the server gets its tokens from.
 #[derive(Debug)]
 pub enum Access {
-    Fixed(AccessList),
+    Fixed(Arc<AccessList>),
     /// A token file, re-read when its modification time changes.
     File {
         path: PathBuf,
@@ -222,7 +208,7 @@ impl Access {
     /// revoked token cannot keep working because of a typo elsewhere in the file.
     pub fn current(&self) -> Result<Arc<AccessList>, AccessError> {
         match self {
-            Self::Fixed(l) => Ok(Arc::new(l.clone())),
+            Self::Fixed(l) => Ok(l.clone()),
             Self::File { path, cache } => {
                 let mtime =
                     std::fs::metadata(path)

@@ -372,9 +372,7 @@ pub(crate) async fn connect(
             let (pin, known) = match trust {
                 ServerTrust::Pinned(fp) => (Some(*fp), None),
                 ServerTrust::KnownHosts { file, host } => {
-                    let found = file
-                        .lookup(host)
-                        .map_err(|e| SessionError::Tls(e.to_string()))?;
+                    let found = file.lookup(host)?;
                     match found {
                         Known::Pinned { fingerprint, line } => {
                             (Some(fingerprint), Some((file, host, line)))
@@ -383,7 +381,7 @@ pub(crate) async fn connect(
                     }
                 }
             };
-            let tls = ClientTls::new(pin).map_err(|e| SessionError::Tls(e.to_string()))?;
+            let tls = ClientTls::new(pin)?;
             let control = secure(tcp, &tls, cfg.connect_timeout, |expected, presented| {
                 let fix = match known {
                     Some((file, _, line)) => format!(
@@ -409,14 +407,13 @@ pub(crate) async fn connect(
                     // First contact: remember the key, and hold the data connections of this
                     // session to it too.
                     if let Some((file, host, _)) = known {
-                        file.add(host, seen)
-                            .map_err(|e| SessionError::Tls(e.to_string()))?;
+                        file.add(host, seen)?;
                         reporter.on_warning(&format!(
                             "first connection to {host}: pinned its key {seen} in {}",
                             file.path().display()
                         ));
                     }
-                    ClientTls::new(Some(seen)).map_err(|e| SessionError::Tls(e.to_string()))?
+                    ClientTls::new(Some(seen))?
                 }
             };
             (control, Some(Arc::new(tls)))

@@ -47,6 +47,12 @@ pub enum SessionError {
     },
 }
 
+impl From<crate::tls::TlsError> for SessionError {
+    fn from(e: crate::tls::TlsError) -> Self {
+        Self::Tls(e.to_string())
+    }
+}
+
 impl From<io::Error> for SessionError {
     fn from(e: io::Error) -> Self {
         Self::Io(e)

@@ -69,7 +69,10 @@ impl ServerConfig {
     pub fn new(root: impl Into<PathBuf>, token: impl Into<String>) -> Self {
         Self {
             root: root.into(),
-            access: Arc::new(Access::Fixed(AccessList::single("default", &token.into()))),
+            access: Arc::new(Access::Fixed(Arc::new(AccessList::single(
+                "default",
+                &token.into(),
+            )))),
             tls: Some(Identity::generate().expect("generating a P-256 key works")),
             allow_plaintext: false,
             base: String::new(),
@@ -160,10 +163,7 @@ impl Server {
     pub async fn bind(addr: SocketAddr, config: ServerConfig) -> Result<Self, SessionError> {
         let root = Root::open(&config.root)?;
         let tls = match &config.tls {
-            Some(id) => Some(TlsAcceptor::from(
-                id.server_config()
-                    .map_err(|e| SessionError::Tls(e.to_string()))?,
-            )),
+            Some(id) => Some(TlsAcceptor::from(id.server_config()?)),
             None if config.allow_plaintext => None,
             None => {
                 return Err(SessionError::Tls(

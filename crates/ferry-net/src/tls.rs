@@ -9,7 +9,7 @@
 //! fingerprint is refused, never silently accepted.
 //!
 //! Only TLS 1.3 is offered; the cipher suites are rustls's with the aws-lc-rs provider, whose
-//! AES-GCM runs at several GiB/s per core (see BENCHMARKS.md for what it costs a transfer).
+//! AES-GCM runs at 3.1–3.6 GiB/s per core here (BENCHMARKS.md: what it costs a transfer).
 
 use std::fmt;
 use std::io::Write;
@@ -99,17 +99,10 @@ impl FromStr for Fingerprint {
             .strip_prefix("sha256:")
             .or_else(|| t.strip_prefix("SHA256:"))
             .unwrap_or(t);
-        let digits: Vec<u8> = hexpart.bytes().filter(|&b| b != b':').collect();
-        if digits.len() != 64 {
-            return Err(bad());
-        }
-        let mut out = [0u8; 32];
-        for (i, pair) in digits.chunks(2).enumerate() {
-            let hi = (pair[0] as char).to_digit(16).ok_or_else(bad)?;
-            let lo = (pair[1] as char).to_digit(16).ok_or_else(bad)?;
-            out[i] = (hi * 16 + lo) as u8;
-        }
-        Ok(Self(out))
+        let digits: String = hexpart.chars().filter(|&c| c != ':').collect();
+        ferry_core::digest::unhex32(&digits)
+            .map(Self)
+            .ok_or_else(bad)
     }
 }
 

@@ -23,10 +23,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use ferry_net::SessionError;
-use ferry_proto::{Decision, ErrorCode, ExistingPolicy, FileId, Frame, SessionId};
+use ferry_proto::{Decision, ErrorCode, ExistingPolicy, FileId, Frame};
 use util::*;
 
-const T: Duration = Duration::from_secs(5);
 const SECRET: &[u8] = b"TOP-SECRET-outside-the-root-hostile-91c3";
 
 // ---------------------------------------------------------------------------------------------
@@ -168,52 +167,6 @@ async fn assert_still_serves(server: &TestServer, name: &str) {
     let r = result.expect("still busy after 40 tries").unwrap();
     assert!(r.is_success(), "{:?}", r.errors);
     assert_eq!(std::fs::read(server.root.join(name)).unwrap(), content);
-}
-
-/// Reads until the peer closes: the code of an `Error` frame if one came first, and whether
-/// the connection was closed within `within`. Bytes that are not a frame count as garbage and
-/// fail the test: ferry only ever answers with frames.
-async fn refusal(raw: &mut Raw, within: Duration) -> (Option<ErrorCode>, bool) {
-    let deadline = Instant::now() + within;
-    let mut code = None;
-    for _ in 0..8 {
-        let left = deadline.saturating_duration_since(Instant::now());
-        match raw.recv(left).await {
-            Read::Frame(Frame::Error { code: c, .. }) => code = Some(c),
-            Read::Frame(other) => panic!("unexpected frame {other:?}"),
-            Read::Closed => return (code, true),
-            Read::TimedOut => return (code, false),
-        }
-    }
-    (code, false)
-}
-
-/// Like [`refusal`], but also returns the message of the `Error` frame.
-async fn refusal_message(raw: &mut Raw, within: Duration) -> (Option<(ErrorCode, String)>, bool) {
-    let deadline = Instant::now() + within;
-    let mut err = None;
-    for _ in 0..8 {
-        let left = deadline.saturating_duration_since(Instant::now());
-        match raw.recv(left).await {
-            Read::Frame(Frame::Error { code, message }) => err = Some((code, message)),
-            Read::Frame(other) => panic!("unexpected frame {other:?}"),
-            Read::Closed => return (err, true),
-            Read::TimedOut => return (err, false),
-        }
-    }
-    (err, false)
-}
-
-/// An authenticated control connection with its session id and secret.
-async fn control(server: &TestServer) -> (Raw, SessionId, [u8; 32]) {
-    let mut c = Raw::connect(server.addr).await;
-    c.send(&hello_control(TOKEN)).await.unwrap();
-    match c.expect(T).await {
-        Frame::Welcome {
-            session, secret, ..
-        } => (c, session, secret),
-        other => panic!("expected Welcome, got {other:?}"),
-    }
 }
 
 /// A raw put session with one data connection, ready for frames.

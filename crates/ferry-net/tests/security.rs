@@ -16,7 +16,6 @@ use ferry_proto::{
 use util::*;
 
 const SECRET: &[u8] = b"TOP-SECRET-outside-the-root-5f2a9c";
-const T: Duration = Duration::from_secs(5);
 
 // ---------------------------------------------------------------------------------------------
 // helpers
@@ -50,35 +49,6 @@ fn is_refusal(code: Option<ErrorCode>) -> bool {
         code,
         Some(ErrorCode::PERMISSION) | Some(ErrorCode::NOT_FOUND)
     )
-}
-
-/// Reads until the peer closes: returns the code of an `Error` frame if one came first, and
-/// whether the connection was closed within `within`.
-async fn refusal(raw: &mut Raw, within: Duration) -> (Option<ErrorCode>, bool) {
-    let deadline = Instant::now() + within;
-    let mut code = None;
-    for _ in 0..8 {
-        let left = deadline.saturating_duration_since(Instant::now());
-        match raw.recv(left).await {
-            Read::Frame(Frame::Error { code: c, .. }) => code = Some(c),
-            Read::Frame(other) => panic!("unexpected frame {other:?}"),
-            Read::Closed => return (code, true),
-            Read::TimedOut => return (code, false),
-        }
-    }
-    (code, false)
-}
-
-/// Opens an authenticated control connection: returns it with the session id and secret.
-async fn control(server: &TestServer) -> (Raw, SessionId, [u8; 32]) {
-    let mut c = Raw::connect(server.addr).await;
-    c.send(&hello_control(TOKEN)).await.unwrap();
-    match c.expect(T).await {
-        Frame::Welcome {
-            session, secret, ..
-        } => (c, session, secret),
-        other => panic!("expected Welcome, got {other:?}"),
-    }
 }
 
 /// A raw put session with one data connection, ready for frames.

@@ -871,6 +871,11 @@ pub fn rfc3339(t: std::time::SystemTime) -> String {
     let secs = t
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs() as i64);
+    format!("{}Z", utc_text(secs, 'T'))
+}
+
+/// Seconds since the Unix epoch (negative before it) as `YYYY-MM-DD{sep}HH:MM:SS` in UTC.
+pub fn utc_text(secs: i64, sep: char) -> String {
     let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
     // Days to civil date (Howard Hinnant's algorithm).
     let z = days + 719_468;
@@ -883,7 +888,7 @@ pub fn rfc3339(t: std::time::SystemTime) -> String {
     let m = if mp < 10 { mp + 3 } else { mp - 9 };
     let y = yoe + era * 400 + i64::from(m <= 2);
     format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        "{y:04}-{m:02}-{d:02}{sep}{:02}:{:02}:{:02}",
         rem / 3600,
         rem % 3600 / 60,
         rem % 60

@@ -13,7 +13,7 @@ use anyhow::{Context, Result};
 use ferry_net::{SessionError, TransferReport};
 
 use crate::args::{Cli, Command, GetArgs, LsArgs, PutArgs, TransferArgs};
-use crate::config::{apply_profile, client_config, resolve_token, Remote};
+use crate::config::{apply_profile, client_config, Remote};
 use crate::profiles::Profiles;
 
 use crate::progress::{human_bytes, Progress};
@@ -233,30 +233,14 @@ async fn ls(args: LsArgs, quiet: bool) -> Result<ExitCode> {
             "ls needs a running `ferry serve` (HOST[:PORT]:PATH); over ssh, use ssh itself"
         )));
     }
-    let token = resolve_token(args.token.as_deref(), args.config.as_deref(), &remote.host)
-        .map_err(usage)?;
-    let security = crate::config::security(&args.conn, &remote.server()).map_err(usage)?;
-    let cfg = ferry_net::ClientConfig {
-        server: remote.server(),
-        token,
-        opts: ferry_proto::TransferOpts {
-            streams: 1,
-            block_size: 1 << 20,
-            checksum: ferry_proto::ChecksumAlgo::Blake3,
-            existing: ferry_proto::ExistingPolicy::Fail,
-            tcp_window: 0,
-            auto_start: 0,
-        },
-        readers: 1,
-        writers: 1,
-        connect_timeout: std::time::Duration::from_secs(15),
-        idle_timeout: std::time::Duration::from_secs(60),
-        corrupt_blocks: Vec::new(),
-        retry_for: std::time::Duration::ZERO,
-        security,
-        start_from: Default::default(),
-        force_streams: None,
-    };
+    let cfg = crate::config::control_config(
+        args.token.as_deref(),
+        args.config.as_deref(),
+        &args.conn,
+        &remote,
+        std::time::Duration::from_secs(60),
+    )
+    .map_err(usage)?;
     let entries = ferry_net::client::list(&cfg, &remote.path, &Notices(quiet))
         .await
         .context("listing failed")?;
@@ -314,25 +298,9 @@ fn mode_string(mode: u32) -> String {
     s
 }
 
-/// `YYYY-MM-DD HH:MM:SS` in UTC (days-from-civil inverse, Howard Hinnant's algorithm).
+/// `YYYY-MM-DD HH:MM:SS` in UTC.
 fn utc(ns: i64) -> String {
-    let secs = ns.div_euclid(1_000_000_000);
-    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!(
-        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
+    ferry_probe::net::utc_text(ns.div_euclid(1_000_000_000), ' ')
 }
 
 #[cfg(test)]

@@ -8,7 +8,7 @@ use anyhow::{Context, Result};
 use ferry_probe::ProbeProgress;
 
 use crate::args::{ProbeCommand, ProbeNetArgs};
-use crate::config::{parse_size, resolve_token, Remote};
+use crate::config::{parse_size, Remote};
 use crate::usage;
 
 /// Step names on stderr, only for a person watching a terminal.
@@ -154,30 +154,14 @@ async fn net(a: ProbeNetArgs, steps: Steps, quiet: bool) -> Result<ferry_probe::
             }
         }
     }
-    let token =
-        resolve_token(a.token.as_deref(), a.config.as_deref(), &remote.host).map_err(usage)?;
-    let security = crate::config::security(&a.conn, &remote.server()).map_err(usage)?;
-    let cfg = ferry_net::ClientConfig {
-        server: remote.server(),
-        token,
-        opts: ferry_proto::TransferOpts {
-            streams: 1,
-            block_size: 1 << 20,
-            checksum: ferry_proto::ChecksumAlgo::Blake3,
-            existing: ferry_proto::ExistingPolicy::Fail,
-            tcp_window: 0,
-            auto_start: 0,
-        },
-        readers: 1,
-        writers: 1,
-        connect_timeout: std::time::Duration::from_secs(15),
-        idle_timeout: std::time::Duration::from_secs(30),
-        corrupt_blocks: Vec::new(),
-        retry_for: std::time::Duration::ZERO,
-        security,
-        start_from: Default::default(),
-        force_streams: None,
-    };
+    let cfg = crate::config::control_config(
+        a.token.as_deref(),
+        a.config.as_deref(),
+        &a.conn,
+        &remote,
+        std::time::Duration::from_secs(30),
+    )
+    .map_err(usage)?;
     let upload = !a.download;
     let direction = if upload {
         ProbeDirection::ClientToServer

@@ -84,7 +84,7 @@ pub async fn run(args: ServeArgs, quiet: bool) -> Result<ExitCode> {
     let access = if let Some(path) = &args.token_file {
         // One full-access token kept in a file, for scripts that need to read it back.
         let (token, _) = load_or_create_token(path).map_err(usage)?;
-        Access::Fixed(AccessList::single("token-file", &token))
+        Access::Fixed(Arc::new(AccessList::single("token-file", &token)))
     } else {
         let path = args
             .tokens

@@ -437,3 +437,45 @@ pub async fn send_offered(
     data.send(&block).await.unwrap();
     decisions
 }
+
+/// How long the raw-frame tests wait for any one answer.
+pub const T: Duration = Duration::from_secs(5);
+
+/// Reads until the peer closes: the code of an `Error` frame if one came first, and whether
+/// the connection was closed within `within`. Bytes that are not a frame fail the test: ferry
+/// only ever answers with frames.
+pub async fn refusal(raw: &mut Raw, within: Duration) -> (Option<ferry_proto::ErrorCode>, bool) {
+    let (err, closed) = refusal_message(raw, within).await;
+    (err.map(|(code, _)| code), closed)
+}
+
+/// Like [`refusal`], but also returns the message of the `Error` frame.
+pub async fn refusal_message(
+    raw: &mut Raw,
+    within: Duration,
+) -> (Option<(ferry_proto::ErrorCode, String)>, bool) {
+    let deadline = tokio::time::Instant::now() + within;
+    let mut err = None;
+    for _ in 0..8 {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        match raw.recv(left).await {
+            Read::Frame(ferry_proto::Frame::Error { code, message }) => err = Some((code, message)),
+            Read::Frame(other) => panic!("unexpected frame {other:?}"),
+            Read::Closed => return (err, true),
+            Read::TimedOut => return (err, false),
+        }
+    }
+    (err, false)
+}
+
+/// An authenticated control connection with its session id and secret.
+pub async fn control(server: &TestServer) -> (Raw, ferry_proto::SessionId, [u8; 32]) {
+    let mut c = Raw::connect(server.addr).await;
+    c.send(&hello_control(TOKEN)).await.unwrap();
+    match c.expect(T).await {
+        ferry_proto::Frame::Welcome {
+            session, secret, ..
+        } => (c, session, secret),
+        other => panic!("expected Welcome, got {other:?}"),
+    }
+}
