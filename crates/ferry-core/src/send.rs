@@ -224,6 +224,11 @@ impl Sender {
             .lock()
             .unwrap_or_else(|e| e.into_inner());
         for e in entries {
+            // Recorded now, not when a reader picks the decision up: the receiver's `Complete`
+            // can follow at once, and a session closed before that reader ran would lose it.
+            if let Decision::Fail { message, .. } = &e.decision {
+                self.shared.error(format!("receiver: {message}"));
+            }
             map.insert(e.file, e.decision);
         }
         self.shared.decided.notify_all();
@@ -570,10 +575,8 @@ fn send_file(shared: &Shared, record: &FileRecord) -> bool {
         Decision::Resume { have } => stream_file(shared, record, &have),
         // The receiver has resolved these already; nothing is sent.
         Decision::Skip => true,
-        Decision::Fail { message, .. } => {
-            shared.error(format!("receiver: {message}"));
-            true
-        }
+        // Reported by `Sender::decide` when it arrived.
+        Decision::Fail { .. } => true,
         Decision::Complete { digest } => {
             let key = (meta.path.clone(), meta.size, meta.mtime_ns);
             let cached = shared.cache().get(&key).cloned();
