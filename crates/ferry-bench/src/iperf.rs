@@ -23,6 +23,22 @@ pub struct IperfResult {
 }
 
 /// Parses the client's `-J --get-server-output` JSON.
+/// Data-set label of an `iperf3 -n BYTES` row: memory to memory, the same bytes as a file.
+pub fn same_bytes_label(bytes: u64) -> String {
+    format!("memory-{}", crate::plan::size_label(bytes))
+}
+
+/// Bytes the receiving end counted in an `iperf3 -J` report.
+pub fn received_bytes(json: &str) -> Result<u64> {
+    let v: Value = serde_json::from_str(json).context("iperf3 output is not JSON")?;
+    if let Some(e) = v.get("error").and_then(Value::as_str) {
+        bail!("iperf3: {e}");
+    }
+    v.pointer("/end/sum_received/bytes")
+        .and_then(Value::as_u64)
+        .context("no end.sum_received.bytes in iperf3's JSON")
+}
+
 pub fn parse(json: &str, reverse: bool, omit_s: f64) -> Result<IperfResult> {
     let v: Value = serde_json::from_str(json).context("iperf3 output is not JSON")?;
     if let Some(e) = v.get("error").and_then(Value::as_str) {

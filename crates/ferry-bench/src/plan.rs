@@ -333,6 +333,11 @@ pub fn block_label(tool: Tool, block: Option<u64>) -> String {
 pub struct IperfPoint {
     pub direction: Direction,
     pub streams: u16,
+    /// `None`: time-based, slow start skipped — the path's steady-state ceiling. `Some(n)`:
+    /// `iperf3 -n n`, timed like a ferry run (process wall clock) — what moving the same bytes
+    /// from memory costs, with connection set-up and slow start included.
+    #[serde(default)]
+    pub bytes: Option<u64>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -478,6 +483,7 @@ pub fn plan(spec: &Spec) -> Plan {
                                 IperfPoint {
                                     direction,
                                     streams: s.max(1),
+                                    bytes: None,
                                 },
                             );
                         }
@@ -561,13 +567,16 @@ fn add_targets(links: &mut Vec<LinkPlan>, spec: &Spec) {
             iperf_streams = vec![1, 2, 4, 8];
         }
         for s in iperf_streams {
-            push_unique(
-                &mut lp.iperf,
-                IperfPoint {
-                    direction: Direction::Put,
-                    streams: s,
-                },
-            );
+            for bytes in [None, Some(TARGET_FILE.bytes())] {
+                push_unique(
+                    &mut lp.iperf,
+                    IperfPoint {
+                        direction: Direction::Put,
+                        streams: s,
+                        bytes,
+                    },
+                );
+            }
         }
         let mut sets = vec![TARGET_FILE];
         if rtt == TARGET_TREE_RTT {
@@ -752,12 +761,20 @@ mod tests {
         // 2 rates x 2 regimes x 3 RTTs
         assert_eq!(p.links.len(), 12);
         let l = &p.links[0];
-        // iperf3: 6 stream counts x 2 directions.
-        assert_eq!(l.iperf.len(), 12);
+        let target_link = l.link.rate_bps == Some(GBIT) && l.link.regime == Regime::Default;
+        // iperf3: 6 stream counts x 2 directions; on the targets' link also `-n 1GiB` (put)
+        // at each stream count, the like-for-like ceiling of the 1 GiB target.
+        let same_bytes = l.iperf.iter().filter(|i| i.bytes.is_some()).count();
+        assert_eq!(same_bytes, if target_link { 6 } else { 0 });
+        assert_eq!(l.iperf.len(), 12 + same_bytes);
+        assert!(l
+            .iperf
+            .iter()
+            .filter_map(|i| i.bytes)
+            .all(|b| b == TARGET_FILE.bytes()));
         let ferry = l.cases.iter().filter(|c| c.tool == Tool::Ferry).count();
         // per direction: 4 files x 6 streams x 3 blocks + 2 trees x 6 streams (first block)
         let per_dir = 4 * 6 * 3 + 2 * 6;
-        let target_link = l.link.rate_bps == Some(GBIT) && l.link.regime == Regime::Default;
         let targets = if target_link { 1 } else { 0 };
         assert_eq!(ferry, 2 * per_dir + targets);
         // xrootd and gridftp sweep streams, rsync and scp run once per data set.

@@ -220,6 +220,7 @@ fn iperf_line(
             meds.iter()
                 .find(|m| {
                     m.tool == "iperf3"
+                        && m.dataset == "memory"
                         && m.usable()
                         && m.direction == dir
                         && m.rate == rate

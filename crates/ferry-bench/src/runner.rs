@@ -744,11 +744,36 @@ impl<'a> Runner<'a> {
             "-J",
             "--get-server-output",
         ])
-        .args(["-P", &p.streams.to_string(), "-t", &secs.to_string()]);
+        .args(["-P", &p.streams.to_string()]);
         let reverse = p.direction == Direction::Get;
         if reverse {
             cmd.arg("-R");
         }
+        if let Some(n) = p.bytes {
+            cmd.args(["-n", &n.to_string()]);
+            row.dataset = iperf::same_bytes_label(n);
+            let res = run_timed(cmd, Duration::from_secs(600)).and_then(|o| {
+                if !o.success {
+                    bail!("iperf3 {}: {}", o.code, short(&o.stderr));
+                }
+                let got = iperf::received_bytes(&o.stdout)?;
+                if got < n {
+                    bail!("iperf3 -n {n} delivered only {got} bytes");
+                }
+                Ok((got, o.wall))
+            });
+            match res {
+                Ok((got, wall)) => {
+                    row.bytes = got;
+                    row.wall_s = wall.as_secs_f64();
+                    row.mbps = got as f64 * 8.0 / row.wall_s / 1e6;
+                    row.verified = true;
+                }
+                Err(e) => row.error = format!("{e:#}"),
+            }
+            return row;
+        }
+        cmd.args(["-t", &secs.to_string()]);
         let res = run_timed(cmd, Duration::from_secs(secs as u64 + 60)).and_then(|o| {
             let r = iperf::parse(&o.stdout, reverse, self.opts.iperf_omit as f64);
             if r.is_err() && !o.success {
