@@ -200,6 +200,9 @@ pub struct ProbeDiskArgs {
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
+    /// Do not save the result as this file system's profile (which transfers start from).
+    #[arg(long)]
+    pub no_save: bool,
 }
 
 #[derive(Args, Debug)]
@@ -266,12 +269,13 @@ pub struct TransferArgs {
     /// Leave files that exist at the destination alone.
     #[arg(long)]
     pub skip_existing: bool,
-    /// Files read at once on the sending side.
-    #[arg(long, default_value_t = 4)]
-    pub readers: usize,
-    /// Threads writing on the receiving side.
-    #[arg(long, default_value_t = 4)]
-    pub writers: usize,
+    /// Files read at once on the sending side. Default: from `ferry probe disk`'s profile of
+    /// the file system, else 4, then tuned while the transfer runs; a number fixes it
+    #[arg(long)]
+    pub readers: Option<usize>,
+    /// Threads writing on the receiving side. Default: like --readers; a number fixes it
+    #[arg(long)]
+    pub writers: Option<usize>,
     /// Write a summary as JSON to stdout.
     #[arg(long)]
     pub json: bool,

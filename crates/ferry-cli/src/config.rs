@@ -292,6 +292,8 @@ pub fn control_config(
         },
         readers: 1,
         writers: 1,
+        tune_storage: false,
+        storage_from: "fixed",
         connect_timeout: Duration::from_secs(15),
         idle_timeout,
         corrupt_blocks: Vec::new(),
@@ -300,6 +302,26 @@ pub fn control_config(
         start_from: Default::default(),
         force_streams: None,
     })
+}
+
+/// Storage threads when neither an option nor a disk profile says otherwise.
+const DEFAULT_STORAGE: usize = ferry_net::DEFAULT_STORAGE_THREADS as usize;
+
+/// Starts this end's storage threads (readers for a put, writers for a get) from
+/// `ferry probe disk`'s profile of the file system `local` is on, unless they were fixed.
+pub fn apply_disk_profile(cfg: &mut ClientConfig, state_dir: &Path, local: &Path, put: bool) {
+    if !cfg.tune_storage {
+        return;
+    }
+    let Some(p) = ferry_probe::disk::disk_profile_for(state_dir, local) else {
+        return;
+    };
+    if put {
+        cfg.readers = p.read_threads.clamp(1, 64) as usize;
+    } else {
+        cfg.writers = p.write_threads.clamp(1, 64) as usize;
+    }
+    cfg.storage_from = "disk profile";
 }
 
 /// Starts an auto-tuned transfer from what the tuner settled on last time for this server.
@@ -373,8 +395,15 @@ pub fn client_config(args: &TransferArgs, remote: &Remote) -> Result<ClientConfi
             tcp_window,
             auto_start,
         },
-        readers: args.readers.clamp(1, 64),
-        writers: args.writers.clamp(1, 64),
+        readers: args.readers.unwrap_or(DEFAULT_STORAGE).clamp(1, 64),
+        writers: args.writers.unwrap_or(DEFAULT_STORAGE).clamp(1, 64),
+        // A number for either fixes this end's pool; the server tunes its own.
+        tune_storage: args.readers.is_none() && args.writers.is_none(),
+        storage_from: if args.readers.is_none() && args.writers.is_none() {
+            "default"
+        } else {
+            "fixed"
+        },
         connect_timeout: Duration::from_secs(args.connect_timeout.max(1)),
         idle_timeout: Duration::from_secs(120),
         corrupt_blocks: Vec::new(),

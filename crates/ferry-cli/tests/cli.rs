@@ -1042,6 +1042,19 @@ fn put_streams_auto_reports_tuning_and_starts_from_a_profile() {
         ["network", "source storage", "destination storage", "cpu"].contains(&b),
         "{v}"
     );
+    // Each end runs and tunes its own storage threads: this client its readers, the server
+    // its writers (which it reports at the end).
+    let (r, w) = (&t["readers"], &t["writers"]);
+    assert_eq!(
+        (r["side"].as_str(), r["mode"].as_str()),
+        (Some("client"), Some("auto")),
+        "{v}"
+    );
+    assert_eq!(r["start_from"], "default", "{v}");
+    assert_eq!(u64_field(r, "start"), 4, "{v}");
+    assert!((1..=16).contains(&u64_field(r, "threads")), "{v}");
+    assert_eq!(w["side"], "server", "{v}");
+    assert!((1..=16).contains(&u64_field(w, "threads")), "{v}");
     assert_eq!(file_b3(&root.join("data.bin")), file_b3(&file));
 
     // A remembered stream count for this server is where the next transfer starts.
@@ -1070,8 +1083,10 @@ fn put_streams_auto_reports_tuning_and_starts_from_a_profile() {
     );
     assert_code(&out, 0);
     assert!(
-        out.stderr.contains("streams (auto), limited by "),
-        "summary line says how the streams were chosen and what limited them: {}",
+        out.stderr.contains("streams (auto), ")
+            && out.stderr.contains(" readers, ")
+            && out.stderr.contains(" writers, limited by "),
+        "summary line says how the streams and threads were chosen and what limited them: {}",
         out.stderr
     );
     let out = run(
@@ -1085,6 +1100,60 @@ fn put_streams_auto_reports_tuning_and_starts_from_a_profile() {
     let v = one_json(&out.stdout);
     assert_eq!(v["tuning"]["start_from"], "profile", "{v}");
     assert_eq!(u64_field(&v["tuning"], "start"), 2, "{v}");
+    assert_eq!(file_b3(&root.join("data.bin")), file_b3(&file));
+
+    // `ferry probe disk`'s profile of the source's file system is where the readers start.
+    let dev = {
+        use std::os::unix::fs::MetadataExt;
+        let dev = fs::metadata(&file).unwrap().dev();
+        let major = ((dev >> 8) & 0xfff) | ((dev >> 32) & !0xfff);
+        let minor = (dev & 0xff) | ((dev >> 12) & !0xff);
+        format!("{major}:{minor}")
+    };
+    fs::write(
+        sb.state_dir().join("disk-profiles.json"),
+        format!(
+            r#"{{"{dev}":{{"path":"/x","read_threads":2,"write_threads":1,"read_mib_per_s":1.0,"write_mib_per_s":1.0,"measured_at":"2026-11-22T00:00:00Z"}}}}"#
+        ),
+    )
+    .unwrap();
+    let out = run(
+        sb.client(&s.token)
+            .args(["put", "--json", "--block-size", "256K", "--overwrite"])
+            .arg(&file)
+            .arg(s.remote("/")),
+        CMD_TIMEOUT,
+    );
+    assert_code(&out, 0);
+    let v = one_json(&out.stdout);
+    let r = &v["tuning"]["readers"];
+    assert_eq!(r["start_from"], "disk profile", "{v}");
+    assert_eq!(u64_field(r, "start"), 2, "{v}");
+    // A number fixes the pool.
+    let out = run(
+        sb.client(&s.token)
+            .args([
+                "put",
+                "--json",
+                "--readers",
+                "3",
+                "--block-size",
+                "256K",
+                "--overwrite",
+            ])
+            .arg(&file)
+            .arg(s.remote("/")),
+        CMD_TIMEOUT,
+    );
+    assert_code(&out, 0);
+    let v = one_json(&out.stdout);
+    let r = &v["tuning"]["readers"];
+    assert_eq!(
+        (r["mode"].as_str(), r["start_from"].as_str()),
+        (Some("fixed"), Some("fixed")),
+        "{v}"
+    );
+    assert_eq!(u64_field(r, "threads"), 3, "{v}");
     assert_eq!(file_b3(&root.join("data.bin")), file_b3(&file));
 }
 

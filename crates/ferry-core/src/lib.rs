@@ -5,6 +5,7 @@
 pub mod buf;
 pub mod digest;
 pub mod error;
+pub mod gate;
 pub mod partials;
 pub mod path;
 pub mod recv;

@@ -26,6 +26,7 @@ use ferry_proto::{
 
 use crate::digest::{block_digest, FileHasher};
 use crate::error::FsError;
+use crate::gate::Gate;
 use crate::path::join;
 use crate::report::Reporter;
 use crate::root::{self, Kind, Meta, OFlags, Root};
@@ -43,8 +44,10 @@ pub struct Source {
 pub struct SenderConfig {
     pub block_size: u32,
     pub checksum: ChecksumAlgo,
-    /// Files read at once. Storage often wants fewer threads than the network has streams.
-    pub readers: usize,
+    /// Files read at once: reader threads started is `readers.max()`, and the gate says how
+    /// many take files (a tuner may change it). Storage often wants fewer threads than the
+    /// network has streams.
+    pub readers: Arc<Gate>,
     /// Test-only fault hook: sequence numbers (0-based, in the order blocks are read) of blocks
     /// whose data is altered after the digest is computed, once each.
     pub corrupt_blocks: Vec<u64>,
@@ -102,6 +105,8 @@ struct Shared {
     found_files: AtomicU64,
     found_bytes: AtomicU64,
     block_seq: AtomicU64,
+    /// File bytes read for sending (what the reader tuner measures).
+    read_bytes: AtomicU64,
     corrupt: Mutex<HashSet<u64>>,
 }
 
@@ -128,7 +133,7 @@ impl Sender {
         reporter: Arc<dyn Reporter>,
     ) -> Self {
         let corrupt = Mutex::new(config.corrupt_blocks.iter().copied().collect());
-        let readers_n = config.readers.max(1);
+        let readers_n = config.readers.max();
         let shared = Arc::new(Shared {
             sources,
             config,
@@ -144,6 +149,7 @@ impl Sender {
             found_files: AtomicU64::new(0),
             found_bytes: AtomicU64::new(0),
             block_seq: AtomicU64::new(0),
+            read_bytes: AtomicU64::new(0),
             corrupt,
         });
         // The walk runs ahead of the readers by up to this many files (a few hundred bytes
@@ -170,7 +176,11 @@ impl Sender {
                 std::thread::Builder::new()
                     .name(format!("ferry-read-{i}"))
                     .spawn(move || {
-                        for job in job_rx.iter() {
+                        let stop = || {
+                            shared.closed.load(Ordering::Acquire) || shared.frames.is_disconnected()
+                        };
+                        while shared.config.readers.wait_turn(i, stop) {
+                            let Ok(job) = job_rx.recv() else { break };
                             if !send_file(&shared, &job.record) {
                                 break;
                             }
@@ -201,6 +211,16 @@ impl Sender {
             resender: Some(resender),
             totals_rx,
         }
+    }
+
+    /// The reader pool's gate.
+    pub fn readers(&self) -> Arc<Gate> {
+        self.shared.config.readers.clone()
+    }
+
+    /// File bytes read for sending so far.
+    pub fn bytes_read(&self) -> u64 {
+        self.shared.read_bytes.load(Ordering::Relaxed)
     }
 
     /// Resolves once the walk is over, with what it found.
@@ -669,6 +689,7 @@ fn stream_file(shared: &Shared, record: &FileRecord, have: &[(u64, u64)]) -> boo
                 return shared.fail_file(record, ErrorCode::IO, msg);
             }
         };
+        shared.read_bytes.fetch_add(len, Ordering::Relaxed);
         hasher.update(&data);
         let digest = block_digest(&data);
         let last = offset + len == meta.size;

@@ -8,9 +8,11 @@
 //! nothing when the frame queue ran dry: a starved sender says nothing about the stream count.
 
 use std::os::fd::{AsFd, OwnedFd};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ferry_core::tune::{Tuner, TunerConfig, Verdict};
+use ferry_core::gate::Gate;
+use ferry_core::tune::{Knob, Tuner, TunerConfig, Verdict};
 use ferry_proto::{Load, TuneReport, TuneStep, TuneVerdict, MAX_TUNE_STEPS};
 use tokio::sync::watch;
 
@@ -93,6 +95,7 @@ impl LoadMeter {
             cpu_permille: permille(if wall > 0.0 { cpu / wall } else { 0.0 }),
             starved_permille: permille(share(self.empty)),
             blocked_permille: permille(share(self.full)),
+            threads: 0,
         }
     }
 }
@@ -133,6 +136,8 @@ pub(crate) struct StreamPlan {
     pub(crate) block_size: u32,
     /// Test hook: hold this many streams from the start and never tune.
     pub(crate) force: Option<u32>,
+    /// Tune the reader threads (the sender's side of the storage).
+    pub(crate) tune_storage: bool,
 }
 
 impl StreamPlan {
@@ -141,6 +146,7 @@ impl StreamPlan {
             auto_start: opts.auto_start,
             block_size: opts.block_size,
             force: None,
+            tune_storage: false,
         }
     }
 
@@ -154,6 +160,151 @@ impl StreamPlan {
         let start = usize::from(self.auto_start.max(DEFAULT_STREAMS));
         start.min(streams) * 2
     }
+}
+
+/// Storage threads a pool starts with when nothing better is known (ferry's fixed default
+/// before they were tuned), and the most an auto-tuned pool may use.
+pub const DEFAULT_STORAGE_THREADS: u32 = 4;
+pub const AUTO_MAX_STORAGE_THREADS: u32 = 16;
+
+/// A reader or writer pool's gate: `start` threads working; with `tune`, room to grow to
+/// [`AUTO_MAX_STORAGE_THREADS`].
+pub(crate) fn storage_gate(start: usize, tune: bool) -> Arc<Gate> {
+    let start = u32::try_from(start).unwrap_or(u32::MAX).max(1);
+    let max = if tune {
+        start.max(AUTO_MAX_STORAGE_THREADS)
+    } else {
+        start
+    };
+    Arc::new(Gate::new(start, max))
+}
+
+/// One end's reader or writer pool and its tuner (`Knob::Readers` on the sender,
+/// `Knob::Writers` on the receiver), tuned on its own, apart from the streams: it acts only
+/// in intervals where its pool is what holds the transfer back — the sender's frame queue
+/// ran dry (reading is slower than sending), or the receiver's writer queue was full
+/// (storing is slower than receiving) — and holds still otherwise, so the network's
+/// variations never move it and its moves show up only where the streams tuner skips.
+pub(crate) struct ThreadControl {
+    t0: Instant,
+    gate: Arc<Gate>,
+    tuner: Option<Tuner>,
+    start: u32,
+    tick_samples: u32,
+    tick_hot: u32,
+}
+
+impl ThreadControl {
+    /// `tune`: run the tuner (else the gate stays as set).
+    pub(crate) fn new(gate: Arc<Gate>, knob: Knob, tune: bool) -> Self {
+        let start = gate.active();
+        let tuner = tune
+            .then(|| {
+                let cfg = TunerConfig {
+                    max: gate.max(),
+                    default: DEFAULT_STORAGE_THREADS.min(gate.max()),
+                    ..TunerConfig::storage(knob)
+                }
+                .with_start(start);
+                Tuner::new(cfg, Duration::ZERO).ok()
+            })
+            .flatten();
+        Self {
+            t0: Instant::now(),
+            gate,
+            tuner,
+            start,
+            tick_samples: 0,
+            tick_hot: 0,
+        }
+    }
+
+    /// Called every [`SAMPLE_EVERY`]: whether the pool is the bottleneck now (`hot`), and
+    /// the bytes it has moved so far.
+    pub(crate) fn on_sample(&mut self, hot: bool, done: u64) {
+        self.on_sample_at(self.t0.elapsed(), hot, done);
+    }
+
+    fn on_sample_at(&mut self, now: Duration, hot: bool, done: u64) {
+        self.tick_samples += 1;
+        self.tick_hot += u32::from(hot);
+        if self.tick_samples < SAMPLES_PER_TICK {
+            return;
+        }
+        let holding_back = self.tick_hot * 2 >= self.tick_samples;
+        (self.tick_samples, self.tick_hot) = (0, 0);
+        let Some(tuner) = self.tuner.as_mut() else {
+            return;
+        };
+        if !holding_back {
+            tuner.skip_interval(now, done);
+        } else if let Some(action) = tuner.on_progress(now, done) {
+            self.gate.set(action.count());
+        }
+    }
+
+    /// Threads working now: the setting the tuner holds once it has measured one.
+    pub(crate) fn threads(&self) -> u32 {
+        match &self.tuner {
+            Some(t) if t.state().best_rate > 0.0 => t.state().best,
+            _ => self.gate.active(),
+        }
+    }
+
+    pub(crate) fn report(&self) -> ThreadReport {
+        let steps = self
+            .tuner
+            .as_ref()
+            .map(|t| {
+                t.state()
+                    .history
+                    .iter()
+                    .map(|s| ThreadStep {
+                        at_s: s.at.as_secs_f64(),
+                        threads: s.value,
+                        mib_per_s: s.rate / f64::from(1u32 << 20),
+                        verdict: verdict_name(s.verdict),
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        ThreadReport {
+            threads: self.threads(),
+            start: self.start,
+            tuned: self.tuner.is_some(),
+            steps,
+        }
+    }
+}
+
+fn verdict_name(v: Verdict) -> &'static str {
+    match v {
+        Verdict::Baseline => "baseline",
+        Verdict::Kept => "kept",
+        Verdict::Rejected => "rejected",
+        Verdict::Drift => "drift",
+    }
+}
+
+/// What one end's storage-thread tuner did (reported by the end that ran it).
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct ThreadReport {
+    /// Threads working at the end.
+    pub threads: u32,
+    pub start: u32,
+    /// Whether a tuner ran (else the count was fixed).
+    pub tuned: bool,
+    /// The tuner's measurements (intervals where the pool held the transfer back), oldest first.
+    pub steps: Vec<ThreadStep>,
+}
+
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct ThreadStep {
+    pub at_s: f64,
+    pub threads: u32,
+    pub mib_per_s: f64,
+    /// `baseline`, `kept`, `rejected` or `drift`.
+    pub verdict: &'static str,
 }
 
 /// The sending side's stream gate and tuner.
@@ -348,6 +499,7 @@ mod tests {
             cpu_permille: cpu,
             starved_permille: starved,
             blocked_permille: blocked,
+            threads: 0,
         }
     }
 
@@ -398,12 +550,63 @@ mod tests {
         );
     }
 
+    /// Drives a pool against a disk that is fastest with 2 threads (seeks cost beyond), for
+    /// `secs` of simulated time; `hot`: whether the pool holds the transfer back.
+    fn run_pool(ctl: &mut ThreadControl, gate: &Gate, secs: u64, hot: bool) -> u64 {
+        let rate = |n: u32| -> f64 {
+            let n = f64::from(n);
+            if n <= 2.0 {
+                100e6 * n
+            } else {
+                200e6 * (1.0 - 0.08 * (n - 2.0))
+            }
+        };
+        let mut done = 0u64;
+        for i in 1..=secs * 40 {
+            done += (rate(gate.active()) * SAMPLE_EVERY.as_secs_f64()) as u64;
+            ctl.on_sample_at(SAMPLE_EVERY * i as u32, hot, done);
+        }
+        done
+    }
+
+    #[test]
+    fn writers_settle_where_the_disk_is_fastest_when_they_hold_the_transfer_back() {
+        let gate = storage_gate(4, true);
+        let mut ctl = ThreadControl::new(gate.clone(), Knob::Writers, true);
+        run_pool(&mut ctl, &gate, 30, true);
+        let r = ctl.report();
+        assert!(r.tuned && r.start == 4);
+        assert_eq!(r.threads, 2, "{:?}", r.steps);
+        assert!(r.steps.iter().any(|s| s.verdict == "kept"), "{:?}", r.steps);
+        // Never probed beyond what the pool may use.
+        assert!(r
+            .steps
+            .iter()
+            .all(|s| s.threads <= AUTO_MAX_STORAGE_THREADS));
+    }
+
+    #[test]
+    fn pools_hold_still_while_the_network_is_the_bottleneck_or_when_fixed() {
+        let gate = storage_gate(4, true);
+        let mut ctl = ThreadControl::new(gate.clone(), Knob::Readers, true);
+        run_pool(&mut ctl, &gate, 30, false);
+        assert_eq!(gate.active(), 4);
+        assert!(ctl.report().steps.is_empty());
+        let fixed = storage_gate(3, false);
+        assert_eq!(fixed.max(), 3);
+        let mut ctl = ThreadControl::new(fixed.clone(), Knob::Readers, false);
+        run_pool(&mut ctl, &fixed, 30, true);
+        let r = ctl.report();
+        assert_eq!((fixed.active(), r.threads, r.tuned), (3, 3, false));
+    }
+
     #[test]
     fn queue_follows_the_streams_that_start() {
         let fixed = StreamPlan {
             auto_start: 0,
             block_size: 1 << 20,
             force: None,
+            tune_storage: false,
         };
         assert_eq!(fixed.queue_len(8), 16);
         let auto = StreamPlan {

@@ -29,7 +29,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 
 pub(crate) use crate::autotune::StreamPlan;
-use crate::autotune::{LoadMeter, StreamControl, SAMPLE_EVERY};
+use crate::autotune::{LoadMeter, StreamControl, ThreadControl, ThreadReport, SAMPLE_EVERY};
 use crate::conn::{read_frame, send, write_frame};
 use crate::error::SessionError;
 use crate::stream::Stream;
@@ -134,6 +134,26 @@ pub(crate) struct SenderOutcome {
     pub(crate) sender: Sender,
     /// What the stream tuner did, and this end's load (also sent to the receiver in `Tuned`).
     pub(crate) tuning: TuneReport,
+    /// What the reader tuner did.
+    pub(crate) readers: ThreadReport,
+}
+
+/// A receiving end's writer pool: the gate (its size is the number of threads started) and
+/// whether a tuner moves it.
+#[derive(Clone)]
+pub(crate) struct Writers {
+    pub(crate) gate: Arc<ferry_core::gate::Gate>,
+    pub(crate) tune: bool,
+}
+
+impl Writers {
+    /// A pool starting with `start` threads; with `tune`, it may grow to the auto maximum.
+    pub(crate) fn new(start: usize, tune: bool) -> Self {
+        Self {
+            gate: crate::autotune::storage_gate(start, tune),
+            tune,
+        }
+    }
 }
 
 /// The bounded queue between the readers and the data connections, sized by `plan`.
@@ -164,6 +184,11 @@ pub(crate) async fn drive_sender(
         .map(|i| Duration::from_micros(u64::from(i.min_rtt_us)))
         .unwrap_or_default();
     let (mut gate, active) = StreamControl::new(plan, &data, rtt);
+    let mut readers = ThreadControl::new(
+        sender.readers(),
+        ferry_core::tune::Knob::Readers,
+        plan.tune_storage,
+    );
     let (ctrl_r, mut ctrl_w) = tokio::io::split(control);
     let mut ctrl_rx = spawn_control_reader(ctrl_r, activity.clone());
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -225,12 +250,15 @@ pub(crate) async fn drive_sender(
                 let (empty, full) = (probe.is_empty(), probe.is_full());
                 meter.sample(empty, full);
                 gate.on_sample(empty, sender.found(), sent);
+                readers.on_sample(empty, sender.bytes_read());
             }
             e = &mut dog => break Err(e),
         }
     };
     drop(probe);
-    let tuning = gate.report(meter.load());
+    let mut load = meter.load();
+    load.threads = u16::try_from(readers.threads()).unwrap_or(u16::MAX);
+    let tuning = gate.report(load);
     if result.is_ok() {
         // The receiver reports (and remembers) what the tuner did; it is not an error if it
         // has already gone.
@@ -272,6 +300,7 @@ pub(crate) async fn drive_sender(
         remote_errors,
         sender,
         tuning,
+        readers: readers.report(),
     })
 }
 
@@ -358,32 +387,46 @@ pub(crate) async fn drive_receiver(
     data: Vec<Stream>,
     receiver: Arc<Receiver>,
     control_out: flume::Receiver<Frame>,
-    writers: usize,
+    writers: Writers,
     limits: Limits,
-) -> Result<(CompleteSummary, Vec<StreamReport>, Option<TuneReport>), SessionError> {
+) -> Result<ReceiverOutcome, SessionError> {
     let activity = Activity::new();
     let mut meter = LoadMeter::start();
     let (ctrl_r, mut ctrl_w) = tokio::io::split(control);
     let mut ctrl_rx = spawn_control_reader(ctrl_r, activity.clone());
     // A short queue between network and storage: a slow disk pushes back on TCP instead of
-    // filling memory.
-    let (to_writers, from_streams) = flume::bounded::<Frame>(writers.max(1) * 2);
+    // filling memory. Sized by the writers that start, like the sender's frame queue.
+    let (to_writers, from_streams) = flume::bounded::<Frame>(writers.gate.active() as usize * 2);
     let (fatal_tx, fatal_rx) = flume::bounded::<String>(1);
+    let written = Arc::new(AtomicU64::new(0));
     let mut writer_threads = Vec::new();
-    for i in 0..writers.max(1) {
+    for i in 0..writers.gate.max() {
         let (rx, receiver, fatal) = (from_streams.clone(), receiver.clone(), fatal_tx.clone());
+        let (gate, written) = (writers.gate.clone(), written.clone());
         let t = std::thread::Builder::new()
             .name(format!("ferry-write-{i}"))
             .spawn(move || {
-                for frame in rx.iter() {
+                // Parked writers leave once the queue is closed; the working ones drain it.
+                while gate.wait_turn(i, || rx.is_disconnected()) {
+                    let Ok(frame) = rx.recv() else { return };
+                    let n = match &frame {
+                        Frame::Block(b) => b.data.len() as u64,
+                        _ => 0,
+                    };
                     if let Err(e) = receiver.handle(frame) {
                         let _ = fatal.try_send(e.to_string());
                         return;
                     }
+                    written.fetch_add(n, Ordering::Relaxed);
                 }
             })?;
         writer_threads.push(t);
     }
+    let mut writer_tuner = ThreadControl::new(
+        writers.gate.clone(),
+        ferry_core::tune::Knob::Writers,
+        writers.tune,
+    );
     drop(from_streams);
     let mut streams = JoinSet::new();
     for (i, s) in data.into_iter().enumerate() {
@@ -429,7 +472,11 @@ pub(crate) async fn drive_receiver(
                 Ok((_, Ok(_))) => break Err(SessionError::Closed("data")),
                 Err(e) => break Err(SessionError::Protocol(format!("stream task failed: {e}"))),
             },
-            _ = tick.tick() => meter.sample(offers_tx.is_empty(), offers_tx.is_full()),
+            _ = tick.tick() => {
+                let full = offers_tx.is_full();
+                meter.sample(offers_tx.is_empty(), full);
+                writer_tuner.on_sample(full, written.load(Ordering::Relaxed));
+            }
             e = &mut dog => break Err(e),
         }
     };
@@ -443,6 +490,7 @@ pub(crate) async fn drive_receiver(
                 .await
                 .map_err(|e| SessionError::Protocol(format!("finalizer failed: {e}")))?;
             summary.receiver = meter.load();
+            summary.receiver.threads = u16::try_from(writer_tuner.threads()).unwrap_or(u16::MAX);
             let mut res = Ok(summary.clone());
             for frame in control_out.drain() {
                 if let Err(e) = send(&mut ctrl_w, &frame).await {
@@ -516,7 +564,22 @@ pub(crate) async fn drive_receiver(
     }
     let _ = ctrl_w.shutdown().await;
     reports.sort_by_key(|(i, _)| *i);
-    outcome.map(|s| (s, reports.into_iter().map(|(_, r)| r).collect(), tuned))
+    outcome.map(|summary| ReceiverOutcome {
+        summary,
+        streams: reports.into_iter().map(|(_, r)| r).collect(),
+        tuned,
+        writers: writer_tuner.report(),
+    })
+}
+
+/// What the receiving end brings home.
+pub(crate) struct ReceiverOutcome {
+    pub(crate) summary: CompleteSummary,
+    pub(crate) streams: Vec<StreamReport>,
+    /// What the sender's stream tuner reported (`None` if it closed without saying).
+    pub(crate) tuned: Option<TuneReport>,
+    /// What this end's writer tuner did.
+    pub(crate) writers: ThreadReport,
 }
 
 /// Aborts the receiver (removing its temporary files) if dropped while still armed.

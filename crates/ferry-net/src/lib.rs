@@ -14,8 +14,11 @@ mod stream;
 pub mod tcp;
 pub mod tls;
 
-pub use autotune::{bottleneck, AUTO_MAX_STREAMS, DEFAULT_STREAMS};
-pub use client::{ClientConfig, Security, StartFrom, TransferReport, Tuning};
+pub use autotune::{
+    bottleneck, ThreadReport, ThreadStep, AUTO_MAX_STORAGE_THREADS, AUTO_MAX_STREAMS,
+    DEFAULT_STORAGE_THREADS, DEFAULT_STREAMS,
+};
+pub use client::{ClientConfig, Pool, Security, StartFrom, TransferReport, Tuning};
 pub use engine::StreamReport;
 pub use error::SessionError;
 pub use server::{Server, ServerConfig};

@@ -27,7 +27,7 @@ use tracing::{debug, info, warn};
 
 use crate::access::{Access, AccessList, Grant, LoginBrake};
 use crate::conn::{expect_frame, send};
-use crate::engine::{drive_receiver, drive_sender, frame_queue, Limits, StreamPlan};
+use crate::engine::{drive_receiver, drive_sender, frame_queue, Limits, StreamPlan, Writers};
 use crate::error::SessionError;
 use crate::stream::{Recorder, Stream, TLS_HANDSHAKE_RECORD};
 use crate::tcp::{set_window, tune};
@@ -56,8 +56,11 @@ pub struct ServerConfig {
     pub idle_timeout: Duration,
     /// Delay before answering a wrong token, so guessing is slow.
     pub auth_failure_delay: Duration,
+    /// Reader threads (get) and writer threads (put) a session starts with.
     pub readers: usize,
     pub writers: usize,
+    /// Tune each session's reader or writer threads while it runs, from that start.
+    pub tune_storage: bool,
     /// Partial files and journals untouched for this long are removed by the periodic scan.
     pub partial_max_age: Duration,
     /// How often the root is scanned for such leftovers.
@@ -84,6 +87,7 @@ impl ServerConfig {
             auth_failure_delay: Duration::from_secs(1),
             readers: 4,
             writers: 4,
+            tune_storage: true,
             partial_max_age: Duration::from_secs(24 * 3600),
             partial_scan_interval: Duration::from_secs(3600),
         }
@@ -421,6 +425,7 @@ async fn handle(
         Ok(Ok(role)) => role,
         Ok(Err(e)) => {
             let _ = send(&mut stream, &e.to_frame()).await;
+            linger(&mut stream).await;
             return Err(e);
         }
         Err(_) => return Err(SessionError::Timeout("waiting for Hello")),
@@ -431,6 +436,7 @@ async fn handle(
                 Ok(g) => g,
                 Err(frame) => {
                     let _ = send(&mut stream, &frame).await;
+                    linger(&mut stream).await;
                     let Frame::Error { code, message } = frame else {
                         unreachable!("login fails with an Error frame")
                     };
@@ -466,6 +472,25 @@ async fn handle(
             Ok(())
         }
     }
+}
+
+/// Closes a refused connection so that the client reads the refusal. Clients send their
+/// request right behind the Hello; closing with those bytes unread would send a reset, and a
+/// reset can destroy the refusal before the client has read it. So: end our side, then take
+/// what the client sent until it closes too, bounded in bytes and time.
+async fn linger(stream: &mut Stream) {
+    let _ = tokio::time::timeout(Duration::from_millis(500), async {
+        let _ = stream.shutdown().await;
+        let mut sink = [0u8; 4096];
+        let mut left = 64usize << 10;
+        while left > 0 {
+            match stream.read(&mut sink).await {
+                Ok(n) if n > 0 => left = left.saturating_sub(n),
+                _ => break,
+            }
+        }
+    })
+    .await;
 }
 
 /// Checks a token, slowing down addresses that keep failing. The error is the frame to send.
@@ -584,10 +609,11 @@ async fn control_session(
             data,
             permits: _permits,
         } => {
-            let writers = shared.config.writers;
+            let writers = Writers::new(shared.config.writers, shared.config.tune_storage);
             let limits = Limits::new(idle, block_size);
-            let (summary, ..) =
-                drive_receiver(stream, data, receiver, control, writers, limits).await?;
+            let summary = drive_receiver(stream, data, receiver, control, writers, limits)
+                .await?
+                .summary;
             info!(files = summary.files, bytes = summary.bytes, "put complete");
             Ok(())
         }
@@ -597,13 +623,19 @@ async fn control_session(
             data,
             permits: _permits,
         } => {
-            let plan = StreamPlan::from_opts(&opts);
+            let plan = StreamPlan {
+                tune_storage: shared.config.tune_storage,
+                ..StreamPlan::from_opts(&opts)
+            };
             let (tx, rx) = frame_queue(&plan, opts.streams);
             let (ctl_tx, ctl_rx) = flume::unbounded();
             let config = SenderConfig {
                 block_size: opts.block_size,
                 checksum: opts.checksum,
-                readers: shared.config.readers,
+                readers: crate::autotune::storage_gate(
+                    shared.config.readers,
+                    shared.config.tune_storage,
+                ),
                 corrupt_blocks: Vec::new(),
                 digest_cache: Arc::default(),
             };

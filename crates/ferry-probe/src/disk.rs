@@ -326,6 +326,9 @@ pub struct DiskReport {
     pub seconds: f64,
     /// The temporary directory was removed.
     pub cleaned_up: bool,
+    /// Where the profile that transfers start from was saved (set by the caller).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub profile: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -501,6 +504,7 @@ pub fn probe_disk(
         notes,
         seconds: 0.0,
         cleaned_up: false,
+        profile: None,
     };
     progress.on_step("removing the temporary directory");
     let tmp_path = tmp.path().to_path_buf();
@@ -1457,6 +1461,14 @@ impl DiskReport {
                 "NOT removed (see notes)"
             }
         );
+        if let Some(p) = &self.profile {
+            let _ = writeln!(
+                s,
+                "profile saved in {}: transfers reading or writing this file system start \
+                 their reader and writer threads from it",
+                p.display()
+            );
+        }
         s
     }
 }
@@ -1516,5 +1528,111 @@ mod tests {
         assert_eq!((l.median_s, l.p99_s, l.max_s), (50.0, 99.0, 100.0));
         let l = latency_stats(&mut []);
         assert_eq!(l.samples, 0);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Profiles: `disk-profiles.json` in the state directory, keyed by the file system's device
+// number, so that a transfer reading or writing anywhere on that file system finds it.
+
+/// File name of the disk profiles in the state directory.
+pub const DISK_PROFILE_FILE: &str = "disk-profiles.json";
+/// Most file systems kept.
+pub const MAX_DISK_PROFILES: usize = 64;
+
+/// What `ferry probe disk` found best for one file system, in the terms ferry's transfers
+/// use: reader and writer threads (buffered I/O, each thread working through its own file).
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
+pub struct DiskProfile {
+    /// The path that was probed (for people; lookups go by device).
+    pub path: PathBuf,
+    pub read_threads: u32,
+    pub write_threads: u32,
+    pub read_mib_per_s: f64,
+    pub write_mib_per_s: f64,
+    /// UTC, RFC 3339.
+    pub measured_at: String,
+}
+
+impl crate::store::Stamped for DiskProfile {
+    fn measured_at(&self) -> &str {
+        &self.measured_at
+    }
+}
+
+/// The key of the file system holding `path`: its device number, `MAJ:MIN`.
+pub fn device_key(path: &Path) -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    let dev = std::fs::metadata(path).ok()?.dev();
+    let major = ((dev >> 8) & 0xfff) | ((dev >> 32) & !0xfff);
+    let minor = (dev & 0xff) | ((dev >> 12) & !0xff);
+    Some(format!("{major}:{minor}"))
+}
+
+impl DiskReport {
+    /// The profile to save: the buffered recommendation of each direction (what transfers
+    /// do), `None` when a direction was not measured.
+    pub fn profile_entry(&self, measured_at: String) -> Option<DiskProfile> {
+        let pick = |d: Direction| {
+            self.recommendations
+                .iter()
+                .filter(|r| r.direction == d)
+                .min_by_key(|r| r.mode != IoMode::Buffered)
+        };
+        let (r, w) = (pick(Direction::Read)?, pick(Direction::Write)?);
+        Some(DiskProfile {
+            path: self.path.clone(),
+            read_threads: u32::try_from(r.threads).unwrap_or(u32::MAX).max(1),
+            write_threads: u32::try_from(w.threads).unwrap_or(u32::MAX).max(1),
+            read_mib_per_s: r.mib_per_s,
+            write_mib_per_s: w.mib_per_s,
+            measured_at,
+        })
+    }
+}
+
+/// Saves `profile` for the file system holding `probed`. Returns the file's path.
+pub fn save_disk_profile(
+    dir: &Path,
+    probed: &Path,
+    profile: DiskProfile,
+) -> std::io::Result<PathBuf> {
+    let key = device_key(probed)
+        .ok_or_else(|| std::io::Error::other(format!("cannot stat {}", probed.display())))?;
+    crate::store::save(dir, DISK_PROFILE_FILE, &key, profile, MAX_DISK_PROFILES)
+}
+
+/// The saved profile of the file system holding `path` (or, for a path that does not exist
+/// yet, its nearest existing ancestor).
+pub fn disk_profile_for(dir: &Path, path: &Path) -> Option<DiskProfile> {
+    let existing = path.ancestors().find(|p| p.exists())?;
+    let key = device_key(existing)?;
+    crate::store::load::<DiskProfile>(dir, DISK_PROFILE_FILE).remove(&key)
+}
+
+#[cfg(test)]
+mod profile_tests {
+    use super::*;
+
+    #[test]
+    fn profiles_are_found_by_file_system_from_any_path_on_it() {
+        let state = tempfile::tempdir().unwrap();
+        let data = tempfile::tempdir().unwrap();
+        let p = DiskProfile {
+            path: data.path().to_owned(),
+            read_threads: 2,
+            write_threads: 1,
+            read_mib_per_s: 900.0,
+            write_mib_per_s: 300.0,
+            measured_at: "2026-11-22T04:00:00Z".into(),
+        };
+        let file = save_disk_profile(state.path(), data.path(), p.clone()).unwrap();
+        assert!(file.ends_with(DISK_PROFILE_FILE));
+        // Any path on the same file system, also one that does not exist yet.
+        let inner = data.path().join("a/b/not-yet");
+        assert_eq!(disk_profile_for(state.path(), &inner), Some(p));
+        // Nothing saved: nothing found.
+        let empty = tempfile::tempdir().unwrap();
+        assert_eq!(disk_profile_for(empty.path(), data.path()), None);
     }
 }

@@ -21,6 +21,7 @@ pub mod interrupts;
 pub mod net;
 pub mod order;
 pub mod speed;
+pub mod store;
 pub mod tcp;
 
 mod fsio;

@@ -7,7 +7,6 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -822,48 +821,21 @@ pub struct NetProfile {
     pub measured_at: String,
 }
 
+impl crate::store::Stamped for NetProfile {
+    fn measured_at(&self) -> &str {
+        &self.measured_at
+    }
+}
+
 /// Every saved profile (empty when the file is missing or unreadable).
 pub fn load_profiles(dir: &Path) -> BTreeMap<String, NetProfile> {
-    std::fs::read(dir.join(PROFILE_FILE))
-        .ok()
-        .and_then(|b| serde_json::from_slice(&b).ok())
-        .unwrap_or_default()
+    crate::store::load(dir, PROFILE_FILE)
 }
 
 /// Stores `profile` under `key` (`host:port`), keeping at most [`MAX_PROFILES`] entries (the
 /// oldest go), atomically: a temporary file, fsync, rename. Returns the file's path.
 pub fn save_profile(dir: &Path, key: &str, profile: NetProfile) -> std::io::Result<PathBuf> {
-    std::fs::create_dir_all(dir)?;
-    let mut all = load_profiles(dir);
-    all.insert(key.to_owned(), profile);
-    while all.len() > MAX_PROFILES {
-        let oldest = all
-            .iter()
-            .min_by(|a, b| a.1.measured_at.cmp(&b.1.measured_at))
-            .map(|(k, _)| k.clone());
-        match oldest {
-            Some(k) => all.remove(&k),
-            None => break,
-        };
-    }
-    let path = dir.join(PROFILE_FILE);
-    let tmp = dir.join(format!(".{PROFILE_FILE}.tmp-{}", std::process::id()));
-    let text = serde_json::to_vec_pretty(&all).map_err(std::io::Error::other)?;
-    let written = (|| {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(&text)?;
-        f.write_all(b"\n")?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, &path)
-    })();
-    if written.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    written?;
-    if let Ok(d) = std::fs::File::open(dir) {
-        let _ = d.sync_all();
-    }
-    Ok(path)
+    crate::store::save(dir, PROFILE_FILE, key, profile, MAX_PROFILES)
 }
 
 /// `SystemTime` as RFC 3339 UTC, seconds precision.

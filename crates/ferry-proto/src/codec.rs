@@ -499,6 +499,7 @@ fn put_load(out: &mut BytesMut, load: &Load) {
     out.put_u16(load.cpu_permille);
     out.put_u16(load.starved_permille);
     out.put_u16(load.blocked_permille);
+    out.put_u16(load.threads);
 }
 
 fn decode_load(r: &mut Reader<'_>) -> Result<Load, DecodeError> {
@@ -506,6 +507,7 @@ fn decode_load(r: &mut Reader<'_>) -> Result<Load, DecodeError> {
         cpu_permille: r.u16("cpu_permille")?,
         starved_permille: r.u16("starved_permille")?,
         blocked_permille: r.u16("blocked_permille")?,
+        threads: r.u16("threads")?,
     })
 }
 

@@ -10,7 +10,7 @@ use bytes::Bytes;
 pub const MAGIC: [u8; 8] = *b"FERRY\r\n\x1a";
 
 /// The protocol version this build speaks. Bumped on any incompatible change to a frame layout.
-pub const PROTOCOL_VERSION: u16 = 2;
+pub const PROTOCOL_VERSION: u16 = 3;
 
 /// Size of the fixed frame header: type (1) and payload length (4).
 pub const HEADER_LEN: usize = 5;
@@ -253,6 +253,9 @@ pub struct Load {
     /// fast as the files were read; on the receiver, the writers could not store as fast as
     /// the data arrived.
     pub blocked_permille: u16,
+    /// Storage threads working at the end: readers on the sender, writers on the receiver
+    /// (each end tunes its own). 0: not said.
+    pub threads: u16,
 }
 
 /// What became of one tuner measurement (`TuneStep::verdict`).

@@ -68,10 +68,11 @@ fn opts() -> impl Strategy<Value = TransferOpts> {
 }
 
 fn load() -> impl Strategy<Value = Load> {
-    any::<[u16; 3]>().prop_map(|[cpu, starved, blocked]| Load {
+    any::<[u16; 4]>().prop_map(|[cpu, starved, blocked, threads]| Load {
         cpu_permille: cpu,
         starved_permille: starved,
         blocked_permille: blocked,
+        threads,
     })
 }
 
@@ -588,6 +589,7 @@ fn sample_frames() -> Vec<Frame> {
                 cpu_permille: 310,
                 starved_permille: 5,
                 blocked_permille: 0,
+                threads: 4,
             },
         }),
         Frame::Tuned(TuneReport {
@@ -789,11 +791,12 @@ fn pinned_complete() {
             cpu_permille: 0x0102,
             starved_permille: 7,
             blocked_permille: 1000,
+            threads: 2,
         },
     });
     #[rustfmt::skip]
     let expected: &[u8] = &[
-        0x34, 0, 0, 0, 46,                  // type, payload length
+        0x34, 0, 0, 0, 48,                  // type, payload length
         0, 0, 0, 0, 0, 0, 0, 1,             // files
         0, 0, 0, 0, 0, 0, 0, 2,             // bytes
         0, 0, 0, 0, 0, 0, 0, 3,             // skipped
@@ -802,6 +805,7 @@ fn pinned_complete() {
         0x01, 0x02,                         // receiver cpu_permille
         0, 7,                               // receiver starved_permille
         0x03, 0xe8,                         // receiver blocked_permille
+        0, 2,                               // receiver threads (writers)
     ];
     assert_eq!(&encode(&frame)[..], expected);
     assert_eq!(decode(expected.into()), Ok(frame));
@@ -817,6 +821,7 @@ fn pinned_tuned() {
             cpu_permille: 1,
             starved_permille: 2,
             blocked_permille: 3,
+            threads: 5,
         },
         steps: vec![TuneStep {
             at_ms: 0x0102_0304,
@@ -827,11 +832,11 @@ fn pinned_tuned() {
     });
     #[rustfmt::skip]
     let expected: &[u8] = &[
-        0x38, 0, 0, 0, 27,                  // type, payload length
+        0x38, 0, 0, 0, 29,                  // type, payload length
         0, 8,                               // streams at the end
         0, 4,                               // start
         0b011,                              // flags: auto, settled
-        0, 1, 0, 2, 0, 3,                   // sender load
+        0, 1, 0, 2, 0, 3, 0, 5,             // sender load (threads: 5 readers)
         1,                                  // one step
         0x01, 0x02, 0x03, 0x04,             // at_ms
         0, 4,                               // streams
@@ -860,7 +865,7 @@ fn pinned_tuned() {
         })
     );
     let mut bad = expected.to_vec();
-    bad[HEADER_LEN + 11] = (MAX_TUNE_STEPS + 1) as u8;
+    bad[HEADER_LEN + 13] = (MAX_TUNE_STEPS + 1) as u8;
     assert_eq!(
         decode(bad.as_slice().into()),
         Err(DecodeError::TooLong {

@@ -13,7 +13,7 @@ use anyhow::{Context, Result};
 use ferry_net::{SessionError, TransferReport};
 
 use crate::args::{Cli, Command, GetArgs, LsArgs, PutArgs, TransferArgs};
-use crate::config::{apply_profile, client_config, Remote};
+use crate::config::{apply_disk_profile, apply_profile, client_config, Remote};
 use crate::profiles::Profiles;
 
 use crate::progress::{human_bytes, Progress};
@@ -53,8 +53,11 @@ async fn put(args: PutArgs, quiet: bool) -> Result<ExitCode> {
     let mut cfg = client_config(&args.transfer, &remote).map_err(usage)?;
     warn_fixed_window(&cfg, quiet);
     let profile = profile_for(&mut cfg, &remote);
-    let oneshot = start_oneshot(&mut cfg, &remote, &args.transfer).await?;
     let sources: Vec<PathBuf> = sources.iter().map(PathBuf::from).collect();
+    if let (Ok(dir), Some(first)) = (serve::state_dir(), sources.first()) {
+        apply_disk_profile(&mut cfg, &dir, first, true);
+    }
+    let oneshot = start_oneshot(&mut cfg, &remote, &args.transfer).await?;
     let progress = Arc::new(Progress::new(quiet || args.transfer.json));
     let result = ferry_net::client::put(&cfg, &sources, &remote.path, progress.clone()).await;
     progress.finish();
@@ -72,6 +75,9 @@ async fn get(args: GetArgs, quiet: bool) -> Result<ExitCode> {
     let mut cfg = client_config(&args.transfer, &remote).map_err(usage)?;
     warn_fixed_window(&cfg, quiet);
     let profile = profile_for(&mut cfg, &remote);
+    if let Ok(dir) = serve::state_dir() {
+        apply_disk_profile(&mut cfg, &dir, &args.dest, false);
+    }
     let oneshot = start_oneshot(&mut cfg, &remote, &args.transfer).await?;
     let progress = Arc::new(Progress::new(quiet || args.transfer.json));
     let result = ferry_net::client::get(&cfg, &remote.path, &args.dest, progress.clone()).await;
@@ -202,8 +208,12 @@ fn finish(
 }
 
 pub fn summary_line(r: &TransferReport) -> String {
+    let pool = |p: &ferry_net::Pool, what: &str| match p.threads {
+        Some(n) => format!(", {n} {what}"),
+        None => String::new(),
+    };
     let mut s = format!(
-        "{}: {} files, {} in {:.2} s = {:.1} MiB/s over {} streams ({}), limited by {}, {} verified",
+        "{}: {} files, {} in {:.2} s = {:.1} MiB/s over {} streams ({}){}{}, limited by {}, {} verified",
         r.direction,
         r.files,
         human_bytes(r.bytes),
@@ -211,6 +221,8 @@ pub fn summary_line(r: &TransferReport) -> String {
         r.mib_per_s,
         r.tuning.streams,
         r.tuning.mode,
+        pool(&r.tuning.readers, "readers"),
+        pool(&r.tuning.writers, "writers"),
         r.tuning.bottleneck,
         r.checksum
     );

@@ -68,11 +68,20 @@ pub async fn run(cmd: ProbeCommand, quiet: bool) -> Result<ExitCode> {
                 opts.max_threads = n.max(1);
             }
             let path = a.path.clone();
-            let report = tokio::task::spawn_blocking(move || {
+            let mut report = tokio::task::spawn_blocking(move || {
                 ferry_probe::disk::probe_disk(&path, &opts, &steps)
             })
             .await?
             .with_context(|| format!("probing {}", a.path.display()))?;
+            if !a.no_save {
+                let now = ferry_probe::net::rfc3339(std::time::SystemTime::now());
+                if let Some(entry) = report.profile_entry(now) {
+                    let dir = super::serve::state_dir()?;
+                    let path = ferry_probe::disk::save_disk_profile(&dir, &a.path, entry)
+                        .with_context(|| format!("saving the profile in {}", dir.display()))?;
+                    report.profile = Some(path);
+                }
+            }
             (
                 report.render_text(),
                 a.json

@@ -134,6 +134,21 @@ pub async fn run(args: ServeArgs, quiet: bool) -> Result<ExitCode> {
     config.max_streams = args.max_streams.max(1);
     config.idle_timeout = Duration::from_secs(args.idle_timeout.max(5));
     config.partial_max_age = crate::config::parse_duration(&args.partial_max_age).map_err(usage)?;
+    // Sessions start their readers and writers where `ferry probe disk` found the root's file
+    // system fastest, and tune them from there.
+    if let Some(p) = ferry_probe::disk::disk_profile_for(&state, &root) {
+        config.readers = p.read_threads.clamp(1, 64) as usize;
+        config.writers = p.write_threads.clamp(1, 64) as usize;
+        if !quiet {
+            eprintln!(
+                "ferry: storage threads from the disk profile of {} ({}): {} readers, {} writers",
+                p.path.display(),
+                p.measured_at,
+                config.readers,
+                config.writers
+            );
+        }
+    }
     if args.allow_plaintext {
         eprintln!(
             "ferry: warning: --allow-plaintext: clients that ask for plain TCP (--no-encrypt) are \
