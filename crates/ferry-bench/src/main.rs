@@ -150,21 +150,6 @@ struct Meta {
     notes: Vec<String>,
 }
 
-fn utc(secs: u64) -> (i64, u32, u32, u64) {
-    let days = (secs / 86_400) as i64;
-    let rem = secs % 86_400;
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    (y, m, d, rem)
-}
-
 fn now_secs() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -172,24 +157,16 @@ fn now_secs() -> u64 {
         .unwrap_or(0)
 }
 
+/// `YYYYMMDD-HHMMSS` (UTC), for directory names.
 fn stamp(secs: u64) -> String {
-    let (y, m, d, r) = utc(secs);
-    format!(
-        "{y:04}{m:02}{d:02}-{:02}{:02}{:02}",
-        r / 3600,
-        r % 3600 / 60,
-        r % 60
-    )
+    human_time(secs)
+        .trim_end_matches(" UTC")
+        .replace(['-', ':'], "")
+        .replace(' ', "-")
 }
 
 fn human_time(secs: u64) -> String {
-    let (y, m, d, r) = utc(secs);
-    format!(
-        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02} UTC",
-        r / 3600,
-        r % 3600 / 60,
-        r % 60
-    )
+    format!("{} UTC", ferry_probe::net::utc_text(secs as i64, ' '))
 }
 
 fn read_trim(p: &str) -> String {

@@ -1015,16 +1015,22 @@ fn put_streams_auto_reports_tuning_and_starts_from_a_profile() {
     let file = sb.path("src/data.bin");
     write_pattern(&file, 5 * MIB, 11);
     let s = Server::start(&sb, &root, Some(&sb.path("token")), &[]);
+    // A put of `file` with these options that must succeed.
+    let put = |options: &[&str]| {
+        let out = run(
+            sb.client(&s.token)
+                .arg("put")
+                .args(options)
+                .args(["--block-size", "256K"])
+                .arg(&file)
+                .arg(s.remote("/")),
+            CMD_TIMEOUT,
+        );
+        assert_code(&out, 0);
+        out
+    };
     // `auto` is the default: no --streams.
-    let out = run(
-        sb.client(&s.token)
-            .args(["put", "--json", "--block-size", "256K"])
-            .arg(&file)
-            .arg(s.remote("/")),
-        CMD_TIMEOUT,
-    );
-    assert_code(&out, 0);
-    let v = one_json(&out.stdout);
+    let v = one_json(&put(&["--json"]).stdout);
     let t = &v["tuning"];
     assert_eq!(t["mode"], "auto", "{v}");
     assert_eq!(t["start_from"], "default", "{v}");
@@ -1067,21 +1073,7 @@ fn put_streams_auto_reports_tuning_and_starts_from_a_profile() {
         ),
     )
     .unwrap();
-    let out = run(
-        sb.client(&s.token)
-            .args([
-                "put",
-                "--streams",
-                "auto",
-                "--block-size",
-                "256K",
-                "--overwrite",
-            ])
-            .arg(&file)
-            .arg(s.remote("/")),
-        CMD_TIMEOUT,
-    );
-    assert_code(&out, 0);
+    let out = put(&["--streams", "auto", "--overwrite"]);
     assert!(
         out.stderr.contains("streams (auto), ")
             && out.stderr.contains(" readers, ")
@@ -1089,15 +1081,7 @@ fn put_streams_auto_reports_tuning_and_starts_from_a_profile() {
         "summary line says how the streams and threads were chosen and what limited them: {}",
         out.stderr
     );
-    let out = run(
-        sb.client(&s.token)
-            .args(["put", "--json", "--block-size", "256K", "--overwrite"])
-            .arg(&file)
-            .arg(s.remote("/")),
-        CMD_TIMEOUT,
-    );
-    assert_code(&out, 0);
-    let v = one_json(&out.stdout);
+    let v = one_json(&put(&["--json", "--overwrite"]).stdout);
     assert_eq!(v["tuning"]["start_from"], "profile", "{v}");
     assert_eq!(u64_field(&v["tuning"], "start"), 2, "{v}");
     assert_eq!(file_b3(&root.join("data.bin")), file_b3(&file));
@@ -1117,36 +1101,12 @@ fn put_streams_auto_reports_tuning_and_starts_from_a_profile() {
         ),
     )
     .unwrap();
-    let out = run(
-        sb.client(&s.token)
-            .args(["put", "--json", "--block-size", "256K", "--overwrite"])
-            .arg(&file)
-            .arg(s.remote("/")),
-        CMD_TIMEOUT,
-    );
-    assert_code(&out, 0);
-    let v = one_json(&out.stdout);
+    let v = one_json(&put(&["--json", "--overwrite"]).stdout);
     let r = &v["tuning"]["readers"];
     assert_eq!(r["start_from"], "disk profile", "{v}");
     assert_eq!(u64_field(r, "start"), 2, "{v}");
     // A number fixes the pool.
-    let out = run(
-        sb.client(&s.token)
-            .args([
-                "put",
-                "--json",
-                "--readers",
-                "3",
-                "--block-size",
-                "256K",
-                "--overwrite",
-            ])
-            .arg(&file)
-            .arg(s.remote("/")),
-        CMD_TIMEOUT,
-    );
-    assert_code(&out, 0);
-    let v = one_json(&out.stdout);
+    let v = one_json(&put(&["--json", "--readers", "3", "--overwrite"]).stdout);
     let r = &v["tuning"]["readers"];
     assert_eq!(
         (r["mode"].as_str(), r["start_from"].as_str()),

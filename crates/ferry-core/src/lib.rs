@@ -12,6 +12,7 @@ pub mod recv;
 pub mod report;
 pub mod root;
 pub mod send;
+pub mod stats;
 pub mod tune;
 
 pub use error::{FsError, PathError};

@@ -226,6 +226,17 @@ pub enum Verdict {
     Drift,
 }
 
+impl From<Verdict> for ferry_proto::TuneVerdict {
+    fn from(v: Verdict) -> Self {
+        match v {
+            Verdict::Baseline => Self::Baseline,
+            Verdict::Kept => Self::Kept,
+            Verdict::Rejected => Self::Rejected,
+            Verdict::Drift => Self::Drift,
+        }
+    }
+}
+
 /// One measured step, for logs and `--json`.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Step {
@@ -698,15 +709,11 @@ fn phase_of(dir: Dir) -> Phase {
 /// Median of the samples, and their half-range relative to it: a cheap noise estimate that
 /// needs no history beyond one measurement.
 fn median_and_spread(samples: &mut [f64]) -> (f64, f64) {
-    samples.sort_by(f64::total_cmp);
-    let k = samples.len();
-    let median = if k % 2 == 1 {
-        samples[k / 2]
-    } else {
-        (samples[k / 2 - 1] + samples[k / 2]) / 2.0
+    let Some(median) = crate::stats::median(samples) else {
+        return (0.0, 0.0);
     };
     let spread = if median > 0.0 {
-        (samples[k - 1] - samples[0]) / (2.0 * median)
+        (samples[samples.len() - 1] - samples[0]) / (2.0 * median)
     } else {
         0.0
     };

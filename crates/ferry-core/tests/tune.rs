@@ -366,15 +366,20 @@ fn irregular_and_sparse_progress_calls_still_converge() {
     assert!(!trace.actions.is_empty());
 }
 
-#[test]
-fn bogus_input_restarts_the_interval() {
+/// A stream tuner that takes one 1-s sample per step with no warmup: each call decides.
+fn one_second_tuner() -> Tuner {
     let cfg = TunerConfig {
         warmup: Duration::ZERO,
         interval: secs(1),
         samples: 1,
         ..TunerConfig::streams_for_rtt(ms(50))
     };
-    let mut t = Tuner::new(cfg, Duration::ZERO).unwrap();
+    Tuner::new(cfg, Duration::ZERO).unwrap()
+}
+
+#[test]
+fn bogus_input_restarts_the_interval() {
+    let mut t = one_second_tuner();
     assert_eq!(t.on_progress(secs(1), 1_000), None);
     // Bytes went backwards (a counter reset): no sample.
     assert_eq!(t.on_progress(secs(3), 10), None);
@@ -391,13 +396,7 @@ fn bogus_input_restarts_the_interval() {
 
 #[test]
 fn skip_interval_discards_app_limited_time() {
-    let cfg = TunerConfig {
-        warmup: Duration::ZERO,
-        interval: secs(1),
-        samples: 1,
-        ..TunerConfig::streams_for_rtt(ms(50))
-    };
-    let mut t = Tuner::new(cfg, Duration::ZERO).unwrap();
+    let mut t = one_second_tuner();
     t.on_progress(Duration::ZERO, 0);
     t.on_progress(ms(500), 500);
     // Nothing to send for a while: those bytes are not the knob's fault.

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ferry_core::gate::Gate;
-use ferry_core::tune::{Knob, Tuner, TunerConfig, Verdict};
+use ferry_core::tune::{Knob, Tuner, TunerConfig};
 use ferry_proto::{Load, TuneReport, TuneStep, TuneVerdict, MAX_TUNE_STEPS};
 use tokio::sync::watch;
 
@@ -245,10 +245,12 @@ impl ThreadControl {
 
     /// Threads working now: the setting the tuner holds once it has measured one.
     pub(crate) fn threads(&self) -> u32 {
-        match &self.tuner {
-            Some(t) if t.state().best_rate > 0.0 => t.state().best,
-            _ => self.gate.active(),
-        }
+        let measured = self
+            .tuner
+            .as_ref()
+            .map(Tuner::state)
+            .filter(|s| s.best_rate > 0.0);
+        measured.map_or_else(|| self.gate.active(), |s| s.best)
     }
 
     pub(crate) fn report(&self) -> ThreadReport {
@@ -263,7 +265,7 @@ impl ThreadControl {
                         at_s: s.at.as_secs_f64(),
                         threads: s.value,
                         mib_per_s: s.rate / f64::from(1u32 << 20),
-                        verdict: verdict_name(s.verdict),
+                        verdict: TuneVerdict::from(s.verdict).name(),
                     })
                     .collect()
             })
@@ -274,15 +276,6 @@ impl ThreadControl {
             tuned: self.tuner.is_some(),
             steps,
         }
-    }
-}
-
-fn verdict_name(v: Verdict) -> &'static str {
-    match v {
-        Verdict::Baseline => "baseline",
-        Verdict::Kept => "kept",
-        Verdict::Rejected => "rejected",
-        Verdict::Drift => "drift",
     }
 }
 
@@ -468,12 +461,7 @@ impl StreamControl {
                         at_ms: u32::try_from(s.at.as_millis()).unwrap_or(u32::MAX),
                         streams: u16::try_from(s.value).unwrap_or(u16::MAX),
                         rate: s.rate.max(0.0) as u64,
-                        verdict: match s.verdict {
-                            Verdict::Baseline => TuneVerdict::Baseline,
-                            Verdict::Kept => TuneVerdict::Kept,
-                            Verdict::Rejected => TuneVerdict::Rejected,
-                            Verdict::Drift => TuneVerdict::Drift,
-                        },
+                        verdict: s.verdict.into(),
                     })
                     .collect();
                 (held, steps)

@@ -10,7 +10,7 @@ use ferry_core::recv::{Destination, Receiver, ReceiverConfig};
 use ferry_core::send::{DigestCache, Sender, SenderConfig, Source};
 use ferry_core::{digest, FsError, Reporter, Root};
 use ferry_proto::{
-    Capabilities, Frame, ListEntry, Load, Role, SessionId, TransferOpts, TuneReport, TuneVerdict,
+    Capabilities, Frame, ListEntry, Load, Role, SessionId, TransferOpts, TuneReport,
     MAX_CONTROL_PAYLOAD, PROTOCOL_VERSION,
 };
 use serde::Serialize;
@@ -229,12 +229,7 @@ impl Tuning {
                         at_s: f64::from(s.at_ms) / 1000.0,
                         streams: u32::from(s.streams),
                         mbit_per_s: (s.rate as f64 * 8.0 / 1e6 * 10.0).round() / 10.0,
-                        verdict: match s.verdict {
-                            TuneVerdict::Baseline => "baseline",
-                            TuneVerdict::Kept => "kept",
-                            TuneVerdict::Rejected => "rejected",
-                            TuneVerdict::Drift => "drift",
-                        },
+                        verdict: s.verdict.name(),
                     })
                     .collect()
             })
@@ -534,22 +529,19 @@ pub(crate) async fn start(
 ) -> Result<(TransferOpts, Vec<Stream>), SessionError> {
     send(&mut c.control, &request).await?;
     let opts = ready(cfg, &mut c.control).await?;
-    let dials = (0..opts.streams).map(|i| {
-        let (dial, join) = (DataDial::new(cfg, c, &opts), Join::new(c, i, cfg));
-        async move { join.run(dial.run().await?).await }
-    });
-    let mut data = Vec::with_capacity(opts.streams as usize);
-    for r in futures_join_all(dials).await {
-        data.push(r?);
+    let mut dials = tokio::task::JoinSet::new();
+    for _ in 0..opts.streams {
+        dials.spawn(DataDial::new(cfg, c.addr, c.tls.clone()).run());
     }
+    let data = Joining::new(cfg, c, &opts, dials).finish().await?;
     Ok((opts, data))
 }
 
 /// Logs in and starts a transfer with as few round trips as the protocol allows: the data
 /// connections go through TCP and TLS alongside the control connection (after it, on first
 /// contact with a server), and the request follows the Hello without waiting for the Welcome
-/// (the server reads them in order). At 100 ms RTT this starts the data three round trips
-/// (0.3 s) sooner than `connect` + `start`.
+/// (the server reads them in order): four round trips before the data where `connect` +
+/// `start` take eight (DESIGN.md, "Starting a session in few round trips").
 pub(crate) async fn open(
     cfg: &ClientConfig,
     reporter: &dyn Reporter,
@@ -560,14 +552,7 @@ pub(crate) async fn open(
     let mut early = tokio::task::JoinSet::new();
     let (mut control, tls, addr) = secure_control(cfg, reporter, |addr, tls| {
         for _ in 0..cfg.opts.streams.max(1) {
-            let dial = DataDial {
-                addr,
-                window: cfg.opts.tcp_window,
-                timeout: cfg.connect_timeout,
-                tls: tls.clone(),
-                host: cfg.server.clone(),
-            };
-            early.spawn(dial.run());
+            early.spawn(DataDial::new(cfg, addr, tls.clone()).run());
         }
     })
     .await?;
@@ -586,13 +571,7 @@ pub(crate) async fn open(
         secret,
     };
     let opts = ready(cfg, &mut c.control).await?;
-    let joining = Joining {
-        early,
-        streams: opts.streams,
-        session: c.session,
-        secret: c.secret,
-        timeout: cfg.connect_timeout,
-    };
+    let joining = Joining::new(cfg, &c, &opts, early);
     Ok((c, opts, joining))
 }
 
@@ -607,6 +586,22 @@ pub(crate) struct Joining {
 }
 
 impl Joining {
+    /// `dials`: data connections under way, at least as many as the server granted.
+    fn new(
+        cfg: &ClientConfig,
+        c: &Connected,
+        opts: &TransferOpts,
+        dials: tokio::task::JoinSet<Result<Stream, SessionError>>,
+    ) -> Self {
+        Self {
+            early: dials,
+            streams: opts.streams,
+            session: c.session,
+            secret: c.secret,
+            timeout: cfg.connect_timeout,
+        }
+    }
+
     /// The granted number of connections, each through its Hello; extra dials are dropped.
     pub(crate) async fn finish(mut self) -> Result<Vec<Stream>, SessionError> {
         let mut joins = tokio::task::JoinSet::new();
@@ -614,14 +609,17 @@ impl Joining {
         let mut index = 0;
         while index < self.streams {
             match self.early.join_next().await {
-                Some(Ok(Ok(s))) => {
-                    let join = Join {
+                Some(Ok(Ok(mut s))) => {
+                    let role = Role::Data {
                         session: self.session,
                         secret: self.secret,
-                        index,
-                        timeout: self.timeout,
+                        stream: index,
                     };
-                    joins.spawn(join.run(s));
+                    let timeout = self.timeout;
+                    joins.spawn(async move {
+                        hello(&mut s, role, timeout).await?;
+                        Ok::<_, SessionError>(s)
+                    });
                     index += 1;
                 }
                 Some(Ok(Err(e))) => {
@@ -706,12 +704,12 @@ struct DataDial {
 }
 
 impl DataDial {
-    fn new(cfg: &ClientConfig, c: &Connected, opts: &TransferOpts) -> Self {
+    fn new(cfg: &ClientConfig, addr: SocketAddr, tls: Option<Arc<ClientTls>>) -> Self {
         Self {
-            addr: c.addr,
-            window: opts.tcp_window,
+            addr,
+            window: cfg.opts.tcp_window,
             timeout: cfg.connect_timeout,
-            tls: c.tls.clone(),
+            tls,
             host: cfg.server.clone(),
         }
     }
@@ -734,53 +732,6 @@ impl DataDial {
             }
         }
     }
-}
-
-/// A dialled data connection joining its session.
-struct Join {
-    session: SessionId,
-    secret: [u8; 32],
-    index: u16,
-    timeout: Duration,
-}
-
-impl Join {
-    fn new(c: &Connected, index: u16, cfg: &ClientConfig) -> Self {
-        Self {
-            session: c.session,
-            secret: c.secret,
-            index,
-            timeout: cfg.connect_timeout,
-        }
-    }
-
-    async fn run(self, mut s: Stream) -> Result<Stream, SessionError> {
-        let role = Role::Data {
-            session: self.session,
-            secret: self.secret,
-            stream: self.index,
-        };
-        hello(&mut s, role, self.timeout).await?;
-        Ok(s)
-    }
-}
-
-/// Awaits all futures concurrently (a tiny join_all, to avoid a dependency for one call).
-async fn futures_join_all<F: std::future::Future + Send + 'static>(
-    futs: impl Iterator<Item = F>,
-) -> Vec<F::Output>
-where
-    F::Output: Send + 'static,
-{
-    let handles: Vec<_> = futs.map(tokio::spawn).collect();
-    let mut out = Vec::with_capacity(handles.len());
-    for h in handles {
-        match h.await {
-            Ok(v) => out.push(v),
-            Err(e) => std::panic::resume_unwind(e.into_panic()),
-        }
-    }
-    out
 }
 
 fn limits(cfg: &ClientConfig, opts: &TransferOpts) -> Limits {

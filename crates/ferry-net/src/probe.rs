@@ -152,18 +152,10 @@ impl ProbeResult {
     }
 }
 
+/// Median of the positive values (0 = not measured), 0 if there are none.
 fn median(it: impl Iterator<Item = f64>) -> f64 {
     let mut v: Vec<f64> = it.filter(|x| *x > 0.0).collect();
-    if v.is_empty() {
-        return 0.0;
-    }
-    v.sort_by(f64::total_cmp);
-    let m = v.len() / 2;
-    if v.len() % 2 == 1 {
-        v[m]
-    } else {
-        (v[m - 1] + v[m]) / 2.0
-    }
+    ferry_core::stats::median(&mut v).unwrap_or(0.0)
 }
 
 fn direction_name(d: ProbeDirection) -> &'static str {

@@ -152,19 +152,9 @@ async fn assert_still_serves(server: &TestServer, name: &str) {
     write(&file, &content);
     let mut cfg = server.client();
     cfg.opts.streams = 2;
-    let mut result = None;
-    for _ in 0..40 {
-        match ferry_net::client::put(&cfg, std::slice::from_ref(&file), "/", reporter()).await {
-            Err(SessionError::Remote { code, .. }) if code == ErrorCode::BUSY => {
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            other => {
-                result = Some(other);
-                break;
-            }
-        }
-    }
-    let r = result.expect("still busy after 40 tries").unwrap();
+    let r = put_past_busy(&cfg, &file, 40, Duration::from_millis(100))
+        .await
+        .unwrap();
     assert!(r.is_success(), "{:?}", r.errors);
     assert_eq!(std::fs::read(server.root.join(name)).unwrap(), content);
 }

@@ -1131,20 +1131,9 @@ async fn connection_cap_refuses_with_busy_then_recovers() {
     write(&file, &bytes(200_000, 3));
     let mut cfg = server.client();
     cfg.opts.streams = 2;
-    // The server releases a slot just after closing the socket; allow for that instant.
-    let mut result = None;
-    for _ in 0..20 {
-        match ferry_net::client::put(&cfg, std::slice::from_ref(&file), "/", reporter()).await {
-            Err(SessionError::Remote { code, .. }) if code == ErrorCode::BUSY => {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            other => {
-                result = Some(other);
-                break;
-            }
-        }
-    }
-    let r = result.expect("still busy after 20 tries").unwrap();
+    let r = put_past_busy(&cfg, &file, 20, Duration::from_millis(50))
+        .await
+        .unwrap();
     assert!(r.is_success(), "{:?}", r.errors);
     assert_eq!(
         std::fs::read(server.root.join("after.bin")).unwrap(),

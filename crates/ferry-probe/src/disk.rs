@@ -1563,9 +1563,7 @@ impl crate::store::Stamped for DiskProfile {
 /// The key of the file system holding `path`: its device number, `MAJ:MIN`.
 pub fn device_key(path: &Path) -> Option<String> {
     use std::os::unix::fs::MetadataExt;
-    let dev = std::fs::metadata(path).ok()?.dev();
-    let major = ((dev >> 8) & 0xfff) | ((dev >> 32) & !0xfff);
-    let minor = (dev & 0xff) | ((dev >> 12) & !0xff);
+    let (major, minor) = fsio::dev_major_minor(std::fs::metadata(path).ok()?.dev());
     Some(format!("{major}:{minor}"))
 }
 

@@ -187,7 +187,7 @@ pub struct BlockDevice {
     pub max_sectors_kb: Option<u64>,
 }
 
-fn dev_major_minor(dev: u64) -> (u64, u64) {
+pub(crate) fn dev_major_minor(dev: u64) -> (u64, u64) {
     let major = ((dev >> 8) & 0xfff) | ((dev >> 32) & !0xfff);
     let minor = (dev & 0xff) | ((dev >> 12) & !0xff);
     (major, minor)

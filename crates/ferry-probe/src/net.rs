@@ -146,16 +146,7 @@ impl PointReport {
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
-    if v.is_empty() {
-        return 0.0;
-    }
-    v.sort_by(f64::total_cmp);
-    let m = v.len() / 2;
-    if v.len() % 2 == 1 {
-        v[m]
-    } else {
-        (v[m - 1] + v[m]) / 2.0
-    }
+    ferry_core::stats::median(&mut v).unwrap_or(0.0)
 }
 
 /// What limits a setting.

@@ -24,8 +24,7 @@ pub struct Speed {
 pub const TLS_RECORD: usize = 16 * 1024;
 
 fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v.get(v.len() / 2).copied().unwrap_or(0.0)
+    ferry_core::stats::median(&mut v).unwrap_or(0.0)
 }
 
 /// Pseudo-random bytes (not zeros: some code paths are faster on zeros).

@@ -267,6 +267,18 @@ pub enum TuneVerdict {
     Drift = 3,
 }
 
+impl TuneVerdict {
+    /// The name reports use (`--json`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Baseline => "baseline",
+            Self::Kept => "kept",
+            Self::Rejected => "rejected",
+            Self::Drift => "drift",
+        }
+    }
+}
+
 /// One measurement of the stream tuner.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TuneStep {

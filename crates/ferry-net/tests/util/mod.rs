@@ -115,6 +115,28 @@ pub fn client_config(server: String) -> ClientConfig {
     }
 }
 
+/// Puts `file` to `/`, retrying while the server answers busy: a server frees a connection slot
+/// just after it closes the socket, so a client right behind a refused flood may still meet it.
+/// Panics if it is still busy after `tries`.
+pub async fn put_past_busy(
+    cfg: &ClientConfig,
+    file: &Path,
+    tries: u32,
+    pause: Duration,
+) -> Result<ferry_net::TransferReport, ferry_net::SessionError> {
+    for _ in 0..tries {
+        match ferry_net::client::put(cfg, &[file.to_owned()], "/", reporter()).await {
+            Err(ferry_net::SessionError::Remote { code, .. })
+                if code == ferry_proto::ErrorCode::BUSY =>
+            {
+                tokio::time::sleep(pause).await;
+            }
+            other => return other,
+        }
+    }
+    panic!("still busy after {tries} tries");
+}
+
 pub fn reporter() -> Arc<dyn ferry_core::Reporter> {
     Arc::new(ferry_core::NoReporter)
 }
