@@ -618,7 +618,7 @@ impl Joining {
                     let timeout = self.timeout;
                     joins.spawn(async move {
                         hello(&mut s, role, timeout).await?;
-                        Ok::<_, SessionError>(s)
+                        Ok::<_, SessionError>((index, s))
                     });
                     index += 1;
                 }
@@ -646,9 +646,10 @@ impl Joining {
                 Err(e) => return Err(SessionError::Protocol(format!("join task failed: {e}"))),
             }
         }
-        // The index a connection announced only names it on the server; the order here
-        // matters to neither end.
-        Ok(data)
+        // In the order of the index each connection announced, which is the server's order
+        // too: a probe pairs each connection's counts from both ends by position.
+        data.sort_unstable_by_key(|(index, _)| *index);
+        Ok(data.into_iter().map(|(_, s)| s).collect())
     }
 
     /// Like `finish`, writing the frames the sender queues for the control connection
