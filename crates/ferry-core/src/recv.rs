@@ -397,6 +397,10 @@ impl Receiver {
             w.expected = Some(d);
         }
         if w.written.contains(block.offset, block.offset + len) && len > 0 {
+            // Already here: after a resume, the last block comes again for its file digest even
+            // when the receiver has it, and it may be the last block to arrive (or the only one,
+            // when the partial copy was whole). It completes the file then.
+            self.advance(&entry, slot);
             return Ok(());
         }
         let file = w.file.clone();
@@ -437,20 +441,29 @@ impl Receiver {
             }
             w.cursor += len;
         }
+        self.advance(&entry, slot);
+        Ok(())
+    }
+
+    /// Hashes what was written ahead of the cursor and, once the whole file is hashed and its
+    /// digest has arrived, hands it to verification. `slot` holds the file's `Writing` state.
+    fn advance(&self, entry: &FileEntry, mut slot: MutexGuard<'_, Slot>) {
+        let Slot::Writing(w) = &mut *slot else {
+            return;
+        };
         if let Err(e) = catch_up(w) {
             let msg = format!("reading back {}: {e}", entry.meta.path);
             drop(slot);
-            self.fail(&entry, ErrorCode::IO, msg, true);
-            return Ok(());
+            self.fail(entry, ErrorCode::IO, msg, true);
+            return;
         }
         if w.cursor == entry.meta.size && w.expected.is_some() {
             let Slot::Writing(w) = std::mem::replace(&mut *slot, Slot::Finalizing) else {
                 unreachable!("matched Writing above")
             };
             drop(slot);
-            self.verify_and_queue(&entry, *w);
+            self.verify_and_queue(entry, *w);
         }
-        Ok(())
     }
 
     fn verify_and_queue(&self, entry: &FileEntry, mut w: Writing) {
@@ -495,6 +508,8 @@ impl Receiver {
 
     /// Answers a batch of offers with one `Decisions` frame per batch.
     fn handle_offer(&self, entries: Vec<OfferEntry>) {
+        let started = std::time::Instant::now();
+        let offered = entries.len();
         let mut out = Vec::with_capacity(entries.len());
         for offer in entries {
             let meta = FileMeta {
@@ -532,6 +547,13 @@ impl Receiver {
                 decision,
             });
         }
+        tracing::debug!(
+            offered,
+            decided = out.len(),
+            first = out.first().map(|d| d.file.0),
+            ms = started.elapsed().as_millis() as u64,
+            "decisions"
+        );
         if !out.is_empty() {
             let _ = self.control.send(Frame::Decisions { entries: out });
         }
@@ -1308,5 +1330,72 @@ mod tests {
         let err = r.handle(Frame::Block(block)).unwrap_err();
         assert!(matches!(err, RecvError::BlockTooLarge { len, max: 1048576, .. } if len == size));
         r.abort();
+    }
+
+    fn block(
+        size: u64,
+        data: &Bytes,
+        offset: u64,
+        len: usize,
+        file_digest: Option<Vec<u8>>,
+    ) -> Frame {
+        let data = data.slice(offset as usize..offset as usize + len);
+        Frame::Block(Block {
+            file: FileMeta {
+                id: FileId(1),
+                path: "f.bin".into(),
+                size,
+                mode: 0o644,
+                mtime_ns: 0,
+            },
+            offset,
+            digest: block_digest(&data),
+            file_digest: file_digest.map(Bytes::from),
+            data,
+        })
+    }
+
+    /// After a resume the sender sends the last block again (it carries the file digest) even
+    /// when the receiver has it. When that block is the last to arrive, it is what completes the
+    /// file: a receiver that dropped it as a duplicate waited forever (the session then ended
+    /// on the idle timeout).
+    #[test]
+    fn a_resumed_file_completes_on_its_repeated_last_block() {
+        let dir = tempfile::tempdir().unwrap();
+        let size = (1u64 << 20) + 1000;
+        let data = Bytes::from((0..size).map(|i| (i * 7 % 251) as u8).collect::<Vec<_>>());
+        let mut h = FileHasher::new(ChecksumAlgo::Blake3);
+        h.update(&data);
+        let whole = h.finalize();
+        let tail = (size - (1 << 20)) as usize;
+
+        // First session: only the last block arrives, then the session breaks off.
+        let (r, rx) = receiver(dir.path());
+        r.handle(offer(1, "f.bin", size)).unwrap();
+        assert_eq!(decision(&rx), Decision::Send);
+        r.handle(block(size, &data, 1 << 20, tail, Some(whole.clone())))
+            .unwrap();
+        r.abort();
+        drop(r);
+
+        // Second session: the receiver has the tail; the missing block comes, then the tail again.
+        let (r, rx) = receiver(dir.path());
+        r.handle(offer(1, "f.bin", size)).unwrap();
+        assert_eq!(
+            decision(&rx),
+            Decision::Resume {
+                have: vec![(1 << 20, size)]
+            }
+        );
+        r.expect(1, 0, 0);
+        r.handle(block(size, &data, 0, 1 << 20, None)).unwrap();
+        r.handle(block(size, &data, 1 << 20, tail, Some(whole)))
+            .unwrap();
+        r.done()
+            .recv_timeout(std::time::Duration::from_secs(5))
+            .expect("the file completes");
+        let summary = r.finish();
+        assert_eq!((summary.files, summary.failed), (1, 0), "{summary:?}");
+        assert_eq!(std::fs::read(dir.path().join("in/f.bin")).unwrap(), data);
     }
 }

@@ -243,6 +243,11 @@ impl Sender {
             .decisions
             .lock()
             .unwrap_or_else(|e| e.into_inner());
+        tracing::debug!(
+            n = entries.len(),
+            first = entries.first().map(|e| e.file.0),
+            "decisions received"
+        );
         for e in entries {
             // Recorded now, not when a reader picks the decision up: the receiver's `Complete`
             // can follow at once, and a session closed before that reader ran would lose it.
@@ -362,6 +367,7 @@ impl Shared {
                 return Some(d);
             }
             if self.closed.load(Ordering::Acquire) || self.frames.is_disconnected() {
+                tracing::debug!(file = id.0, "session over before the file was decided");
                 return None;
             }
             // Bounded waits: a session that ends without `close` still frees its readers.
@@ -430,6 +436,11 @@ impl Offers<'_> {
         self.since = None;
         if !self.batch.is_empty() {
             let entries = std::mem::take(&mut self.batch);
+            tracing::debug!(
+                n = entries.len(),
+                first = entries[0].file.0,
+                "offers queued"
+            );
             let _ = self.shared.control.send(Frame::Offer { entries });
         }
     }
@@ -589,6 +600,11 @@ fn send_file(shared: &Shared, record: &FileRecord) -> bool {
     let Some(decision) = shared.wait_decision(record.meta.id) else {
         return false;
     };
+    tracing::trace!(
+        file = record.meta.id.0,
+        ?decision,
+        "reader has its decision"
+    );
     let meta = &record.meta;
     match decision {
         Decision::Send => stream_file(shared, record, &[]),

@@ -17,6 +17,17 @@ pub const TOKEN: &str = "test-token-0123456789";
 /// Small blocks make block boundaries cheap to test.
 pub const BLOCK: u32 = 64 * 1024;
 
+/// `RUST_LOG=ferry_net=debug` shows what client and server did, in the test's output (which
+/// nextest prints for a failing test): how an intermittent failure gets explained.
+pub fn log_if_asked() {
+    if std::env::var_os("RUST_LOG").is_some() {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_test_writer()
+            .try_init();
+    }
+}
+
 pub struct TestServer {
     pub addr: SocketAddr,
     pub root: PathBuf,
@@ -38,6 +49,7 @@ impl TestServer {
 
     /// Like `start_with`, with the server's root inside `dir` (which the server then owns).
     pub async fn start_in(dir: tempfile::TempDir, f: impl FnOnce(&mut ServerConfig)) -> Self {
+        log_if_asked();
         let root = dir.path().join("root");
         std::fs::create_dir(&root).unwrap();
         let mut config = ServerConfig::new(&root, TOKEN);
