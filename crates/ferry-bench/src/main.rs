@@ -447,6 +447,17 @@ fn write_outputs(out: &Path, rows: &[report::Row], meta: &Meta) -> Result<()> {
         "## Targets (ferry defaults, put, 1 Gbit/s, default regime)\n"
     );
     let _ = writeln!(s, "{}", report::targets_markdown(&checks));
+    let auto = report::auto_table(&meds);
+    if !auto.is_empty() {
+        let _ = writeln!(
+            s,
+            "## Auto-tuning (ferry's defaults against its best fixed stream count)\n\n\
+             Target: ≥ 95% of the best fixed count, and within 10% of the final rate in the \
+             first 5 s of the data phase (ramp: end of the first 1-s window at ≥ 90% of the \
+             median 1-s rate of the transfer's second half, from ferry's `--json` timeline).\n"
+        );
+        let _ = writeln!(s, "{auto}");
+    }
     if !meta.peers.is_empty() {
         let _ = writeln!(
             s,

@@ -46,6 +46,10 @@ pub struct Row {
     pub error: String,
     /// Unix time the run started.
     pub started: u64,
+    /// ferry only: seconds of its data phase until the rate over 1 s first came within 10% of
+    /// the final rate (from its `--json` timeline; see [`ramp`]). Empty for short transfers.
+    #[serde(default)]
+    pub ramp_s: Option<f64>,
 }
 
 impl Row {
@@ -113,6 +117,8 @@ pub struct Med {
     pub wall_s_median: f64,
     pub sync_s_median: f64,
     pub tool_s_median: Option<f64>,
+    #[serde(default)]
+    pub ramp_s_median: Option<f64>,
     pub all_verified: bool,
     pub first_error: String,
 }
@@ -172,6 +178,7 @@ pub fn medians(rows: &[Row]) -> Vec<Med> {
             let wall: Vec<f64> = ok.iter().map(|r| r.wall_s + r.sync_s).collect();
             let sync: Vec<f64> = ok.iter().map(|r| r.sync_s).collect();
             let tool_s: Vec<f64> = ok.iter().filter_map(|r| r.tool_s).collect();
+            let ramp: Vec<f64> = ok.iter().filter_map(|r| r.ramp_s).collect();
             let first = g[0];
             Med {
                 tool: k.tool.clone(),
@@ -193,6 +200,7 @@ pub fn medians(rows: &[Row]) -> Vec<Med> {
                 wall_s_median: median(&wall).unwrap_or(0.0),
                 sync_s_median: median(&sync).unwrap_or(0.0),
                 tool_s_median: median(&tool_s),
+                ramp_s_median: median(&ramp),
                 all_verified: g.iter().all(|r| r.verified),
                 first_error: g
                     .iter()
@@ -307,6 +315,98 @@ pub fn best_peer<'a>(meds: &'a [Med], k: &Key) -> Option<&'a Med> {
                 && m.dataset == k.dataset
         })
         .max_by(|a, b| a.mbps_median.total_cmp(&b.mbps_median))
+}
+
+/// How long a transfer took to get going, from ferry's `--json` timeline (bytes per interval of
+/// its data phase): the end of the first 1-s window whose rate is within 10% of the final rate,
+/// and that final rate (bytes/s): the median 1-s rate over the second half of the transfer.
+/// `None` when the timeline is shorter than 2 s (too short to tell a ramp from a tail).
+pub fn ramp(interval_ms: u32, bytes: &[u64]) -> Option<(f64, f64)> {
+    if interval_ms == 0 {
+        return None;
+    }
+    let step = f64::from(interval_ms) / 1000.0;
+    let w = ((1000 / interval_ms) as usize).max(1);
+    if (bytes.len() as f64) * step < 2.0 || bytes.len() < 2 * w {
+        return None;
+    }
+    // Rate of the window ending with interval i (i >= w - 1).
+    let rate = |i: usize| bytes[i + 1 - w..=i].iter().sum::<u64>() as f64 / (w as f64 * step);
+    let half = bytes.len() / 2;
+    let late: Vec<f64> = (half.max(w - 1)..bytes.len()).map(rate).collect();
+    let fin = median(&late)?;
+    if fin <= 0.0 {
+        return None;
+    }
+    let at = (w - 1..bytes.len()).find(|&i| rate(i) >= 0.9 * fin)?;
+    Some(((at + 1) as f64 * step, fin))
+}
+
+/// Reads [`ramp`] from ferry's `--json` output.
+pub fn ramp_of_json(v: &serde_json::Value) -> Option<f64> {
+    let t = v.get("timeline")?;
+    let interval = u32::try_from(t.get("interval_ms")?.as_u64()?).ok()?;
+    let bytes: Vec<u64> = t
+        .get("bytes")?
+        .as_array()?
+        .iter()
+        .map(|b| b.as_u64())
+        .collect::<Option<_>>()?;
+    ramp(interval, &bytes).map(|(s, _)| s)
+}
+
+/// The auto-tuning target: at every point where ferry ran with its defaults and with fixed
+/// stream counts, the defaults reach ≥ 95% of the best fixed count, and come within 10% of
+/// their final rate within 5 s. One markdown table; empty when no point had both.
+pub fn auto_table(meds: &[Med]) -> String {
+    let mut out = String::new();
+    let autos = meds
+        .iter()
+        .filter(|m| m.tool == "ferry" && m.streams == 0 && m.block == "default" && m.usable());
+    for a in autos {
+        let fixed = meds
+            .iter()
+            .filter(|m| {
+                m.tool == "ferry"
+                    && m.streams > 0
+                    && m.usable()
+                    && (m.block == "default" || m.block == a.block)
+                    && (&m.rate, &m.regime, m.rtt_ms, &m.direction, &m.dataset)
+                        == (&a.rate, &a.regime, a.rtt_ms, &a.direction, &a.dataset)
+            })
+            .max_by(|x, y| x.mbps_median.total_cmp(&y.mbps_median));
+        let Some(best) = fixed else { continue };
+        if out.is_empty() {
+            out.push_str(
+                "| link | data set | direction | default (auto) Mbit/s | best fixed Mbit/s (streams) | default / best | ≥ 95% | ramp to within 10% (s) | ≤ 5 s |\n|---|---|---|---|---|---|---|---|---|\n",
+            );
+        }
+        let ratio = a.mbps_median / best.mbps_median;
+        let verdict = |ok: bool| if ok { "yes" } else { "**no**" };
+        let (ramp, ramp_ok) = match a.ramp_s_median {
+            Some(r) => (format!("{r:.1}"), verdict(r <= 5.0)),
+            None => ("–".to_owned(), "–"),
+        };
+        let _ = writeln!(
+            out,
+            "| {}, {} ms, {} | {} | {} | {:.0} ({:.0}–{:.0}) | {:.0} ({}) | {:.0}% | {} | {} | {} |",
+            a.rate,
+            a.rtt_ms,
+            a.regime,
+            a.dataset,
+            a.direction,
+            a.mbps_median,
+            a.mbps_min,
+            a.mbps_max,
+            best.mbps_median,
+            best.streams,
+            ratio * 100.0,
+            verdict(ratio >= 0.95),
+            ramp,
+            ramp_ok
+        );
+    }
+    out
 }
 
 /// Outcome of one target check.
@@ -572,7 +672,58 @@ mod tests {
             verified: true,
             error: String::new(),
             started: 0,
+            ramp_s: None,
         }
+    }
+
+    #[test]
+    fn ramp_finds_when_the_rate_arrived() {
+        // 250 ms intervals: 2 s of ramp (25, 50, 75, ... MB/s), then 8 s at 100 MB/s.
+        let mut b: Vec<u64> = (1..=8).map(|i| i * 3_125_000).collect();
+        b.extend(std::iter::repeat_n(25_000_000, 32));
+        let (at, fin) = ramp(250, &b).unwrap();
+        assert_eq!(fin, 100e6);
+        // The window ending with interval 7 holds 15.6+18.8+21.9+25 = 81.3 MB (< 90% of the
+        // final 100 MB/s); the one ending with interval 8, at 2.25 s, 90.6 MB: the first.
+        assert_eq!(at, 2.25);
+        // Flat from the start: the first full window.
+        assert_eq!(ramp(250, &[25_000_000; 40]).unwrap().0, 1.0);
+        // Too short to say, or nothing moved.
+        assert_eq!(ramp(250, &[25_000_000; 7]), None);
+        assert_eq!(ramp(250, &[0; 40]), None);
+        assert_eq!(ramp(0, &[1; 40]), None);
+        let v = serde_json::json!({"timeline": {"interval_ms": 250, "bytes": b}});
+        assert_eq!(ramp_of_json(&v), Some(2.25));
+        assert_eq!(ramp_of_json(&serde_json::json!({"seconds": 1.0})), None);
+    }
+
+    #[test]
+    fn auto_against_the_best_fixed_count() {
+        let mut rows = vec![
+            row("ferry", 50, "file-1GiB", 1, 300.0),
+            row("ferry", 50, "file-1GiB", 4, 800.0),
+            row("ferry", 50, "file-1GiB", 8, 850.0),
+            row("ferry", 100, "file-1GiB", 4, 700.0),
+        ];
+        let mut auto = row("ferry", 50, "file-1GiB", 0, 830.0);
+        auto.ramp_s = Some(3.0);
+        rows.push(auto);
+        let mut slow = row("ferry", 100, "file-1GiB", 0, 600.0);
+        slow.ramp_s = Some(6.5);
+        rows.push(slow);
+        // No fixed count measured for this one: not in the table.
+        rows.push(row("ferry", 0, "file-1GiB", 0, 900.0));
+        let t = auto_table(&medians(&rows));
+        assert!(
+            t.contains("| 1gbit, 50 ms, default | file-1GiB | put | 830 (830–830) | 850 (8) | 98% | yes | 3.0 | yes |"),
+            "{t}"
+        );
+        assert!(
+            t.contains("| 1gbit, 100 ms, default | file-1GiB | put | 600 (600–600) | 700 (4) | 86% | **no** | 6.5 | **no** |"),
+            "{t}"
+        );
+        assert!(!t.contains(" 0 ms"), "{t}");
+        assert_eq!(auto_table(&[]), "");
     }
 
     #[test]

@@ -715,6 +715,7 @@ impl<'a> Runner<'a> {
             verified: false,
             error: String::new(),
             started: now_unix(),
+            ramp_s: None,
         }
     }
 
@@ -880,6 +881,7 @@ impl<'a> Runner<'a> {
         }
         if let Ok(v) = serde_json::from_str::<serde_json::Value>(&out.stdout) {
             row.tool_s = v.get("seconds").and_then(|x| x.as_f64());
+            row.ramp_s = crate::report::ramp_of_json(&v);
             if let (Some(s), Some(b)) = (row.tool_s, v.get("bytes").and_then(|x| x.as_u64())) {
                 if s > 0.0 {
                     row.tool_mbps = Some(b as f64 * 8.0 / s / 1e6);

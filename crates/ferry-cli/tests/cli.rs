@@ -266,6 +266,18 @@ fn put_json_prints_exactly_one_document() {
         assert!(u64_field(tcp, "sndbuf") > 0 && u64_field(tcp, "snd_cwnd") > 0);
     }
     assert!(total >= 5 * MIB, "streams carried the data: {total}");
+    // Bytes per interval as the server acknowledged them (TLS records included, so a little
+    // more than the frames), complete intervals only: on loopback there may be none.
+    let timeline = &v["timeline"];
+    assert_eq!(u64_field(timeline, "interval_ms"), 250, "{timeline}");
+    let per_interval = timeline["bytes"]
+        .as_array()
+        .expect("timeline.bytes is an array");
+    let acked: u64 = per_interval
+        .iter()
+        .map(|b| b.as_u64().expect("a count"))
+        .sum();
+    assert!(acked <= total + total / 50, "{acked} of {total}");
     assert_eq!(file_b3(&root.join("data.bin")), file_b3(&file));
 }
 

@@ -367,7 +367,7 @@ impl StreamControl {
     }
 
     /// Payload bytes the peer acknowledged, summed over the data connections.
-    fn acked(&self) -> u64 {
+    pub(crate) fn acked(&self) -> u64 {
         self.socks
             .iter()
             .filter_map(|s| tcp_info_fd(s.as_fd()))

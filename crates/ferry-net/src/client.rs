@@ -24,6 +24,7 @@ use crate::engine::{
 use crate::error::SessionError;
 use crate::stream::{Recorder, Stream};
 use crate::tcp::tune;
+use crate::timeline::Timeline;
 use crate::tls::{ClientTls, Known, ServerTrust};
 
 /// Whether and how the connections of a session are protected.
@@ -287,6 +288,9 @@ pub struct TransferReport {
     pub encrypted: bool,
     pub server_fingerprint: Option<String>,
     pub errors: Vec<String>,
+    /// Payload bytes per interval of the last attempt's data phase (a put counts what the
+    /// server's TCP acknowledged, a get what was written here): how soon it reached its rate.
+    pub timeline: Timeline,
     /// `(path, hex digest)` of every stored file.
     #[serde(skip)]
     pub manifest: Vec<(String, String)>,
@@ -843,7 +847,7 @@ async fn put_once(
         plan,
     )
     .await?;
-    let (summary, streams, sender) = (out.summary, out.streams, out.sender);
+    let (summary, streams, sender, timeline) = (out.summary, out.streams, out.sender, out.timeline);
     let tuning = Tuning::new(
         cfg,
         &opts,
@@ -866,9 +870,11 @@ async fn put_once(
     tokio::task::spawn_blocking(move || sender.finish())
         .await
         .ok();
-    Ok(report(
+    let mut report = report(
         "put", &opts, summary, t0, streams, tuning, errors, manifest, security,
-    ))
+    );
+    report.timeline = timeline;
+    Ok(report)
 }
 
 /// Fetches `src` from the server into the local `dest`, retrying (and resuming) on failures
@@ -936,9 +942,11 @@ async fn get_once(
     );
     let errors = receiver.errors();
     let manifest = receiver.manifest();
-    Ok(report(
+    let mut report = report(
         "get", &opts, summary, t0, streams, tuning, errors, manifest, security,
-    ))
+    );
+    report.timeline = out.timeline;
+    Ok(report)
 }
 
 /// Lists a remote directory (or describes a single remote file).
@@ -1007,6 +1015,7 @@ fn report(
         encrypted,
         server_fingerprint,
         errors,
+        timeline: Timeline::default(),
         manifest,
     }
 }

@@ -34,6 +34,7 @@ use crate::conn::{read_frame, send, write_frame};
 use crate::error::SessionError;
 use crate::stream::Stream;
 use crate::tcp::{tcp_info, TcpInfo};
+use crate::timeline::Timeline;
 
 /// How long a data connection holds a partly filled write buffer for more frames before it
 /// flushes: short enough not to matter to a round trip, long enough to coalesce small files.
@@ -136,6 +137,8 @@ pub(crate) struct SenderOutcome {
     pub(crate) tuning: TuneReport,
     /// What the reader tuner did.
     pub(crate) readers: ThreadReport,
+    /// Bytes the receiver acknowledged, per interval.
+    pub(crate) timeline: Timeline,
 }
 
 /// A receiving end's writer pool: the gate (its size is the number of threads started) and
@@ -178,6 +181,7 @@ pub(crate) async fn drive_sender(
 ) -> Result<SenderOutcome, SessionError> {
     let activity = Activity::new();
     let mut meter = LoadMeter::start();
+    let (t0, mut timeline) = (Instant::now(), Timeline::new());
     // The path's round trip, for the tuner's timing: the control connection has carried a TLS
     // handshake and the request by now, so TCP has a minimum RTT for it.
     let rtt = tcp_info(control.tcp())
@@ -251,6 +255,9 @@ pub(crate) async fn drive_sender(
                 meter.sample(empty, full);
                 gate.on_sample(empty, sender.found(), sent);
                 readers.on_sample(empty, sender.bytes_read());
+                if timeline.due(t0.elapsed()) {
+                    timeline.record(t0.elapsed(), gate.acked());
+                }
             }
             e = &mut dog => break Err(e),
         }
@@ -301,6 +308,7 @@ pub(crate) async fn drive_sender(
         sender,
         tuning,
         readers: readers.report(),
+        timeline,
     })
 }
 
@@ -392,6 +400,7 @@ pub(crate) async fn drive_receiver(
 ) -> Result<ReceiverOutcome, SessionError> {
     let activity = Activity::new();
     let mut meter = LoadMeter::start();
+    let (t0, mut timeline) = (Instant::now(), Timeline::new());
     let (ctrl_r, mut ctrl_w) = tokio::io::split(control);
     let mut ctrl_rx = spawn_control_reader(ctrl_r, activity.clone());
     // A short queue between network and storage: a slow disk pushes back on TCP instead of
@@ -476,6 +485,7 @@ pub(crate) async fn drive_receiver(
                 let full = offers_tx.is_full();
                 meter.sample(offers_tx.is_empty(), full);
                 writer_tuner.on_sample(full, written.load(Ordering::Relaxed));
+                timeline.record(t0.elapsed(), written.load(Ordering::Relaxed));
             }
             e = &mut dog => break Err(e),
         }
@@ -569,6 +579,7 @@ pub(crate) async fn drive_receiver(
         streams: reports.into_iter().map(|(_, r)| r).collect(),
         tuned,
         writers: writer_tuner.report(),
+        timeline,
     })
 }
 
@@ -580,6 +591,8 @@ pub(crate) struct ReceiverOutcome {
     pub(crate) tuned: Option<TuneReport>,
     /// What this end's writer tuner did.
     pub(crate) writers: ThreadReport,
+    /// Bytes written, per interval.
+    pub(crate) timeline: Timeline,
 }
 
 /// Aborts the receiver (removing its temporary files) if dropped while still armed.

@@ -12,6 +12,7 @@ pub mod probe;
 pub mod server;
 mod stream;
 pub mod tcp;
+mod timeline;
 pub mod tls;
 
 pub use autotune::{
@@ -22,4 +23,5 @@ pub use client::{ClientConfig, Pool, Security, StartFrom, TransferReport, Tuning
 pub use engine::StreamReport;
 pub use error::SessionError;
 pub use server::{Server, ServerConfig};
+pub use timeline::Timeline;
 pub use tls::{Fingerprint, Identity, KnownHosts, ServerTrust};
