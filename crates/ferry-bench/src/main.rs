@@ -60,7 +60,8 @@ struct Cli {
     /// "none" for no tree.
     #[arg(long, value_delimiter = ',')]
     trees: Option<Vec<String>>,
-    /// Stream counts, e.g. 1,2,3,4,8,16.
+    /// Stream counts, e.g. 1,2,3,4,8,16; 0 runs ferry with its defaults (no --streams: auto),
+    /// against which the others are the fixed settings (summary.md: "Auto-tuning").
     #[arg(long, value_delimiter = ',')]
     streams: Option<Vec<u16>>,
     /// Stream counts for the peers with streams (xrootd, gridftp), if not those of --streams.
@@ -286,8 +287,8 @@ fn build_spec(cli: &Cli) -> Result<Spec> {
         s.datasets = files.into_iter().chain(trees).collect();
     }
     if let Some(v) = &cli.streams {
-        if v.contains(&0) {
-            bail!("--streams: counts start at 1");
+        if v.is_empty() {
+            bail!("--streams: no counts");
         }
         s.streams = v.clone();
     }
@@ -766,7 +767,8 @@ mod tests {
             ]
         );
         assert!(spec(&["--trees", "1G"]).is_err());
-        assert!(spec(&["--streams", "0"]).is_err());
+        // 0 is ferry with its defaults, next to fixed counts.
+        assert_eq!(spec(&["--streams", "0,4"]).unwrap().streams, vec![0, 4]);
         assert!(spec(&["--sizes", "none", "--trees", "none"]).is_err());
         assert_eq!(
             spec(&["--peers", "all"]).unwrap().peers,

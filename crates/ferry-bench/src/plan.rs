@@ -477,7 +477,7 @@ pub fn plan(spec: &Spec) -> Plan {
                 };
                 for &direction in &spec.directions {
                     if spec.iperf3 {
-                        for &s in &spec.streams {
+                        for &s in spec.streams.iter().filter(|&&s| s > 0) {
                             push_unique(
                                 &mut lp.iperf,
                                 IperfPoint {
@@ -503,12 +503,18 @@ pub fn plan(spec: &Spec) -> Plan {
                                 (Some(p), true) => p,
                                 _ => &spec.streams,
                             };
+                            // 0 (ferry's defaults) is a ferry case only.
+                            let list: Vec<u16> = if tool.is_peer() {
+                                list.iter().copied().filter(|&s| s > 0).collect()
+                            } else {
+                                list.clone()
+                            };
                             let streams: Vec<u16> = if !tool.has_streams() {
                                 vec![1]
                             } else if tool.is_peer() && !ds.is_file() {
                                 list.iter().max().copied().into_iter().collect()
                             } else {
-                                list.clone()
+                                list
                             };
                             for &s in &streams {
                                 for &b in &blocks {
@@ -753,6 +759,32 @@ mod tests {
         // "a few minutes"
         let est = p.estimate_secs(5);
         assert!(est < 600.0, "{est}");
+    }
+
+    #[test]
+    fn zero_streams_is_ferrys_defaults_only() {
+        let mut spec = Spec::quick();
+        spec.streams = vec![0, 4];
+        spec.peer_streams = None;
+        spec.ferry = true;
+        spec.peers = vec![Tool::Xrootd, Tool::Rsync];
+        let p = plan(&spec);
+        for l in &p.links {
+            let streams = |t: Tool| -> Vec<u16> {
+                l.cases
+                    .iter()
+                    .filter(|c| c.tool == t && c.dataset.is_file())
+                    .map(|c| c.streams)
+                    .collect()
+            };
+            assert_eq!(streams(Tool::Ferry), vec![0, 4]);
+            assert_eq!(streams(Tool::Xrootd), vec![4]);
+            assert_eq!(streams(Tool::Rsync), vec![1]);
+            assert_eq!(
+                l.iperf.iter().map(|i| i.streams).collect::<Vec<_>>(),
+                vec![4]
+            );
+        }
     }
 
     #[test]

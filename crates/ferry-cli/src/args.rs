@@ -253,9 +253,11 @@ pub struct TransferArgs {
     /// from what worked last time for this server) or a fixed number.
     #[arg(long, default_value = "auto", value_name = "auto|N")]
     pub streams: String,
-    /// Size of the blocks large files are cut into (e.g. 8M, 16MiB). 4 KiB to 64 MiB.
-    #[arg(long, default_value = "8M")]
-    pub block_size: String,
+    /// Size of the blocks large files are cut into (e.g. 8M, 16MiB), 4 KiB to 64 MiB. Default:
+    /// the request size `ferry probe disk` found best for the local file system (1-16 MiB),
+    /// else 8 MiB.
+    #[arg(long)]
+    pub block_size: Option<String>,
     /// Fix SO_SNDBUF/SO_RCVBUF on the data connections (e.g. 16M). This DISABLES the kernel's
     /// TCP autotuning for them; leave it unset unless you have measured that it helps.
     #[arg(long)]

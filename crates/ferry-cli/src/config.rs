@@ -294,6 +294,7 @@ pub fn control_config(
         writers: 1,
         tune_storage: false,
         storage_from: "fixed",
+        block_from: "fixed",
         connect_timeout: Duration::from_secs(15),
         idle_timeout,
         corrupt_blocks: Vec::new(),
@@ -322,7 +323,16 @@ pub fn apply_disk_profile(cfg: &mut ClientConfig, state_dir: &Path, local: &Path
         cfg.writers = p.write_threads.clamp(1, 64) as usize;
     }
     cfg.storage_from = "disk profile";
+    if cfg.block_from == "default" {
+        if let Some(size) = p.request_size {
+            cfg.opts.block_size = ferry_probe::disk::block_size_for(size);
+            cfg.block_from = "disk profile";
+        }
+    }
 }
+
+/// ferry's block size without `--block-size` or a disk profile.
+pub const DEFAULT_BLOCK: u64 = 8 << 20;
 
 /// Starts an auto-tuned transfer from what the tuner settled on last time for this server.
 pub fn apply_profile(cfg: &mut ClientConfig, profiles: &crate::profiles::Profiles, key: &str) {
@@ -343,13 +353,16 @@ pub fn apply_profile(cfg: &mut ClientConfig, profiles: &crate::profiles::Profile
 
 /// Turns transfer arguments into a client configuration for `remote`.
 pub fn client_config(args: &TransferArgs, remote: &Remote) -> Result<ClientConfig> {
-    let block = parse_size(&args.block_size)?;
-    if !(4096..=u64::from(MAX_BLOCK_DATA)).contains(&block) {
-        bail!(
-            "--block-size {} is out of range (4K to 64M)",
-            args.block_size
-        );
-    }
+    let block = match &args.block_size {
+        None => DEFAULT_BLOCK,
+        Some(b) => {
+            let block = parse_size(b)?;
+            if !(4096..=u64::from(MAX_BLOCK_DATA)).contains(&block) {
+                bail!("--block-size {b} is out of range (4K to 64M)");
+            }
+            block
+        }
+    };
     let tcp_window = match &args.tcp_window {
         None => 0,
         Some(w) => {
@@ -403,6 +416,11 @@ pub fn client_config(args: &TransferArgs, remote: &Remote) -> Result<ClientConfi
             "default"
         } else {
             "fixed"
+        },
+        block_from: if args.block_size.is_some() {
+            "fixed"
+        } else {
+            "default"
         },
         connect_timeout: Duration::from_secs(args.connect_timeout.max(1)),
         idle_timeout: Duration::from_secs(120),

@@ -1027,13 +1027,25 @@ fn put_streams_auto_reports_tuning_and_starts_from_a_profile() {
     let file = sb.path("src/data.bin");
     write_pattern(&file, 5 * MIB, 11);
     let s = Server::start(&sb, &root, Some(&sb.path("token")), &[]);
-    // A put of `file` with these options that must succeed.
+    // A put of `file` with these options that must succeed (in 256 KiB blocks unless the
+    // options give a block size or say "default-block").
     let put = |options: &[&str]| {
+        let block: &[&str] =
+            if options.contains(&"default-block") || options.contains(&"--block-size") {
+                &[]
+            } else {
+                &["--block-size", "256K"]
+            };
+        let options: Vec<&str> = options
+            .iter()
+            .copied()
+            .filter(|o| *o != "default-block")
+            .collect();
         let out = run(
             sb.client(&s.token)
                 .arg("put")
-                .args(options)
-                .args(["--block-size", "256K"])
+                .args(&options)
+                .args(block)
                 .arg(&file)
                 .arg(s.remote("/")),
             CMD_TIMEOUT,
@@ -1117,6 +1129,26 @@ fn put_streams_auto_reports_tuning_and_starts_from_a_profile() {
     let r = &v["tuning"]["readers"];
     assert_eq!(r["start_from"], "disk profile", "{v}");
     assert_eq!(u64_field(r, "start"), 2, "{v}");
+    // A profile saved before it recorded a request size leaves the block size alone.
+    let v = one_json(&put(&["--json", "--overwrite", "default-block"]).stdout);
+    assert_eq!(v["block_size_from"], "default", "{v}");
+    assert_eq!(u64_field(&v, "block_size"), 8 << 20, "{v}");
+    // With one, blocks start at the request size the probe found best, within 1-16 MiB...
+    fs::write(
+        sb.state_dir().join("disk-profiles.json"),
+        format!(
+            r#"{{"{dev}":{{"path":"/x","read_threads":2,"write_threads":1,"read_mib_per_s":1.0,"write_mib_per_s":1.0,"request_size":67108864,"measured_at":"2026-11-22T00:00:00Z"}}}}"#
+        ),
+    )
+    .unwrap();
+    let v = one_json(&put(&["--json", "--overwrite", "default-block"]).stdout);
+    assert_eq!(v["block_size_from"], "disk profile", "{v}");
+    assert_eq!(u64_field(&v, "block_size"), 16 << 20, "{v}");
+    assert_eq!(file_b3(&root.join("data.bin")), file_b3(&file));
+    // ...and --block-size fixes it.
+    let v = one_json(&put(&["--json", "--block-size", "4M", "--overwrite"]).stdout);
+    assert_eq!(v["block_size_from"], "fixed", "{v}");
+    assert_eq!(u64_field(&v, "block_size"), 4 << 20, "{v}");
     // A number fixes the pool.
     let v = one_json(&put(&["--json", "--readers", "3", "--overwrite"]).stdout);
     let r = &v["tuning"]["readers"];

@@ -50,6 +50,8 @@ pub struct ClientConfig {
     pub tune_storage: bool,
     /// Where the storage thread counts came from: `default`, `disk profile` or `fixed`.
     pub storage_from: &'static str,
+    /// Where `opts.block_size` came from: `default`, `disk profile` or `fixed`.
+    pub block_from: &'static str,
     pub connect_timeout: Duration,
     pub idle_timeout: Duration,
     /// Test-only fault hook, see `SenderConfig::corrupt_blocks`.
@@ -278,6 +280,9 @@ pub struct TransferReport {
     pub seconds: f64,
     pub mib_per_s: f64,
     pub block_size: u32,
+    /// `default`, `disk profile` (the request size `ferry probe disk` found best here) or
+    /// `fixed` (`--block-size`).
+    pub block_size_from: &'static str,
     pub checksum: &'static str,
     pub streams: Vec<StreamReport>,
     /// How many streams carried data and why, and what limited the transfer.
@@ -874,6 +879,7 @@ async fn put_once(
         "put", &opts, summary, t0, streams, tuning, errors, manifest, security,
     );
     report.timeline = timeline;
+    report.block_size_from = cfg.block_from;
     Ok(report)
 }
 
@@ -946,6 +952,7 @@ async fn get_once(
         "get", &opts, summary, t0, streams, tuning, errors, manifest, security,
     );
     report.timeline = out.timeline;
+    report.block_size_from = cfg.block_from;
     Ok(report)
 }
 
@@ -1008,6 +1015,7 @@ fn report(
         seconds,
         mib_per_s: s.bytes as f64 / (1 << 20) as f64 / seconds.max(1e-9),
         block_size: opts.block_size,
+        block_size_from: "default",
         checksum: digest::algo_name(opts.checksum),
         streams,
         tuning,

@@ -1465,8 +1465,15 @@ impl DiskReport {
             let _ = writeln!(
                 s,
                 "profile saved in {}: transfers reading or writing this file system start \
-                 their reader and writer threads from it",
-                p.display()
+                 their reader and writer threads from it{}",
+                p.display(),
+                match self.common_request_size {
+                    Some(c) => format!(
+                        ", and their block size at {} unless given --block-size",
+                        size_flag(u64::from(block_size_for(c)))
+                    ),
+                    None => String::new(),
+                }
             );
         }
         s
@@ -1550,6 +1557,10 @@ pub struct DiskProfile {
     pub write_threads: u32,
     pub read_mib_per_s: f64,
     pub write_mib_per_s: f64,
+    /// The one request size for both directions (`common_request_size`): transfers that
+    /// are not given `--block-size` start with blocks of this size (clamped to 1–16 MiB).
+    #[serde(default)]
+    pub request_size: Option<u64>,
     /// UTC, RFC 3339.
     pub measured_at: String,
 }
@@ -1584,9 +1595,18 @@ impl DiskReport {
             write_threads: u32::try_from(w.threads).unwrap_or(u32::MAX).max(1),
             read_mib_per_s: r.mib_per_s,
             write_mib_per_s: w.mib_per_s,
+            request_size: self.common_request_size,
             measured_at,
         })
     }
+}
+
+/// The block size a transfer starts with on a file system whose best request size is
+/// `request_size`. Clamped: below 1 MiB per-block costs (a frame, a digest, a journal record)
+/// start to count, and above 16 MiB the memory a session holds (a few blocks per stream and
+/// writer) grows past what the network needs.
+pub fn block_size_for(request_size: u64) -> u32 {
+    request_size.clamp(1 << 20, 16 << 20) as u32
 }
 
 /// Saves `profile` for the file system holding `probed`. Returns the file's path.
@@ -1622,6 +1642,7 @@ mod profile_tests {
             write_threads: 1,
             read_mib_per_s: 900.0,
             write_mib_per_s: 300.0,
+            request_size: Some(4 << 20),
             measured_at: "2026-11-22T04:00:00Z".into(),
         };
         let file = save_disk_profile(state.path(), data.path(), p.clone()).unwrap();
@@ -1632,5 +1653,12 @@ mod profile_tests {
         // Nothing saved: nothing found.
         let empty = tempfile::tempdir().unwrap();
         assert_eq!(disk_profile_for(empty.path(), data.path()), None);
+    }
+
+    #[test]
+    fn block_sizes_from_request_sizes_are_bounded() {
+        assert_eq!(block_size_for(4 << 20), 4 << 20);
+        assert_eq!(block_size_for(64 << 20), 16 << 20);
+        assert_eq!(block_size_for(4096), 1 << 20);
     }
 }

@@ -191,7 +191,7 @@ pub async fn run(args: DemoArgs, quiet: bool) -> Result<ExitCode> {
 
     let targs = TransferArgs {
         streams: args.streams.to_string(),
-        block_size: "8M".into(),
+        block_size: None,
         tcp_window: None,
         checksum: "blake3".into(),
         overwrite: false,

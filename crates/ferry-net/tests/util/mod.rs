@@ -116,6 +116,7 @@ pub fn client_config(server: String) -> ClientConfig {
         writers: 3,
         tune_storage: false,
         storage_from: "fixed",
+        block_from: "fixed",
         connect_timeout: Duration::from_secs(5),
         idle_timeout: Duration::from_secs(20),
         corrupt_blocks: Vec::new(),
