@@ -568,7 +568,7 @@ fn add_targets(links: &mut Vec<LinkPlan>, spec: &Spec) {
             }
         };
         let lp = &mut links[idx];
-        let mut iperf_streams: Vec<u16> = spec.streams.iter().map(|&s| s.max(1)).collect();
+        let mut iperf_streams: Vec<u16> = spec.streams.iter().copied().filter(|&s| s > 0).collect();
         if iperf_streams.is_empty() {
             iperf_streams = vec![1, 2, 4, 8];
         }
@@ -583,6 +583,10 @@ fn add_targets(links: &mut Vec<LinkPlan>, spec: &Spec) {
                     },
                 );
             }
+        }
+        // --no-ferry: only the ceilings (to complete another run's results).
+        if !spec.ferry {
+            continue;
         }
         let mut sets = vec![TARGET_FILE];
         if rtt == TARGET_TREE_RTT {
