@@ -869,6 +869,19 @@ impl<'a> Runner<'a> {
         if let Some(b) = case.block {
             cmd.args(["--block-size", &b.to_string()]);
         }
+        if !remote {
+            // Every bed's server has the same address: one profile store per link, so that
+            // what the tuner learnt at one RTT is not the start at another (a real route keeps
+            // its RTT). The server's key and the pin stay shared.
+            let dir = self
+                .opts
+                .out
+                .join("ferry-state")
+                .join("clients")
+                .join(format!("{}-{}ms-{}", row.rate, row.rtt_ms, row.regime));
+            let _ = fs::create_dir_all(&dir);
+            cmd.env("FERRY_STATE_DIR", dir);
+        }
         self.before_run();
         let out = match run_timed(cmd, run_timeout(&case.dataset, self.opts.max_run)) {
             Ok(o) => o,
@@ -881,6 +894,12 @@ impl<'a> Runner<'a> {
         if !remote || case.direction == Direction::Get {
             row.sync_s = syncfs(&dest_local).as_secs_f64();
         }
+        // ferry's own report (tuning steps, timeline, per-stream TCP_INFO) for a closer look.
+        let report = self.opts.out.join("logs").join(format!(
+            "ferry-{}-{}ms-{}-{}-{}-s{}-{}-run{run}.json",
+            row.rate, row.rtt_ms, row.regime, row.direction, label, case.streams, row.block
+        ));
+        let _ = fs::write(report, &out.stdout);
         if let Ok(v) = serde_json::from_str::<serde_json::Value>(&out.stdout) {
             row.tool_s = v.get("seconds").and_then(|x| x.as_f64());
             row.ramp_s = crate::report::ramp_of_json(&v);
