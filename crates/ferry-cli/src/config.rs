@@ -301,6 +301,7 @@ pub fn control_config(
         retry_for: Duration::ZERO,
         security: security(conn, &remote.server())?,
         start_from: Default::default(),
+        start_settled: false,
         force_streams: None,
     })
 }
@@ -343,6 +344,7 @@ pub fn apply_profile(cfg: &mut ClientConfig, profiles: &crate::profiles::Profile
         let n = e.streams.clamp(1, u32::from(cfg.opts.streams)) as u16;
         cfg.opts.auto_start = n;
         cfg.start_from = ferry_net::StartFrom::Profile;
+        cfg.start_settled = e.settled;
     } else if let Some(p) = ferry_probe::net::load_profiles(profiles.dir()).get(key) {
         // No transfer has tuned this route yet, but `ferry probe net` measured it.
         let n = p.streams.clamp(1, cfg.opts.streams);
@@ -428,6 +430,7 @@ pub fn client_config(args: &TransferArgs, remote: &Remote) -> Result<ClientConfi
         retry_for: parse_duration(&args.retry_for)?,
         security: security(&args.conn, &remote.server())?,
         start_from: Default::default(),
+        start_settled: false,
         force_streams: None,
     })
 }

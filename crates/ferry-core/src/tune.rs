@@ -87,6 +87,12 @@ pub struct TunerConfig {
     /// Where to begin: a profile or a previous transfer on the same route (HARP's lesson:
     /// online search costs seconds, a good prior saves them). Usually the default.
     pub start: u32,
+    /// `start` is where an earlier search on this route settled: hold it from the first
+    /// measurement (probing neighbours, and searching again on drift, as when settled)
+    /// instead of searching again. A full search takes four measurements or more (about 9 s
+    /// at 50 ms), most of a 1 GiB transfer, and measures the default and a doubling that the
+    /// earlier search already rejected. The default guarantee then rests on that search.
+    pub trusted_start: bool,
     /// Length of one rate sample. Long enough to hold several blocks per stream, so counting
     /// bytes per block does not quantise the rate.
     pub interval: Duration,
@@ -124,6 +130,7 @@ impl TunerConfig {
             max: 64,
             default: 4,
             start: 4,
+            trusted_start: false,
             interval,
             warmup,
             samples: 3,
@@ -152,6 +159,14 @@ impl TunerConfig {
     /// The same configuration starting from `start` (e.g. a remembered value for the route).
     pub fn with_start(mut self, start: u32) -> Self {
         self.start = start;
+        self
+    }
+
+    /// The same configuration holding `start`, where an earlier search settled (see
+    /// [`TunerConfig::trusted_start`]).
+    pub fn with_settled_start(mut self, start: u32) -> Self {
+        self.start = start;
+        self.trusted_start = true;
         self
     }
 
@@ -441,6 +456,9 @@ impl Tuner {
             Phase::Baseline => {
                 self.record(now, n, rate, Verdict::Baseline);
                 self.take_best(n, rate, spread);
+                if self.cfg.trusted_start {
+                    return self.settle(now);
+                }
                 self.begin_search(now)
             }
             Phase::Up | Phase::Down => {

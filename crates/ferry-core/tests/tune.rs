@@ -228,6 +228,55 @@ fn a_good_profile_gets_within_10_percent_in_5_seconds() {
 }
 
 #[test]
+fn a_settled_profile_is_held_from_the_first_measurement() {
+    let path = gig(ms(50));
+    let cold = simulate(path, TunerConfig::streams_for_rtt(ms(50)), secs(30));
+    let profile = cold.state.best;
+    let cfg = TunerConfig::streams_for_rtt(ms(50)).with_settled_start(profile);
+    let warm = simulate(path, cfg, secs(30));
+    // Settled after one measurement (warmup 0.8 s + 3 x 0.5 s), with no move before the
+    // first probe is due four measurements later.
+    let at = warm.state.first_settled.expect("settled");
+    assert!(at <= secs(3), "{at:?}");
+    let first_move = warm.state.history.iter().find(|s| s.value != profile);
+    assert!(
+        first_move.is_none_or(|s| s.at >= secs(9)),
+        "{:?}",
+        warm.state.history
+    );
+    assert!(
+        warm.share_of_best() >= 0.95,
+        "{}",
+        warm.summary("settled profile")
+    );
+    // Against the same profile searched again: the first 10 s carry more.
+    let searched = simulate(
+        path,
+        TunerConfig::streams_for_rtt(ms(50)).with_start(profile),
+        secs(30),
+    );
+    let (held, again) = (
+        warm.trace.rate(Duration::ZERO, secs(10)),
+        searched.trace.rate(Duration::ZERO, secs(10)),
+    );
+    eprintln!(
+        "1G/50ms from {profile}: first 10 s {:.0} Mbit/s held, {:.0} searched again",
+        mbit(held),
+        mbit(again)
+    );
+    assert!(held >= again, "{held} < {again}");
+}
+
+#[test]
+fn a_wrong_settled_profile_is_corrected_by_probes() {
+    // One stream at 100 ms carries 335 Mbit/s of the 1 Gbit/s: a profile of 1 is wrong here.
+    let cfg = TunerConfig::streams_for_rtt(ms(100)).with_settled_start(1);
+    let o = simulate(gig(ms(100)), cfg, secs(90));
+    eprintln!("{}", o.summary("1G/100ms from a settled 1"));
+    assert!(o.state.best >= 3, "{}", o.state.best);
+}
+
+#[test]
 fn noise_does_not_make_it_oscillate() {
     let mut worst_kept = 0;
     let mut worst_actions = 0;

@@ -138,6 +138,9 @@ pub(crate) struct StreamPlan {
     pub(crate) force: Option<u32>,
     /// Tune the reader threads (the sender's side of the storage).
     pub(crate) tune_storage: bool,
+    /// `auto_start` is where an earlier search on this route settled: hold it rather than
+    /// search again (bulk data only; see `TunerConfig::trusted_start`).
+    pub(crate) settled_start: bool,
 }
 
 impl StreamPlan {
@@ -147,6 +150,7 @@ impl StreamPlan {
             block_size: opts.block_size,
             force: None,
             tune_storage: false,
+            settled_start: false,
         }
     }
 
@@ -420,6 +424,8 @@ impl StreamControl {
         let cfg = TunerConfig {
             max: self.max,
             default,
+            // What small files want says little about bulk data, and the other way round.
+            trusted_start: self.plan.settled_start && !self.small,
             ..TunerConfig::streams_for_rtt(self.rtt)
         }
         .with_start(start);
@@ -595,6 +601,7 @@ mod tests {
             block_size: 1 << 20,
             force: None,
             tune_storage: false,
+            settled_start: false,
         };
         assert_eq!(fixed.queue_len(8), 16);
         let auto = StreamPlan {

@@ -59,6 +59,10 @@ pub struct ClientConfig {
     /// How long to keep retrying (with backoff) after failures that a retry can fix.
     pub retry_for: Duration,
     pub security: Security,
+    /// The profile behind `opts.auto_start` comes from a search that had settled: a put holds
+    /// it from the start instead of searching again (a get's sender is the server, which is
+    /// not told, and searches).
+    pub start_settled: bool,
     /// Where `opts.auto_start` came from, for the report.
     pub start_from: StartFrom,
     /// Test hook: with `opts.auto_start > 0`, the sending side holds this many streams from
@@ -820,6 +824,7 @@ async fn put_once(
     let plan = StreamPlan {
         force: cfg.force_streams,
         tune_storage: cfg.tune_storage,
+        settled_start: cfg.start_settled && cfg.start_from == StartFrom::Profile,
         ..StreamPlan::from_opts(&opts)
     };
     let (tx, rx) = frame_queue(&plan, opts.streams);
