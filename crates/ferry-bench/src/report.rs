@@ -385,7 +385,8 @@ pub fn auto_table(meds: &[Med]) -> String {
         let verdict = |ok: bool| if ok { "yes" } else { "**no**" };
         let (ramp, ramp_ok) = match a.ramp_s_median {
             Some(r) => (format!("{r:.1}"), verdict(r <= 5.0)),
-            None => ("–".to_owned(), "–"),
+            // Shorter than two seconds of data: no ramp to tell from the tail.
+            None => (format!("– ({:.1} s in all)", a.wall_s_median), "n/a"),
         };
         let _ = writeln!(
             out,
@@ -713,6 +714,11 @@ mod tests {
         rows.push(slow);
         // No fixed count measured for this one: not in the table.
         rows.push(row("ferry", 0, "file-1GiB", 0, 900.0));
+        // Too short for a ramp: the table says how long it took in all.
+        let mut short = row("ferry", 50, "tree-10000x10KiB", 0, 500.0);
+        short.wall_s = 1.6;
+        rows.push(short);
+        rows.push(row("ferry", 50, "tree-10000x10KiB", 4, 520.0));
         let t = auto_table(&medians(&rows));
         assert!(
             t.contains("| 1gbit, 50 ms, default | file-1GiB | put | 830 (830–830) | 850 (8) | 98% | yes | 3.0 | yes |"),
@@ -723,6 +729,7 @@ mod tests {
             "{t}"
         );
         assert!(!t.contains(" 0 ms"), "{t}");
+        assert!(t.contains("| 96% | yes | – (1.6 s in all) | n/a |"), "{t}");
         assert_eq!(auto_table(&[]), "");
     }
 
