@@ -260,7 +260,16 @@ fn put_json_prints_exactly_one_document() {
         total += u64_field(st, "bytes");
         let tcp = &st["tcp"];
         assert!(tcp.is_object(), "tcp info present: {st}");
-        for k in ["rtt_us", "snd_cwnd", "total_retrans", "sndbuf", "rcvbuf"] {
+        for k in [
+            "rtt_us",
+            "snd_cwnd",
+            "total_retrans",
+            "sndbuf",
+            "rcvbuf",
+            "busy_us",
+            "rwnd_limited_us",
+            "sndbuf_limited_us",
+        ] {
             assert!(tcp[k].is_u64(), "tcp.{k} is a number: {st}");
         }
         assert!(u64_field(tcp, "sndbuf") > 0 && u64_field(tcp, "snd_cwnd") > 0);

@@ -44,6 +44,13 @@ pub struct TcpInfo {
     pub bytes_acked: u64,
     /// Payload bytes received (`tcpi_bytes_received`).
     pub bytes_received: u64,
+    /// Microseconds the connection had data in flight (`tcpi_busy_time`), and of those, how
+    /// long it was held back by the peer's receive window (`tcpi_rwnd_limited`) or by its own
+    /// send buffer (`tcpi_sndbuf_limited`): whether more streams could help (a window limit)
+    /// or only add queueing (the path's limit). 0 on kernels before 4.10.
+    pub busy_us: u64,
+    pub rwnd_limited_us: u64,
+    pub sndbuf_limited_us: u64,
     /// Effective SO_SNDBUF/SO_RCVBUF (the kernel doubles what is asked for).
     pub sndbuf: usize,
     pub rcvbuf: usize,
@@ -77,6 +84,9 @@ pub(crate) fn tcp_info_fd(sock: BorrowedFd<'_>) -> Option<TcpInfo> {
     // Kernels before 4.1 fill less of the struct: the byte counters are then unknown (0).
     let has_bytes = len as usize
         >= std::mem::offset_of!(libc::tcp_info, tcpi_bytes_received) + std::mem::size_of::<u64>();
+    let has_chrono = len as usize
+        >= std::mem::offset_of!(libc::tcp_info, tcpi_sndbuf_limited) + std::mem::size_of::<u64>();
+    let chrono = |v: u64| if has_chrono { v } else { 0 };
     Some(TcpInfo {
         rtt_us: info.tcpi_rtt,
         rttvar_us: info.tcpi_rttvar,
@@ -91,6 +101,9 @@ pub(crate) fn tcp_info_fd(sock: BorrowedFd<'_>) -> Option<TcpInfo> {
         } else {
             0
         },
+        busy_us: chrono(info.tcpi_busy_time),
+        rwnd_limited_us: chrono(info.tcpi_rwnd_limited),
+        sndbuf_limited_us: chrono(info.tcpi_sndbuf_limited),
         sndbuf: sock.send_buffer_size().unwrap_or(0),
         rcvbuf: sock.recv_buffer_size().unwrap_or(0),
     })
