@@ -141,19 +141,10 @@ impl Med {
     }
 }
 
-/// Median (mean of the middle two for an even count); None when empty.
+/// Median (mean of the middle two for an even count); None when empty. ferry's one median,
+/// on a copy (the callers keep their runs in order).
 pub fn median(v: &[f64]) -> Option<f64> {
-    if v.is_empty() {
-        return None;
-    }
-    let mut s = v.to_vec();
-    s.sort_by(f64::total_cmp);
-    let n = s.len();
-    Some(if n % 2 == 1 {
-        s[n / 2]
-    } else {
-        (s[n / 2 - 1] + s[n / 2]) / 2.0
-    })
+    ferry_core::stats::median(&mut v.to_vec())
 }
 
 pub fn medians(rows: &[Row]) -> Vec<Med> {
@@ -433,6 +424,25 @@ fn find<'a>(meds: &'a [Med], rtt: u32, dataset: &str) -> Option<&'a Med> {
     })
 }
 
+/// ferry's median as a share of an iperf3 ceiling `(Mbit/s, streams)`: passes at ≥ 95%.
+/// `detail` words a measured pair (ferry, ratio, ceiling, streams); `no_ceiling` says why there
+/// is nothing to compare with.
+fn share_of(
+    ferry: Option<&Med>,
+    ceiling: Option<(f64, u16)>,
+    no_ceiling: &str,
+    detail: impl Fn(&Med, f64, f64, u16) -> String,
+) -> (Option<bool>, String) {
+    match (ferry, ceiling) {
+        (Some(f), Some((c, s))) => {
+            let ratio = f.mbps_median / c;
+            (Some(ratio >= 0.95), detail(f, ratio, c, s))
+        }
+        (None, _) => (None, "not measured (run with --targets)".into()),
+        (_, None) => (None, no_ceiling.into()),
+    }
+}
+
 /// The targets, on the 1 Gbit/s emulated link, default regime, ferry's defaults, put:
 /// (1) one 1 GiB file at ≥ 95% of iperf3's best at RTT 0, 50 and 100 ms; (2) 10,000 × 10 KiB at
 /// 100 ms in ≤ 1.5 × the wall time of one file of the same bytes.
@@ -443,47 +453,41 @@ pub fn targets(meds: &[Med]) -> Vec<TargetCheck> {
         let f = find(meds, rtt, &TARGET_FILE.label());
         let ip = iperf_best(meds, "1gbit", "default", rtt, "put");
         let same = iperf_same_bytes(meds, TARGET_FILE.bytes(), "1gbit", "default", rtt, "put");
-        let (pass, detail) = match (f, ip) {
-            (Some(f), Some((ip, s))) => {
-                let ratio = f.mbps_median / ip;
-                (
-                    Some(ratio >= 0.95),
-                    format!(
-                        "ferry {:.0} Mbit/s (min {:.0}, max {:.0}, n={}) = {:.1}% of iperf3 {:.0} Mbit/s (-P {s})",
-                        f.mbps_median,
-                        f.mbps_min,
-                        f.mbps_max,
-                        f.ok_runs,
-                        ratio * 100.0,
-                        ip
-                    ),
-                )
-            }
-            (None, _) => (None, "not measured (run with --targets)".into()),
-            (_, None) => (None, "no iperf3 figure for this link".into()),
-        };
+        let (pass, detail) = share_of(
+            f,
+            ip,
+            "no iperf3 figure for this link",
+            |f, ratio, ip, s| {
+                format!(
+                "ferry {:.0} Mbit/s (min {:.0}, max {:.0}, n={}) = {:.1}% of iperf3 {:.0} Mbit/s (-P {s})",
+                f.mbps_median,
+                f.mbps_min,
+                f.mbps_max,
+                f.ok_runs,
+                ratio * 100.0,
+                ip
+            )
+            },
+        );
         out.push(TargetCheck { name, pass, detail });
         // The steady-state ceiling leaves out what every transfer of a finite size pays:
         // connection set-up and slow start. iperf3 moving the same bytes pays them too.
         let name = format!(
             "1 GiB file at {rtt} ms: ≥ 95% of iperf3 moving the same 1 GiB (like for like)"
         );
-        let (pass, detail) = match (f, same) {
-            (Some(f), Some((v, s))) => {
-                let ratio = f.mbps_median / v;
-                (
-                    Some(ratio >= 0.95),
-                    format!(
-                        "ferry {:.0} Mbit/s = {:.1}% of iperf3 -n 1GiB -P {s} {:.0} Mbit/s (both by process wall clock)",
-                        f.mbps_median,
-                        ratio * 100.0,
-                        v
-                    ),
-                )
-            }
-            (None, _) => (None, "not measured (run with --targets)".into()),
-            (_, None) => (None, "no iperf3 -n figure for this link".into()),
-        };
+        let (pass, detail) = share_of(
+            f,
+            same,
+            "no iperf3 -n figure for this link",
+            |f, ratio, v, s| {
+                format!(
+                "ferry {:.0} Mbit/s = {:.1}% of iperf3 -n 1GiB -P {s} {:.0} Mbit/s (both by process wall clock)",
+                f.mbps_median,
+                ratio * 100.0,
+                v
+            )
+            },
+        );
         out.push(TargetCheck { name, pass, detail });
     }
     let name =

@@ -763,13 +763,13 @@ impl<'a> Runner<'a> {
                 if sent < n || got < n - n / 32 {
                     bail!("iperf3 -n {n} sent {sent} bytes, of which {got} were counted received");
                 }
-                Ok((n, o.wall))
+                Ok(o.wall)
             });
             match res {
-                Ok((got, wall)) => {
-                    row.bytes = got;
+                Ok(wall) => {
+                    row.bytes = n;
                     row.wall_s = wall.as_secs_f64();
-                    row.mbps = got as f64 * 8.0 / row.wall_s / 1e6;
+                    row.mbps = n as f64 * 8.0 / row.wall_s / 1e6;
                     row.verified = true;
                 }
                 Err(e) => row.error = format!("{e:#}"),
@@ -900,9 +900,10 @@ impl<'a> Runner<'a> {
             row.rate, row.rtt_ms, row.regime, row.direction, label, case.streams, row.block
         ));
         let _ = fs::write(report, &out.stdout);
-        if let Ok(v) = serde_json::from_str::<serde_json::Value>(&out.stdout) {
+        let json = serde_json::from_str::<serde_json::Value>(&out.stdout).ok();
+        if let Some(v) = &json {
             row.tool_s = v.get("seconds").and_then(|x| x.as_f64());
-            row.ramp_s = crate::report::ramp_of_json(&v);
+            row.ramp_s = crate::report::ramp_of_json(v);
             if let (Some(s), Some(b)) = (row.tool_s, v.get("bytes").and_then(|x| x.as_u64())) {
                 if s > 0.0 {
                     row.tool_mbps = Some(b as f64 * 8.0 / s / 1e6);
@@ -920,7 +921,7 @@ impl<'a> Runner<'a> {
         // A run that found its data already there measured nothing: say so rather than report
         // a rate (a destination that was not emptied makes ferry skip or resume).
         if !(remote && case.direction == Direction::Put) {
-            if let Ok(v) = serde_json::from_str::<serde_json::Value>(&out.stdout) {
+            if let Some(v) = &json {
                 let skipped = v.get("skipped").and_then(|x| x.as_u64()).unwrap_or(0);
                 if skipped > 0 {
                     row.error = format!(

@@ -301,7 +301,6 @@ pub fn control_config(
         retry_for: Duration::ZERO,
         security: security(conn, &remote.server())?,
         start_from: Default::default(),
-        start_settled: false,
         force_streams: None,
     })
 }
@@ -343,8 +342,7 @@ pub fn apply_profile(cfg: &mut ClientConfig, profiles: &crate::profiles::Profile
     if let Some(e) = profiles.load(key) {
         let n = e.streams.clamp(1, u32::from(cfg.opts.streams)) as u16;
         cfg.opts.auto_start = n;
-        cfg.start_from = ferry_net::StartFrom::Profile;
-        cfg.start_settled = e.settled;
+        cfg.start_from = ferry_net::StartFrom::Profile { settled: e.settled };
     } else if let Some(p) = ferry_probe::net::load_profiles(profiles.dir()).get(key) {
         // No transfer has tuned this route yet, but `ferry probe net` measured it.
         let n = p.streams.clamp(1, cfg.opts.streams);
@@ -430,7 +428,6 @@ pub fn client_config(args: &TransferArgs, remote: &Remote) -> Result<ClientConfi
         retry_for: parse_duration(&args.retry_for)?,
         security: security(&args.conn, &remote.server())?,
         start_from: Default::default(),
-        start_settled: false,
         force_streams: None,
     })
 }

@@ -7,7 +7,6 @@
 //! profile: tuning then starts from the default.
 
 use std::collections::BTreeMap;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -104,19 +103,14 @@ impl Profiles {
                 None => break,
             };
         }
-        write_atomically(&self.dir, &self.path(), &serde_json::to_vec_pretty(&file)?)
+        ferry_probe::store::write_atomically(
+            &self.dir,
+            FILE_NAME,
+            &serde_json::to_vec_pretty(&file)?,
+        )
+        .with_context(|| format!("replacing {}", self.path().display()))?;
+        Ok(())
     }
-}
-
-fn write_atomically(dir: &Path, path: &Path, bytes: &[u8]) -> Result<()> {
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    let mut tmp = tempfile::NamedTempFile::new_in(dir)
-        .with_context(|| format!("creating a temporary file in {}", dir.display()))?;
-    tmp.write_all(bytes)?;
-    tmp.as_file().sync_all()?;
-    tmp.persist(path)
-        .with_context(|| format!("replacing {}", path.display()))?;
-    Ok(())
 }
 
 #[cfg(test)]

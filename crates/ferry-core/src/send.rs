@@ -176,10 +176,7 @@ impl Sender {
                 std::thread::Builder::new()
                     .name(format!("ferry-read-{i}"))
                     .spawn(move || {
-                        let stop = || {
-                            shared.closed.load(Ordering::Acquire) || shared.frames.is_disconnected()
-                        };
-                        while shared.config.readers.wait_turn(i, stop) {
+                        while shared.config.readers.wait_turn(i, || shared.is_over()) {
                             let Ok(job) = job_rx.recv() else { break };
                             if !send_file(&shared, &job.record) {
                                 break;
@@ -337,6 +334,11 @@ impl Shared {
             .push(msg);
     }
 
+    /// The session has ended: closed by the driver, or its frame queue dropped.
+    fn is_over(&self) -> bool {
+        self.closed.load(Ordering::Acquire) || self.frames.is_disconnected()
+    }
+
     /// Queues a frame; false when the transfer is over (the driver dropped the queue).
     fn push(&self, frame: Frame) -> bool {
         self.frames.send(frame).is_ok()
@@ -366,7 +368,7 @@ impl Shared {
             if let Some(d) = map.remove(&id) {
                 return Some(d);
             }
-            if self.closed.load(Ordering::Acquire) || self.frames.is_disconnected() {
+            if self.is_over() {
                 tracing::debug!(file = id.0, "session over before the file was decided");
                 return None;
             }

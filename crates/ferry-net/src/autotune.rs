@@ -25,6 +25,28 @@ pub(crate) const SAMPLE_EVERY: Duration = Duration::from_millis(25);
 /// Samples per tuner tick: the tuner sees progress every 100 ms.
 const SAMPLES_PER_TICK: u32 = 4;
 
+/// Majority vote of a yes/no condition over the samples of one tuner tick: a queue that was
+/// empty (or full) in at least half of them.
+#[derive(Default)]
+struct TickVote {
+    samples: u32,
+    yes: u32,
+}
+
+impl TickVote {
+    /// Counts one sample; at the end of a tick, the vote (and a fresh count).
+    fn push(&mut self, yes: bool) -> Option<bool> {
+        self.samples += 1;
+        self.yes += u32::from(yes);
+        if self.samples < SAMPLES_PER_TICK {
+            return None;
+        }
+        let vote = self.yes * 2 >= self.samples;
+        *self = Self::default();
+        Some(vote)
+    }
+}
+
 /// The stream count ferry used before auto-tuning, and the one the tuner is never slower than
 /// on bulk data (BENCHMARKS.md: enough for 1 Gbit/s at 100 ms under a 4 MiB `tcp_wmem`).
 pub const DEFAULT_STREAMS: u16 = 4;
@@ -194,8 +216,7 @@ pub(crate) struct ThreadControl {
     gate: Arc<Gate>,
     tuner: Option<Tuner>,
     start: u32,
-    tick_samples: u32,
-    tick_hot: u32,
+    hot: TickVote,
 }
 
 impl ThreadControl {
@@ -218,8 +239,7 @@ impl ThreadControl {
             gate,
             tuner,
             start,
-            tick_samples: 0,
-            tick_hot: 0,
+            hot: TickVote::default(),
         }
     }
 
@@ -230,13 +250,9 @@ impl ThreadControl {
     }
 
     fn on_sample_at(&mut self, now: Duration, hot: bool, done: u64) {
-        self.tick_samples += 1;
-        self.tick_hot += u32::from(hot);
-        if self.tick_samples < SAMPLES_PER_TICK {
+        let Some(holding_back) = self.hot.push(hot) else {
             return;
-        }
-        let holding_back = self.tick_hot * 2 >= self.tick_samples;
-        (self.tick_samples, self.tick_hot) = (0, 0);
+        };
         let Some(tuner) = self.tuner.as_mut() else {
             return;
         };
@@ -319,8 +335,7 @@ pub(crate) struct StreamControl {
     tuning: bool,
     start: u32,
     small: bool,
-    tick_samples: u32,
-    tick_empty: u32,
+    empty: TickVote,
 }
 
 impl StreamControl {
@@ -354,8 +369,7 @@ impl StreamControl {
             tuning: auto && plan.force.is_none(),
             start,
             small: false,
-            tick_samples: 0,
-            tick_empty: 0,
+            empty: TickVote::default(),
         };
         (ctl, rx)
     }
@@ -382,13 +396,9 @@ impl StreamControl {
     /// Called every [`SAMPLE_EVERY`]: whether the frame queue is empty now, what the walk has
     /// found so far, and whether it has ended.
     pub(crate) fn on_sample(&mut self, queue_empty: bool, found: (u64, u64), walk_done: bool) {
-        self.tick_samples += 1;
-        self.tick_empty += u32::from(queue_empty);
-        if self.tick_samples < SAMPLES_PER_TICK {
+        let Some(starved) = self.empty.push(queue_empty) else {
             return;
-        }
-        let starved = self.tick_empty * 2 >= self.tick_samples;
-        (self.tick_samples, self.tick_empty) = (0, 0);
+        };
         if !self.tuning {
             return;
         }

@@ -59,10 +59,6 @@ pub struct ClientConfig {
     /// How long to keep retrying (with backoff) after failures that a retry can fix.
     pub retry_for: Duration,
     pub security: Security,
-    /// The profile behind `opts.auto_start` comes from a search that had settled: a put holds
-    /// it from the start instead of searching again (a get's sender is the server, which is
-    /// not told, and searches).
-    pub start_settled: bool,
     /// Where `opts.auto_start` came from, for the report.
     pub start_from: StartFrom,
     /// Test hook: with `opts.auto_start > 0`, the sending side holds this many streams from
@@ -76,8 +72,10 @@ pub enum StartFrom {
     /// The built-in default.
     #[default]
     Default,
-    /// What the tuner settled on in an earlier transfer to the same server.
-    Profile,
+    /// What the tuner held at the end of an earlier transfer to the same server; `settled`:
+    /// its search had ended, so a put holds the count from the start instead of searching
+    /// again (a get's sender is the server, which is not told, and searches).
+    Profile { settled: bool },
     /// The best stream count `ferry probe net` measured to this server.
     Probe,
 }
@@ -224,7 +222,7 @@ impl Tuning {
         } else {
             match cfg.start_from {
                 StartFrom::Default => "default",
-                StartFrom::Profile => "profile",
+                StartFrom::Profile { .. } => "profile",
                 StartFrom::Probe => "probe",
             }
         };
@@ -824,7 +822,7 @@ async fn put_once(
     let plan = StreamPlan {
         force: cfg.force_streams,
         tune_storage: cfg.tune_storage,
-        settled_start: cfg.start_settled && cfg.start_from == StartFrom::Profile,
+        settled_start: cfg.start_from == StartFrom::Profile { settled: true },
         ..StreamPlan::from_opts(&opts)
     };
     let (tx, rx) = frame_queue(&plan, opts.streams);

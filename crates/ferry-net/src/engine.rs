@@ -255,8 +255,10 @@ pub(crate) async fn drive_sender(
                 meter.sample(empty, full);
                 gate.on_sample(empty, sender.found(), sent);
                 readers.on_sample(empty, sender.bytes_read());
-                if timeline.due(t0.elapsed()) {
-                    timeline.record(t0.elapsed(), gate.acked());
+                // Sampled only when an interval has ended: TCP_INFO of every connection.
+                let now = t0.elapsed();
+                if timeline.due(now) {
+                    timeline.record(now, gate.acked());
                 }
             }
             e = &mut dog => break Err(e),

@@ -31,7 +31,6 @@ pub fn save<T: Serialize + DeserializeOwned + Stamped>(
     value: T,
     max: usize,
 ) -> std::io::Result<PathBuf> {
-    std::fs::create_dir_all(dir)?;
     let mut all: BTreeMap<String, T> = load(dir, file);
     all.insert(key.to_owned(), value);
     while all.len() > max {
@@ -44,20 +43,20 @@ pub fn save<T: Serialize + DeserializeOwned + Stamped>(
             None => break,
         };
     }
+    let mut text = serde_json::to_vec_pretty(&all).map_err(std::io::Error::other)?;
+    text.push(b'\n');
+    write_atomically(dir, file, &text)
+}
+
+/// Replaces `file` in `dir` with `bytes`: a temporary file beside it, fsync, rename, then an
+/// fsync of the directory, so a crash leaves the old file or the new one. Returns the path.
+pub fn write_atomically(dir: &Path, file: &str, bytes: &[u8]) -> std::io::Result<PathBuf> {
+    std::fs::create_dir_all(dir)?;
     let path = dir.join(file);
-    let tmp = dir.join(format!(".{file}.tmp-{}", std::process::id()));
-    let text = serde_json::to_vec_pretty(&all).map_err(std::io::Error::other)?;
-    let written = (|| {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(&text)?;
-        f.write_all(b"\n")?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, &path)
-    })();
-    if written.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    written?;
+    let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
+    tmp.write_all(bytes)?;
+    tmp.as_file().sync_all()?;
+    tmp.persist(&path).map_err(|e| e.error)?;
     if let Ok(d) = std::fs::File::open(dir) {
         let _ = d.sync_all();
     }

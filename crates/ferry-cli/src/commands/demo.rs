@@ -220,8 +220,9 @@ pub async fn run(args: DemoArgs, quiet: bool) -> Result<ExitCode> {
     };
     let cfg = client_config(&targs, &remote)?;
     say(format!(
-        "server on {addr}, {} streams, 8 MiB blocks, TLS 1.3, blake3 end to end",
-        args.streams
+        "server on {addr}, {} streams, {} blocks, TLS 1.3, blake3 end to end",
+        args.streams,
+        human_bytes(u64::from(cfg.opts.block_size))
     ));
 
     let mut cases = Vec::new();

@@ -124,7 +124,6 @@ pub fn client_config(server: String) -> ClientConfig {
         // Fake servers in the tests speak plain frames; `TestServer::client` switches to TLS.
         security: Security::Plaintext,
         start_from: Default::default(),
-        start_settled: false,
         force_streams: None,
     }
 }
