@@ -337,6 +337,9 @@ pub struct Tuner {
     first_settled: Option<Duration>,
     changes: u64,
     history: VecDeque<Step>,
+    /// Whether a setting above both the best and the default may be measured (see
+    /// [`Tuner::set_room_up`]).
+    room_up: bool,
 }
 
 impl Tuner {
@@ -368,6 +371,7 @@ impl Tuner {
             first_settled: None,
             changes: 0,
             history: VecDeque::with_capacity(cfg.history.min(1024)),
+            room_up: true,
             cfg,
         })
     }
@@ -411,6 +415,21 @@ impl Tuner {
         if self.open.is_some() {
             self.open = Some((now, delivered));
         }
+    }
+
+    /// Tells the tuner whether evidence other than the rate says a larger setting could help.
+    /// For streams that is TCP reporting them held back by their windows (send buffer or the
+    /// peer's receive window): then each added stream brings a window of its own. When they
+    /// are limited by the path instead, an added stream only queues behind the others, and on
+    /// a path with deep buffers it can be starved so badly that the blocks it took finish
+    /// seconds after the rest (BENCHMARKS.md, "Auto-tuning against fixed settings": probes of
+    /// 8 streams under 100 MiB buffers cost up to a third of a 1 GiB transfer). Without room,
+    /// searches and settled probes do not go above the best setting or the default, whichever
+    /// is larger (the default is still measured: the guarantee needs it). Until told
+    /// otherwise there is room, which keeps the plain hill climb for callers with no such
+    /// evidence.
+    pub fn set_room_up(&mut self, room: bool) {
+        self.room_up = room;
     }
 
     /// True once a search has ended and the tuner holds (or is briefly probing around) its
@@ -644,7 +663,12 @@ impl Tuner {
     /// The neighbour of `n` in `dir`, or None at a bound. Doubling and halving stop at the
     /// default on their way past it, so the default is always among the measured settings.
     fn next(&self, n: u32, dir: Dir, stride: Stride) -> Option<u32> {
-        let (lo, hi, d) = (self.cfg.min, self.cfg.max, self.cfg.default);
+        let (lo, d) = (self.cfg.min, self.cfg.default);
+        let hi = if self.room_up {
+            self.cfg.max
+        } else {
+            n.max(d).min(self.cfg.max)
+        };
         let t = match (dir, stride) {
             (Dir::Up, Stride::Fine) => n.saturating_add((n / 8).max(1)).min(hi),
             (Dir::Down, Stride::Fine) => n.saturating_sub((n / 8).max(1)).max(lo),

@@ -133,6 +133,67 @@ fn converges_to_max_on_10g_50ms() {
     assert_eq!(o.state.best, 16);
 }
 
+/// The bed's tuned regime: 100 MiB buffers, so 4 streams already fill the 1 Gbit/s link at
+/// 100 ms and TCP reports them limited by the path, not by their windows.
+#[test]
+fn never_probes_up_while_the_streams_fill_the_path() {
+    let path = Path {
+        window: 100.0 * MIB,
+        ..gig(ms(100))
+    };
+    // One stream fills it already; under the default 4 MiB cap it takes three.
+    assert!(!path.room_up(1) && !path.room_up(4), "the model's signal");
+    assert!(gig(ms(100)).room_up(2) && !gig(ms(100)).room_up(3));
+    let cfg = TunerConfig::streams_for_rtt(ms(100));
+    let o = simulate(path, cfg.clone(), secs(60));
+    eprintln!("{}", o.summary("1G/100ms/100MiB"));
+    let above = o
+        .state
+        .history
+        .iter()
+        .filter(|s| s.value > cfg.default)
+        .count();
+    assert_eq!(above, 0, "{:?}", o.state.history);
+    assert!(o.trace.actions.iter().all(|&(_, n)| n <= cfg.default));
+    assert!(o.share_of_best() >= 0.95);
+    settled_within(&o, secs(30));
+
+    // Without the signal the plain hill climb probes up, as before.
+    let mut tuner = Tuner::new(cfg.clone(), Duration::ZERO).unwrap();
+    let mut sim = Sim::new(path, cfg.start);
+    let mut probed = false;
+    for i in 1..=300u32 {
+        let now = TICK * i;
+        let delivered = sim.advance(now);
+        if let Some(a) = tuner.on_progress(now, delivered) {
+            probed |= a.count() > cfg.default;
+            sim.set_streams(a.count());
+        }
+    }
+    assert!(probed, "{:?}", tuner.state().history);
+}
+
+/// A profile below the default on a full path still measures the default (the guarantee),
+/// and a window-limited path still climbs past it.
+#[test]
+fn without_room_the_default_is_still_measured() {
+    let full = Path {
+        window: 100.0 * MIB,
+        ..gig(ms(100))
+    };
+    let cfg = TunerConfig::streams_for_rtt(ms(100)).with_start(1);
+    let o = simulate(full, cfg.clone(), secs(60));
+    assert!(o.state.history.iter().any(|s| s.value == cfg.default));
+    assert!(o.state.history.iter().all(|s| s.value <= cfg.default));
+
+    let ten = TunerConfig {
+        max: 16,
+        ..TunerConfig::streams_for_rtt(ms(50))
+    };
+    let o = simulate(ten_gig(), ten, secs(30));
+    assert_eq!(o.state.best, 16);
+}
+
 #[test]
 fn backs_off_when_adding_streams_hurts() {
     // A profile that says 8 on a host where every stream beyond two costs 8%.

@@ -7,6 +7,7 @@
 //! 100 ms the tuner gets the bytes the peer acknowledged on all data sockets (`TCP_INFO`), and
 //! nothing when the frame queue ran dry: a starved sender says nothing about the stream count.
 
+use std::collections::VecDeque;
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -17,7 +18,7 @@ use ferry_proto::{Load, TuneReport, TuneStep, TuneVerdict, MAX_TUNE_STEPS};
 use tokio::sync::watch;
 
 use crate::stream::Stream;
-use crate::tcp::tcp_info_fd;
+use crate::tcp::{tcp_info_fd, TcpInfo};
 
 /// How often each end samples its queue (and the sender its tuner's clock).
 pub(crate) const SAMPLE_EVERY: Duration = Duration::from_millis(25);
@@ -320,6 +321,126 @@ pub struct ThreadStep {
     pub verdict: &'static str,
 }
 
+/// Share of the active streams' busy time held back by a window (send buffer or the peer's
+/// receive window) that says more streams would each bring a window of their own. At 100 ms
+/// under a 4 MiB `tcp_wmem`, 4 streams spend about 60% of it there and 8 streams under 2%.
+const ROOM_WINDOW_SHARE: f64 = 0.10;
+
+/// Share of wall time the active streams may spend with nothing to send before the sender,
+/// not the path, counts as their limit (TLS and framing on one core per stream).
+const ROOM_IDLE_SHARE: f64 = 0.10;
+
+/// The sender counts as having spare CPU below this share of its cores.
+const ROOM_CPU_SHARE: f64 = 0.75;
+
+/// What the active streams did over some ticks, from their `TCP_INFO` counters.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+struct RoomSums {
+    /// Wall time summed over the streams that were active, microseconds.
+    wall_us: u64,
+    /// Of it, time with data queued or in flight (`tcpi_busy_time`).
+    busy_us: u64,
+    /// Of that, time held back by the send buffer or the peer's receive window.
+    window_us: u64,
+    /// The process's CPU time, and the wall time over all cores, over the same ticks.
+    cpu_us: u64,
+    cores_us: u64,
+}
+
+impl RoomSums {
+    fn add(&mut self, o: &RoomSums) {
+        self.wall_us += o.wall_us;
+        self.busy_us += o.busy_us;
+        self.window_us += o.window_us;
+        self.cpu_us += o.cpu_us;
+        self.cores_us += o.cores_us;
+    }
+
+    /// Whether more streams could help ([`Tuner::set_room_up`]): the streams are held back by
+    /// their windows, or they idle for want of data while the host has cores to spare (the
+    /// work per stream, not the path, is the limit). Neither: they fill the path, and more
+    /// would only queue. `None` while nothing is known (no busy time counted: an old kernel,
+    /// or nothing measured yet).
+    fn room_up(&self) -> Option<bool> {
+        if self.busy_us == 0 || self.wall_us == 0 {
+            return None;
+        }
+        let window = self.window_us as f64 / self.busy_us as f64;
+        let idle = 1.0 - (self.busy_us as f64 / self.wall_us as f64).min(1.0);
+        let cpu = if self.cores_us > 0 {
+            self.cpu_us as f64 / self.cores_us as f64
+        } else {
+            0.0
+        };
+        Some(window >= ROOM_WINDOW_SHARE || (idle >= ROOM_IDLE_SHARE && cpu < ROOM_CPU_SHARE))
+    }
+}
+
+/// Keeps the last ticks' [`RoomSums`] of the streams that were active in them, so the tuner
+/// decides on the same stretch of time it measured the rate over.
+struct RoomMeter {
+    /// Cumulative busy and window-limited time of every data socket at the previous tick.
+    prev: Vec<(u64, u64)>,
+    ticks: VecDeque<RoomSums>,
+    len: usize,
+    at: Instant,
+    cpu: Duration,
+    /// Some socket reported busy time: the kernel has the counters.
+    counted: bool,
+}
+
+impl RoomMeter {
+    fn new(sockets: usize, len: usize) -> Self {
+        Self {
+            prev: vec![(0, 0); sockets],
+            ticks: VecDeque::with_capacity(len),
+            len: len.max(1),
+            at: Instant::now(),
+            cpu: process_cpu(),
+            counted: false,
+        }
+    }
+
+    /// One tick: `infos[i]` is socket i's `TCP_INFO` (if readable); the first `active` carry data.
+    fn tick(&mut self, infos: &[Option<TcpInfo>], active: usize) {
+        let now = Instant::now();
+        let cpu = process_cpu();
+        let wall_us = now.duration_since(self.at).as_micros() as u64;
+        let mut sums = RoomSums {
+            cpu_us: cpu.saturating_sub(self.cpu).as_micros() as u64,
+            cores_us: wall_us * u64::from(cores()),
+            ..RoomSums::default()
+        };
+        for (i, (info, prev)) in infos.iter().zip(self.prev.iter_mut()).enumerate() {
+            let Some(info) = info else { continue };
+            let window = info.sndbuf_limited_us + info.rwnd_limited_us;
+            if i < active {
+                sums.wall_us += wall_us;
+                sums.busy_us += info.busy_us.saturating_sub(prev.0);
+                sums.window_us += window.saturating_sub(prev.1);
+            }
+            self.counted |= info.busy_us > 0;
+            *prev = (info.busy_us, window);
+        }
+        (self.at, self.cpu) = (now, cpu);
+        if self.ticks.len() == self.len {
+            self.ticks.pop_front();
+        }
+        self.ticks.push_back(sums);
+    }
+
+    fn room_up(&self) -> Option<bool> {
+        if !self.counted {
+            return None;
+        }
+        let mut total = RoomSums::default();
+        for t in &self.ticks {
+            total.add(t);
+        }
+        total.room_up()
+    }
+}
+
 /// The sending side's stream gate and tuner.
 pub(crate) struct StreamControl {
     t0: Instant,
@@ -336,6 +457,7 @@ pub(crate) struct StreamControl {
     start: u32,
     small: bool,
     empty: TickVote,
+    room: RoomMeter,
 }
 
 impl StreamControl {
@@ -353,10 +475,14 @@ impl StreamControl {
             None if auto => u32::from(plan.auto_start).clamp(1, max),
             None => max,
         };
-        let socks = data
+        let socks: Vec<OwnedFd> = data
             .iter()
             .filter_map(|s| s.tcp().as_fd().try_clone_to_owned().ok())
             .collect();
+        // One measurement's worth of ticks (samples × interval of the tuner for this RTT).
+        let measure = TunerConfig::streams_for_rtt(rtt);
+        let room_ticks = (measure.interval * measure.samples).as_millis()
+            / (SAMPLE_EVERY * SAMPLES_PER_TICK).as_millis();
         let (active, rx) = watch::channel(start);
         let ctl = Self {
             t0: Instant::now(),
@@ -364,12 +490,13 @@ impl StreamControl {
             max,
             rtt,
             active,
-            socks,
             tuner: None,
             tuning: auto && plan.force.is_none(),
             start,
             small: false,
             empty: TickVote::default(),
+            room: RoomMeter::new(socks.len(), room_ticks as usize),
+            socks,
         };
         (ctl, rx)
     }
@@ -407,10 +534,17 @@ impl StreamControl {
             self.begin(now, found, walk_done);
             return;
         }
-        let acked = self.acked();
+        let infos: Vec<Option<TcpInfo>> =
+            self.socks.iter().map(|s| tcp_info_fd(s.as_fd())).collect();
+        let acked = infos.iter().flatten().map(|i| i.bytes_acked).sum();
+        self.room.tick(&infos, self.active() as usize);
+        let room = self.room.room_up();
         let Some(tuner) = self.tuner.as_mut() else {
             return;
         };
+        if let Some(room) = room {
+            tuner.set_room_up(room);
+        }
         if starved {
             tuner.skip_interval(now, acked);
         } else if let Some(action) = tuner.on_progress(now, acked) {
@@ -540,6 +674,57 @@ mod tests {
         // A missing report is no evidence; out-of-range values are clamped.
         assert_eq!(bottleneck(None, None, false), "network");
         assert_eq!(bottleneck(None, Some(load(u16::MAX, 0, 0)), false), "cpu");
+    }
+
+    fn sums(wall: u64, busy: u64, window: u64, cpu: u64) -> RoomSums {
+        RoomSums {
+            wall_us: wall,
+            busy_us: busy,
+            window_us: window,
+            cpu_us: cpu,
+            cores_us: 1000,
+        }
+    }
+
+    #[test]
+    fn room_up_follows_what_tcp_says_limits_the_streams() {
+        // Default regime at 100 ms: 4 streams send-buffer-limited 60% of their busy time.
+        assert_eq!(sums(1000, 1000, 600, 100).room_up(), Some(true));
+        // Tuned regime: always busy, never window-limited: the path is full.
+        assert_eq!(sums(1000, 1000, 0, 100).room_up(), Some(false));
+        assert_eq!(sums(1000, 995, 50, 100).room_up(), Some(false));
+        // Idle for want of data with cores to spare: the work per stream is the limit.
+        assert_eq!(sums(1000, 700, 0, 300).room_up(), Some(true));
+        // Idle, but the host is busy: more streams would only contend for it.
+        assert_eq!(sums(1000, 700, 0, 900).room_up(), Some(false));
+        // Nothing counted (an old kernel, or no ticks yet): no evidence either way.
+        assert_eq!(sums(1000, 0, 0, 100).room_up(), None);
+        assert_eq!(RoomSums::default().room_up(), None);
+    }
+
+    #[test]
+    fn room_meter_counts_only_active_streams_over_its_ticks() {
+        let info = |busy: u64, window: u64| {
+            Some(TcpInfo {
+                busy_us: busy,
+                sndbuf_limited_us: window,
+                ..TcpInfo::default()
+            })
+        };
+        let mut m = RoomMeter::new(2, 2);
+        assert_eq!(m.room_up(), None);
+        // Socket 1 is parked: its window-limited time must not count.
+        m.tick(&[info(1, 0), info(10, 10)], 1);
+        assert!(m.counted);
+        let t = *m.ticks.back().unwrap();
+        assert_eq!((t.busy_us, t.window_us), (1, 0));
+        // Deltas, not totals, once socket 1 is active too.
+        m.tick(&[info(2, 0), info(20, 15)], 2);
+        let t = *m.ticks.back().unwrap();
+        assert_eq!((t.busy_us, t.window_us), (11, 5));
+        // Bounded: the oldest tick goes.
+        m.tick(&[info(3, 0), None], 2);
+        assert_eq!(m.ticks.len(), 2);
     }
 
     #[test]

@@ -98,6 +98,17 @@ impl Path {
         best
     }
 
+    /// Whether TCP would say more than `n` streams could help once slow start is over
+    /// ([`Tuner::set_room_up`]): they are held back by their windows (send-buffer- or
+    /// receive-window-limited time), or each is held back by the core working for it while
+    /// cores are left (the streams idle for want of data, the host is not busy).
+    pub fn room_up(&self, n: u32) -> bool {
+        let net = n as f64 * self.per_stream();
+        let windows = net < self.link.min(self.hosts(n));
+        let cores = self.hosts(n) < self.link.min(net) && n < self.cores;
+        n == 0 || windows || cores
+    }
+
     fn per_stream(&self) -> f64 {
         if self.rtt.is_zero() {
             f64::INFINITY
@@ -220,6 +231,13 @@ impl Sim {
         self.delivered as u64
     }
 
+    /// [`Path::room_up`] for the streams open now, at their steady rate (a young stream in
+    /// slow start is limited by its congestion window, which TCP counts as neither; the model
+    /// ignores that difference).
+    pub fn room_up(&self) -> bool {
+        self.path.room_up(self.streams())
+    }
+
     /// The rate at this instant, noise included.
     pub fn rate(&mut self) -> f64 {
         if self.noise > 0.0 && self.now >= self.next_draw {
@@ -281,8 +299,9 @@ impl Trace {
     }
 }
 
-/// Drives `tuner` against `sim` every `tick` until `until`, applying every action at once,
-/// the way an engine would on its progress timer.
+/// Drives `tuner` against `sim` every `tick` until `until`, applying every action at once and
+/// telling it whether more streams could help, the way an engine does on its progress
+/// timer.
 pub fn run(tuner: &mut Tuner, sim: &mut Sim, tick: Duration, until: Duration) -> Trace {
     let mut trace = Trace::default();
     let mut now = sim.now();
@@ -294,6 +313,7 @@ pub fn run(tuner: &mut Tuner, sim: &mut Sim, tick: Duration, until: Duration) ->
     while now < until {
         now = (now + tick).min(until);
         let delivered = sim.advance(now);
+        tuner.set_room_up(sim.room_up());
         if let Some(a) = tuner.on_progress(now, delivered) {
             let n = Action::count(a);
             sim.set_streams(n);
