@@ -337,9 +337,9 @@ pub struct Tuner {
     first_settled: Option<Duration>,
     changes: u64,
     history: VecDeque<Step>,
-    /// Whether a setting above both the best and the default may be measured (see
-    /// [`Tuner::set_room_up`]).
-    room_up: bool,
+    /// What evidence beyond the rate says of the setting just measured (see
+    /// [`Tuner::set_room_up`]); `None`: nothing, search both ways.
+    room_up: Option<bool>,
 }
 
 impl Tuner {
@@ -371,7 +371,7 @@ impl Tuner {
             first_settled: None,
             changes: 0,
             history: VecDeque::with_capacity(cfg.history.min(1024)),
-            room_up: true,
+            room_up: None,
             cfg,
         })
     }
@@ -417,19 +417,26 @@ impl Tuner {
         }
     }
 
-    /// Tells the tuner whether evidence other than the rate says a larger setting could help.
-    /// For streams that is TCP reporting them held back by their windows (send buffer or the
-    /// peer's receive window): then each added stream brings a window of its own. When they
-    /// are limited by the path instead, an added stream only queues behind the others, and on
-    /// a path with deep buffers it can be starved so badly that the blocks it took finish
-    /// seconds after the rest (BENCHMARKS.md, "Auto-tuning against fixed settings": probes of
-    /// 8 streams under 100 MiB buffers cost up to a third of a 1 GiB transfer). Without room,
-    /// searches and settled probes do not go above the best setting or the default, whichever
-    /// is larger (the default is still measured: the guarantee needs it). Until told
-    /// otherwise there is room, which keeps the plain hill climb for callers with no such
-    /// evidence.
+    /// Tells the tuner what evidence other than the rate says of the setting it is measuring.
+    ///
+    /// `true`: the setting is below what the path carries, so a larger one could help and a
+    /// smaller one could not. For streams, TCP reports them held back by their windows (send
+    /// buffer or the peer's receive window), so each stream brings a window of its own and
+    /// each one removed takes its window away; or they idle for want of data while cores are
+    /// free. A step down then costs a measurement at a fraction of the rate (2 → 1 streams at
+    /// 50 ms under a 4 MiB `tcp_wmem` halved a mixed tree's rate for 2.4 s).
+    ///
+    /// `false`: the setting fills the path. An added stream only queues behind the others,
+    /// and where the path's buffers are deep it is starved so badly that the blocks it took
+    /// finish seconds after the rest (BENCHMARKS.md, "Auto-tuning against fixed settings":
+    /// probes of 8 streams under 100 MiB buffers cost up to a third of a 1 GiB transfer).
+    ///
+    /// Searches and settled probes then skip the direction that cannot pay: no higher than the
+    /// best or the default, whichever is larger, without room; no lower than the smaller of
+    /// the two with it. The default stays reachable either way (the guarantee needs it). Until
+    /// told, both directions are searched: the plain hill climb, for callers with no evidence.
     pub fn set_room_up(&mut self, room: bool) {
-        self.room_up = room;
+        self.room_up = Some(room);
     }
 
     /// True once a search has ended and the tuner holds (or is briefly probing around) its
@@ -663,11 +670,11 @@ impl Tuner {
     /// The neighbour of `n` in `dir`, or None at a bound. Doubling and halving stop at the
     /// default on their way past it, so the default is always among the measured settings.
     fn next(&self, n: u32, dir: Dir, stride: Stride) -> Option<u32> {
-        let (lo, d) = (self.cfg.min, self.cfg.default);
-        let hi = if self.room_up {
-            self.cfg.max
-        } else {
-            n.max(d).min(self.cfg.max)
+        let (min, max, d) = (self.cfg.min, self.cfg.max, self.cfg.default);
+        let (lo, hi) = match self.room_up {
+            None => (min, max),
+            Some(true) => (n.min(d).max(min), max),
+            Some(false) => (min, n.max(d).min(max)),
         };
         let t = match (dir, stride) {
             (Dir::Up, Stride::Fine) => n.saturating_add((n / 8).max(1)).min(hi),

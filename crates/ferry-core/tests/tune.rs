@@ -194,6 +194,24 @@ fn without_room_the_default_is_still_measured() {
     assert_eq!(o.state.best, 16);
 }
 
+/// Streams held back by their windows are never cut below the default or their start: each
+/// one removed would take its window away (a halving costs a measurement at half the rate).
+#[test]
+fn with_room_it_never_probes_below_the_window_limited_setting() {
+    let path = gig(ms(100));
+    assert!(path.room_up(2));
+    let cfg = TunerConfig::streams_for_rtt(ms(100)).with_start(2);
+    let o = simulate(path, cfg, secs(60));
+    eprintln!("{}", o.summary("1G/100ms/4MiB from 2"));
+    assert!(
+        o.state.history.iter().all(|s| s.value >= 2),
+        "{:?}",
+        o.state.history
+    );
+    assert!(o.trace.actions.iter().all(|&(_, n)| n >= 2));
+    assert!((3..=8).contains(&o.state.best), "{}", o.state.best);
+}
+
 #[test]
 fn backs_off_when_adding_streams_hurts() {
     // A profile that says 8 on a host where every stream beyond two costs 8%.

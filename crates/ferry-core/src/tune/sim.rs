@@ -98,9 +98,9 @@ impl Path {
         best
     }
 
-    /// Whether TCP would say more than `n` streams could help once slow start is over
-    /// ([`Tuner::set_room_up`]): they are held back by their windows (send-buffer- or
-    /// receive-window-limited time), or each is held back by the core working for it while
+    /// Whether TCP would say more than `n` streams could help, and fewer could not, once slow
+    /// start is over ([`Tuner::set_room_up`]): they are held back by their windows (send-buffer-
+    /// or receive-window-limited time), or each is held back by the core working for it while
     /// cores are left (the streams idle for want of data, the host is not busy).
     pub fn room_up(&self, n: u32) -> bool {
         let net = n as f64 * self.per_stream();
