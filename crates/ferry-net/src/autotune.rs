@@ -457,7 +457,8 @@ pub(crate) struct StreamControl {
     start: u32,
     small: bool,
     empty: TickVote,
-    room: RoomMeter,
+    /// Started with the tuner, over one of its measurements.
+    room: Option<RoomMeter>,
 }
 
 impl StreamControl {
@@ -475,14 +476,10 @@ impl StreamControl {
             None if auto => u32::from(plan.auto_start).clamp(1, max),
             None => max,
         };
-        let socks: Vec<OwnedFd> = data
+        let socks = data
             .iter()
             .filter_map(|s| s.tcp().as_fd().try_clone_to_owned().ok())
             .collect();
-        // One measurement's worth of ticks (samples × interval of the tuner for this RTT).
-        let measure = TunerConfig::streams_for_rtt(rtt);
-        let room_ticks = (measure.interval * measure.samples).as_millis()
-            / (SAMPLE_EVERY * SAMPLES_PER_TICK).as_millis();
         let (active, rx) = watch::channel(start);
         let ctl = Self {
             t0: Instant::now(),
@@ -490,13 +487,13 @@ impl StreamControl {
             max,
             rtt,
             active,
+            socks,
             tuner: None,
             tuning: auto && plan.force.is_none(),
             start,
             small: false,
             empty: TickVote::default(),
-            room: RoomMeter::new(socks.len(), room_ticks as usize),
-            socks,
+            room: None,
         };
         (ctl, rx)
     }
@@ -534,15 +531,15 @@ impl StreamControl {
             self.begin(now, found, walk_done);
             return;
         }
+        let active = self.active() as usize;
+        let (Some(tuner), Some(room)) = (self.tuner.as_mut(), self.room.as_mut()) else {
+            return;
+        };
         let infos: Vec<Option<TcpInfo>> =
             self.socks.iter().map(|s| tcp_info_fd(s.as_fd())).collect();
         let acked = infos.iter().flatten().map(|i| i.bytes_acked).sum();
-        self.room.tick(&infos, self.active() as usize);
-        let room = self.room.room_up();
-        let Some(tuner) = self.tuner.as_mut() else {
-            return;
-        };
-        if let Some(room) = room {
+        room.tick(&infos, active);
+        if let Some(room) = room.room_up() {
             tuner.set_room_up(room);
         }
         if starved {
@@ -573,9 +570,13 @@ impl StreamControl {
             ..TunerConfig::streams_for_rtt(self.rtt)
         }
         .with_start(start);
+        // The room signal covers the span of one measurement, as the rate does.
+        let ticks = (cfg.interval * cfg.samples).as_millis()
+            / (SAMPLE_EVERY * SAMPLES_PER_TICK).as_millis();
         match Tuner::new(cfg, now) {
             Ok(t) => {
                 self.tuner = Some(t);
+                self.room = Some(RoomMeter::new(self.socks.len(), ticks as usize));
                 self.start = start;
                 self.set(start);
             }
