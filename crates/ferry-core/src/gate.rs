@@ -10,13 +10,21 @@ use std::time::Duration;
 /// Threads `0..active()` of a pool may take work; the others wait.
 #[derive(Debug)]
 pub struct Gate {
-    active: Mutex<u32>,
+    state: Mutex<State>,
     changed: Condvar,
     max: u32,
 }
 
-/// How often a parked thread looks at its stop condition: a pool whose session ended without
-/// anyone raising the gate still ends within this.
+#[derive(Debug)]
+struct State {
+    active: u32,
+    closed: bool,
+}
+
+/// How often a parked thread looks at its stop condition, for sessions that end without
+/// [`Gate::close`] (a dropped queue): the pool still ends within this. Closing wakes parked
+/// threads at once; waiting for this timer instead put every transfer's end on a 100 ms grid
+/// (the session joins its pool before it returns).
 const RECHECK: Duration = Duration::from_millis(100);
 
 impl Gate {
@@ -24,7 +32,10 @@ impl Gate {
     pub fn new(start: u32, max: u32) -> Self {
         let max = max.max(1);
         Self {
-            active: Mutex::new(start.clamp(1, max)),
+            state: Mutex::new(State {
+                active: start.clamp(1, max),
+                closed: false,
+            }),
             changed: Condvar::new(),
             max,
         }
@@ -35,36 +46,50 @@ impl Gate {
         self.max
     }
 
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     pub fn active(&self) -> u32 {
-        *self.active.lock().unwrap_or_else(|e| e.into_inner())
+        self.lock().active
     }
 
     /// Lets `n` threads work (clamped to 1..=max).
     pub fn set(&self, n: u32) {
         let n = n.clamp(1, self.max);
-        let mut a = self.active.lock().unwrap_or_else(|e| e.into_inner());
-        if *a != n {
-            *a = n;
+        let mut st = self.lock();
+        if st.active != n {
+            st.active = n;
             self.changed.notify_all();
         }
     }
 
-    /// Blocks thread `index` until it may take work. A parked thread returns false once
-    /// `stop()` is true (checked every [`RECHECK`]). A thread that may work returns true at
-    /// once without asking `stop`: its own receive tells it when the work has ended, exactly as
-    /// without a gate.
+    /// The work has ended: parked threads leave now instead of at their next recheck. Threads
+    /// that may work are not affected (their own receive ends them).
+    pub fn close(&self) {
+        let mut st = self.lock();
+        if !st.closed {
+            st.closed = true;
+            self.changed.notify_all();
+        }
+    }
+
+    /// Blocks thread `index` until it may take work. A parked thread returns false once the
+    /// gate is closed, or once `stop()` is true (checked every [`RECHECK`]). A thread that may
+    /// work returns true at once without asking `stop`: its own receive tells it when the work
+    /// has ended, exactly as without a gate.
     pub fn wait_turn(&self, index: u32, stop: impl Fn() -> bool) -> bool {
-        let mut a = self.active.lock().unwrap_or_else(|e| e.into_inner());
+        let mut st = self.lock();
         loop {
-            if index < *a {
+            if index < st.active {
                 return true;
             }
-            if stop() {
+            if st.closed || stop() {
                 return false;
             }
-            a = self
+            st = self
                 .changed
-                .wait_timeout(a, RECHECK)
+                .wait_timeout(st, RECHECK)
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
         }
@@ -128,5 +153,31 @@ mod tests {
         assert_eq!(g.active(), 1);
         g.set(100);
         assert_eq!(g.active(), 4);
+    }
+
+    #[test]
+    fn closing_releases_parked_threads_whose_stop_never_comes() {
+        let gate = Arc::new(Gate::new(1, 3));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let threads: Vec<_> = (0..3)
+            .map(|i| {
+                let (g, tx) = (gate.clone(), tx.clone());
+                // `stop` is never true: only `close` can let a parked thread go.
+                std::thread::spawn(move || tx.send((i, g.wait_turn(i, || false))).unwrap())
+            })
+            .collect();
+        let first = rx.recv_timeout(Duration::from_secs(5)).unwrap();
+        assert_eq!(first, (0, true));
+        gate.close();
+        let mut rest: Vec<_> = (0..2)
+            .map(|_| rx.recv_timeout(Duration::from_secs(5)).unwrap())
+            .collect();
+        rest.sort();
+        assert_eq!(rest, vec![(1, false), (2, false)]);
+        // The working thread is not stopped by closing: it still passes.
+        assert!(gate.wait_turn(0, || true));
+        for t in threads {
+            t.join().unwrap();
+        }
     }
 }

@@ -260,6 +260,7 @@ impl Sender {
     pub fn close(&self) {
         self.shared.closed.store(true, Ordering::Release);
         self.shared.decided.notify_all();
+        self.shared.config.readers.close();
     }
 
     /// The receiver found a bad block: read it again and queue it.

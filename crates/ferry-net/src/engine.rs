@@ -562,6 +562,9 @@ pub(crate) async fn drive_receiver(
     streams.abort_all();
     while streams.join_next().await.is_some() {}
     drop(offers_tx);
+    // Parked writers leave now rather than at their next recheck; the working ones drain
+    // what the streams queued.
+    writers.gate.close();
     let _ = tokio::task::spawn_blocking(move || {
         for t in writer_threads {
             let _ = t.join();
