@@ -646,3 +646,37 @@ proptest! {
         prop_assert!(o.share_of_best() >= 0.8, "holds {} at {:.1}% of best {:?} {:?}", o.state.best, 100.0 * o.share_of_best(), path, o.state.history);
     }
 }
+
+/// Trees of tiny files start on twice the default streams where the round trip makes slow
+/// start the cost (never above the maximum, never below a remembered start), and a long one
+/// on a path that wants fewer still gets there: the start is where the search begins.
+#[test]
+fn tiny_files_start_higher_only_at_long_round_trips() {
+    let at = |rtt: Duration, start: u32| {
+        TunerConfig::streams_for_rtt(rtt)
+            .with_start(start)
+            .for_tiny_files(rtt)
+            .start
+    };
+    assert_eq!(at(Duration::ZERO, 4), 4);
+    assert_eq!(at(ms(25), 4), 4);
+    assert_eq!(at(ms(50), 4), 8);
+    assert_eq!(at(ms(100), 4), 8);
+    assert_eq!(at(ms(100), 12), 12);
+    let capped = TunerConfig {
+        max: 6,
+        ..TunerConfig::streams_for_rtt(ms(100))
+    }
+    .for_tiny_files(ms(100));
+    assert_eq!(capped.start, 6);
+
+    let full = Path {
+        window: 100.0 * MIB,
+        ..gig(ms(100))
+    };
+    let cfg = TunerConfig::streams_for_rtt(ms(100)).for_tiny_files(ms(100));
+    let o = simulate(full, cfg.clone(), secs(60));
+    eprintln!("{}", o.summary("1G/100ms/100MiB tiny files from 8"));
+    assert!(o.state.best <= cfg.default, "{}", o.state.best);
+    assert!(o.share_of_best() >= 0.95, "{}", o.summary("from 8"));
+}
