@@ -7,8 +7,35 @@ use serde::Serialize;
 use socket2::{SockRef, TcpKeepalive};
 use tokio::net::TcpStream;
 
+/// Unsent bytes a connection may hold in its send buffer (`TCP_NOTSENT_LOWAT`) unless
+/// `FERRY_TCP_NOTSENT_LOWAT` says otherwise (bytes; 0 leaves the kernel's default, no limit).
+///
+/// Why: the frames of all files come from one queue, and a frame written into a socket is
+/// committed to that connection. With autotuning a send buffer grows to `tcp_wmem`'s max
+/// (4 MiB here), so 16 connections could take 64 MiB off the queue — more than half of a
+/// 100 MB tree of small files — and a connection that then slows down (a loss, a recovery)
+/// holds the end of the transfer back while the others sit idle. Limiting only the *unsent*
+/// part keeps the connection's window (in flight, sized by the kernel as before: this does
+/// not disable autotuning) and leaves the rest in the shared queue, where the next connection
+/// with room takes it. 1 MiB is 8 ms of sending at 1 Gbit/s, ample time for the writer to
+/// refill it. Measured on the bed (BENCHMARKS.md, "Unsent data per connection").
+pub const NOTSENT_LOWAT: u32 = 1 << 20;
+
+/// The limit in force: [`NOTSENT_LOWAT`], or the environment's override.
+pub fn notsent_lowat() -> u32 {
+    lowat_from(std::env::var("FERRY_TCP_NOTSENT_LOWAT").ok().as_deref())
+}
+
+/// An override that does not parse as a byte count is ignored, not fatal: it is a tuning
+/// knob, and the default is safe.
+fn lowat_from(var: Option<&str>) -> u32 {
+    var.and_then(|v| v.trim().parse().ok())
+        .unwrap_or(NOTSENT_LOWAT)
+}
+
 /// Options every ferry connection gets. Keepalive stops firewalls from silently dropping a
-/// control connection that is idle while the data connections work.
+/// control connection that is idle while the data connections work; the unsent-data limit is
+/// explained at [`NOTSENT_LOWAT`].
 pub(crate) fn tune(stream: &TcpStream) {
     let _ = stream.set_nodelay(true);
     let sock = SockRef::from(stream);
@@ -16,6 +43,13 @@ pub(crate) fn tune(stream: &TcpStream) {
         .with_time(Duration::from_secs(30))
         .with_interval(Duration::from_secs(10));
     let _ = sock.set_tcp_keepalive(&ka);
+    limit_unsent(&sock, notsent_lowat());
+}
+
+fn limit_unsent(sock: &SockRef<'_>, lowat: u32) {
+    if lowat > 0 {
+        let _ = sock.set_tcp_notsent_lowat(lowat);
+    }
 }
 
 /// Fixes SO_SNDBUF/SO_RCVBUF. This disables the kernel's autotuning for the socket, which is
@@ -107,4 +141,39 @@ pub(crate) fn tcp_info_fd(sock: BorrowedFd<'_>) -> Option<TcpInfo> {
         sndbuf: sock.send_buffer_size().unwrap_or(0),
         rcvbuf: sock.recv_buffer_size().unwrap_or(0),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn override_parses_bytes_and_falls_back_on_nonsense() {
+        assert_eq!(lowat_from(None), NOTSENT_LOWAT);
+        assert_eq!(lowat_from(Some(" 262144 ")), 262_144);
+        assert_eq!(lowat_from(Some("0")), 0);
+        assert_eq!(lowat_from(Some("1M")), NOTSENT_LOWAT);
+        assert_eq!(lowat_from(Some("-5")), NOTSENT_LOWAT);
+    }
+
+    #[tokio::test]
+    async fn every_connection_limits_its_unsent_bytes() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (client, accepted) = tokio::join!(TcpStream::connect(addr), listener.accept());
+        let (client, (server, _)) = (client.unwrap(), accepted.unwrap());
+        let sock = SockRef::from(&client);
+        let before = sock.tcp_notsent_lowat().unwrap();
+        limit_unsent(&sock, NOTSENT_LOWAT);
+        assert_eq!(sock.tcp_notsent_lowat().unwrap(), NOTSENT_LOWAT);
+        // 0 means "leave the kernel's default".
+        let other = SockRef::from(&server);
+        let default = other.tcp_notsent_lowat().unwrap();
+        limit_unsent(&other, 0);
+        assert_eq!(other.tcp_notsent_lowat().unwrap(), default);
+        assert_ne!(
+            before, NOTSENT_LOWAT,
+            "the kernel default is not already 1 MiB"
+        );
+    }
 }
