@@ -117,12 +117,16 @@ pub struct TunerConfig {
     pub history: usize,
 }
 
-/// Round-trip time from which a tree of tiny files starts on more streams than bulk data
-/// ([`TunerConfig::for_tiny_files`]): where the round trip the extra streams save outweighs
-/// what they cost in CPU, measured at 0 ms as 2–7% of a 1.05-s transfer (20–70 ms). On the bed
-/// 8 streams lost 3% to 4 at 25 ms in both regimes, and at 50 ms won 5% in one and lost 2% in
-/// the other.
-pub const TINY_FILES_LONG_RTT: Duration = Duration::from_millis(50);
+/// A tree of tiny files starts on one default's worth of streams per this much round-trip
+/// time ([`TunerConfig::for_tiny_files`]), from two steps on: 8 at 50 ms, 16 at 100 ms with the
+/// default of 4. Below two steps the extra streams cost more CPU than the round trips they
+/// save: measured at 0 ms as 2–7% of a 1.05-s transfer, and 8 streams lost 3% to 4 at 25 ms in
+/// both regimes.
+pub const TINY_FILES_RTT_STEP: Duration = Duration::from_millis(25);
+
+/// The most defaults' worth of streams a tiny-file start takes: 16 streams at 100 ms was the
+/// longest round trip and the most streams measured; beyond it the rule would be a guess.
+pub const TINY_FILES_MAX_FACTOR: u32 = 4;
 
 impl TunerConfig {
     /// Network streams on a path with this round-trip time. Warmup covers slow start up to a
@@ -170,22 +174,31 @@ impl TunerConfig {
     }
 
     /// The same configuration for a tree of tiny files on a path with this round-trip time:
-    /// from [`TINY_FILES_LONG_RTT`] on, it starts on at least twice the default streams.
+    /// from two [`TINY_FILES_RTT_STEP`]s (50 ms) on, it starts on the default times the round
+    /// trip in steps, at most [`TINY_FILES_MAX_FACTOR`] times (8 at 50 ms, 12 at 75, 16 at 100).
     ///
     /// Such a transfer is mostly slow start: 10,000 × 10 KiB at 100 ms take about 2 s, less
     /// than the first measurement (warmup plus samples, 3.1 s), so where it starts is where it
     /// stays. Every doubling of the streams doubles the window they open with and saves one
-    /// round trip of the ramp; with tiny files it costs no straggler either, since a stream
-    /// that is starved or parked holds one small file, not a block. At short round trips the
-    /// ramp is free and the extra streams only cost CPU. Measured on the bed (BENCHMARKS.md,
-    /// "Auto-tuning against fixed settings"; 8 streams against 4, medians of 5, default and
-    /// tuned regime): 0 ms −2% / −7%, 25 ms −3% / −3%, 50 ms +5% / −2%, 100 ms +5% / +3%;
-    /// 16 streams gain 1–3% more at 100 ms but lose 8–14% at 50 ms and 13–21% at 0 ms, so the
-    /// start stops at twice the default. A longer tree is measured and tuned from there like
-    /// any transfer, the default included.
+    /// round trip of the ramp; streams in proportion to the round trip keep the number of
+    /// round trips the ramp takes the same at every RTT (the window to open grows with it).
+    /// With tiny files the extra streams cost no straggler either: a stream that is starved or
+    /// parked holds one small file, not a block, and the send buffer holds at most 1 MiB that
+    /// has not gone out (`TCP_NOTSENT_LOWAT`, ferry-net's `tcp::NOTSENT_LOWAT`; without that
+    /// limit 16 streams lost 19% to 8 at 50 ms, with it 3%). At short round trips the ramp is
+    /// free and the extra streams only cost CPU. Measured on the bed: BENCHMARKS.md,
+    /// "Auto-tuning against fixed settings". A longer tree is measured and tuned from there
+    /// like any transfer, the default included.
     pub fn for_tiny_files(mut self, rtt: Duration) -> Self {
-        if rtt >= TINY_FILES_LONG_RTT {
-            self.start = self.start.max(self.default.saturating_mul(2)).min(self.max);
+        let steps = rtt.as_nanos() / TINY_FILES_RTT_STEP.as_nanos();
+        let factor = u32::try_from(steps)
+            .unwrap_or(u32::MAX)
+            .min(TINY_FILES_MAX_FACTOR);
+        if factor >= 2 {
+            self.start = self
+                .start
+                .max(self.default.saturating_mul(factor))
+                .min(self.max);
         }
         self
     }

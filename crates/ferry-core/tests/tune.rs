@@ -660,9 +660,12 @@ fn tiny_files_start_higher_only_at_long_round_trips() {
     };
     assert_eq!(at(Duration::ZERO, 4), 4);
     assert_eq!(at(ms(25), 4), 4);
+    assert_eq!(at(ms(49), 4), 4);
     assert_eq!(at(ms(50), 4), 8);
-    assert_eq!(at(ms(100), 4), 8);
-    assert_eq!(at(ms(100), 12), 12);
+    assert_eq!(at(ms(75), 4), 12);
+    assert_eq!(at(ms(100), 4), 16);
+    assert_eq!(at(ms(300), 4), 16, "at most four defaults' worth");
+    assert_eq!(at(ms(100), 20), 20, "a higher start from a profile is kept");
     let capped = TunerConfig {
         max: 6,
         ..TunerConfig::streams_for_rtt(ms(100))
@@ -676,7 +679,8 @@ fn tiny_files_start_higher_only_at_long_round_trips() {
     };
     let cfg = TunerConfig::streams_for_rtt(ms(100)).for_tiny_files(ms(100));
     let o = simulate(full, cfg.clone(), secs(60));
-    eprintln!("{}", o.summary("1G/100ms/100MiB tiny files from 8"));
+    eprintln!("{}", o.summary("1G/100ms/100MiB tiny files from 16"));
+    assert_eq!(cfg.start, 16);
     assert!(o.state.best <= cfg.default, "{}", o.state.best);
-    assert!(o.share_of_best() >= 0.95, "{}", o.summary("from 8"));
+    assert!(o.share_of_best() >= 0.95, "{}", o.summary("from 16"));
 }
