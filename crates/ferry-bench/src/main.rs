@@ -101,6 +101,11 @@ struct Cli {
     /// from disk. Affects everything else on the machine.
     #[arg(long)]
     drop_caches: bool,
+    /// Skip the warm-up: by default each link starts with one unrecorded ferry transfer of each
+    /// data set (fixed default streams, so no profile is written), so that the first recorded
+    /// case does not alone pay for a cold server and destination.
+    #[arg(long)]
+    no_warmup: bool,
     /// The ferry binary (default: next to ferry-bench, else target/release/ferry).
     #[arg(long)]
     ferry: Option<PathBuf>,
@@ -440,8 +445,10 @@ fn write_outputs(out: &Path, rows: &[report::Row], meta: &Meta) -> Result<()> {
          after it exits) / 10⁶: the time until the data is durable, for every tool (ferry syncs \
          before it renames, so its syncfs is ~0; peers that do not sync pay it there). Sources \
          are generated once and stay in the page cache; `sync` runs before every run; the \
-         destination is emptied between runs. iperf3: receiver's goodput, the first \
-         seconds (slow start) not counted.\n"
+         destination is emptied between runs. Unless `--no-warmup`, each link begins with \
+         one unrecorded ferry transfer of each data set (4 fixed streams), so the first \
+         recorded case is not alone in meeting a cold server and destination. iperf3: \
+         receiver's goodput, the first seconds (slow start) not counted.\n"
     );
     let _ = writeln!(
         s,
@@ -638,6 +645,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
         iperf_secs,
         iperf_omit: cli.iperf3_omit,
         drop_caches: cli.drop_caches,
+        warmup: !cli.no_warmup,
         verbose: cli.verbose,
         max_run: std::time::Duration::from_secs(cli.max_run_secs.max(1)),
     };

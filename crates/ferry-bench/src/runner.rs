@@ -49,10 +49,16 @@ pub struct Options {
     pub iperf_secs: u32,
     pub iperf_omit: u32,
     pub drop_caches: bool,
+    /// One unrecorded ferry transfer per data set and direction before a link's first round
+    /// (see [`Runner::warm_up`]).
+    pub warmup: bool,
     pub verbose: bool,
     /// Longest a single run may take; a case that times out is not run again.
     pub max_run: Duration,
 }
+
+/// Streams of the warm-up transfer: ferry's fixed default, so no profile is written.
+const WARMUP_STREAMS: u16 = 4;
 
 /// Per-process bookkeeping of a sweep.
 pub struct Runner<'a> {
@@ -628,6 +634,17 @@ impl<'a> Runner<'a> {
                 .saturating_sub(iperf_pts.len() * self.plan.runs as usize);
         }
         let (rate, rtt, regime) = link_cols(Some(&link));
+        self.warm_up(cases, |r, c| {
+            r.ferry_run(
+                Some(&bed),
+                &server_addr,
+                FERRY_PORT,
+                &token,
+                c,
+                0,
+                (&rate, rtt, &regime),
+            )
+        });
         let mut timed_out: Vec<Case> = Vec::new();
         for round in 1..=self.plan.runs {
             if iperf_ok {
@@ -795,6 +812,40 @@ impl<'a> Runner<'a> {
             Err(e) => row.error = format!("{e:#}"),
         }
         row
+    }
+
+    /// Runs each ferry data set and direction of `cases` once, unrecorded, with the default
+    /// fixed stream count (which writes no client profile).
+    ///
+    /// Why: cases run in the same order every round, so without it the first ferry case of a
+    /// link — `--streams 0`, ferry's defaults, the one the issue-6 table is about — alone met a
+    /// cold server, destination and page cache. In every tree sweep of 2026-11-22 that first
+    /// run was the slowest of its point, 5–30% below the others at 0 and 50 ms (a 1.5-s
+    /// transfer has no time to amortise it), which biased the medians against the defaults.
+    fn warm_up(&self, cases: &[Case], mut run: impl FnMut(&Self, &Case) -> Row) {
+        if !self.opts.warmup {
+            return;
+        }
+        let mut seen = Vec::new();
+        for case in cases.iter().filter(|c| c.tool == Tool::Ferry) {
+            let key = (case.direction, case.dataset.label());
+            if seen.contains(&key) {
+                continue;
+            }
+            seen.push(key);
+            let warm = Case {
+                streams: WARMUP_STREAMS,
+                block: None,
+                ..case.clone()
+            };
+            let row = run(self, &warm);
+            let what = format!("{} {}", warm.direction.name(), warm.dataset.label());
+            if row.ok() {
+                eprintln!("ferry-bench: warm-up {what}: {:.0} Mbit/s (not recorded)", row.mbps);
+            } else {
+                eprintln!("ferry-bench: warm-up {what} failed (not recorded): {}", row.error);
+            }
+        }
     }
 
     fn before_run(&self) {
@@ -1089,6 +1140,9 @@ impl<'a> Runner<'a> {
             }
         }
         let l = link_cols(None);
+        self.warm_up(cases, |r, c| {
+            r.ferry_run(None, &host, port, &token, c, 0, (&l.0, l.1, &l.2))
+        });
         for round in 1..=self.plan.runs {
             if let Some((ih, ip)) = &iperf3 {
                 for p in iperf_pts {
