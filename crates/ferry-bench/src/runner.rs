@@ -841,9 +841,15 @@ impl<'a> Runner<'a> {
             let row = run(self, &warm);
             let what = format!("{} {}", warm.direction.name(), warm.dataset.label());
             if row.ok() {
-                eprintln!("ferry-bench: warm-up {what}: {:.0} Mbit/s (not recorded)", row.mbps);
+                eprintln!(
+                    "ferry-bench: warm-up {what}: {:.0} Mbit/s (not recorded)",
+                    row.mbps
+                );
             } else {
-                eprintln!("ferry-bench: warm-up {what} failed (not recorded): {}", row.error);
+                eprintln!(
+                    "ferry-bench: warm-up {what} failed (not recorded): {}",
+                    row.error
+                );
             }
         }
     }
