@@ -589,7 +589,8 @@ fn run(cli: Cli) -> Result<ExitCode> {
         std::env::set_var("FERRY_KNOWN_HOSTS", out.join("ferry-state/known_hosts"));
     }
     let (work, tmp_work) = if cli.tmpfs {
-        let w = PathBuf::from(format!("/dev/shm/ferry-bench-{}", std::process::id()));
+        reap_tmpfs_work(Path::new(TMPFS));
+        let w = PathBuf::from(format!("{TMPFS}/ferry-bench-{}", std::process::id()));
         (w.clone(), Some(w))
     } else {
         (
@@ -705,6 +706,41 @@ fn run(cli: Cli) -> Result<ExitCode> {
     })
 }
 
+/// Where `--tmpfs` keeps data sets and destinations, one directory per bench process.
+const TMPFS: &str = "/dev/shm";
+
+/// Removes `ferry-bench-<pid>` directories under `dir` whose process is gone. A bench that was
+/// killed (SIGKILL, or SIGTERM mid-run) cannot remove its own, and each holds gigabytes of
+/// RAM-backed data; the next run cleans up after it, as ferry-netem does with namespaces.
+fn reap_tmpfs_work(dir: &Path) -> Vec<PathBuf> {
+    let mut removed = Vec::new();
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return removed;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix("ferry-bench-"))
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let alive = pid == std::process::id() || Path::new(&format!("/proc/{pid}")).exists();
+        if !alive && e.file_type().is_ok_and(|t| t.is_dir()) {
+            let p = e.path();
+            if std::fs::remove_dir_all(&p).is_ok() {
+                eprintln!(
+                    "ferry-bench: removed {} (left by a bench that is gone)",
+                    p.display()
+                );
+                removed.push(p);
+            }
+        }
+    }
+    removed
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match run(cli) {
@@ -724,6 +760,32 @@ mod tests {
     #[test]
     fn verify_cli() {
         Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn tmpfs_work_of_gone_benches_is_reaped_and_nothing_else() {
+        let d = tempfile::tempdir().unwrap();
+        // Above any pid_max Linux allows (2^22), so never a live process.
+        let gone = d.path().join("ferry-bench-999999999");
+        std::fs::create_dir_all(gone.join("data/tree")).unwrap();
+        std::fs::write(gone.join("data/tree/f"), b"x").unwrap();
+        let keep = [
+            format!("ferry-bench-{}", std::process::id()),
+            "ferry-bench-1".to_owned(),
+            "ferry-bench-abc".to_owned(),
+            "other-999999999".to_owned(),
+        ];
+        for k in &keep {
+            std::fs::create_dir(d.path().join(k)).unwrap();
+        }
+        std::fs::write(d.path().join("ferry-bench-999999998"), b"a file").unwrap();
+        assert_eq!(reap_tmpfs_work(d.path()), vec![gone.clone()]);
+        assert!(!gone.exists());
+        for k in &keep {
+            assert!(d.path().join(k).is_dir(), "{k} kept");
+        }
+        assert!(d.path().join("ferry-bench-999999998").is_file());
+        assert!(reap_tmpfs_work(&d.path().join("missing")).is_empty());
     }
 
     fn spec(args: &[&str]) -> Result<Spec> {
