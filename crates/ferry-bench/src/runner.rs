@@ -819,9 +819,10 @@ impl<'a> Runner<'a> {
     ///
     /// Why: cases run in the same order every round, so without it the first ferry case of a
     /// link — `--streams 0`, ferry's defaults, the one the issue-6 table is about — alone met a
-    /// cold server, destination and page cache. In every tree sweep of 2026-11-22 that first
-    /// run was the slowest of its point, 5–30% below the others at 0 and 50 ms (a 1.5-s
-    /// transfer has no time to amortise it), which biased the medians against the defaults.
+    /// cold server, destination and page cache. In the 10,000-file sweeps of 2026-11-22 that
+    /// first run was the slowest of its point in 12 of 13 points at 0 and 25 ms (6–18% below
+    /// the best other run), 9 of 12 at 50 ms (up to 30%) and 7 of 13 at 100 ms (up to 9%): a
+    /// 1.5-s transfer has no time to amortise it, and the medians leaned against the defaults.
     fn warm_up(&self, cases: &[Case], mut run: impl FnMut(&Self, &Case) -> Row) {
         if !self.opts.warmup {
             return;

@@ -24,8 +24,8 @@ struct State {
 /// How often a parked thread looks at its stop condition, for sessions that end without
 /// [`Gate::close`] (a dropped queue): the pool still ends within this. Closing wakes parked
 /// threads at once; waiting for this timer instead put the end of every transfer with parked
-/// threads (auto-tuned pools, the default) on a 100 ms grid
-/// (the session joins its pool before it returns).
+/// threads (auto-tuned pools, the default) on a 100 ms grid (the session joins its pool
+/// before it returns).
 const RECHECK: Duration = Duration::from_millis(100);
 
 impl Gate {

@@ -649,8 +649,8 @@ proptest! {
 
 /// Trees of tiny files start on the default once per 25 ms of round trip where slow start is
 /// the cost, at most four times (never above the maximum, never below a remembered start),
-/// and a long one
-/// on a path that wants fewer still gets there: the start is where the search begins.
+/// and a long one on a path that wants fewer still gets there: the start is where the search
+/// begins.
 #[test]
 fn tiny_files_start_higher_only_at_long_round_trips() {
     let at = |rtt: Duration, start: u32| {

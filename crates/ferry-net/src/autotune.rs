@@ -564,8 +564,8 @@ impl StreamControl {
 
     /// Starts the tuner once the walk has shown what it is sending. Trees of small files start
     /// like bulk data, except tiny ones at long RTTs (`TunerConfig::for_tiny_files`: the
-    /// default once per 25 ms of round trip from 50 ms on, at most four times). An earlier rule started them on one stream at long RTTs, from a
-    /// measurement (4.5 s on 1 stream vs 6.7 s on 4 at 100 ms) that turned out to be ext4's
+    /// default once per 25 ms of round trip from 50 ms on, at most four times). An earlier
+    /// rule started them on one stream at long RTTs, from a measurement (4.5 s on 1 stream vs 6.7 s on 4 at 100 ms) that turned out to be ext4's
     /// slow inode allocation right after the benchmark deleted the previous run's 10,000 files;
     /// into a fresh directory 4 streams take 2.5 s and 1 stream 4.5 s (BENCHMARKS.md). They are
     /// still flagged, so their short runs do not overwrite a route's profile.
