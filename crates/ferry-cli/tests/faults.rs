@@ -722,17 +722,26 @@ fn blackhole_5s_mid_transfer_same_process_finishes() {
         mib(at_on),
         mib(at_off)
     );
-    assert!(moved, "no progress within 60 s of the outage ending");
-    // TCP's retransmission backoff probes again at the latest about one outage length after the
-    // link returns (the timer doubles), and a retry starts after 1 s: 10 s is generous.
     assert!(
-        resume_latency < Duration::from_secs(10),
-        "took {resume_latency:?} to resume after a 5 s outage"
+        moved,
+        "no progress within 60 s of the outage ending ({:.1} MiB on the server)",
+        mib(received(&root, "big.bin"))
     );
-    assert_eq!(
-        names(&root),
-        ["big.bin", "clean.bin"],
-        "no temporary files left"
+    // Each stream's retransmission timer doubles through the outage, so its first try after the
+    // link returns comes up to one outage length plus one timeout later (measured here: 3.4–4.8 s
+    // after a 5 s outage); then a whole block must arrive before the file grows. On a loaded
+    // 2-core runner the bed's forwarder shares the cores with the rest of the suite, which
+    // stretches both. 20 s bounds that with room and still tells TCP's own recovery from the
+    // session's 120 s idle timeout, which a transfer that waited on it would show.
+    assert!(
+        resume_latency < Duration::from_secs(20),
+        "took {resume_latency:?} to resume after a 5 s outage (clean run {clean_wall:?})"
+    );
+    assert!(
+        wait_until(Duration::from_secs(5), || names(&root)
+            == ["big.bin", "clean.bin"]),
+        "temporary files left: {:?}",
+        names(&root)
     );
 }
 
