@@ -381,6 +381,8 @@ pub struct Tuner {
     /// What evidence beyond the rate says of the setting just measured (see
     /// [`Tuner::set_room_up`]); `None`: nothing, search both ways.
     room_up: Option<bool>,
+    /// Whether fewer units could pay (see [`Tuner::set_room_down`]); `None`: nothing known.
+    room_down: Option<bool>,
 }
 
 impl Tuner {
@@ -413,6 +415,7 @@ impl Tuner {
             changes: 0,
             history: VecDeque::with_capacity(cfg.history.min(1024)),
             room_up: None,
+            room_down: None,
             cfg,
         })
     }
@@ -478,6 +481,24 @@ impl Tuner {
     /// told, both directions are searched: the plain hill climb, for callers with no evidence.
     pub fn set_room_up(&mut self, room: bool) {
         self.room_up = Some(room);
+    }
+
+    /// Tells the tuner whether fewer units than the setting being measured could pay.
+    ///
+    /// `false`: the host has work to spare (for streams: the sender's process is far from
+    /// using its cores), so the units cost nothing that fewer would save. Below the default a
+    /// step down then has nothing to win — utility counts units only above the default — and
+    /// on a long path it is dear: under BBR the streams that stay grow their bandwidth
+    /// estimate by at most 25% per 8-RTT cycle, so after 2 → 1 streams at 100 ms the one left
+    /// needed ~3 s to take the freed share, and that probe cost a mixed tree a quarter of its
+    /// rate (BENCHMARKS.md, issue 6's misses). Searches and probes then go no lower than the
+    /// best or the default, whichever is smaller; above the default they still go down, where
+    /// the unit cost can pay.
+    ///
+    /// `true` (the units are busy: CPU, not the path, may be the limit) or never told: down
+    /// is searched as before.
+    pub fn set_room_down(&mut self, room: bool) {
+        self.room_down = Some(room);
     }
 
     /// True once a search has ended and the tuner holds (or is briefly probing around) its
@@ -716,6 +737,11 @@ impl Tuner {
             None => (min, max),
             Some(true) => (n.min(d).max(min), max),
             Some(false) => (min, n.max(d).min(max)),
+        };
+        let lo = if self.room_down == Some(false) {
+            lo.max(n.min(d))
+        } else {
+            lo
         };
         let t = match (dir, stride) {
             (Dir::Up, Stride::Fine) => n.saturating_add((n / 8).max(1)).min(hi),

@@ -75,6 +75,30 @@ pub(crate) fn process_cpu() -> Duration {
     tv(usage.ru_utime) + tv(usage.ru_stime)
 }
 
+/// The host's CPU time since boot, busy and in all, in clock ticks (`/proc/stat`'s first
+/// line: busy is everything but idle and iowait). None where it cannot be read.
+pub(crate) fn host_cpu() -> Option<(u64, u64)> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    parse_host_cpu(stat.lines().next()?)
+}
+
+fn parse_host_cpu(line: &str) -> Option<(u64, u64)> {
+    let mut fields = line.split_ascii_whitespace();
+    if fields.next()? != "cpu" {
+        return None;
+    }
+    // user nice system idle iowait irq softirq steal; guest time is already in user.
+    let v: Vec<u64> = fields
+        .take(8)
+        .map(|f| f.parse().ok())
+        .collect::<Option<_>>()?;
+    if v.len() < 5 {
+        return None;
+    }
+    let total: u64 = v.iter().sum();
+    Some((total - v[3] - v[4], total))
+}
+
 /// Cores this process may run on (affinity and cgroup quota included).
 pub(crate) fn cores() -> u32 {
     std::thread::available_parallelism().map_or(1, |n| n.get() as u32)
@@ -340,7 +364,8 @@ const ROOM_WINDOW_SHARE: f64 = 0.10;
 /// not the path, counts as their limit (TLS and framing on one core per stream).
 const ROOM_IDLE_SHARE: f64 = 0.10;
 
-/// The sender counts as having spare CPU below this share of its cores.
+/// The sender counts as having spare CPU below this share of its cores; and, for fewer
+/// streams to pay, the host or the process counts as busy from it on.
 const ROOM_CPU_SHARE: f64 = 0.75;
 
 /// What the active streams did over some ticks, from their `TCP_INFO` counters.
@@ -355,6 +380,10 @@ struct RoomSums {
     /// The process's CPU time, and the wall time over all cores, over the same ticks.
     cpu_us: u64,
     cores_us: u64,
+    /// The whole host's busy and total CPU time over the same ticks (clock ticks), which
+    /// counts a server on the same host and other jobs; zero where unknown.
+    host_busy: u64,
+    host_total: u64,
 }
 
 impl RoomSums {
@@ -364,6 +393,32 @@ impl RoomSums {
         self.window_us += o.window_us;
         self.cpu_us += o.cpu_us;
         self.cores_us += o.cores_us;
+        self.host_busy += o.host_busy;
+        self.host_total += o.host_total;
+    }
+
+    fn cpu_share(&self) -> f64 {
+        if self.cores_us > 0 {
+            self.cpu_us as f64 / self.cores_us as f64
+        } else {
+            0.0
+        }
+    }
+
+    /// Whether fewer streams could pay ([`Tuner::set_room_down`]): the process or the host
+    /// is busy, so each stream given up frees CPU (the host share counts a server on the
+    /// same host; the process share a cgroup quota that the host's counters do not show).
+    /// Otherwise below the default there is nothing to win. `None` before any tick.
+    fn room_down(&self) -> Option<bool> {
+        if self.cores_us == 0 {
+            return None;
+        }
+        let host = if self.host_total > 0 {
+            self.host_busy as f64 / self.host_total as f64
+        } else {
+            0.0
+        };
+        Some(self.cpu_share().max(host) >= ROOM_CPU_SHARE)
     }
 
     /// Whether more streams could help ([`Tuner::set_room_up`]): the streams are held back by
@@ -377,11 +432,7 @@ impl RoomSums {
         }
         let window = self.window_us as f64 / self.busy_us as f64;
         let idle = 1.0 - (self.busy_us as f64 / self.wall_us as f64).min(1.0);
-        let cpu = if self.cores_us > 0 {
-            self.cpu_us as f64 / self.cores_us as f64
-        } else {
-            0.0
-        };
+        let cpu = self.cpu_share();
         Some(window >= ROOM_WINDOW_SHARE || (idle >= ROOM_IDLE_SHARE && cpu < ROOM_CPU_SHARE))
     }
 }
@@ -395,6 +446,7 @@ struct RoomMeter {
     len: usize,
     at: Instant,
     cpu: Duration,
+    host: Option<(u64, u64)>,
     /// Some socket reported busy time: the kernel has the counters.
     counted: bool,
 }
@@ -407,18 +459,31 @@ impl RoomMeter {
             len: len.max(1),
             at: Instant::now(),
             cpu: process_cpu(),
+            host: host_cpu(),
             counted: false,
         }
     }
 
     /// One tick: `infos[i]` is socket i's `TCP_INFO` (if readable); the first `active` carry data.
     fn tick(&mut self, infos: &[Option<TcpInfo>], active: usize) {
+        self.tick_with(infos, active, host_cpu());
+    }
+
+    /// [`RoomMeter::tick`] with the host's CPU counters passed in.
+    fn tick_with(&mut self, infos: &[Option<TcpInfo>], active: usize, host: Option<(u64, u64)>) {
         let now = Instant::now();
         let cpu = process_cpu();
         let wall_us = now.duration_since(self.at).as_micros() as u64;
+        let (host_busy, host_total) = match (self.host, host) {
+            (Some((b0, t0)), Some((b1, t1))) if t1 >= t0 && b1 >= b0 => (b1 - b0, t1 - t0),
+            _ => (0, 0),
+        };
+        self.host = host;
         let mut sums = RoomSums {
             cpu_us: cpu.saturating_sub(self.cpu).as_micros() as u64,
             cores_us: wall_us * u64::from(cores()),
+            host_busy,
+            host_total,
             ..RoomSums::default()
         };
         for (i, (info, prev)) in infos.iter().zip(self.prev.iter_mut()).enumerate() {
@@ -443,11 +508,19 @@ impl RoomMeter {
         if !self.counted {
             return None;
         }
+        self.total().room_up()
+    }
+
+    fn room_down(&self) -> Option<bool> {
+        self.total().room_down()
+    }
+
+    fn total(&self) -> RoomSums {
         let mut total = RoomSums::default();
         for t in &self.ticks {
             total.add(t);
         }
-        total.room_up()
+        total
     }
 }
 
@@ -552,8 +625,11 @@ impl StreamControl {
             self.socks.iter().map(|s| tcp_info_fd(s.as_fd())).collect();
         let acked = infos.iter().flatten().map(|i| i.bytes_acked).sum();
         room.tick(&infos, active);
-        if let Some(room) = room.room_up() {
-            tuner.set_room_up(room);
+        if let Some(up) = room.room_up() {
+            tuner.set_room_up(up);
+        }
+        if let Some(down) = room.room_down() {
+            tuner.set_room_down(down);
         }
         if starved {
             tuner.skip_interval(now, acked);
@@ -702,6 +778,45 @@ mod tests {
             window_us: window,
             cpu_us: cpu,
             cores_us: 1000,
+            ..RoomSums::default()
+        }
+    }
+
+    #[test]
+    fn room_down_needs_a_busy_process_or_host() {
+        // The tuned regime at 100 ms on the bed: sender at 10% of its cores, host at 45%.
+        let quiet = RoomSums {
+            host_busy: 45,
+            host_total: 100,
+            ..sums(1000, 1000, 0, 100)
+        };
+        assert_eq!(quiet.room_down(), Some(false));
+        // A server on the same host keeps the cores busy: fewer streams free CPU.
+        assert_eq!(
+            RoomSums {
+                host_busy: 90,
+                ..quiet
+            }
+            .room_down(),
+            Some(true)
+        );
+        // A cgroup quota: the process is at its cores' limit though the host is not.
+        assert_eq!(sums(1000, 1000, 0, 800).room_down(), Some(true));
+        // No host counters: the process alone decides; no ticks: nothing known.
+        assert_eq!(sums(1000, 1000, 0, 100).room_down(), Some(false));
+        assert_eq!(RoomSums::default().room_down(), None);
+    }
+
+    #[test]
+    fn host_cpu_reads_the_first_line_of_proc_stat() {
+        let line = "cpu  100 5 50 800 40 3 2 0 7 0";
+        assert_eq!(parse_host_cpu(line), Some((160, 1000)));
+        assert_eq!(parse_host_cpu("cpu0 1 2 3 4 5"), None);
+        assert_eq!(parse_host_cpu("cpu 1 2 x 4 5"), None);
+        assert_eq!(parse_host_cpu("cpu 1 2 3"), None);
+        assert_eq!(parse_host_cpu(""), None);
+        if let Some((busy, total)) = host_cpu() {
+            assert!(busy <= total && total > 0);
         }
     }
 
@@ -744,6 +859,15 @@ mod tests {
         // Bounded: the oldest tick goes.
         m.tick(&[info(3, 0), None], 2);
         assert_eq!(m.ticks.len(), 2);
+        // Host CPU as deltas between ticks; a counter going backwards counts as unknown.
+        m.host = Some((100, 1000));
+        m.tick_with(&[info(3, 0), None], 2, Some((190, 1100)));
+        let t = *m.ticks.back().unwrap();
+        assert_eq!((t.host_busy, t.host_total), (90, 100));
+        m.tick_with(&[info(3, 0), None], 2, Some((10, 20)));
+        let t = *m.ticks.back().unwrap();
+        assert_eq!((t.host_busy, t.host_total), (0, 0));
+        assert_eq!(m.room_down(), Some(true));
     }
 
     #[test]

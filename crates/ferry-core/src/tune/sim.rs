@@ -109,6 +109,14 @@ impl Path {
         n == 0 || windows || cores
     }
 
+    /// Whether fewer than `n` streams could pay ([`Tuner::set_room_down`]): the hosts, not
+    /// the link or the windows, set the rate, so each stream given up frees a worker. In this
+    /// model nothing else makes fewer streams faster.
+    pub fn room_down(&self, n: u32) -> bool {
+        let net = n as f64 * self.per_stream();
+        self.hosts(n) <= self.link.min(net)
+    }
+
     fn per_stream(&self) -> f64 {
         if self.rtt.is_zero() {
             f64::INFINITY
@@ -238,6 +246,11 @@ impl Sim {
         self.path.room_up(self.streams())
     }
 
+    /// [`Path::room_down`] for the streams open now.
+    pub fn room_down(&self) -> bool {
+        self.path.room_down(self.streams())
+    }
+
     /// The rate at this instant, noise included.
     pub fn rate(&mut self) -> f64 {
         if self.noise > 0.0 && self.now >= self.next_draw {
@@ -314,6 +327,7 @@ pub fn run(tuner: &mut Tuner, sim: &mut Sim, tick: Duration, until: Duration) ->
         now = (now + tick).min(until);
         let delivered = sim.advance(now);
         tuner.set_room_up(sim.room_up());
+        tuner.set_room_down(sim.room_down());
         if let Some(a) = tuner.on_progress(now, delivered) {
             let n = Action::count(a);
             sim.set_streams(n);
