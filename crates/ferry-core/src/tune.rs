@@ -115,6 +115,9 @@ pub struct TunerConfig {
     pub max_backoff: u32,
     /// Steps kept in [`TunerState::history`].
     pub history: usize,
+    /// The fewest units a search or probe goes to while the host has CPU to spare
+    /// ([`Tuner::set_room_down`]`(false)`); a start or `min` below it is kept.
+    pub min_spare: u32,
 }
 
 /// A tree of tiny files starts on one default's worth of streams per this much round-trip
@@ -151,6 +154,7 @@ impl TunerConfig {
             probe_every: 4,
             max_backoff: 8,
             history: 64,
+            min_spare: 2,
         }
     }
 
@@ -163,6 +167,7 @@ impl TunerConfig {
             max: 16,
             interval: Duration::from_millis(500),
             warmup: Duration::from_millis(500),
+            min_spare: 1,
             ..Self::streams_for_rtt(Duration::ZERO)
         }
     }
@@ -483,20 +488,20 @@ impl Tuner {
         self.room_up = Some(room);
     }
 
-    /// Tells the tuner whether fewer units than the setting being measured could pay.
+    /// Tells the tuner whether fewer units than the setting being measured could pay back in
+    /// CPU.
     ///
-    /// `false`: the host has work to spare (for streams: the sender's process is far from
-    /// using its cores), so the units cost nothing that fewer would save. Below the default a
-    /// step down then has nothing to win — utility counts units only above the default — and
-    /// on a long path it is dear: under BBR the streams that stay grow their bandwidth
-    /// estimate by at most 25% per 8-RTT cycle, so after 2 → 1 streams at 100 ms the one left
-    /// needed ~3 s to take the freed share, and that probe cost a mixed tree a quarter of its
-    /// rate (BENCHMARKS.md, issue 6's misses). Searches and probes then go no lower than the
-    /// best or the default, whichever is smaller; above the default they still go down, where
-    /// the unit cost can pay.
+    /// `false`: the host has work to spare (for streams: neither the sender's process nor the
+    /// host is near its cores), so searches and probes go no lower than
+    /// [`TunerConfig::min_spare`] (2 streams), or the best if that is lower already. One
+    /// stream can only win back CPU, and everything that stalls a flow — a loss recovery,
+    /// BBR's ProbeRTT, its windows regrowing — then stalls the transfer. Measured on the bed
+    /// (tuned regime, 100 ms, mixed tree): a search that kept 2 streams (930 Mbit/s) and
+    /// probed 1 ran at 309 Mbit/s for 3.5 s, and the run ended at 590 against 849 for a fixed
+    /// 8. Steps down to 2 stay: in the default regime at 50 ms, 2 streams measured 944–965
+    /// Mbit/s against 879–907 for 4 (BENCHMARKS.md, issue 6's table).
     ///
-    /// `true` (the units are busy: CPU, not the path, may be the limit) or never told: down
-    /// is searched as before.
+    /// `true` (the units are busy: CPU may be the limit) or never told: down to `min`.
     pub fn set_room_down(&mut self, room: bool) {
         self.room_down = Some(room);
     }
@@ -739,7 +744,7 @@ impl Tuner {
             Some(false) => (min, n.max(d).min(max)),
         };
         let lo = if self.room_down == Some(false) {
-            lo.max(n.min(d))
+            lo.max(n.min(self.cfg.min_spare))
         } else {
             lo
         };
