@@ -227,7 +227,11 @@ fn with_cores_to_spare_it_never_goes_to_one_stream() {
     let cfg = TunerConfig::streams_for_rtt(ms(100)).with_start(2);
     let o = simulate(path, cfg, secs(120));
     eprintln!("{}", o.summary("1G/100ms/100MiB from 2, cores to spare"));
-    assert!(o.trace.actions.iter().all(|&(_, n)| n >= 2), "{:?}", o.trace.actions);
+    assert!(
+        o.trace.actions.iter().all(|&(_, n)| n >= 2),
+        "{:?}",
+        o.trace.actions
+    );
     assert!(o.state.history.iter().all(|s| s.value >= 2));
     assert!(o.share_of_best() >= 0.999);
 }
