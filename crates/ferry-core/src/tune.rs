@@ -738,16 +738,14 @@ impl Tuner {
     /// default on their way past it, so the default is always among the measured settings.
     fn next(&self, n: u32, dir: Dir, stride: Stride) -> Option<u32> {
         let (min, max, d) = (self.cfg.min, self.cfg.max, self.cfg.default);
-        let (lo, hi) = match self.room_up {
+        let (mut lo, hi) = match self.room_up {
             None => (min, max),
             Some(true) => (n.min(d).max(min), max),
             Some(false) => (min, n.max(d).min(max)),
         };
-        let lo = if self.room_down == Some(false) {
-            lo.max(n.min(self.cfg.min_spare))
-        } else {
-            lo
-        };
+        if self.room_down == Some(false) {
+            lo = lo.max(n.min(self.cfg.min_spare));
+        }
         let t = match (dir, stride) {
             (Dir::Up, Stride::Fine) => n.saturating_add((n / 8).max(1)).min(hi),
             (Dir::Down, Stride::Fine) => n.saturating_sub((n / 8).max(1)).max(lo),

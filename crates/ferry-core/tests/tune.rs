@@ -29,6 +29,14 @@ fn gig(rtt: Duration) -> Path {
     }
 }
 
+/// The same link under the bed's tuned regime: 100 MiB windows, so one stream fills it at 100 ms.
+fn tuned_gig(rtt: Duration) -> Path {
+    Path {
+        window: 100.0 * MIB,
+        ..gig(rtt)
+    }
+}
+
 /// Loopback-like: no RTT, no window cap, so the two cores are the limit and every stream
 /// beyond them costs 8%.
 fn cpu_bound() -> Path {
@@ -137,10 +145,7 @@ fn converges_to_max_on_10g_50ms() {
 /// 100 ms and TCP reports them limited by the path, not by their windows.
 #[test]
 fn never_probes_up_while_the_streams_fill_the_path() {
-    let path = Path {
-        window: 100.0 * MIB,
-        ..gig(ms(100))
-    };
+    let path = tuned_gig(ms(100));
     // One stream fills it already; under the default 4 MiB cap it takes three.
     assert!(!path.room_up(1) && !path.room_up(4), "the model's signal");
     assert!(gig(ms(100)).room_up(2) && !gig(ms(100)).room_up(3));
@@ -177,10 +182,7 @@ fn never_probes_up_while_the_streams_fill_the_path() {
 /// and a window-limited path still climbs past it.
 #[test]
 fn without_room_the_default_is_still_measured() {
-    let full = Path {
-        window: 100.0 * MIB,
-        ..gig(ms(100))
-    };
+    let full = tuned_gig(ms(100));
     let cfg = TunerConfig::streams_for_rtt(ms(100)).with_start(1);
     let o = simulate(full, cfg.clone(), secs(60));
     assert!(o.state.history.iter().any(|s| s.value == cfg.default));
@@ -219,10 +221,7 @@ fn with_room_it_never_probes_below_the_window_limited_setting() {
 /// just be a rejected measurement.
 #[test]
 fn with_cores_to_spare_it_never_goes_to_one_stream() {
-    let path = Path {
-        window: 100.0 * MIB,
-        ..gig(ms(100))
-    };
+    let path = tuned_gig(ms(100));
     assert!(!path.room_up(2) && !path.room_down(2), "the model's signal");
     let cfg = TunerConfig::streams_for_rtt(ms(100)).with_start(2);
     let o = simulate(path, cfg, secs(120));
@@ -734,10 +733,7 @@ fn tiny_files_start_higher_only_at_long_round_trips() {
     .for_tiny_files(ms(100));
     assert_eq!(capped.start, 6);
 
-    let full = Path {
-        window: 100.0 * MIB,
-        ..gig(ms(100))
-    };
+    let full = tuned_gig(ms(100));
     let cfg = TunerConfig::streams_for_rtt(ms(100)).for_tiny_files(ms(100));
     let o = simulate(full, cfg.clone(), secs(60));
     eprintln!("{}", o.summary("1G/100ms/100MiB tiny files from 16"));

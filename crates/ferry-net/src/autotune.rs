@@ -408,7 +408,7 @@ impl RoomSums {
     /// Whether fewer streams could pay ([`Tuner::set_room_down`]): the process or the host
     /// is busy, so each stream given up frees CPU (the host share counts a server on the
     /// same host; the process share a cgroup quota that the host's counters do not show).
-    /// Otherwise below the default there is nothing to win. `None` before any tick.
+    /// Otherwise the tuner goes no lower than `TunerConfig::min_spare`. `None` before any tick.
     fn room_down(&self) -> Option<bool> {
         if self.cores_us == 0 {
             return None;
