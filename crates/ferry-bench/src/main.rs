@@ -9,6 +9,7 @@ mod plan;
 mod plot;
 mod report;
 mod runner;
+mod stop;
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -743,6 +744,7 @@ fn reap_tmpfs_work(dir: &Path) -> Vec<PathBuf> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    stop::install();
     match run(cli) {
         Ok(c) => c,
         Err(e) => {

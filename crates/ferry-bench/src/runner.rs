@@ -105,12 +105,21 @@ pub fn run_timed(mut cmd: Command, timeout: Duration) -> Result<Outcome> {
     let pid = child.id() as i32;
     let (tx, rx) = mpsc::channel::<()>();
     let dog = std::thread::spawn(move || {
-        if rx.recv_timeout(timeout) == Err(mpsc::RecvTimeoutError::Timeout) {
-            // SAFETY: kill(2) on the child's process group.
-            unsafe { libc::kill(-pid, libc::SIGKILL) };
-            true
-        } else {
-            false
+        // Wakes every 100 ms to see whether the sweep is being stopped.
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match rx.recv_timeout(left.min(Duration::from_millis(100))) {
+                Err(mpsc::RecvTimeoutError::Timeout)
+                    if left.is_zero() || crate::stop::requested() =>
+                {
+                    // SAFETY: kill(2) on the child's process group.
+                    unsafe { libc::kill(-pid, libc::SIGKILL) };
+                    return left.is_zero();
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+                _ => return false,
+            }
         }
     });
     let out = child.wait_with_output()?;
@@ -437,7 +446,7 @@ impl<'a> Runner<'a> {
         );
         self.log.push(&row)?;
         self.rows.push(row);
-        Ok(())
+        crate::stop::check()
     }
 
     /// Generates (or reuses) every data set of the plan.
@@ -473,6 +482,7 @@ impl<'a> Runner<'a> {
                 reap_netns_etc();
                 for lp in &self.plan.links {
                     if let Err(e) = self.run_link(lp.link, &lp.iperf, &lp.cases) {
+                        crate::stop::check()?;
                         let msg = format!("link {}: {e:#}", lp.link.label());
                         eprintln!("ferry-bench: {msg}");
                         self.notes.push(msg);
