@@ -242,7 +242,7 @@ fn with_cores_to_spare_it_never_goes_to_one_stream() {
 fn room_down_gates_only_the_last_stream() {
     for (busy, expect) in [(false, None), (true, Some(Action::SetStreams(1)))] {
         let mut t = one_second_tuner();
-        t.set_room_up(false);
+        t.set_room_up(Some(false));
         t.set_room_down(busy);
         assert_eq!(t.on_progress(Duration::ZERO, 0), None);
         // Baseline at 4, then down to 2, which is faster and kept.
@@ -262,7 +262,7 @@ fn room_down_gates_only_the_last_stream() {
         Duration::ZERO,
     )
     .unwrap();
-    t.set_room_up(false);
+    t.set_room_up(Some(false));
     t.set_room_down(false);
     t.on_progress(Duration::ZERO, 0);
     // A start of 1 is measured where it is (the floor bounds steps down, nothing else), and
@@ -562,6 +562,98 @@ fn one_second_tuner() -> Tuner {
         ..TunerConfig::streams_for_rtt(ms(50))
     };
     Tuner::new(cfg, Duration::ZERO).unwrap()
+}
+
+/// Feeds one-second samples at these rates (bytes per second), from `now` on; returns what
+/// each call asked for.
+fn feed(t: &mut Tuner, now: &mut u64, bytes: &mut u64, rates: &[u64]) -> Vec<Option<Action>> {
+    // Opens the interval (a change just cleared it).
+    assert_eq!(t.on_progress(secs(*now), *bytes), None);
+    rates
+        .iter()
+        .map(|r| {
+            *now += 1;
+            *bytes += r;
+            t.on_progress(secs(*now), *bytes)
+        })
+        .collect()
+}
+
+/// Three one-second samples per measurement, no warmup, on a full path with cores to spare:
+/// from the default the search goes down to 2 and no further.
+fn three_sample_tuner() -> Tuner {
+    let cfg = TunerConfig {
+        warmup: Duration::ZERO,
+        interval: secs(1),
+        samples: 3,
+        ..TunerConfig::streams_for_rtt(ms(50))
+    };
+    let mut t = Tuner::new(cfg, Duration::ZERO).unwrap();
+    t.set_room_up(Some(false));
+    t.set_room_down(false);
+    t
+}
+
+/// A step that beats the best by the threshold but not by the noise is measured once more,
+/// straight on (no change, so no warmup), and the two measurements together decide: a real
+/// gain is kept, a lucky one is not.
+#[test]
+fn a_gain_inside_the_noise_is_measured_again() {
+    for (second, kept) in [([1080, 1090, 1100], true), ([900, 950, 1000], false)] {
+        let mut t = three_sample_tuner();
+        let (mut now, mut bytes) = (0, 0);
+        // The default, steady at 1000: then down to 2.
+        let out = feed(&mut t, &mut now, &mut bytes, &[1000, 990, 1010]);
+        assert_eq!(out, [None, None, Some(Action::SetStreams(2))]);
+        // 2 streams: 8% better, but ±11%: neither kept nor rejected yet.
+        let out = feed(&mut t, &mut now, &mut bytes, &[960, 1080, 1200]);
+        assert_eq!(out, [None, None, None]);
+        assert_eq!((t.current(), t.best()), (2, 4));
+        assert_eq!(t.state().history.len(), 1, "no verdict yet");
+        // The second measurement runs on from the first, without a new interval.
+        let mut out = Vec::new();
+        for r in second {
+            now += 1;
+            bytes += r;
+            out.push(t.on_progress(secs(now), bytes));
+        }
+        let step = *t.state().history.last().unwrap();
+        assert_eq!(step.value, 2);
+        if kept {
+            // Together: 1085 ± 4%, more than 5% better.
+            assert_eq!(out, [None, None, None]);
+            assert_eq!(step.verdict, Verdict::Kept);
+            assert_eq!(step.rate, 1085.0);
+            assert!(step.spread < 0.05, "{step:?}");
+            assert_eq!((t.best(), t.settled()), (2, true));
+        } else {
+            // Together: 1015, under the threshold: back to the default.
+            assert_eq!(out, [None, None, Some(Action::SetStreams(4))]);
+            assert_eq!(step.verdict, Verdict::Rejected);
+            assert_eq!(step.rate, 1015.0);
+            assert_eq!(t.best(), 4);
+        }
+    }
+}
+
+/// Noise adds in quadrature: two measurements of ±4% each must beat the best by 5.7%, not 8%.
+#[test]
+fn noise_of_two_measurements_adds_in_quadrature() {
+    for (rates, kept) in [([1020, 1065, 1110], true), ([1010, 1055, 1100], false)] {
+        let mut t = three_sample_tuner();
+        let (mut now, mut bytes) = (0, 0);
+        feed(&mut t, &mut now, &mut bytes, &[960, 1000, 1040]);
+        // 1065 ± 4.2% against 1000 ± 4%: 6.5% better, above √(4.2² + 4²) = 5.8%.
+        // 1055 ± 4.3%: 5.5%, below 5.9%: measured again (no verdict yet).
+        feed(&mut t, &mut now, &mut bytes, &rates);
+        let last = *t.state().history.last().unwrap();
+        if kept {
+            assert_eq!((last.value, last.verdict), (2, Verdict::Kept));
+        } else {
+            assert_eq!(last.verdict, Verdict::Baseline);
+            assert_eq!(t.current(), 2);
+        }
+    }
 }
 
 #[test]

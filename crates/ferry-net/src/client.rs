@@ -157,6 +157,8 @@ pub struct TuningStep {
     pub at_s: f64,
     pub streams: u32,
     pub mbit_per_s: f64,
+    /// The measurement's noise, ± percent of its median (half the range of its samples).
+    pub noise_pct: f64,
     /// `baseline`, `kept`, `rejected` or `drift`.
     pub verdict: &'static str,
 }
@@ -234,6 +236,7 @@ impl Tuning {
                         at_s: f64::from(s.at_ms) / 1000.0,
                         streams: u32::from(s.streams),
                         mbit_per_s: (s.rate as f64 * 8.0 / 1e6 * 10.0).round() / 10.0,
+                        noise_pct: f64::from(s.noise_permille) / 10.0,
                         verdict: s.verdict.name(),
                     })
                     .collect()

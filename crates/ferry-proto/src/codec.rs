@@ -370,6 +370,7 @@ impl Frame {
                     out.put_u32(step.at_ms);
                     out.put_u16(step.streams);
                     out.put_u64(step.rate);
+                    out.put_u16(step.noise_permille);
                     out.put_u8(step.verdict as u8);
                 }
             }
@@ -533,6 +534,7 @@ fn decode_tuned(r: &mut Reader<'_>) -> Result<TuneReport, DecodeError> {
             at_ms: r.u32("at_ms")?,
             streams: r.u16("streams")?,
             rate: r.u64("rate")?,
+            noise_permille: r.u16("noise_permille")?,
             verdict: match r.u8("verdict")? {
                 0 => TuneVerdict::Baseline,
                 1 => TuneVerdict::Kept,

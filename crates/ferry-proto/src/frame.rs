@@ -10,7 +10,7 @@ use bytes::Bytes;
 pub const MAGIC: [u8; 8] = *b"FERRY\r\n\x1a";
 
 /// The protocol version this build speaks. Bumped on any incompatible change to a frame layout.
-pub const PROTOCOL_VERSION: u16 = 3;
+pub const PROTOCOL_VERSION: u16 = 4;
 
 /// Size of the fixed frame header: type (1) and payload length (4).
 pub const HEADER_LEN: usize = 5;
@@ -287,6 +287,8 @@ pub struct TuneStep {
     pub streams: u16,
     /// Median rate measured, bytes per second.
     pub rate: u64,
+    /// The measurement's noise: half the range of its samples per mille of the median.
+    pub noise_permille: u16,
     pub verdict: TuneVerdict,
 }
 

@@ -81,6 +81,7 @@ fn tune_report() -> impl Strategy<Value = TuneReport> {
         any::<u32>(),
         any::<u16>(),
         any::<u64>(),
+        any::<u16>(),
         prop_oneof![
             Just(TuneVerdict::Baseline),
             Just(TuneVerdict::Kept),
@@ -88,10 +89,11 @@ fn tune_report() -> impl Strategy<Value = TuneReport> {
             Just(TuneVerdict::Drift),
         ],
     )
-        .prop_map(|(at_ms, streams, rate, verdict)| TuneStep {
+        .prop_map(|(at_ms, streams, rate, noise_permille, verdict)| TuneStep {
             at_ms,
             streams,
             rate,
+            noise_permille,
             verdict,
         });
     (
@@ -601,6 +603,7 @@ fn sample_frames() -> Vec<Frame> {
                 at_ms: 3100,
                 streams: 4,
                 rate: 117_000_000,
+                noise_permille: 42,
                 verdict: TuneVerdict::Baseline,
             }],
         }),
@@ -827,12 +830,13 @@ fn pinned_tuned() {
             at_ms: 0x0102_0304,
             streams: 4,
             rate: 125_000_000,
+            noise_permille: 0x0123,
             verdict: TuneVerdict::Kept,
         }],
     });
     #[rustfmt::skip]
     let expected: &[u8] = &[
-        0x38, 0, 0, 0, 29,                  // type, payload length
+        0x38, 0, 0, 0, 31,                  // type, payload length
         0, 8,                               // streams at the end
         0, 4,                               // start
         0b011,                              // flags: auto, settled
@@ -841,6 +845,7 @@ fn pinned_tuned() {
         0x01, 0x02, 0x03, 0x04,             // at_ms
         0, 4,                               // streams
         0, 0, 0, 0, 0x07, 0x73, 0x59, 0x40, // rate 125,000,000 B/s
+        0x01, 0x23,                         // noise: 29.1%
         1,                                  // verdict: kept
     ];
     assert_eq!(&encode(&frame)[..], expected);

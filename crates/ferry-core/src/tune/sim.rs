@@ -326,7 +326,7 @@ pub fn run(tuner: &mut Tuner, sim: &mut Sim, tick: Duration, until: Duration) ->
     while now < until {
         now = (now + tick).min(until);
         let delivered = sim.advance(now);
-        tuner.set_room_up(sim.room_up());
+        tuner.set_room_up(Some(sim.room_up()));
         tuner.set_room_down(sim.room_down());
         if let Some(a) = tuner.on_progress(now, delivered) {
             let n = Action::count(a);
