@@ -412,6 +412,8 @@ impl<'a> Runner<'a> {
     }
 
     fn record(&mut self, row: Row) -> Result<()> {
+        // A run cut short by the stop measured nothing: it is not recorded.
+        crate::stop::check()?;
         self.done += 1;
         let el = self.started.elapsed().as_secs_f64();
         let eta = if self.done > 0 {
@@ -446,7 +448,7 @@ impl<'a> Runner<'a> {
         );
         self.log.push(&row)?;
         self.rows.push(row);
-        crate::stop::check()
+        Ok(())
     }
 
     /// Generates (or reuses) every data set of the plan.
