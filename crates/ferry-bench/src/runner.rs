@@ -461,6 +461,7 @@ impl<'a> Runner<'a> {
             fs::set_permissions(p, fs::Permissions::from_mode(mode | 0o755))?;
         }
         for ds in self.plan.datasets() {
+            crate::stop::check()?;
             let t0 = Instant::now();
             eprintln!("ferry-bench: data set {} ...", ds.label());
             let (p, d) = data::ensure(&dir, &ds)?;
@@ -483,6 +484,7 @@ impl<'a> Runner<'a> {
             Target::Bed => {
                 reap_netns_etc();
                 for lp in &self.plan.links {
+                    crate::stop::check()?;
                     if let Err(e) = self.run_link(lp.link, &lp.iperf, &lp.cases) {
                         crate::stop::check()?;
                         let msg = format!("link {}: {e:#}", lp.link.label());

@@ -620,11 +620,11 @@ fn a_gain_inside_the_noise_is_measured_again() {
         let step = *t.state().history.last().unwrap();
         assert_eq!(step.value, 2);
         if kept {
-            // Together: 1085 ± 4%, more than 5% better.
+            // Together: 1085 ± 5.6%, more than that better.
             assert_eq!(out, [None, None, None]);
             assert_eq!(step.verdict, Verdict::Kept);
             assert_eq!(step.rate, 1085.0);
-            assert!(step.spread < 0.05, "{step:?}");
+            assert!(step.spread > 0.05 && step.spread < 0.06, "{step:?}");
             assert_eq!((t.best(), t.settled()), (2, true));
         } else {
             // Together: 1015, under the threshold: back to the default.

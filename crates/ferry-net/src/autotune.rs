@@ -363,8 +363,8 @@ const ROOM_WINDOW_SHARE: f64 = 0.25;
 
 /// Below [`ROOM_WINDOW_SHARE`] and from this share on, the streams are held only part of the
 /// time: their windows are about what the path needs, and either way may pay. At 50 ms under
-/// a 4 MiB `tcp_wmem`, 4 streams were held 7–14% of the time and ran near 880 Mbit/s, 8 near
-/// 1000 and 2 (held all the time, their two windows about the path's) near 960.
+/// a 4 MiB `tcp_wmem`, 4 streams were held 7–14% of the time and ran near 900 Mbit/s, 8 near
+/// 990 and 2 (held all the time, their two windows about the path's) near 960.
 const ROOM_WINDOW_PART: f64 = 0.05;
 
 /// Share of wall time the active streams may spend with nothing to send before the sender,
@@ -610,7 +610,7 @@ impl StreamControl {
             .iter()
             .filter_map(|s| tcp_info_fd(s.as_fd()))
             .map(|i| i.bytes_acked)
-            .sum()
+            .fold(0, u64::saturating_add)
     }
 
     /// Called every [`SAMPLE_EVERY`]: whether the frame queue is empty now, what the walk has
@@ -636,8 +636,14 @@ impl StreamControl {
         };
         let infos: Vec<Option<TcpInfo>> =
             self.socks.iter().map(|s| tcp_info_fd(s.as_fd())).collect();
-        let delivered = infos.iter().flatten().map(TcpInfo::delivered).sum();
+        let delivered = infos
+            .iter()
+            .flatten()
+            .map(TcpInfo::delivered)
+            .fold(0u64, u64::saturating_add);
         room.tick(&infos, active);
+        // `None` (nothing counted, or held by the windows only part of the time) lets the
+        // tuner search both ways; in either case the last measurement's evidence is stale.
         tuner.set_room_up(room.room_up());
         if let Some(down) = room.room_down() {
             tuner.set_room_down(down);

@@ -74,7 +74,8 @@ pub struct TcpInfo {
     pub total_retrans: u32,
     pub min_rtt_us: u32,
     pub pacing_rate_bps: u64,
-    /// Payload bytes the peer acknowledged (`tcpi_bytes_acked`): what the stream tuner counts.
+    /// Payload bytes the peer acknowledged (`tcpi_bytes_acked`); the stream tuner counts
+    /// [`TcpInfo::delivered`].
     pub bytes_acked: u64,
     /// Payload bytes received (`tcpi_bytes_received`).
     pub bytes_received: u64,
@@ -153,7 +154,8 @@ pub(crate) fn tcp_info_fd(sock: BorrowedFd<'_>) -> Option<TcpInfo> {
         } else {
             0
         },
-        sacked: info.tcpi_sacked,
+        // Without the byte counters a count of segments alone is no running total.
+        sacked: if has_bytes { info.tcpi_sacked } else { 0 },
         busy_us: chrono(info.tcpi_busy_time),
         rwnd_limited_us: chrono(info.tcpi_rwnd_limited),
         sndbuf_limited_us: chrono(info.tcpi_sndbuf_limited),

@@ -285,9 +285,11 @@ pub struct TuneStep {
     /// Milliseconds since the sender started the transfer.
     pub at_ms: u32,
     pub streams: u16,
-    /// Median rate measured, bytes per second.
+    /// Median rate measured (the mean of two medians for a step measured twice), bytes per
+    /// second.
     pub rate: u64,
-    /// The measurement's noise: half the range of its samples per mille of the median.
+    /// The measurement's noise per mille of its rate: half the range of its samples, or the
+    /// pooled noise of a step measured twice.
     pub noise_permille: u16,
     pub verdict: TuneVerdict,
 }
