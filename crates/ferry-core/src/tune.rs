@@ -512,7 +512,7 @@ impl Tuner {
     /// (tuned regime, 100 ms, mixed tree): a search that kept 2 streams (930 Mbit/s) and
     /// probed 1 ran at 309 Mbit/s for 3.5 s, and the run ended at 590 against 849 for a fixed
     /// 8. Steps down to 2 stay: in the default regime at 50 ms, 2 streams measured 944–965
-    /// Mbit/s against 879–907 for 4 (BENCHMARKS.md, issue 6's table).
+    /// Mbit/s against 879–907 for 4 (BENCHMARKS.md, "Auto-tuning against fixed settings").
     ///
     /// `true` (the units are busy: CPU may be the limit) or never told: down to `min`.
     pub fn set_room_down(&mut self, room: bool) {

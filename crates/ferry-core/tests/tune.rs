@@ -252,16 +252,7 @@ fn room_down_gates_only_the_last_stream() {
         assert_eq!(t.best(), 2);
         assert_eq!(t.settled(), !busy, "busy {busy}");
     }
-    let mut t = Tuner::new(
-        TunerConfig {
-            warmup: Duration::ZERO,
-            interval: secs(1),
-            samples: 1,
-            ..TunerConfig::streams_for_rtt(ms(50)).with_start(1)
-        },
-        Duration::ZERO,
-    )
-    .unwrap();
+    let mut t = Tuner::new(one_second_config(1).with_start(1), Duration::ZERO).unwrap();
     t.set_room_up(Some(false));
     t.set_room_down(false);
     t.on_progress(Duration::ZERO, 0);
@@ -553,15 +544,20 @@ fn irregular_and_sparse_progress_calls_still_converge() {
     assert!(!trace.actions.is_empty());
 }
 
-/// A stream tuner that takes one 1-s sample per step with no warmup: each call decides.
-fn one_second_tuner() -> Tuner {
-    let cfg = TunerConfig {
+/// A stream tuner's config with 1-s samples, `samples` per step and no warmup, so a test's
+/// calls map one to one onto samples.
+fn one_second_config(samples: u32) -> TunerConfig {
+    TunerConfig {
         warmup: Duration::ZERO,
         interval: secs(1),
-        samples: 1,
+        samples,
         ..TunerConfig::streams_for_rtt(ms(50))
-    };
-    Tuner::new(cfg, Duration::ZERO).unwrap()
+    }
+}
+
+/// One 1-s sample per step: each call decides.
+fn one_second_tuner() -> Tuner {
+    Tuner::new(one_second_config(1), Duration::ZERO).unwrap()
 }
 
 /// Feeds one-second samples at these rates (bytes per second), from `now` on; returns what
@@ -582,13 +578,7 @@ fn feed(t: &mut Tuner, now: &mut u64, bytes: &mut u64, rates: &[u64]) -> Vec<Opt
 /// Three one-second samples per measurement, no warmup, on a full path with cores to spare:
 /// from the default the search goes down to 2 and no further.
 fn three_sample_tuner() -> Tuner {
-    let cfg = TunerConfig {
-        warmup: Duration::ZERO,
-        interval: secs(1),
-        samples: 3,
-        ..TunerConfig::streams_for_rtt(ms(50))
-    };
-    let mut t = Tuner::new(cfg, Duration::ZERO).unwrap();
+    let mut t = Tuner::new(one_second_config(3), Duration::ZERO).unwrap();
     t.set_room_up(Some(false));
     t.set_room_down(false);
     t
