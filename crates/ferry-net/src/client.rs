@@ -832,6 +832,7 @@ async fn put_once(
     let (ctl_tx, ctl_rx) = flume::unbounded();
     let config = SenderConfig {
         block_size: opts.block_size,
+        streams: opts.streams,
         checksum: opts.checksum,
         readers: crate::autotune::storage_gate(cfg.readers, cfg.tune_storage),
         corrupt_blocks: cfg.corrupt_blocks.clone(),

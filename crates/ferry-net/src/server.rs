@@ -631,6 +631,7 @@ async fn control_session(
             let (ctl_tx, ctl_rx) = flume::unbounded();
             let config = SenderConfig {
                 block_size: opts.block_size,
+                streams: opts.streams,
                 checksum: opts.checksum,
                 readers: crate::autotune::storage_gate(
                     shared.config.readers,
