@@ -844,8 +844,10 @@ impl Receiver {
         }
         let file = File::from(root::open_in(dir, temp, root::OFlags::RDWR, 0).ok()?);
         let mut records = parsed.records;
-        records.sort_by_key(|r| r.offset);
-        records.dedup_by_key(|r| r.offset);
+        // Blocks are cut differently from one session to the next, so two records may start
+        // at one offset with different lengths: both are checked, only exact repeats go.
+        records.sort_by_key(|r| (r.offset, r.len));
+        records.dedup_by_key(|r| (r.offset, r.len));
         let mut kept = Vec::with_capacity(records.len());
         let mut buf = Vec::new();
         for rec in records {

@@ -734,6 +734,41 @@ fn digest_file(shared: &Shared, record: &FileRecord) -> Result<Vec<u8>, FsError>
     Ok(hasher.finalize())
 }
 
+/// `len` shortened so that `[offset, offset + len)` does not straddle an edge of the
+/// receiver's ranges. An earlier session cut its blocks where it was in its own transfer, so
+/// its ranges need not end where this session's blocks do, and a block across an edge would
+/// be sent whole although part of it is there.
+fn clip_to_ranges(have: &[(u64, u64)], offset: u64, len: u64) -> u64 {
+    let end = offset.saturating_add(len);
+    have.iter()
+        .flat_map(|&(s, e)| [s, e])
+        .filter(|&edge| edge > offset && edge < end)
+        .min()
+        .map_or(len, |edge| edge - offset)
+}
+
+/// Bytes of one file not yet counted in `passed_bytes`. What is left when the reader is done
+/// with the file (sent, skipped, failed midway) is counted then: a file that failed must not
+/// keep the rest of the transfer from being cut at its end.
+struct Unpassed<'a> {
+    counter: &'a AtomicU64,
+    left: u64,
+}
+
+impl Unpassed<'_> {
+    fn pass(&mut self, n: u64) {
+        let n = n.min(self.left);
+        self.left -= n;
+        self.counter.fetch_add(n, Ordering::Relaxed);
+    }
+}
+
+impl Drop for Unpassed<'_> {
+    fn drop(&mut self) {
+        self.counter.fetch_add(self.left, Ordering::Relaxed);
+    }
+}
+
 /// Whether `[start, end)` lies inside one of the receiver's ranges.
 fn covered(have: &[(u64, u64)], start: u64, end: u64) -> bool {
     have.iter().any(|&(s, e)| s <= start && end <= e)
@@ -743,6 +778,10 @@ fn covered(have: &[(u64, u64)], start: u64, end: u64) -> bool {
 /// already have, and always the last one (it carries the file digest).
 fn stream_file(shared: &Shared, record: &FileRecord, have: &[(u64, u64)]) -> bool {
     let meta = &record.meta;
+    let mut unpassed = Unpassed {
+        counter: &shared.passed_bytes,
+        left: meta.size,
+    };
     let (file, before) = match open_checked(record) {
         Ok(x) => x,
         Err(e) => {
@@ -765,7 +804,15 @@ fn stream_file(shared: &Shared, record: &FileRecord, have: &[(u64, u64)]) -> boo
         if shared.is_skipped(meta.id) {
             return true;
         }
-        let len = shared.block_len(meta.size - offset);
+        let left = meta.size - offset;
+        // What the receiver has is read (for the file digest) in whole blocks; the cuts are
+        // for what is sent.
+        let whole = clip_to_ranges(have, offset, left.min(u64::from(shared.config.block_size)));
+        let len = if whole < left && covered(have, offset, offset + whole) {
+            whole
+        } else {
+            clip_to_ranges(have, offset, shared.block_len(left))
+        };
         let mut data = match read_block(&file, offset, len) {
             Ok(d) => d,
             Err(e) => {
@@ -783,7 +830,7 @@ fn stream_file(shared: &Shared, record: &FileRecord, have: &[(u64, u64)]) -> boo
             }
         };
         shared.read_bytes.fetch_add(len, Ordering::Relaxed);
-        shared.passed_bytes.fetch_add(len, Ordering::Relaxed);
+        unpassed.pass(len);
         hasher.update(&data);
         let digest = block_digest(&data);
         let last = offset + len == meta.size;
@@ -972,6 +1019,34 @@ mod tests {
         // A small file is one block.
         assert_eq!(cut(10 << 10, 8 * MIB, 16, 0, None), 10 << 10);
         assert_eq!(cut(0, 8 * MIB, 16, 0, None), 0);
+    }
+
+    #[test]
+    fn a_block_stops_at_the_edge_of_what_the_receiver_has() {
+        let have = [(0, 3 * MIB), (5 * MIB, 6 * MIB)];
+        // Inside a range: up to its end, then skipped whole as covered.
+        assert_eq!(clip_to_ranges(&have, MIB, 8 * MIB), 2 * MIB);
+        // In a gap: up to the next range's start.
+        assert_eq!(clip_to_ranges(&have, 3 * MIB, 8 * MIB), 2 * MIB);
+        // Past every edge, or no ranges at all: untouched.
+        assert_eq!(clip_to_ranges(&have, 6 * MIB, 8 * MIB), 8 * MIB);
+        assert_eq!(clip_to_ranges(&[], 0, 8 * MIB), 8 * MIB);
+        // An edge exactly at either end of the block cuts nothing.
+        assert_eq!(clip_to_ranges(&have, 3 * MIB, 2 * MIB), 2 * MIB);
+    }
+
+    #[test]
+    fn a_file_given_up_counts_as_passed() {
+        let counter = AtomicU64::new(0);
+        {
+            let mut u = Unpassed {
+                counter: &counter,
+                left: 10 * MIB,
+            };
+            u.pass(MIB);
+            assert_eq!(counter.load(Ordering::Relaxed), MIB);
+        }
+        assert_eq!(counter.load(Ordering::Relaxed), 10 * MIB);
     }
 
     #[test]

@@ -356,7 +356,8 @@ pub struct FileMeta {
     pub mtime_ns: i64,
 }
 
-/// A piece of a file. Small files travel as a single block (offset 0, all data).
+/// A piece of a file: at most the session's block size, anywhere in it. A small file usually
+/// travels as a single block (offset 0, all data).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Block {
     pub file: FileMeta,
