@@ -824,9 +824,21 @@ impl Tuner {
                 >= self.utility(self.best, self.best_rate) * (1.0 + self.cfg.gain_threshold)
     }
 
+    /// Every unit costs (Falcon), below the default as above it: charged only above, a count
+    /// below the default had to be 5% faster to be kept, and where the default is the count
+    /// whose windows just overflow the path's queue (4 streams at 50 ms under a 4 MiB
+    /// `tcp_wmem`: lossy, 900–940 Mbit/s, where 2 carry 980 loss-free) one measurement of a
+    /// 4.5% gain held the default for good. The credit below the default stops at the gain
+    /// threshold, so a count below it is kept only when measured faster than the best.
     fn utility(&self, n: u32, rate: f64) -> f64 {
-        let extra = n.saturating_sub(self.cfg.default);
-        rate / (1.0 + self.cfg.unit_cost).powi(extra.min(i32::MAX as u32) as i32)
+        let per_unit = 1.0 + self.cfg.unit_cost;
+        let d = self.cfg.default;
+        if n >= d {
+            rate / per_unit.powi((n - d).min(i32::MAX as u32) as i32)
+        } else {
+            let credit = per_unit.powi((d - n).min(64) as i32);
+            rate * credit.min(1.0 + self.cfg.gain_threshold)
+        }
     }
 
     fn set(&mut self, now: Duration, n: u32) -> Option<u32> {
@@ -918,9 +930,53 @@ mod tests {
     }
 
     #[test]
+    fn fewer_streams_are_credited_up_to_the_threshold() {
+        let cfg = TunerConfig::streams_for_rtt(Duration::from_millis(50));
+        let mut t = Tuner::new(cfg, Duration::ZERO).unwrap();
+        // One stream fewer than the default is worth 1%, two 2.01%; the credit stops at the
+        // gain threshold however far below the default.
+        assert_eq!(t.utility(4, 1000.0), 1000.0);
+        assert!((t.utility(3, 1000.0) - 1010.0).abs() < 1e-9);
+        assert!((t.utility(2, 1000.0) - 1020.1).abs() < 1e-9);
+        assert!((t.utility(8, 1000.0) - 1000.0 / 1.01f64.powi(4)).abs() < 1e-9);
+        t.cfg.default = 64;
+        assert!((t.utility(1, 1000.0) - 1050.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn two_streams_beat_a_lossy_default_by_less_than_the_threshold() {
+        // The bed at 50 ms, default regime (BENCHMARKS.md, the issue-3 targets): the default
+        // of 4 measured 942 ± 3.7%, 2 streams 984 ± 2.9%: 4.5% faster, which was rejected.
+        // Credited 2% for two streams fewer, it clears the margin (√(3.7² + 2.9²) = 4.7%).
+        let cfg = TunerConfig {
+            warmup: Duration::ZERO,
+            interval: Duration::from_secs(1),
+            samples: 1,
+            ..TunerConfig::streams_for_rtt(Duration::from_millis(50))
+        };
+        let mut t = Tuner::new(cfg, Duration::ZERO).unwrap();
+        t.set_room_down(false);
+        t.best_rate = 942.0;
+        t.best_spread = 0.037;
+        t.phase = Phase::Down;
+        t.search.dir = Dir::Down;
+        t.current = 2;
+        t.search.seen_default = true;
+        assert!(t.better(2, 984.0, 0.029));
+        // Still no move on a gain the credit alone would make: 2 streams 1% slower.
+        assert!(!t.better(2, 932.0, 0.0));
+        // Held at 2, the default takes over when it measures at least 2's utility.
+        t.best = 2;
+        t.best_rate = 984.0;
+        assert!(!t.better(4, 984.0, 0.0));
+        assert!(t.better(4, 1004.0, 0.0));
+    }
+
+    #[test]
     fn a_lucky_first_look_is_rejected_by_the_second() {
         // The reviewer's case: best 1000 ± 1%; 2 streams at 1120 ± 15% (inside the noise),
-        // then 1000 ± 1%. Pooled 1060 ± 7.5% is not 5% better beyond that noise.
+        // then 980 ± 1%. Pooled 1050 ± 7.5%, credited 2% for two streams fewer (1071), is
+        // not better beyond that noise (1076).
         let cfg = TunerConfig {
             warmup: Duration::ZERO,
             interval: Duration::from_secs(1),
@@ -938,11 +994,11 @@ mod tests {
         t.search.seen_default = true;
         assert!(t.promising(2, 1120.0, 0.15));
         assert_eq!(t.measured(Duration::from_secs(1), 1120.0, 0.15), None);
-        assert_eq!(t.measured(Duration::from_secs(2), 1000.0, 0.01), Some(4));
+        assert_eq!(t.measured(Duration::from_secs(2), 980.0, 0.01), Some(4));
         let last = t.history.back().unwrap();
         assert_eq!(
             (last.value, last.verdict, last.rate),
-            (2, Verdict::Rejected, 1060.0)
+            (2, Verdict::Rejected, 1050.0)
         );
     }
 }
