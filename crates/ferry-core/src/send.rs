@@ -15,7 +15,7 @@ use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::os::fd::OwnedFd;
 use std::sync::atomic::AtomicBool;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
@@ -161,6 +161,10 @@ struct Shared {
     /// File bytes read for sending (what the reader tuner measures).
     read_bytes: AtomicU64,
     corrupt: Mutex<HashSet<u64>>,
+    /// Block size and connections the receiver granted ([`Sender::grant`]); until then, what
+    /// the config asked for.
+    block_size: AtomicU32,
+    streams: AtomicU32,
 }
 
 /// A running sender. Dropping the frame receiver makes every thread stop at its next send.
@@ -187,6 +191,7 @@ impl Sender {
     ) -> Self {
         let corrupt = Mutex::new(config.corrupt_blocks.iter().copied().collect());
         let readers_n = config.readers.max();
+        let (block_size, streams) = (config.block_size, u32::from(config.streams));
         let shared = Arc::new(Shared {
             sources,
             config,
@@ -206,6 +211,8 @@ impl Sender {
             block_seq: AtomicU64::new(0),
             read_bytes: AtomicU64::new(0),
             corrupt,
+            block_size: AtomicU32::new(block_size),
+            streams: AtomicU32::new(streams),
         });
         // The walk runs ahead of the readers by up to this many files (a few hundred bytes
         // each). It is also how far offers run ahead of the data: with a 256-deep queue only
@@ -264,6 +271,17 @@ impl Sender {
             resender: Some(resender),
             totals_rx,
         }
+    }
+
+    /// What the receiver granted: it may lower the block size and the connections asked for.
+    /// The walk (and its offers) may run before the receiver has answered, which lets a client
+    /// send its first offers right behind the request; no file is read before its decision,
+    /// so this must come before the first [`Sender::decide`].
+    pub fn grant(&self, block_size: u32, streams: u16) {
+        self.shared.block_size.store(block_size, Ordering::Release);
+        self.shared
+            .streams
+            .store(u32::from(streams), Ordering::Release);
     }
 
     /// The reader pool's gate.
@@ -392,6 +410,10 @@ impl Shared {
     }
 
     /// The session has ended: closed by the driver, or its frame queue dropped.
+    fn block_size(&self) -> u64 {
+        u64::from(self.block_size.load(Ordering::Acquire))
+    }
+
     fn is_over(&self) -> bool {
         self.closed.load(Ordering::Acquire) || self.frames.is_disconnected()
     }
@@ -405,8 +427,8 @@ impl Shared {
         });
         cut(
             left,
-            u64::from(self.config.block_size),
-            u64::from(self.config.streams),
+            self.block_size(),
+            u64::from(self.streams.load(Ordering::Acquire)),
             self.block_seq.load(Ordering::Relaxed),
             remaining,
         )
@@ -725,7 +747,7 @@ fn send_file(shared: &Shared, record: &FileRecord) -> bool {
 fn digest_file(shared: &Shared, record: &FileRecord) -> Result<Vec<u8>, FsError> {
     let (file, _) = open_checked(record)?;
     let mut hasher = FileHasher::new(shared.config.checksum);
-    let block = u64::from(shared.config.block_size);
+    let block = shared.block_size();
     let mut offset = 0;
     while offset < record.meta.size {
         let len = (record.meta.size - offset).min(block);
@@ -810,7 +832,7 @@ fn stream_file(
         let left = meta.size - offset;
         // What the receiver has is read (for the file digest) in whole blocks; the cuts are
         // for what is sent.
-        let whole = clip_to_ranges(have, offset, left.min(u64::from(shared.config.block_size)));
+        let whole = clip_to_ranges(have, offset, left.min(shared.block_size()));
         let len = if whole < left && covered(have, offset, offset + whole) {
             whole
         } else {

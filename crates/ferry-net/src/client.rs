@@ -14,12 +14,13 @@ use ferry_proto::{
     MAX_CONTROL_PAYLOAD, PROTOCOL_VERSION,
 };
 use serde::Serialize;
+use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpSocket, TcpStream};
 
 use crate::autotune::{bottleneck, cores};
 use crate::conn::{expect_frame, send};
 use crate::engine::{
-    drive_receiver, drive_sender, frame_queue, Limits, StreamPlan, StreamReport, Writers,
+    drive_receiver, drive_sender, frame_queue, DataConns, Limits, StreamPlan, StreamReport, Writers,
 };
 use crate::error::SessionError;
 use crate::stream::{Recorder, Stream};
@@ -397,8 +398,8 @@ fn hello_frame(role: Role) -> Frame {
     }
 }
 
-async fn read_welcome(
-    stream: &mut Stream,
+async fn read_welcome<R: tokio::io::AsyncRead + Unpin>(
+    stream: &mut R,
     timeout: Duration,
 ) -> Result<(SessionId, [u8; 32]), SessionError> {
     let reply = tokio::time::timeout(
@@ -560,6 +561,7 @@ pub(crate) async fn open(
     cfg: &ClientConfig,
     reporter: &dyn Reporter,
     request: Frame,
+    offers: Option<&flume::Receiver<Frame>>,
 ) -> Result<(Connected, TransferOpts, Joining), SessionError> {
     // As many as asked for; the server may grant fewer, and the rest are dropped unused. A
     // JoinSet aborts them all if the login fails.
@@ -575,19 +577,52 @@ pub(crate) async fn open(
     };
     let mut scratch = bytes::BytesMut::new();
     crate::conn::write_frame(&mut control, &hello_frame(role), &mut scratch).await?;
-    send(&mut control, &request).await?;
-    let (session, secret) = read_welcome(&mut control, cfg.connect_timeout).await?;
-    let mut c = Connected {
+    crate::conn::write_frame(&mut control, &request, &mut scratch).await?;
+    control.flush().await?;
+    // The walk's offers go right behind the request until `Ready`: a put's server answers
+    // them while the data connections join, so the decisions come back right behind `Ready`
+    // instead of a round trip after it. Bounded, because a server that refuses the login or
+    // the request reads only so much before it closes (and a close with unread bytes resets
+    // the connection, which can destroy the refusal before the client reads it).
+    let (mut rd, mut wr) = tokio::io::split(control);
+    let answer = {
+        let answer = async {
+            let welcome = read_welcome(&mut rd, cfg.connect_timeout).await?;
+            Ok::<_, SessionError>((welcome, ready(cfg, &mut rd).await?))
+        };
+        tokio::pin!(answer);
+        let (mut offers, mut written) = (offers, 0);
+        loop {
+            tokio::select! {
+                a = &mut answer => break a,
+                f = async move { offers.expect("polled only with offers").recv_async().await },
+                    if offers.is_some() && written < EARLY_OFFER_BYTES => match f {
+                    Ok(frame) => {
+                        written += crate::conn::write_frame(&mut wr, &frame, &mut scratch).await?;
+                        wr.flush().await?;
+                    }
+                    Err(_) => offers = None,
+                },
+            }
+        }
+    };
+    let control = rd.unsplit(wr);
+    let ((session, secret), opts) = answer?;
+    let c = Connected {
         control,
         tls,
         addr,
         session,
         secret,
     };
-    let opts = ready(cfg, &mut c.control).await?;
     let joining = Joining::new(cfg, &c, &opts, early);
     Ok((c, opts, joining))
 }
+
+/// Offer bytes a client writes behind its request before the server has welcomed it: well
+/// under what a server reads from a refused client before it closes (64 KiB), and a few
+/// hundred files' worth, which covers the walk's first batch.
+const EARLY_OFFER_BYTES: usize = 32 << 10;
 
 /// The data connections of a session that the server has accepted, still joining it. The
 /// sending side starts its offers meanwhile (see `put_once`), which hides another round trip.
@@ -597,6 +632,10 @@ pub(crate) struct Joining {
     session: SessionId,
     secret: [u8; 32],
     timeout: Duration,
+    /// Whether each connection waits for its `Welcome` here. A sender does not: its data
+    /// follows the `Hello` at once and the engine reads the `Welcome` alongside (a round trip
+    /// sooner). A receiver must, since the `Welcome` precedes the data it reads.
+    confirm: bool,
 }
 
 impl Joining {
@@ -613,7 +652,15 @@ impl Joining {
             session: c.session,
             secret: c.secret,
             timeout: cfg.connect_timeout,
+            confirm: true,
         }
+    }
+
+    /// Each connection sends its `Hello` and is handed over without waiting for the
+    /// `Welcome`, which the sending engine reads (`drive_sender`'s `welcome`).
+    pub(crate) fn unconfirmed(mut self) -> Self {
+        self.confirm = false;
+        self
     }
 
     /// The granted number of connections, each through its Hello; extra dials are dropped.
@@ -629,9 +676,13 @@ impl Joining {
                         secret: self.secret,
                         stream: index,
                     };
-                    let timeout = self.timeout;
+                    let (timeout, confirm) = (self.timeout, self.confirm);
                     joins.spawn(async move {
-                        hello(&mut s, role, timeout).await?;
+                        if confirm {
+                            hello(&mut s, role, timeout).await?;
+                        } else {
+                            send(&mut s, &hello_frame(role)).await?;
+                        }
                         Ok::<_, SessionError>((index, s))
                     });
                     index += 1;
@@ -685,7 +736,10 @@ impl Joining {
 }
 
 /// Reads the server's answer to a request: the session's stream count and block size.
-async fn ready(cfg: &ClientConfig, control: &mut Stream) -> Result<TransferOpts, SessionError> {
+async fn ready<R: tokio::io::AsyncRead + Unpin>(
+    cfg: &ClientConfig,
+    control: &mut R,
+) -> Result<TransferOpts, SessionError> {
     let reply = tokio::time::timeout(
         cfg.idle_timeout,
         expect_frame(control, MAX_CONTROL_PAYLOAD, "control"),
@@ -820,7 +874,29 @@ async fn put_once(
         sources: srcs.len() as u32,
         opts: cfg.opts.clone(),
     };
-    let (mut c, opts, joining) = open(cfg, reporter.as_ref(), request).await?;
+    // The walk starts before the login, so that its first offers can follow the request
+    // (`open`); sized by what was asked for until the server says what it grants (it may
+    // lower both), which it does before it answers any offer.
+    let asked = StreamPlan::from_opts(&cfg.opts);
+    let (tx, rx) = frame_queue(&asked, cfg.opts.streams);
+    let (ctl_tx, ctl_rx) = flume::unbounded();
+    let config = SenderConfig {
+        block_size: cfg.opts.block_size,
+        streams: cfg.opts.streams,
+        checksum: cfg.opts.checksum,
+        readers: crate::autotune::storage_gate(cfg.readers, cfg.tune_storage),
+        corrupt_blocks: cfg.corrupt_blocks.clone(),
+        digest_cache,
+    };
+    let sender = Sender::start(srcs, config, tx, ctl_tx, reporter.clone());
+    let (mut c, opts, joining) = match open(cfg, reporter.as_ref(), request, Some(&ctl_rx)).await {
+        Ok(o) => o,
+        Err(e) => {
+            sender.close();
+            return Err(e);
+        }
+    };
+    sender.grant(opts.block_size, opts.streams);
     let security = security_of(&c);
     let plan = StreamPlan {
         force: cfg.force_streams,
@@ -828,17 +904,7 @@ async fn put_once(
         settled_start: cfg.start_from == StartFrom::Profile { settled: true },
         ..StreamPlan::from_opts(&opts)
     };
-    let (tx, rx) = frame_queue(&plan, opts.streams);
-    let (ctl_tx, ctl_rx) = flume::unbounded();
-    let config = SenderConfig {
-        block_size: opts.block_size,
-        streams: opts.streams,
-        checksum: opts.checksum,
-        readers: crate::autotune::storage_gate(cfg.readers, cfg.tune_storage),
-        corrupt_blocks: cfg.corrupt_blocks.clone(),
-        digest_cache,
-    };
-    let sender = Sender::start(srcs, config, tx, ctl_tx, reporter.clone());
+    let joining = joining.unconfirmed();
     let data = match joining.finish_sending(&mut c.control, &ctl_rx).await {
         Ok(d) => d,
         Err(e) => {
@@ -857,6 +923,7 @@ async fn put_once(
         reporter,
         limits(cfg, &opts),
         plan,
+        Some(cfg.connect_timeout),
     )
     .await?;
     let (summary, streams, sender, timeline) = (out.summary, out.streams, out.sender, out.timeline);
@@ -916,7 +983,7 @@ async fn get_once(
         src: src.to_owned(),
         opts: cfg.opts.clone(),
     };
-    let (c, opts, joining) = open(cfg, reporter.as_ref(), request).await?;
+    let (c, opts, joining) = open(cfg, reporter.as_ref(), request, None).await?;
     let data = joining.finish().await?;
     let security = security_of(&c);
     let (tx, rx) = flume::unbounded();
@@ -932,7 +999,7 @@ async fn get_once(
     let writers = Writers::new(cfg.writers, cfg.tune_storage);
     let out = drive_receiver(
         c.control,
-        data,
+        DataConns::Joined(data),
         receiver.clone(),
         rx,
         writers,

@@ -24,8 +24,8 @@ use ferry_core::send::Sender;
 use ferry_core::Reporter;
 use ferry_proto::{CompleteSummary, Frame, TuneReport, MAX_BLOCK_PAYLOAD, MAX_CONTROL_PAYLOAD};
 use serde::Serialize;
-use tokio::io::{AsyncWriteExt, BufReader, BufWriter, ReadHalf};
-use tokio::sync::{mpsc, watch};
+use tokio::io::{AsyncWriteExt, BufReader, BufWriter, ReadHalf, WriteHalf};
+use tokio::sync::{mpsc, watch, OwnedSemaphorePermit};
 use tokio::task::JoinSet;
 
 pub(crate) use crate::autotune::StreamPlan;
@@ -39,6 +39,29 @@ use crate::timeline::Timeline;
 /// How long a data connection holds a partly filled write buffer for more frames before it
 /// flushes: short enough not to matter to a round trip, long enough to coalesce small files.
 const FLUSH_LINGER: Duration = Duration::from_micros(500);
+
+/// The receiving end's data connections: all there (a client's `get`), or still joining (a
+/// server's `put`, which answers the client's offers while they join: the decisions then
+/// travel back with `Ready`, and the data follows the data connections' `Hello` a round trip
+/// sooner than if the offers waited for the last connection).
+pub(crate) enum DataConns {
+    Joined(Vec<Stream>),
+    Joining(Joins),
+}
+
+/// Data connections still to join a session, as the server's listener hands them over with
+/// their connection-cap permits.
+pub(crate) struct Joins {
+    pub(crate) rx: mpsc::Receiver<(u16, Stream, OwnedSemaphorePermit)>,
+    /// Connections granted in `Ready`.
+    pub(crate) n: usize,
+    /// When the last one must have joined (the handshake timeout after `Ready`).
+    pub(crate) deadline: tokio::time::Instant,
+    /// Fixed socket buffers the client asked for (0: the kernel's autotuning).
+    pub(crate) tcp_window: u32,
+    /// Told once every connection has joined: the session's secret then opens nothing more.
+    pub(crate) all_joined: Option<tokio::sync::oneshot::Sender<()>>,
+}
 
 /// How a data connection fared.
 #[derive(Clone, Debug, Default, Serialize)]
@@ -178,6 +201,7 @@ pub(crate) async fn drive_sender(
     reporter: Arc<dyn Reporter>,
     limits: Limits,
     plan: StreamPlan,
+    welcome: Option<Duration>,
 ) -> Result<SenderOutcome, SessionError> {
     let activity = Activity::new();
     let mut meter = LoadMeter::start();
@@ -201,7 +225,12 @@ pub(crate) async fn drive_sender(
         let frames = frames.clone();
         let (stop, act, rep) = (stop_rx.clone(), activity.clone(), reporter.clone());
         let active = active.clone();
-        streams.spawn(async move { (i, send_stream(i, s, frames, stop, active, act, rep).await) });
+        streams.spawn(async move {
+            (
+                i,
+                send_stream(i, s, frames, stop, active, act, rep, welcome).await,
+            )
+        });
     }
     // Only the stream tasks and this loop's probe may hold the queue now: the probe is
     // dropped with the loop, so when the streams end, readers blocked on a full queue see it
@@ -314,19 +343,96 @@ pub(crate) async fn drive_sender(
     })
 }
 
-/// Pulls frames from the shared queue and writes them until told to stop. Stream `index`
-/// takes frames only while `index < active`; otherwise it flushes and parks without touching
-/// the queue, so the tuner decides how many connections carry data.
+/// One data connection of the sending end. `welcome`: the connection's `Hello` went out
+/// without waiting for the server's `Welcome` (a client's `put`, which saves a round trip
+/// before the data); it is read here while the frames go out, within this time. A refusal
+/// (`Error`) ends the stream with the server's reason, also when it is what broke a write.
+/// A stream that ends well needs no `Welcome`: the session's `Complete` vouches for it, and a
+/// session that completes before every connection joined never welcomes the late ones.
+#[allow(clippy::too_many_arguments)]
 async fn send_stream(
     index: usize,
     stream: Stream,
+    frames: flume::Receiver<Frame>,
+    stop: watch::Receiver<bool>,
+    active: watch::Receiver<u32>,
+    activity: Activity,
+    reporter: Arc<dyn Reporter>,
+    welcome: Option<Duration>,
+) -> Result<StreamReport, SessionError> {
+    let (mut rd, wr) = tokio::io::split(stream);
+    let mut w = BufWriter::with_capacity(256 << 10, wr);
+    let result = {
+        let body = send_frames(index, &mut w, frames, stop, active, activity, reporter);
+        tokio::pin!(body);
+        match welcome {
+            None => body.await,
+            Some(limit) => {
+                let greeted = tokio::time::timeout(limit, read_welcome_on(&mut rd));
+                tokio::pin!(greeted);
+                let mut welcomed = false;
+                loop {
+                    tokio::select! {
+                        r = &mut body => break match r {
+                            Err(e) if !welcomed => {
+                                // The server's reason, if a refusal is what broke the write.
+                                match tokio::time::timeout(Duration::from_secs(1), &mut greeted).await {
+                                    Ok(Ok(Err(refused @ SessionError::Remote { .. }))) => Err(refused),
+                                    _ => Err(e),
+                                }
+                            }
+                            r => r,
+                        },
+                        g = &mut greeted, if !welcomed => match g {
+                            Ok(Ok(())) => welcomed = true,
+                            Ok(Err(e)) => break Err(e),
+                            Err(_) => break Err(SessionError::Timeout("waiting for a data connection's welcome")),
+                        },
+                    }
+                }
+            }
+        }
+    };
+    finish_stream(rd, w, result).await
+}
+
+/// The data connection's `Welcome`, or the server's refusal.
+async fn read_welcome_on(rd: &mut ReadHalf<Stream>) -> Result<(), SessionError> {
+    match crate::conn::expect_frame(rd, MAX_CONTROL_PAYLOAD, "data").await? {
+        Frame::Welcome { .. } => Ok(()),
+        other => Err(SessionError::Protocol(format!(
+            "expected Welcome on a data connection, got {:?}",
+            other.frame_type()
+        ))),
+    }
+}
+
+/// Flushes and closes a data connection after its frames, with what TCP says about it.
+async fn finish_stream(
+    rd: ReadHalf<Stream>,
+    mut w: BufWriter<WriteHalf<Stream>>,
+    result: Result<u64, SessionError>,
+) -> Result<StreamReport, SessionError> {
+    let bytes = result?;
+    w.flush().await?;
+    let mut stream = rd.unsplit(w.into_inner());
+    let info = tcp_info(stream.tcp());
+    let _ = stream.shutdown().await;
+    Ok(StreamReport { bytes, tcp: info })
+}
+
+/// Pulls frames from the shared queue and writes them until told to stop. Stream `index`
+/// takes frames only while `index < active`; otherwise it flushes and parks without touching
+/// the queue, so the tuner decides how many connections carry data. Returns the bytes written.
+async fn send_frames(
+    index: usize,
+    w: &mut BufWriter<WriteHalf<Stream>>,
     frames: flume::Receiver<Frame>,
     mut stop: watch::Receiver<bool>,
     mut active: watch::Receiver<u32>,
     activity: Activity,
     reporter: Arc<dyn Reporter>,
-) -> Result<StreamReport, SessionError> {
-    let mut w = BufWriter::with_capacity(256 << 10, stream);
+) -> Result<u64, SessionError> {
     let mut scratch = BytesMut::with_capacity(8 << 10);
     let mut bytes = 0u64;
     let is_active = move |n: &u32| index < *n as usize;
@@ -373,7 +479,7 @@ async fn send_stream(
                 }
             }
         };
-        let n = write_frame(&mut w, &frame, &mut scratch).await?;
+        let n = write_frame(w, &frame, &mut scratch).await?;
         bytes += n as u64;
         activity.touch();
         if let Frame::Block(b) = &frame {
@@ -383,10 +489,7 @@ async fn send_stream(
             break;
         }
     }
-    w.flush().await?;
-    let info = tcp_info(w.get_ref().tcp());
-    let _ = w.shutdown().await;
-    Ok(StreamReport { bytes, tcp: info })
+    Ok(bytes)
 }
 
 /// Runs the receiving end until every announced entry is resolved, then sends `Complete`.
@@ -394,7 +497,7 @@ async fn send_stream(
 /// reported (`None` if the sender closed without saying).
 pub(crate) async fn drive_receiver(
     control: Stream,
-    data: Vec<Stream>,
+    data: DataConns,
     receiver: Arc<Receiver>,
     control_out: flume::Receiver<Frame>,
     writers: Writers,
@@ -440,11 +543,34 @@ pub(crate) async fn drive_receiver(
     );
     drop(from_streams);
     let mut streams = JoinSet::new();
-    for (i, s) in data.into_iter().enumerate() {
-        let (tx, act) = (to_writers.clone(), activity.clone());
-        let max = limits.data_frame;
-        streams.spawn(async move { (i, recv_stream(s, tx, act, max).await) });
-    }
+    // Holds a sender of the writers' queue: dropped with the control loop, like `offers_tx`.
+    let spawn_stream = {
+        let (tx, act, max) = (to_writers.clone(), activity.clone(), limits.data_frame);
+        move |streams: &mut JoinSet<(usize, Result<StreamReport, SessionError>)>,
+              i: usize,
+              s: Stream| {
+            let (tx, act) = (tx.clone(), act.clone());
+            streams.spawn(async move { (i, recv_stream(s, tx, act, max).await) });
+        }
+    };
+    let mut joins = match data {
+        DataConns::Joined(data) => {
+            for (i, s) in data.into_iter().enumerate() {
+                spawn_stream(&mut streams, i, s);
+            }
+            None
+        }
+        DataConns::Joining(j) => {
+            if j.tcp_window > 0 {
+                tracing::warn!(
+                    window = j.tcp_window,
+                    "client asked for fixed socket buffers: TCP autotuning is off for this session's data connections"
+                );
+            }
+            let seen = vec![false; j.n];
+            Some((j, seen, Vec::new()))
+        }
+    };
     // The control loop keeps a sender for offers; it is dropped before the writers are joined.
     let offers_tx = to_writers;
     let done = receiver.done();
@@ -457,6 +583,13 @@ pub(crate) async fn drive_receiver(
     let mut cleanup = AbortOnDrop(Some(receiver.clone()));
     let result: Result<(), SessionError> = loop {
         tokio::select! {
+            j = next_join(&mut joins) => match j {
+                Ok((index, s)) => {
+                    spawn_stream(&mut streams, index, s);
+                    activity.touch();
+                }
+                Err(e) => break Err(e),
+            },
             f = ctrl_rx.recv() => match f {
                 Some(Ok(Frame::Sent { files, dirs, symlinks, .. })) => receiver.expect(files, dirs, symlinks),
                 // Deciding may read files (digests, resume checks): a writer thread does it.
@@ -492,6 +625,7 @@ pub(crate) async fn drive_receiver(
             e = &mut dog => break Err(e),
         }
     };
+    drop(spawn_stream);
     let mut reports: Vec<(usize, StreamReport)> = Vec::new();
     let mut tuned = None;
     let outcome = match result {
@@ -586,6 +720,45 @@ pub(crate) async fn drive_receiver(
         writers: writer_tuner.report(),
         timeline,
     })
+}
+
+/// The next data connection to join, checked: its index in range and new. Pending forever
+/// once all have joined (the channel is dropped then, so a late or extra connection is
+/// refused at once) or when nothing is joining. The permits stay with `joins` for the session.
+#[allow(clippy::type_complexity)]
+async fn next_join(
+    joins: &mut Option<(Joins, Vec<bool>, Vec<OwnedSemaphorePermit>)>,
+) -> Result<(usize, Stream), SessionError> {
+    let Some((j, seen, permits)) = joins.as_mut() else {
+        return std::future::pending().await;
+    };
+    if j.n == permits.len() {
+        return std::future::pending().await;
+    }
+    let (index, s, permit) = tokio::time::timeout_at(j.deadline, j.rx.recv())
+        .await
+        .map_err(|_| SessionError::Timeout("waiting for data connections to join"))?
+        .ok_or(SessionError::Closed("data"))?;
+    let slot = seen.get_mut(usize::from(index)).ok_or_else(|| {
+        SessionError::Protocol(format!("data connection index {index} out of range"))
+    })?;
+    if std::mem::replace(slot, true) {
+        return Err(SessionError::Protocol(format!(
+            "data connection {index} joined twice"
+        )));
+    }
+    if let Err(e) = crate::tcp::set_window(s.tcp(), j.tcp_window) {
+        tracing::warn!("cannot set TCP window: {e}");
+    }
+    permits.push(permit);
+    if permits.len() == j.n {
+        // Nothing more may join: a connection that tries is refused rather than held.
+        j.rx.close();
+        if let Some(tx) = j.all_joined.take() {
+            let _ = tx.send(());
+        }
+    }
+    Ok((usize::from(index), s))
 }
 
 /// What the receiving end brings home.

@@ -27,7 +27,9 @@ use tracing::{debug, info, warn};
 
 use crate::access::{Access, AccessList, Grant, LoginBrake};
 use crate::conn::{expect_frame, send};
-use crate::engine::{drive_receiver, drive_sender, frame_queue, Limits, StreamPlan, Writers};
+use crate::engine::{
+    drive_receiver, drive_sender, frame_queue, DataConns, Joins, Limits, StreamPlan, Writers,
+};
 use crate::error::SessionError;
 use crate::stream::{Recorder, Stream, TLS_HANDSHAKE_RECORD};
 use crate::tcp::{set_window, tune};
@@ -463,6 +465,8 @@ async fn handle(
                     message: "unknown session or wrong secret".into(),
                 };
                 let _ = send(&mut stream, &frame).await;
+                // A sender's data may follow its Hello.
+                linger(&mut stream).await;
                 return Err(SessionError::Protocol(
                     "data connection for an unknown session".into(),
                 ));
@@ -564,14 +568,16 @@ fn random<const N: usize>() -> [u8; N] {
 }
 
 /// The work a control connection asked for, ready to run.
-enum Work {
+enum Work<'a> {
     Done,
+    /// The data connections are still joining: the engine answers offers meanwhile, and the
+    /// session stays open to them (`pending`) until all have joined or it ends.
     Put {
         receiver: Arc<Receiver>,
         control: flume::Receiver<Frame>,
         block_size: u32,
-        data: Vec<Stream>,
-        permits: Vec<Permit>,
+        joins: Joins,
+        pending: Unregister<'a>,
     },
     Get {
         source: Source,
@@ -595,6 +601,8 @@ async fn control_session(
         Err(e) => {
             if !matches!(e, SessionError::Io(_) | SessionError::Closed(_)) {
                 let _ = send(&mut stream, &e.to_frame()).await;
+                // A putting client's first offers may follow its request.
+                linger(&mut stream).await;
             }
             return Err(e);
         }
@@ -606,14 +614,24 @@ async fn control_session(
             receiver,
             control,
             block_size,
-            data,
-            permits: _permits,
+            mut joins,
+            pending,
         } => {
             let writers = Writers::new(shared.config.writers, shared.config.tune_storage);
             let limits = Limits::new(idle, block_size);
-            let summary = drive_receiver(stream, data, receiver, control, writers, limits)
-                .await?
-                .summary;
+            let (joined_tx, joined_rx) = tokio::sync::oneshot::channel();
+            joins.all_joined = Some(joined_tx);
+            let data = DataConns::Joining(joins);
+            // Closed to further data connections once all have joined (or the session ends).
+            let close = async move {
+                let _ = joined_rx.await;
+                drop(pending);
+            };
+            let (outcome, ()) = tokio::join!(
+                drive_receiver(stream, data, receiver, control, writers, limits),
+                close
+            );
+            let summary = outcome?.summary;
             info!(files = summary.files, bytes = summary.bytes, "put complete");
             Ok(())
         }
@@ -643,8 +661,10 @@ async fn control_session(
             let sender = Sender::start(vec![source], config, tx, ctl_tx, Arc::new(NoReporter));
             let reporter = Arc::new(NoReporter);
             let limits = Limits::new(idle, opts.block_size);
-            let result =
-                drive_sender(stream, data, sender, rx, ctl_rx, reporter, limits, plan).await?;
+            let result = drive_sender(
+                stream, data, sender, rx, ctl_rx, reporter, limits, plan, None,
+            )
+            .await?;
             let (summary, sender) = (result.summary, result.sender);
             let _ = tokio::task::spawn_blocking(move || sender.finish()).await;
             info!(files = summary.files, bytes = summary.bytes, "get complete");
@@ -653,13 +673,13 @@ async fn control_session(
     }
 }
 
-async fn prepare(
-    shared: &Shared,
+async fn prepare<'a>(
+    shared: &'a Shared,
     stream: &mut Stream,
     grant: &Grant,
     session: SessionId,
     secret: [u8; 32],
-) -> Result<Work, SessionError> {
+) -> Result<Work<'a>, SessionError> {
     welcome(stream, session, secret).await?;
     let request = tokio::time::timeout(
         shared.config.idle_timeout,
@@ -697,13 +717,13 @@ async fn prepare(
                 block_size: opts.block_size,
             };
             let receiver = Receiver::new(dest, config, tx, Arc::new(NoReporter))?;
-            let (data, permits) = gather(shared, stream, session, secret, &opts).await?;
+            let (joins, pending) = announce(shared, stream, session, secret, &opts).await?;
             Ok(Work::Put {
                 receiver,
                 control,
                 block_size: opts.block_size,
-                data,
-                permits,
+                joins,
+                pending,
             })
         }
         Frame::GetRequest { src, opts } => {
@@ -786,32 +806,36 @@ fn clamp(shared: &Shared, mut opts: TransferOpts) -> TransferOpts {
     opts
 }
 
-/// Announces the session's parameters and waits for its data connections.
-pub(crate) async fn gather(
-    shared: &Shared,
+/// Keeps a session open to its data connections while it lives.
+struct Unregister<'a>(&'a Shared, SessionId);
+
+impl Drop for Unregister<'_> {
+    fn drop(&mut self) {
+        self.0
+            .pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&self.1);
+    }
+}
+
+/// Opens the session to its data connections and announces its parameters (`Ready`); the
+/// connections join through the returned channel until the guard is dropped.
+async fn announce<'a>(
+    shared: &'a Shared,
     stream: &mut Stream,
     session: SessionId,
     secret: [u8; 32],
     opts: &TransferOpts,
-) -> Result<(Vec<Stream>, Vec<Permit>), SessionError> {
+) -> Result<(Joins, Unregister<'a>), SessionError> {
     let n = opts.streams as usize;
-    let (tx, mut rx) = mpsc::channel(n);
+    let (tx, rx) = mpsc::channel(n);
     shared
         .pending
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .insert(session, Pending { secret, joins: tx });
-    struct Unregister<'a>(&'a Shared, SessionId);
-    impl Drop for Unregister<'_> {
-        fn drop(&mut self) {
-            self.0
-                .pending
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .remove(&self.1);
-        }
-    }
-    let _guard = Unregister(shared, session);
+    let guard = Unregister(shared, session);
     send(
         stream,
         &Frame::Ready {
@@ -820,8 +844,33 @@ pub(crate) async fn gather(
         },
     )
     .await?;
+    let joins = Joins {
+        rx,
+        n,
+        deadline: tokio::time::Instant::now() + shared.config.handshake_timeout,
+        tcp_window: opts.tcp_window,
+        all_joined: None,
+    };
+    Ok((joins, guard))
+}
+
+/// Announces the session's parameters and waits for all its data connections (a `get` and a
+/// probe, whose server sends on them; a `put`'s server answers offers meanwhile instead).
+pub(crate) async fn gather(
+    shared: &Shared,
+    stream: &mut Stream,
+    session: SessionId,
+    secret: [u8; 32],
+    opts: &TransferOpts,
+) -> Result<(Vec<Stream>, Vec<Permit>), SessionError> {
+    let (joins, _guard) = announce(shared, stream, session, secret, opts).await?;
+    let Joins {
+        mut rx,
+        n,
+        deadline,
+        ..
+    } = joins;
     let mut slots: Vec<Option<(Stream, Permit)>> = (0..n).map(|_| None).collect();
-    let deadline = tokio::time::Instant::now() + shared.config.handshake_timeout;
     let mut joined = 0;
     // A client that gives up (a data connection refused as busy, say) closes its control
     // connection: notice it, rather than hold what already joined until the deadline. Peeked

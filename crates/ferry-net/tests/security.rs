@@ -618,6 +618,117 @@ async fn client_refuses_server_of_another_version() {
     assert!(fake.await.unwrap(), "client hung up");
 }
 
+/// Plays a put server up to the point where the client's first frames show their order: the
+/// control `Hello` and request, a `Welcome`, then (before `Ready`) the walk's offer; `Ready` and a
+/// `Send` for every offered file; the data connection's `Hello`; then `on_data` decides what the
+/// data connection sees next. Ends the session with an error and returns what `on_data` found.
+async fn fake_put_server<F, Fut>(listener: tokio::net::TcpListener, on_data: F) -> bool
+where
+    F: FnOnce(Raw, Frame) -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let mut c = Raw::from_stream(accept(&listener).await);
+    assert!(matches!(
+        c.expect(T).await,
+        Frame::Hello {
+            role: Role::Control { .. },
+            ..
+        }
+    ));
+    assert!(matches!(c.expect(T).await, Frame::PutRequest { .. }));
+    let welcome = Frame::Welcome {
+        version: PROTOCOL_VERSION,
+        capabilities: Capabilities::ours(),
+        session: SessionId(42),
+        secret: [7u8; 32],
+    };
+    c.send(&welcome).await.unwrap();
+    // Nothing else sent yet: the offer comes without waiting for `Ready`.
+    let entries = match c.expect(T).await {
+        Frame::Offer { entries } => entries,
+        other => panic!("expected the offer before Ready, got {other:?}"),
+    };
+    c.send(&Frame::Ready {
+        streams: 1,
+        block_size: BLOCK,
+    })
+    .await
+    .unwrap();
+    let decisions = entries
+        .iter()
+        .map(|e| ferry_proto::FileDecision {
+            file: e.file,
+            decision: ferry_proto::Decision::Send,
+        })
+        .collect();
+    c.send(&Frame::Decisions { entries: decisions })
+        .await
+        .unwrap();
+    let d = accept_data(&listener).await;
+    let seen = on_data(d, welcome).await;
+    let _ = c
+        .send(&Frame::Error {
+            code: ErrorCode::INTERNAL,
+            message: "the fake server has seen enough".into(),
+        })
+        .await;
+    c.closed_within(T).await;
+    seen
+}
+
+/// A put's first frames go out as early as the protocol allows (PROTOCOL.md, "Session flow"):
+/// its offers behind the request, before `Ready`, and its first block behind the data
+/// connection's `Hello`, before the `Welcome`. Each waited a round trip before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_put_offers_before_ready_and_sends_data_before_the_welcome() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("early.bin");
+    write(&file, &bytes(100_000, 7));
+    let fake = tokio::spawn(fake_put_server(listener, |mut d, welcome| async move {
+        // No Welcome yet on this connection, and the block is here.
+        let first = d.expect(T).await;
+        let _ = d.send(&welcome).await;
+        // Take the rest, so that the session ends by the fake's error, not by a reset.
+        tokio::spawn(async move { d.closed_within(T).await });
+        matches!(first, Frame::Block(_))
+    }));
+    let cfg = client_config(addr.to_string());
+    let r = ferry_net::client::put(&cfg, &[file], "/early.bin", reporter()).await;
+    assert!(fake.await.unwrap(), "no block before the Welcome");
+    // The fake ends the session; the client reports its reason.
+    let e = r.unwrap_err();
+    assert!(e.to_string().contains("has seen enough"), "{e}");
+}
+
+/// A data connection refused after its `Hello` (its data already on the way) ends the put with
+/// the server's reason, not with the broken pipe the refusal caused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_data_connection_refused_after_its_hello_reports_why() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("refused.bin");
+    write(&file, &bytes(4 << 20, 8));
+    let fake = tokio::spawn(fake_put_server(listener, |mut d, _| async move {
+        let refusal = Frame::Error {
+            code: ErrorCode::AUTH,
+            message: "unknown session or wrong secret".into(),
+        };
+        d.send(&refusal).await.unwrap();
+        // Like the server: take what the client sent until it closes, then close.
+        d.closed_within(T).await
+    }));
+    let cfg = client_config(addr.to_string());
+    let r = ferry_net::client::put(&cfg, &[file], "/refused.bin", reporter()).await;
+    assert!(
+        fake.await.unwrap(),
+        "the client kept the refused connection open"
+    );
+    assert_eq!(code_of(&r), Some(ErrorCode::AUTH), "{r:?}");
+}
+
 // ---------------------------------------------------------------------------------------------
 // authentication
 
