@@ -20,7 +20,8 @@ use tokio::net::{TcpSocket, TcpStream};
 use crate::autotune::{bottleneck, cores};
 use crate::conn::{expect_frame, send};
 use crate::engine::{
-    drive_receiver, drive_sender, frame_queue, DataConns, Limits, StreamPlan, StreamReport, Writers,
+    drive_receiver, drive_sender, frame_queue, Joined, Joins, Limits, StreamPlan, StreamReport,
+    Writers,
 };
 use crate::error::SessionError;
 use crate::stream::{Recorder, Stream};
@@ -663,9 +664,34 @@ impl Joining {
         self
     }
 
-    /// The granted number of connections, each through its Hello; extra dials are dropped.
-    pub(crate) async fn finish(mut self) -> Result<Vec<Stream>, SessionError> {
-        let mut joins = tokio::task::JoinSet::new();
+    /// The granted connections, handed over as each has its `Welcome`, for a receiver that
+    /// answers the sender's offers meanwhile (`engine::Joins`): the decisions then leave
+    /// while the connections join, a round trip before the last `Welcome`. Extra dials are
+    /// dropped; the dials and handshakes stop when the receiver does.
+    pub(crate) fn into_joins(self) -> Joins {
+        let n = usize::from(self.streams);
+        let deadline = tokio::time::Instant::now() + 2 * self.timeout;
+        let (tx, rx) = tokio::sync::mpsc::channel(n.max(1));
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = tx.closed() => {}
+                _ = self.feed(&tx) => {}
+            }
+        });
+        Joins {
+            rx,
+            n,
+            deadline,
+            tcp_window: 0,
+            all_joined: None,
+        }
+    }
+
+    /// The granted connections one at a time, each as soon as it has joined (its `Hello`
+    /// sent and, if `confirm`, its `Welcome` read), or the first reason one cannot: at most
+    /// `streams` items.
+    async fn feed(mut self, tx: &tokio::sync::mpsc::Sender<Joined>) {
+        let mut hellos = tokio::task::JoinSet::new();
         let mut first_error = None;
         let mut index = 0;
         while index < self.streams {
@@ -677,7 +703,7 @@ impl Joining {
                         stream: index,
                     };
                     let (timeout, confirm) = (self.timeout, self.confirm);
-                    joins.spawn(async move {
+                    hellos.spawn(async move {
                         if confirm {
                             hello(&mut s, role, timeout).await?;
                         } else {
@@ -695,21 +721,41 @@ impl Joining {
                         .get_or_insert(SessionError::Protocol(format!("dial task failed: {e}")));
                 }
                 None => {
-                    return Err(first_error.unwrap_or_else(|| {
+                    let e = first_error.unwrap_or_else(|| {
                         SessionError::Protocol(
                             "the server granted more streams than asked for".into(),
                         )
-                    }))
+                    });
+                    let _ = tx.send(Err(e)).await;
+                    return;
                 }
             }
         }
         drop(self.early);
-        let mut data = Vec::with_capacity(usize::from(self.streams));
-        while let Some(r) = joins.join_next().await {
-            match r {
-                Ok(s) => data.push(s?),
-                Err(e) => return Err(SessionError::Protocol(format!("join task failed: {e}"))),
+        while let Some(r) = hellos.join_next().await {
+            let joined = match r {
+                Ok(Ok((i, s))) => Ok((i, s, None)),
+                Ok(Err(e)) => Err(e),
+                Err(e) => Err(SessionError::Protocol(format!("join task failed: {e}"))),
+            };
+            let failed = joined.is_err();
+            if tx.send(joined).await.is_err() || failed {
+                return;
             }
+        }
+    }
+
+    /// The granted number of connections, each through its Hello; extra dials are dropped.
+    pub(crate) async fn finish(self) -> Result<Vec<Stream>, SessionError> {
+        let n = usize::from(self.streams);
+        // Room for every connection or the one error: `feed` never waits on it.
+        let (tx, mut rx) = tokio::sync::mpsc::channel(n.max(1));
+        self.feed(&tx).await;
+        drop(tx);
+        let mut data = Vec::with_capacity(n);
+        while let Some(joined) = rx.recv().await {
+            let (index, s, _) = joined?;
+            data.push((index, s));
         }
         // In the order of the index each connection announced, which is the server's order
         // too: a probe pairs each connection's counts from both ends by position.
@@ -984,7 +1030,7 @@ async fn get_once(
         opts: cfg.opts.clone(),
     };
     let (c, opts, joining) = open(cfg, reporter.as_ref(), request, None).await?;
-    let data = joining.finish().await?;
+    let joins = joining.into_joins();
     let security = security_of(&c);
     let (tx, rx) = flume::unbounded();
     let config = ReceiverConfig {
@@ -995,11 +1041,11 @@ async fn get_once(
     };
     let receiver = Receiver::new(destination, config, tx, reporter)?;
     let same_host = c.addr.ip().is_loopback();
-    let connections = data.len();
+    let connections = usize::from(opts.streams);
     let writers = Writers::new(cfg.writers, cfg.tune_storage);
     let out = drive_receiver(
         c.control,
-        DataConns::Joined(data),
+        joins,
         receiver.clone(),
         rx,
         writers,

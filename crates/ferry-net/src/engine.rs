@@ -40,19 +40,17 @@ use crate::timeline::Timeline;
 /// flushes: short enough not to matter to a round trip, long enough to coalesce small files.
 const FLUSH_LINGER: Duration = Duration::from_micros(500);
 
-/// The receiving end's data connections: all there (a client's `get`), or still joining (a
-/// server's `put`, which answers the client's offers while they join: the decisions then
-/// travel back with `Ready`, and the data follows the data connections' `Hello` a round trip
-/// sooner than if the offers waited for the last connection).
-pub(crate) enum DataConns {
-    Joined(Vec<Stream>),
-    Joining(Joins),
-}
+/// One data connection through its handshake: its index, and on a server its connection-cap
+/// permit; or why one could not join (a client's dial or `Hello` failed).
+pub(crate) type Joined = Result<(u16, Stream, Option<OwnedSemaphorePermit>), SessionError>;
 
-/// Data connections still to join a session, as the server's listener hands them over with
-/// their connection-cap permits.
+/// The receiving end's data connections, still joining while the receiver answers the
+/// sender's offers: a server's `put` has its decisions travel back right behind `Ready`, a
+/// client's `get` while its data connections wait for their `Welcome`; either way the data
+/// follows a round trip sooner than if the offers waited for the last connection. They come
+/// from the server's listener (with their connection-cap permits) or the client's dials.
 pub(crate) struct Joins {
-    pub(crate) rx: mpsc::Receiver<(u16, Stream, OwnedSemaphorePermit)>,
+    pub(crate) rx: mpsc::Receiver<Joined>,
     /// Connections granted in `Ready`.
     pub(crate) n: usize,
     /// When the last one must have joined (the handshake timeout after `Ready`).
@@ -497,7 +495,7 @@ async fn send_frames(
 /// reported (`None` if the sender closed without saying).
 pub(crate) async fn drive_receiver(
     control: Stream,
-    data: DataConns,
+    joins: Joins,
     receiver: Arc<Receiver>,
     control_out: flume::Receiver<Frame>,
     writers: Writers,
@@ -553,24 +551,14 @@ pub(crate) async fn drive_receiver(
             streams.spawn(async move { (i, recv_stream(s, tx, act, max).await) });
         }
     };
-    let mut joins = match data {
-        DataConns::Joined(data) => {
-            for (i, s) in data.into_iter().enumerate() {
-                spawn_stream(&mut streams, i, s);
-            }
-            None
-        }
-        DataConns::Joining(j) => {
-            if j.tcp_window > 0 {
-                tracing::warn!(
-                    window = j.tcp_window,
-                    "client asked for fixed socket buffers: TCP autotuning is off for this session's data connections"
-                );
-            }
-            let seen = vec![false; j.n];
-            Some((j, seen, Vec::new()))
-        }
-    };
+    if joins.tcp_window > 0 {
+        tracing::warn!(
+            window = joins.tcp_window,
+            "client asked for fixed socket buffers: TCP autotuning is off for this session's data connections"
+        );
+    }
+    let seen = vec![false; joins.n];
+    let mut joins = Some((joins, seen, Vec::new()));
     // The control loop keeps a sender for offers; it is dropped before the writers are joined.
     let offers_tx = to_writers;
     let done = receiver.done();
@@ -723,11 +711,11 @@ pub(crate) async fn drive_receiver(
 }
 
 /// The next data connection to join, checked: its index in range and new. Pending forever
-/// once all have joined (the channel is dropped then, so a late or extra connection is
-/// refused at once) or when nothing is joining. The permits stay with `joins` for the session.
+/// once all have joined (the channel is closed then, so a late or extra connection is
+/// refused at once). The permits stay with `joins` for the session.
 #[allow(clippy::type_complexity)]
 async fn next_join(
-    joins: &mut Option<(Joins, Vec<bool>, Vec<OwnedSemaphorePermit>)>,
+    joins: &mut Option<(Joins, Vec<bool>, Vec<Option<OwnedSemaphorePermit>>)>,
 ) -> Result<(usize, Stream), SessionError> {
     let Some((j, seen, permits)) = joins.as_mut() else {
         return std::future::pending().await;
@@ -738,7 +726,7 @@ async fn next_join(
     let (index, s, permit) = tokio::time::timeout_at(j.deadline, j.rx.recv())
         .await
         .map_err(|_| SessionError::Timeout("waiting for data connections to join"))?
-        .ok_or(SessionError::Closed("data"))?;
+        .ok_or(SessionError::Closed("data"))??;
     let slot = seen.get_mut(usize::from(index)).ok_or_else(|| {
         SessionError::Protocol(format!("data connection index {index} out of range"))
     })?;

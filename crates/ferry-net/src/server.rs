@@ -28,7 +28,7 @@ use tracing::{debug, info, warn};
 use crate::access::{Access, AccessList, Grant, LoginBrake};
 use crate::conn::{expect_frame, send};
 use crate::engine::{
-    drive_receiver, drive_sender, frame_queue, DataConns, Joins, Limits, StreamPlan, Writers,
+    drive_receiver, drive_sender, frame_queue, Joined, Joins, Limits, StreamPlan, Writers,
 };
 use crate::error::SessionError;
 use crate::stream::{Recorder, Stream, TLS_HANDSHAKE_RECORD};
@@ -101,7 +101,7 @@ struct Pending {
     secret: [u8; 32],
     /// A joining data connection travels with its connection-cap permit, so that it counts
     /// against the cap for as long as it is open, not just while it shakes hands.
-    joins: mpsc::Sender<(u16, Stream, Permit)>,
+    joins: mpsc::Sender<Joined>,
 }
 
 pub(crate) struct Shared {
@@ -472,7 +472,7 @@ async fn handle(
                 ));
             };
             welcome(&mut stream, session, secret).await?;
-            let _ = joins.send((index, stream, permit)).await;
+            let _ = joins.send(Ok((index, stream, Some(permit)))).await;
             Ok(())
         }
     }
@@ -579,8 +579,13 @@ enum Work<'a> {
         joins: Joins,
         pending: Unregister<'a>,
     },
+    /// The sender started before the data connections joined: its first offers went out
+    /// while they did.
     Get {
-        source: Source,
+        sender: Sender,
+        frames: flume::Receiver<Frame>,
+        offers: flume::Receiver<Frame>,
+        plan: StreamPlan,
         opts: TransferOpts,
         data: Vec<Stream>,
         permits: Vec<Permit>,
@@ -621,14 +626,13 @@ async fn control_session(
             let limits = Limits::new(idle, block_size);
             let (joined_tx, joined_rx) = tokio::sync::oneshot::channel();
             joins.all_joined = Some(joined_tx);
-            let data = DataConns::Joining(joins);
             // Closed to further data connections once all have joined (or the session ends).
             let close = async move {
                 let _ = joined_rx.await;
                 drop(pending);
             };
             let (outcome, ()) = tokio::join!(
-                drive_receiver(stream, data, receiver, control, writers, limits),
+                drive_receiver(stream, joins, receiver, control, writers, limits),
                 close
             );
             let summary = outcome?.summary;
@@ -636,33 +640,18 @@ async fn control_session(
             Ok(())
         }
         Work::Get {
-            source,
+            sender,
+            frames,
+            offers,
+            plan,
             opts,
             data,
             permits: _permits,
         } => {
-            let plan = StreamPlan {
-                tune_storage: shared.config.tune_storage,
-                ..StreamPlan::from_opts(&opts)
-            };
-            let (tx, rx) = frame_queue(&plan, opts.streams);
-            let (ctl_tx, ctl_rx) = flume::unbounded();
-            let config = SenderConfig {
-                block_size: opts.block_size,
-                streams: opts.streams,
-                checksum: opts.checksum,
-                readers: crate::autotune::storage_gate(
-                    shared.config.readers,
-                    shared.config.tune_storage,
-                ),
-                corrupt_blocks: Vec::new(),
-                digest_cache: Arc::default(),
-            };
-            let sender = Sender::start(vec![source], config, tx, ctl_tx, Arc::new(NoReporter));
             let reporter = Arc::new(NoReporter);
             let limits = Limits::new(idle, opts.block_size);
             let result = drive_sender(
-                stream, data, sender, rx, ctl_rx, reporter, limits, plan, None,
+                stream, data, sender, frames, offers, reporter, limits, plan, None,
             )
             .await?;
             let (summary, sender) = (result.summary, result.sender);
@@ -744,9 +733,39 @@ async fn prepare<'a>(
                 name,
             };
             let opts = clamp(shared, opts);
-            let (data, permits) = gather(shared, stream, session, secret, &opts).await?;
+            // The walk starts now and its offers go out while the data connections join: a
+            // client that answers them meanwhile has its decisions here when they have.
+            let plan = StreamPlan {
+                tune_storage: shared.config.tune_storage,
+                ..StreamPlan::from_opts(&opts)
+            };
+            let (tx, frames) = frame_queue(&plan, opts.streams);
+            let (ctl_tx, offers) = flume::unbounded();
+            let config = SenderConfig {
+                block_size: opts.block_size,
+                streams: opts.streams,
+                checksum: opts.checksum,
+                readers: crate::autotune::storage_gate(
+                    shared.config.readers,
+                    shared.config.tune_storage,
+                ),
+                corrupt_blocks: Vec::new(),
+                digest_cache: Arc::default(),
+            };
+            let sender = Sender::start(vec![source], config, tx, ctl_tx, Arc::new(NoReporter));
+            let gathered = gather(shared, stream, session, secret, &opts, Some(&offers)).await;
+            let (data, permits) = match gathered {
+                Ok(g) => g,
+                Err(e) => {
+                    sender.close();
+                    return Err(e);
+                }
+            };
             Ok(Work::Get {
-                source,
+                sender,
+                frames,
+                offers,
+                plan,
                 opts,
                 data,
                 permits,
@@ -855,13 +874,15 @@ async fn announce<'a>(
 }
 
 /// Announces the session's parameters and waits for all its data connections (a `get` and a
-/// probe, whose server sends on them; a `put`'s server answers offers meanwhile instead).
+/// probe, whose server sends on them; a `put`'s server answers offers meanwhile instead). A
+/// get's `offers` are written to the control connection meanwhile.
 pub(crate) async fn gather(
     shared: &Shared,
     stream: &mut Stream,
     session: SessionId,
     secret: [u8; 32],
     opts: &TransferOpts,
+    mut offers: Option<&flume::Receiver<Frame>>,
 ) -> Result<(Vec<Stream>, Vec<Permit>), SessionError> {
     let (joins, _guard) = announce(shared, stream, session, secret, opts).await?;
     let Joins {
@@ -888,10 +909,24 @@ pub(crate) async fn gather(
                 }
                 continue;
             }
+            f = async move { offers.expect("polled only with offers").recv_async().await },
+                if offers.is_some() =>
+            {
+                match f {
+                    // Bounded like the joining: a client that reads nothing holds nothing.
+                    Ok(frame) => tokio::time::timeout_at(deadline, send(stream, &frame))
+                        .await
+                        .map_err(|_| SessionError::Timeout("waiting for the client to read offers"))??,
+                    Err(_) => offers = None,
+                }
+                continue;
+            }
         };
         let (index, s, permit) = next
             .map_err(|_| SessionError::Timeout("waiting for data connections to join"))?
-            .ok_or(SessionError::Closed("data"))?;
+            .ok_or(SessionError::Closed("data"))??;
+        let permit =
+            permit.ok_or_else(|| SessionError::Protocol("a join without a permit".into()))?;
         let slot = slots.get_mut(index as usize).ok_or_else(|| {
             SessionError::Protocol(format!("data connection index {index} out of range"))
         })?;

@@ -702,6 +702,53 @@ async fn a_put_offers_before_ready_and_sends_data_before_the_welcome() {
     assert!(e.to_string().contains("has seen enough"), "{e}");
 }
 
+/// A get answers the server's offers while its data connections wait for their `Welcome`, so
+/// the decisions are on their way before the data could flow; the file then arrives as usual.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_get_decides_before_its_data_connections_are_welcomed() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let dest = tempfile::tempdir().unwrap();
+    let data = b"decided before the Welcome".to_vec();
+    let block = raw_block(0, "early.txt", &data, 0, data.len());
+    let fake = tokio::spawn(async move {
+        let mut c = Raw::from_stream(accept(&listener).await);
+        let _hello = c.expect(T).await;
+        assert!(matches!(c.expect(T).await, Frame::GetRequest { .. }));
+        let welcome = Frame::Welcome {
+            version: PROTOCOL_VERSION,
+            capabilities: Capabilities::ours(),
+            session: SessionId(43),
+            secret: [9u8; 32],
+        };
+        c.send(&welcome).await.unwrap();
+        c.send(&Frame::Ready {
+            streams: 1,
+            block_size: BLOCK,
+        })
+        .await
+        .unwrap();
+        c.send(&offer_of(&block)).await.unwrap();
+        // The data connection has said Hello and has no Welcome yet.
+        let mut d = accept_data(&listener).await;
+        let decided = matches!(c.expect(T).await, Frame::Decisions { .. });
+        d.send(&welcome).await.unwrap();
+        d.send(&block).await.unwrap();
+        c.send(&sent(1, 0, 0)).await.unwrap();
+        let complete = matches!(c.expect(T).await, Frame::Complete(_));
+        drop(d);
+        c.closed_within(T).await;
+        (decided, complete)
+    });
+    let cfg = client_config(addr.to_string());
+    let r = ferry_net::client::get(&cfg, "/early.txt", dest.path(), reporter()).await;
+    let (decided, complete) = fake.await.unwrap();
+    assert!(decided, "no decisions before the Welcome");
+    assert!(complete, "{r:?}");
+    assert!(r.unwrap().is_success());
+    assert_eq!(std::fs::read(dest.path().join("early.txt")).unwrap(), data);
+}
+
 /// A data connection refused after its `Hello` (its data already on the way) ends the put with
 /// the server's reason, not with the broken pipe the refusal caused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
