@@ -895,9 +895,11 @@ pub(crate) async fn gather(
     let mut joined = 0;
     // A client that gives up (a data connection refused as busy, say) closes its control
     // connection: notice it, rather than hold what already joined until the deadline. Peeked
-    // on the socket, never read: a client whose data connections have all been welcomed may
-    // already be sending its first frames, which belong to the engine.
+    // on the socket, never read: a client may already be sending frames that belong to the
+    // engine (a get's decisions, or its error). Once bytes wait there a peek says nothing
+    // more, so the connection's TCP state is checked instead.
     let mut watch_control = true;
+    let mut check = tokio::time::interval(Duration::from_millis(100));
     while joined < n {
         let mut probe = [0u8; 1];
         let next = tokio::select! {
@@ -906,6 +908,12 @@ pub(crate) async fn gather(
                 match r {
                     Ok(0) | Err(_) => return Err(SessionError::Closed("control")),
                     Ok(_) => watch_control = false,
+                }
+                continue;
+            }
+            _ = check.tick(), if !watch_control => {
+                if crate::tcp::peer_closed(stream.tcp()) {
+                    return Err(SessionError::Closed("control"));
                 }
                 continue;
             }

@@ -109,6 +109,27 @@ impl TcpInfo {
     }
 }
 
+/// Whether the peer has closed or reset the connection, even with unread data still queued
+/// (which a peek would return instead of the end): its state has left `ESTABLISHED` for
+/// `CLOSE_WAIT` (a FIN came) or `CLOSE` (a reset).
+pub(crate) fn peer_closed(stream: &TcpStream) -> bool {
+    let fd = stream.as_fd().as_raw_fd();
+    let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+    // SAFETY: as in `tcp_info_fd`: a writable, properly sized tcp_info and its length.
+    let rc = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            (&raw mut info).cast(),
+            &mut len,
+        )
+    };
+    // linux/tcp_states.h: TCP_CLOSE = 7, TCP_CLOSE_WAIT = 8.
+    rc == 0 && matches!(info.tcpi_state, 7 | 8)
+}
+
 pub(crate) fn tcp_info(stream: &TcpStream) -> Option<TcpInfo> {
     tcp_info_fd(stream.as_fd())
 }
@@ -167,6 +188,32 @@ pub(crate) fn tcp_info_fd(sock: BorrowedFd<'_>) -> Option<TcpInfo> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_closed_peer_is_seen_behind_unread_data() {
+        use tokio::io::AsyncWriteExt;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let mut client = TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let (server, _) = listener.accept().await.unwrap();
+        client.write_all(b"unread").await.unwrap();
+        assert!(!peer_closed(&server));
+        drop(client);
+        // The FIN arrives at once on loopback; bounded in case it does not.
+        let mut closed = false;
+        for _ in 0..100 {
+            closed = peer_closed(&server);
+            if closed {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(
+            closed,
+            "the peer's close was not seen behind 6 unread bytes"
+        );
+    }
 
     #[test]
     fn override_parses_bytes_and_falls_back_on_nonsense() {
