@@ -409,11 +409,12 @@ impl Shared {
             .push(msg);
     }
 
-    /// The session has ended: closed by the driver, or its frame queue dropped.
+    /// The block size the receiver granted (or, before it answered, the one asked for).
     fn block_size(&self) -> u64 {
         u64::from(self.block_size.load(Ordering::Acquire))
     }
 
+    /// The session has ended: closed by the driver, or its frame queue dropped.
     fn is_over(&self) -> bool {
         self.closed.load(Ordering::Acquire) || self.frames.is_disconnected()
     }

@@ -620,9 +620,10 @@ pub(crate) async fn open(
     Ok((c, opts, joining))
 }
 
-/// Offer bytes a client writes behind its request before the server has welcomed it: well
-/// under what a server reads from a refused client before it closes (64 KiB), and a few
-/// hundred files' worth, which covers the walk's first batch.
+/// Offer bytes a client writes behind its request before `Ready`: half of what a server reads
+/// from a refused client before it closes (64 KiB). An offer entry is its path plus 30 bytes,
+/// so this holds a first batch of 256 files with paths up to 98 bytes; the rest follows
+/// `Ready` as before.
 const EARLY_OFFER_BYTES: usize = 32 << 10;
 
 /// The data connections of a session that the server has accepted, still joining it. The
@@ -678,13 +679,7 @@ impl Joining {
                 _ = self.feed(&tx) => {}
             }
         });
-        Joins {
-            rx,
-            n,
-            deadline,
-            tcp_window: 0,
-            all_joined: None,
-        }
+        Joins::new(rx, n, deadline, 0)
     }
 
     /// The granted connections one at a time, each as soon as it has joined (its `Hello`

@@ -48,17 +48,92 @@ pub(crate) type Joined = Result<(u16, Stream, Option<OwnedSemaphorePermit>), Ses
 /// sender's offers: a server's `put` has its decisions travel back right behind `Ready`, a
 /// client's `get` while its data connections wait for their `Welcome`; either way the data
 /// follows a round trip sooner than if the offers waited for the last connection. They come
-/// from the server's listener (with their connection-cap permits) or the client's dials.
+/// from the server's listener (with their connection-cap permits) or the client's dials, and
+/// are checked here for both: each index in range and new, each with the socket buffers asked
+/// for. The permits stay here for as long as the session holds its `Joins`.
 pub(crate) struct Joins {
-    pub(crate) rx: mpsc::Receiver<Joined>,
-    /// Connections granted in `Ready`.
-    pub(crate) n: usize,
+    rx: mpsc::Receiver<Joined>,
     /// When the last one must have joined (the handshake timeout after `Ready`).
-    pub(crate) deadline: tokio::time::Instant,
+    deadline: tokio::time::Instant,
     /// Fixed socket buffers the client asked for (0: the kernel's autotuning).
-    pub(crate) tcp_window: u32,
+    tcp_window: u32,
     /// Told once every connection has joined: the session's secret then opens nothing more.
-    pub(crate) all_joined: Option<tokio::sync::oneshot::Sender<()>>,
+    all_joined: Option<tokio::sync::oneshot::Sender<()>>,
+    seen: Vec<bool>,
+    permits: Vec<OwnedSemaphorePermit>,
+}
+
+impl Joins {
+    pub(crate) fn new(
+        rx: mpsc::Receiver<Joined>,
+        n: usize,
+        deadline: tokio::time::Instant,
+        tcp_window: u32,
+    ) -> Self {
+        if tcp_window > 0 {
+            tracing::warn!(
+                window = tcp_window,
+                "client asked for fixed socket buffers: TCP autotuning is off for this session's data connections"
+            );
+        }
+        Self {
+            rx,
+            deadline,
+            tcp_window,
+            all_joined: None,
+            // One per connection granted in `Ready`.
+            seen: vec![false; n],
+            permits: Vec::new(),
+        }
+    }
+
+    /// Told when every connection has joined.
+    pub(crate) fn on_all_joined(&mut self, tx: tokio::sync::oneshot::Sender<()>) {
+        self.all_joined = Some(tx);
+    }
+
+    /// When the last connection must have joined.
+    pub(crate) fn deadline(&self) -> tokio::time::Instant {
+        self.deadline
+    }
+
+    /// Whether every connection has joined.
+    pub(crate) fn complete(&self) -> bool {
+        self.seen.iter().all(|&s| s)
+    }
+
+    /// The next connection to join, with its index; cancel-safe. Once all have joined the
+    /// channel is closed, so a late or extra connection is refused at once.
+    pub(crate) async fn next(&mut self) -> Result<(usize, Stream), SessionError> {
+        let (index, s, permit) = tokio::time::timeout_at(self.deadline, self.rx.recv())
+            .await
+            .map_err(|_| SessionError::Timeout("waiting for data connections to join"))?
+            .ok_or(SessionError::Closed("data"))??;
+        let slot = self.seen.get_mut(usize::from(index)).ok_or_else(|| {
+            SessionError::Protocol(format!("data connection index {index} out of range"))
+        })?;
+        if std::mem::replace(slot, true) {
+            return Err(SessionError::Protocol(format!(
+                "data connection {index} joined twice"
+            )));
+        }
+        if let Err(e) = crate::tcp::set_window(s.tcp(), self.tcp_window) {
+            tracing::warn!("cannot set TCP window: {e}");
+        }
+        self.permits.extend(permit);
+        if self.complete() {
+            self.rx.close();
+            if let Some(tx) = self.all_joined.take() {
+                let _ = tx.send(());
+            }
+        }
+        Ok((usize::from(index), s))
+    }
+
+    /// The connection-cap permits of the connections that joined.
+    pub(crate) fn into_permits(self) -> Vec<OwnedSemaphorePermit> {
+        self.permits
+    }
 }
 
 /// How a data connection fared.
@@ -365,33 +440,44 @@ async fn send_stream(
         tokio::pin!(body);
         match welcome {
             None => body.await,
-            Some(limit) => {
-                let greeted = tokio::time::timeout(limit, read_welcome_on(&mut rd));
-                tokio::pin!(greeted);
-                let mut welcomed = false;
-                loop {
-                    tokio::select! {
-                        r = &mut body => break match r {
-                            Err(e) if !welcomed => {
-                                // The server's reason, if a refusal is what broke the write.
-                                match tokio::time::timeout(Duration::from_secs(1), &mut greeted).await {
-                                    Ok(Ok(Err(refused @ SessionError::Remote { .. }))) => Err(refused),
-                                    _ => Err(e),
-                                }
-                            }
-                            r => r,
-                        },
-                        g = &mut greeted, if !welcomed => match g {
-                            Ok(Ok(())) => welcomed = true,
-                            Ok(Err(e)) => break Err(e),
-                            Err(_) => break Err(SessionError::Timeout("waiting for a data connection's welcome")),
-                        },
-                    }
-                }
-            }
+            Some(limit) => alongside_welcome(body, &mut rd, limit).await,
         }
     };
     finish_stream(rd, w, result).await
+}
+
+/// Runs `body` (the frames going out) while the connection's `Welcome` is read, within
+/// `limit`. A refusal ends it with the server's reason, also when the refusal is what broke a
+/// write (a second to read it then).
+async fn alongside_welcome<F>(
+    mut body: std::pin::Pin<&mut F>,
+    rd: &mut ReadHalf<Stream>,
+    limit: Duration,
+) -> Result<u64, SessionError>
+where
+    F: std::future::Future<Output = Result<u64, SessionError>>,
+{
+    let greeted = tokio::time::timeout(limit, read_welcome_on(rd));
+    tokio::pin!(greeted);
+    let mut welcomed = false;
+    loop {
+        tokio::select! {
+            r = &mut body => return match r {
+                Err(e) if !welcomed => {
+                    match tokio::time::timeout(Duration::from_secs(1), &mut greeted).await {
+                        Ok(Ok(Err(refused @ SessionError::Remote { .. }))) => Err(refused),
+                        _ => Err(e),
+                    }
+                }
+                r => r,
+            },
+            g = &mut greeted, if !welcomed => match g {
+                Ok(Ok(())) => welcomed = true,
+                Ok(Err(e)) => return Err(e),
+                Err(_) => return Err(SessionError::Timeout("waiting for a data connection's welcome")),
+            },
+        }
+    }
 }
 
 /// The data connection's `Welcome`, or the server's refusal.
@@ -551,14 +637,7 @@ pub(crate) async fn drive_receiver(
             streams.spawn(async move { (i, recv_stream(s, tx, act, max).await) });
         }
     };
-    if joins.tcp_window > 0 {
-        tracing::warn!(
-            window = joins.tcp_window,
-            "client asked for fixed socket buffers: TCP autotuning is off for this session's data connections"
-        );
-    }
-    let seen = vec![false; joins.n];
-    let mut joins = Some((joins, seen, Vec::new()));
+    let mut joins = joins;
     // The control loop keeps a sender for offers; it is dropped before the writers are joined.
     let offers_tx = to_writers;
     let done = receiver.done();
@@ -571,7 +650,7 @@ pub(crate) async fn drive_receiver(
     let mut cleanup = AbortOnDrop(Some(receiver.clone()));
     let result: Result<(), SessionError> = loop {
         tokio::select! {
-            j = next_join(&mut joins) => match j {
+            j = joins.next(), if !joins.complete() => match j {
                 Ok((index, s)) => {
                     spawn_stream(&mut streams, index, s);
                     activity.touch();
@@ -708,45 +787,6 @@ pub(crate) async fn drive_receiver(
         writers: writer_tuner.report(),
         timeline,
     })
-}
-
-/// The next data connection to join, checked: its index in range and new. Pending forever
-/// once all have joined (the channel is closed then, so a late or extra connection is
-/// refused at once). The permits stay with `joins` for the session.
-#[allow(clippy::type_complexity)]
-async fn next_join(
-    joins: &mut Option<(Joins, Vec<bool>, Vec<Option<OwnedSemaphorePermit>>)>,
-) -> Result<(usize, Stream), SessionError> {
-    let Some((j, seen, permits)) = joins.as_mut() else {
-        return std::future::pending().await;
-    };
-    if j.n == permits.len() {
-        return std::future::pending().await;
-    }
-    let (index, s, permit) = tokio::time::timeout_at(j.deadline, j.rx.recv())
-        .await
-        .map_err(|_| SessionError::Timeout("waiting for data connections to join"))?
-        .ok_or(SessionError::Closed("data"))??;
-    let slot = seen.get_mut(usize::from(index)).ok_or_else(|| {
-        SessionError::Protocol(format!("data connection index {index} out of range"))
-    })?;
-    if std::mem::replace(slot, true) {
-        return Err(SessionError::Protocol(format!(
-            "data connection {index} joined twice"
-        )));
-    }
-    if let Err(e) = crate::tcp::set_window(s.tcp(), j.tcp_window) {
-        tracing::warn!("cannot set TCP window: {e}");
-    }
-    permits.push(permit);
-    if permits.len() == j.n {
-        // Nothing more may join: a connection that tries is refused rather than held.
-        j.rx.close();
-        if let Some(tx) = j.all_joined.take() {
-            let _ = tx.send(());
-        }
-    }
-    Ok((usize::from(index), s))
 }
 
 /// What the receiving end brings home.

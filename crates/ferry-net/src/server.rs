@@ -32,7 +32,7 @@ use crate::engine::{
 };
 use crate::error::SessionError;
 use crate::stream::{Recorder, Stream, TLS_HANDSHAKE_RECORD};
-use crate::tcp::{set_window, tune};
+use crate::tcp::tune;
 use crate::tls::Identity;
 
 #[derive(Clone, Debug)]
@@ -625,7 +625,7 @@ async fn control_session(
             let writers = Writers::new(shared.config.writers, shared.config.tune_storage);
             let limits = Limits::new(idle, block_size);
             let (joined_tx, joined_rx) = tokio::sync::oneshot::channel();
-            joins.all_joined = Some(joined_tx);
+            joins.on_all_joined(joined_tx);
             // Closed to further data connections once all have joined (or the session ends).
             let close = async move {
                 let _ = joined_rx.await;
@@ -863,14 +863,8 @@ async fn announce<'a>(
         },
     )
     .await?;
-    let joins = Joins {
-        rx,
-        n,
-        deadline: tokio::time::Instant::now() + shared.config.handshake_timeout,
-        tcp_window: opts.tcp_window,
-        all_joined: None,
-    };
-    Ok((joins, guard))
+    let deadline = tokio::time::Instant::now() + shared.config.handshake_timeout;
+    Ok((Joins::new(rx, n, deadline, opts.tcp_window), guard))
 }
 
 /// Announces the session's parameters and waits for all its data connections (a `get` and a
@@ -884,15 +878,9 @@ pub(crate) async fn gather(
     opts: &TransferOpts,
     mut offers: Option<&flume::Receiver<Frame>>,
 ) -> Result<(Vec<Stream>, Vec<Permit>), SessionError> {
-    let (joins, _guard) = announce(shared, stream, session, secret, opts).await?;
-    let Joins {
-        mut rx,
-        n,
-        deadline,
-        ..
-    } = joins;
-    let mut slots: Vec<Option<(Stream, Permit)>> = (0..n).map(|_| None).collect();
-    let mut joined = 0;
+    let (mut joins, _guard) = announce(shared, stream, session, secret, opts).await?;
+    let deadline = joins.deadline();
+    let mut slots: Vec<Option<Stream>> = (0..opts.streams).map(|_| None).collect();
     // A client that gives up (a data connection refused as busy, say) closes its control
     // connection: notice it, rather than hold what already joined until the deadline. Peeked
     // on the socket, never read: a client may already be sending frames that belong to the
@@ -900,10 +888,10 @@ pub(crate) async fn gather(
     // more, so the connection's TCP state is checked instead.
     let mut watch_control = true;
     let mut check = tokio::time::interval(Duration::from_millis(100));
-    while joined < n {
+    while !joins.complete() {
         let mut probe = [0u8; 1];
-        let next = tokio::select! {
-            j = tokio::time::timeout_at(deadline, rx.recv()) => j,
+        let (index, s) = tokio::select! {
+            j = joins.next() => j?,
             r = stream.tcp().peek(&mut probe), if watch_control => {
                 match r {
                     Ok(0) | Err(_) => return Err(SessionError::Closed("control")),
@@ -930,34 +918,10 @@ pub(crate) async fn gather(
                 continue;
             }
         };
-        let (index, s, permit) = next
-            .map_err(|_| SessionError::Timeout("waiting for data connections to join"))?
-            .ok_or(SessionError::Closed("data"))??;
-        let permit =
-            permit.ok_or_else(|| SessionError::Protocol("a join without a permit".into()))?;
-        let slot = slots.get_mut(index as usize).ok_or_else(|| {
-            SessionError::Protocol(format!("data connection index {index} out of range"))
-        })?;
-        if slot.replace((s, permit)).is_some() {
-            return Err(SessionError::Protocol(format!(
-                "data connection {index} joined twice"
-            )));
-        }
-        joined += 1;
+        slots[index] = Some(s);
     }
-    let (data, permits): (Vec<Stream>, Vec<Permit>) = slots.into_iter().flatten().unzip();
-    if opts.tcp_window > 0 {
-        warn!(
-            window = opts.tcp_window,
-            "client asked for fixed socket buffers: TCP autotuning is off for this session's data connections"
-        );
-    }
-    for s in &data {
-        if let Err(e) = set_window(s.tcp(), opts.tcp_window) {
-            warn!("cannot set TCP window: {e}");
-        }
-    }
-    Ok((data, permits))
+    let data = slots.into_iter().flatten().collect();
+    Ok((data, joins.into_permits()))
 }
 
 /// Where a put lands: inside `dest` if it is a directory (or clearly meant as one), else

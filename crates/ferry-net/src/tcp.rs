@@ -113,21 +113,26 @@ impl TcpInfo {
 /// (which a peek would return instead of the end): its state has left `ESTABLISHED` for
 /// `CLOSE_WAIT` (a FIN came) or `CLOSE` (a reset).
 pub(crate) fn peer_closed(stream: &TcpStream) -> bool {
-    let fd = stream.as_fd().as_raw_fd();
+    // linux/tcp_states.h: TCP_CLOSE = 7, TCP_CLOSE_WAIT = 8.
+    raw_tcp_info(stream.as_fd()).is_some_and(|(info, _)| matches!(info.tcpi_state, 7 | 8))
+}
+
+/// The kernel's `TCP_INFO` for a socket, and how many bytes of it the kernel filled.
+fn raw_tcp_info(sock: BorrowedFd<'_>) -> Option<(libc::tcp_info, usize)> {
     let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
     let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
-    // SAFETY: as in `tcp_info_fd`: a writable, properly sized tcp_info and its length.
+    // SAFETY: `info` is a properly sized, writable tcp_info and `len` holds its size; the kernel
+    // writes at most `len` bytes and updates `len`.
     let rc = unsafe {
         libc::getsockopt(
-            fd,
+            sock.as_raw_fd(),
             libc::IPPROTO_TCP,
             libc::TCP_INFO,
             (&raw mut info).cast(),
             &mut len,
         )
     };
-    // linux/tcp_states.h: TCP_CLOSE = 7, TCP_CLOSE_WAIT = 8.
-    rc == 0 && matches!(info.tcpi_state, 7 | 8)
+    (rc == 0).then_some((info, len as usize))
 }
 
 pub(crate) fn tcp_info(stream: &TcpStream) -> Option<TcpInfo> {
@@ -137,28 +142,12 @@ pub(crate) fn tcp_info(stream: &TcpStream) -> Option<TcpInfo> {
 /// `TCP_INFO` of any TCP socket (the engine keeps duplicated descriptors of its data sockets, so
 /// it can sample them while the stream tasks own the connections).
 pub(crate) fn tcp_info_fd(sock: BorrowedFd<'_>) -> Option<TcpInfo> {
-    let fd = sock.as_raw_fd();
-    let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
-    let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
-    // SAFETY: `info` is a properly sized, writable tcp_info and `len` holds its size; the kernel
-    // writes at most `len` bytes and updates `len`.
-    let rc = unsafe {
-        libc::getsockopt(
-            fd,
-            libc::IPPROTO_TCP,
-            libc::TCP_INFO,
-            (&raw mut info).cast(),
-            &mut len,
-        )
-    };
-    if rc != 0 {
-        return None;
-    }
+    let (info, len) = raw_tcp_info(sock)?;
     let sock = SockRef::from(&sock);
     // Kernels before 4.1 fill less of the struct: the byte counters are then unknown (0).
-    let has_bytes = len as usize
+    let has_bytes = len
         >= std::mem::offset_of!(libc::tcp_info, tcpi_bytes_received) + std::mem::size_of::<u64>();
-    let has_chrono = len as usize
+    let has_chrono = len
         >= std::mem::offset_of!(libc::tcp_info, tcpi_sndbuf_limited) + std::mem::size_of::<u64>();
     let chrono = |v: u64| if has_chrono { v } else { 0 };
     Some(TcpInfo {

@@ -676,27 +676,42 @@ where
     seen
 }
 
+/// Puts a file of `len` bytes against `fake_put_server` with `on_data`: the client's result
+/// and what `on_data` found.
+async fn put_against_fake<F, Fut>(
+    len: usize,
+    on_data: F,
+) -> (Result<ferry_net::TransferReport, SessionError>, bool)
+where
+    F: FnOnce(Raw, Frame) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = bool> + Send + 'static,
+{
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("put.bin");
+    write(&file, &bytes(len, len as u64));
+    let fake = tokio::spawn(fake_put_server(listener, on_data));
+    let cfg = client_config(addr.to_string());
+    let r = ferry_net::client::put(&cfg, &[file], "/put.bin", reporter()).await;
+    (r, fake.await.unwrap())
+}
+
 /// A put's first frames go out as early as the protocol allows (PROTOCOL.md, "Session flow"):
 /// its offers behind the request, before `Ready`, and its first block behind the data
 /// connection's `Hello`, before the `Welcome`. Each waited a round trip before.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_put_offers_before_ready_and_sends_data_before_the_welcome() {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("early.bin");
-    write(&file, &bytes(100_000, 7));
-    let fake = tokio::spawn(fake_put_server(listener, |mut d, welcome| async move {
+    let (r, seen) = put_against_fake(100_000, |mut d, welcome| async move {
         // No Welcome yet on this connection, and the block is here.
         let first = d.expect(T).await;
         let _ = d.send(&welcome).await;
         // Take the rest, so that the session ends by the fake's error, not by a reset.
         tokio::spawn(async move { d.closed_within(T).await });
         matches!(first, Frame::Block(_))
-    }));
-    let cfg = client_config(addr.to_string());
-    let r = ferry_net::client::put(&cfg, &[file], "/early.bin", reporter()).await;
-    assert!(fake.await.unwrap(), "no block before the Welcome");
+    })
+    .await;
+    assert!(seen, "no block before the Welcome");
     // The fake ends the session; the client reports its reason.
     let e = r.unwrap_err();
     assert!(e.to_string().contains("has seen enough"), "{e}");
@@ -753,12 +768,7 @@ async fn a_get_decides_before_its_data_connections_are_welcomed() {
 /// the server's reason, not with the broken pipe the refusal caused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_data_connection_refused_after_its_hello_reports_why() {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("refused.bin");
-    write(&file, &bytes(4 << 20, 8));
-    let fake = tokio::spawn(fake_put_server(listener, |mut d, _| async move {
+    let (r, closed) = put_against_fake(4 << 20, |mut d, _| async move {
         let refusal = Frame::Error {
             code: ErrorCode::AUTH,
             message: "unknown session or wrong secret".into(),
@@ -766,13 +776,9 @@ async fn a_data_connection_refused_after_its_hello_reports_why() {
         d.send(&refusal).await.unwrap();
         // Like the server: take what the client sent until it closes, then close.
         d.closed_within(T).await
-    }));
-    let cfg = client_config(addr.to_string());
-    let r = ferry_net::client::put(&cfg, &[file], "/refused.bin", reporter()).await;
-    assert!(
-        fake.await.unwrap(),
-        "the client kept the refused connection open"
-    );
+    })
+    .await;
+    assert!(closed, "the client kept the refused connection open");
     assert_eq!(code_of(&r), Some(ErrorCode::AUTH), "{r:?}");
 }
 
