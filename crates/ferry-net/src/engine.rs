@@ -367,6 +367,7 @@ pub(crate) async fn drive_sender(
         }
     };
     drop(probe);
+    tracing::debug!("sender: loop ended");
     let mut load = meter.load();
     load.threads = u16::try_from(readers.threads()).unwrap_or(u16::MAX);
     let tuning = gate.report(load);
@@ -395,6 +396,7 @@ pub(crate) async fn drive_sender(
             }
         }
     }
+    tracing::debug!("sender: streams joined");
     reports.sort_by_key(|(i, _)| *i);
     let _ = ctrl_w.shutdown().await;
     let sender = tokio::task::spawn_blocking(move || {
@@ -404,6 +406,7 @@ pub(crate) async fn drive_sender(
     })
     .await
     .map_err(|e| SessionError::Protocol(format!("reader threads failed: {e}")))?;
+    tracing::debug!("sender: readers joined");
     let summary = result?;
     Ok(SenderOutcome {
         summary,
@@ -697,6 +700,7 @@ pub(crate) async fn drive_receiver(
     let mut tuned = None;
     let outcome = match result {
         Ok(()) => {
+            tracing::debug!("receiver: all resolved");
             // Failures found while finishing still reach the sender before `Complete`.
             let r = receiver.clone();
             let mut summary = tokio::task::spawn_blocking(move || r.finish())
@@ -714,6 +718,7 @@ pub(crate) async fn drive_receiver(
                 if let Err(e) = send(&mut ctrl_w, &Frame::Complete(summary)).await {
                     res = Err(e.into());
                 }
+                tracing::debug!("receiver: complete sent");
             }
             // Let the sender close the data connections; their EOF ends the stream tasks. It
             // says what its tuner did first, on the control connection.
@@ -759,6 +764,7 @@ pub(crate) async fn drive_receiver(
     };
     // Order matters: stop taking new work, let the writers finish what they hold, and only
     // then clean up, so no writer can create or complete a file after the cleanup pass.
+    tracing::debug!("receiver: streams ended");
     receiver.stop();
     streams.abort_all();
     while streams.join_next().await.is_some() {}
