@@ -298,6 +298,14 @@ impl ThreadControl {
         }
     }
 
+    /// Whether more threads could help, as far as anything besides the rate shows
+    /// ([`Tuner::set_room_up`]); `None`: no opinion.
+    pub(crate) fn set_room_up(&mut self, room: Option<bool>) {
+        if let Some(t) = self.tuner.as_mut() {
+            t.set_room_up(room);
+        }
+    }
+
     /// Threads working now: the setting the tuner holds once it has measured one.
     pub(crate) fn threads(&self) -> u32 {
         let measured = self
@@ -946,6 +954,32 @@ mod tests {
             .steps
             .iter()
             .all(|s| s.threads <= AUTO_MAX_STORAGE_THREADS));
+    }
+
+    /// A disk that rewards threads up to 16 draws the writers up from the default; told that
+    /// more cannot help (one file open, `drive_receiver`), they stay at or below it.
+    #[test]
+    fn writers_stay_at_the_default_when_told_more_cannot_help() {
+        let run = |room: Option<bool>| {
+            let gate = storage_gate(4, true);
+            let mut ctl = ThreadControl::new(gate.clone(), Knob::Writers, true);
+            ctl.set_room_up(room);
+            let mut done = 0u64;
+            for i in 1..=30 * 40 {
+                done += (50e6 * f64::from(gate.active()) * SAMPLE_EVERY.as_secs_f64()) as u64;
+                ctl.on_sample_at(SAMPLE_EVERY * i, true, done);
+            }
+            ctl.report()
+        };
+        let free = run(None);
+        assert!(free.threads > 4, "{:?}", free.steps);
+        let capped = run(Some(false));
+        assert!(
+            capped.steps.iter().all(|s| s.threads <= 4),
+            "{:?}",
+            capped.steps
+        );
+        assert_eq!(capped.threads, 4, "{:?}", capped.steps);
     }
 
     #[test]
