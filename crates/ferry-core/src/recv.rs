@@ -445,19 +445,20 @@ impl Receiver {
         Ok(())
     }
 
-    /// Feeds the in-order digest with what has been written from its cursor on — `fresh`, the
-    /// block just written, from memory if it is next; anything else from the file — and, once
-    /// the whole file is hashed and its digest has arrived, hands it to verification. `slot`
-    /// holds the file's `Writing` state.
+    /// Feeds the in-order digest with what has been written from its cursor on and, once the
+    /// whole file is hashed and its digest has arrived, hands it to verification. `slot` holds
+    /// the file's `Writing` state; `fresh` is the block just written.
     ///
-    /// The hashing runs outside the slot's lock: one writer takes the hasher out, hashes, puts
-    /// it back and looks again, while the others go on writing blocks of the same file. A
-    /// writer that finds the hasher taken leaves its block to that one, which sees it on its
-    /// next look (the block is in `written` before this is called). Under the lock, a block
-    /// that filled a gap ahead of which 120 MiB had been written held every writer of the file
-    /// for the 115 ms of reading it back and hashing it; the writers' queue filled, the
-    /// connections' receive queues with it (up to 60 MB at the end of a 1 GiB put at 100 ms),
-    /// and the transfer ended up to half a second after its last byte arrived.
+    /// The block just written, when it is next, is hashed from memory under the file's lock:
+    /// blocks arrive nearly in order, so that is most of the bytes, with no read-back, and
+    /// the other writers wait only for one block's hash. Data written ahead of a gap that
+    /// has just closed is read back and hashed outside the lock: one writer takes the hasher
+    /// out, hashes, puts it back and looks again, while the others go on writing and leave
+    /// their blocks to it (each is in `written` before this is called). Under the lock, a gap
+    /// closing 120 MiB behind the newest block held every writer of the file for the 115 ms
+    /// of the read-back; the writers' queue filled, the connections' receive queues with it
+    /// (up to 60 MB at the end of a 1 GiB put at 100 ms), and the transfer ended up to half a
+    /// second after its last byte arrived.
     fn advance<'e>(
         &self,
         entry: &'e FileEntry,
@@ -468,42 +469,34 @@ impl Receiver {
             let Slot::Writing(w) = &mut *slot else {
                 return;
             };
+            if let Some((offset, data)) = fresh.take() {
+                if let (true, Some(h)) = (offset == w.cursor, w.hasher.as_mut()) {
+                    h.update(data);
+                    w.cursor += data.len() as u64;
+                }
+            }
             let from = w.cursor;
-            let work = match fresh.take() {
-                Some((offset, data)) if offset == from && !data.is_empty() => {
-                    Some(Hash::Memory(data))
-                }
-                _ => w
-                    .written
-                    .run_end(from)
-                    .map(|end| Hash::File(w.file.clone(), end)),
+            let Some(end) = w.written.run_end(from) else {
+                break;
             };
-            let Some(work) = work else { break };
             let Some(mut hasher) = w.hasher.take() else {
-                return; // another writer is hashing this file; it will look again
+                return; // another writer is reading back; it will look again
             };
+            let file = w.file.clone();
             drop(slot);
-            let hashed = match work {
-                Hash::Memory(data) => {
-                    hasher.update(data);
-                    Ok(from + data.len() as u64)
-                }
-                Hash::File(file, end) => hash_back(&file, &mut hasher, from, end).map(|()| end),
-            };
+            let hashed = hash_back(&file, &mut hasher, from, end);
             slot = lock(&entry.slot);
             let Slot::Writing(w) = &mut *slot else {
                 return; // failed or aborted meanwhile
             };
             w.hasher = Some(hasher);
-            match hashed {
-                Ok(to) => w.cursor = to,
-                Err(e) => {
-                    let msg = format!("reading back {}: {e}", entry.meta.path);
-                    drop(slot);
-                    self.fail(entry, ErrorCode::IO, msg, true);
-                    return;
-                }
+            if let Err(e) = hashed {
+                let msg = format!("reading back {}: {e}", entry.meta.path);
+                drop(slot);
+                self.fail(entry, ErrorCode::IO, msg, true);
+                return;
             }
+            w.cursor = end;
         }
         let Slot::Writing(w) = &mut *slot else {
             return;
@@ -1157,12 +1150,6 @@ fn remove_temp(dir: &OwnedFd, temp: &str, journal: Option<&JournalFile>) {
     if let Some(j) = journal {
         let _ = rustix::fs::unlinkat(dir, j.name.as_str(), rustix::fs::AtFlags::empty());
     }
-}
-
-/// What the in-order digest takes next: the block just written, or a range of the file.
-enum Hash<'a> {
-    Memory(&'a [u8]),
-    File(Arc<File>, u64),
 }
 
 /// Advances the in-order digest of a file no other thread can reach yet (a resumed copy
