@@ -396,7 +396,7 @@ pub(crate) async fn drive_sender(
             }
         }
     }
-    tracing::debug!("sender: streams joined");
+    tracing::debug!("sender: data connections closed (or given up at the deadline)");
     reports.sort_by_key(|(i, _)| *i);
     let _ = ctrl_w.shutdown().await;
     let sender = tokio::task::spawn_blocking(move || {
@@ -690,12 +690,12 @@ pub(crate) async fn drive_receiver(
                 let full = offers_tx.is_full();
                 meter.sample(offers_tx.is_empty(), full);
                 // Buffered writes into one file take its inode lock in turn, and its digest
-                // follows one writer: writers beyond the files open only wait (and spin on
-                // that lock). Eight writers probed on a single 1 GiB file at 100 ms spent
-                // most of the receiver's CPU in `rwsem_spin_on_owner` and copy, and the
-                // connections' receive queues grew to 50 MB in the last second.
+                // follows one writer: once every open file has a writer, more writers only
+                // wait (and spin on that lock). Eight writers probed on a single 1 GiB file at
+                // 100 ms spent most of the receiver's CPU in `rwsem_spin_on_owner` and copy,
+                // and the connections' receive queues grew to 50 MB in the last second.
                 let open = receiver.files_open();
-                writer_tuner.set_room_up((open < u64::from(writers.gate.active())).then_some(false));
+                writer_tuner.set_room_up((open <= u64::from(writers.gate.active())).then_some(false));
                 writer_tuner.on_sample(full, written.load(Ordering::Relaxed));
                 timeline.record(t0.elapsed(), written.load(Ordering::Relaxed));
             }
@@ -722,10 +722,10 @@ pub(crate) async fn drive_receiver(
                 }
             }
             if res.is_ok() {
-                if let Err(e) = send(&mut ctrl_w, &Frame::Complete(summary)).await {
-                    res = Err(e.into());
+                match send(&mut ctrl_w, &Frame::Complete(summary)).await {
+                    Ok(()) => tracing::debug!("receiver: complete sent"),
+                    Err(e) => res = Err(e.into()),
                 }
-                tracing::debug!("receiver: complete sent");
             }
             // Let the sender close the data connections; their EOF ends the stream tasks. It
             // says what its tuner did first, on the control connection.
@@ -771,7 +771,7 @@ pub(crate) async fn drive_receiver(
     };
     // Order matters: stop taking new work, let the writers finish what they hold, and only
     // then clean up, so no writer can create or complete a file after the cleanup pass.
-    tracing::debug!("receiver: streams ended");
+    tracing::debug!("receiver: session over, stopping the writers");
     receiver.stop();
     streams.abort_all();
     while streams.join_next().await.is_some() {}
