@@ -456,9 +456,8 @@ impl Receiver {
     /// out, hashes, puts it back and looks again, while the others go on writing and leave
     /// their blocks to it (each is in `written` before this is called). Under the lock, a gap
     /// closing 120 MiB behind the newest block held every writer of the file for the 115 ms
-    /// of the read-back; the writers' queue filled, the connections' receive queues with it
-    /// (up to 60 MB at the end of a 1 GiB put at 100 ms), and the transfer ended up to half a
-    /// second after its last byte arrived.
+    /// of the read-back (1 GiB put at 100 ms on the bed), and the full writer queues that such
+    /// stalls leave are what drew the writer tuner to probe more writers (`drive_receiver`).
     fn advance<'e>(
         &self,
         entry: &'e FileEntry,
@@ -469,11 +468,12 @@ impl Receiver {
             let Slot::Writing(w) = &mut *slot else {
                 return;
             };
-            if let Some((offset, data)) = fresh.take() {
-                if let (true, Some(h)) = (offset == w.cursor, w.hasher.as_mut()) {
+            match (fresh.take(), w.hasher.as_mut()) {
+                (Some((offset, data)), Some(h)) if offset == w.cursor => {
                     h.update(data);
                     w.cursor += data.len() as u64;
                 }
+                _ => {}
             }
             let from = w.cursor;
             let Some(end) = w.written.run_end(from) else {
@@ -1452,11 +1452,11 @@ mod tests {
         assert_eq!(std::fs::read(dir.path().join("in/f.bin")).unwrap(), data);
     }
 
-    /// The in-order digest is fed by whichever writer finds the hasher free, outside the file's
-    /// lock, while others write (`advance`). Blocks of one file handed to four threads at
-    /// once, in a different shuffled order each round, must still give the sender's digest:
-    /// a block written while another thread hashed must be picked up by that thread, and the
-    /// file verified exactly once.
+    /// Data written ahead of the in-order digest is read back outside the file's lock by
+    /// whichever writer holds the hasher, while others write (`advance`). Blocks of one file
+    /// handed to four threads at once, in a different shuffled order each round, must still
+    /// give the sender's digest: a block written while another thread read back must be picked
+    /// up by that thread, and the file verified exactly once.
     #[test]
     fn blocks_of_one_file_written_by_many_threads_in_any_order_verify() {
         const BLOCK: usize = 64 << 10;

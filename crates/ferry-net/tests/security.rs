@@ -424,6 +424,25 @@ async fn accept_data(l: &tokio::net::TcpListener) -> Raw {
 
 /// Plays a server for one `get`: handshake, then `data` on the data connection and `sent` on
 /// control; returns what the client said on control afterwards.
+/// A fake server's `Welcome` for session `id` with a secret of `secret` bytes: sent on the
+/// control connection and again on each data connection it accepts.
+fn welcome_frame(id: u64, secret: u8) -> Frame {
+    Frame::Welcome {
+        version: PROTOCOL_VERSION,
+        capabilities: Capabilities::ours(),
+        session: SessionId(id),
+        secret: [secret; 32],
+    }
+}
+
+/// A fake server's `Ready` granting one data connection of `BLOCK`-sized blocks.
+fn ready_one() -> Frame {
+    Frame::Ready {
+        streams: 1,
+        block_size: BLOCK,
+    }
+}
+
 async fn fake_get_server(
     listener: tokio::net::TcpListener,
     data: Vec<Frame>,
@@ -437,21 +456,10 @@ async fn fake_get_server(
         } => {}
         other => panic!("expected control Hello, got {other:?}"),
     }
-    let (session, secret) = (SessionId(42), [7u8; 32]);
-    let welcome = Frame::Welcome {
-        version: PROTOCOL_VERSION,
-        capabilities: Capabilities::ours(),
-        session,
-        secret,
-    };
+    let welcome = welcome_frame(42, 7);
     c.send(&welcome).await.unwrap();
     assert!(matches!(c.expect(T).await, Frame::GetRequest { .. }));
-    c.send(&Frame::Ready {
-        streams: 1,
-        block_size: BLOCK,
-    })
-    .await
-    .unwrap();
+    c.send(&ready_one()).await.unwrap();
     let mut d = accept_data(&listener).await;
     d.send(&welcome).await.unwrap();
     // Like a real sender: offer every file, and send data only for files the client accepted.
@@ -636,24 +644,14 @@ where
         }
     ));
     assert!(matches!(c.expect(T).await, Frame::PutRequest { .. }));
-    let welcome = Frame::Welcome {
-        version: PROTOCOL_VERSION,
-        capabilities: Capabilities::ours(),
-        session: SessionId(42),
-        secret: [7u8; 32],
-    };
+    let welcome = welcome_frame(42, 7);
     c.send(&welcome).await.unwrap();
     // Nothing else sent yet: the offer comes without waiting for `Ready`.
     let entries = match c.expect(T).await {
         Frame::Offer { entries } => entries,
         other => panic!("expected the offer before Ready, got {other:?}"),
     };
-    c.send(&Frame::Ready {
-        streams: 1,
-        block_size: BLOCK,
-    })
-    .await
-    .unwrap();
+    c.send(&ready_one()).await.unwrap();
     let decisions = entries
         .iter()
         .map(|e| ferry_proto::FileDecision {
@@ -730,19 +728,9 @@ async fn a_get_decides_before_its_data_connections_are_welcomed() {
         let mut c = Raw::from_stream(accept(&listener).await);
         let _hello = c.expect(T).await;
         assert!(matches!(c.expect(T).await, Frame::GetRequest { .. }));
-        let welcome = Frame::Welcome {
-            version: PROTOCOL_VERSION,
-            capabilities: Capabilities::ours(),
-            session: SessionId(43),
-            secret: [9u8; 32],
-        };
+        let welcome = welcome_frame(43, 9);
         c.send(&welcome).await.unwrap();
-        c.send(&Frame::Ready {
-            streams: 1,
-            block_size: BLOCK,
-        })
-        .await
-        .unwrap();
+        c.send(&ready_one()).await.unwrap();
         c.send(&offer_of(&block)).await.unwrap();
         // The data connection has said Hello and has no Welcome yet.
         let mut d = accept_data(&listener).await;
