@@ -302,6 +302,7 @@ pub fn control_config(
         security: security(conn, &remote.server())?,
         start_from: Default::default(),
         force_streams: None,
+        stall_stream: None,
     })
 }
 
@@ -429,6 +430,7 @@ pub fn client_config(args: &TransferArgs, remote: &Remote) -> Result<ClientConfi
         security: security(&args.conn, &remote.server())?,
         start_from: Default::default(),
         force_streams: None,
+        stall_stream: None,
     })
 }
 

@@ -129,6 +129,17 @@ impl Ranges {
         true
     }
 
+    /// Bytes of `[start, end)` not yet in the set.
+    fn uncovered(&self, start: u64, end: u64) -> u64 {
+        let covered: u64 = self
+            .0
+            .range(..end)
+            .filter(|(_, &e)| e > start)
+            .map(|(&s, &e)| e.min(end) - s.max(start))
+            .sum();
+        (end - start).saturating_sub(covered)
+    }
+
     fn contains(&self, start: u64, end: u64) -> bool {
         self.0
             .range(..=start)
@@ -159,6 +170,10 @@ struct Writing {
     expected: Option<Bytes>,
     /// Resume journal, for files larger than one block.
     journal: Option<JournalFile>,
+    /// Writes under way outside the lock. The file is verified and handed on only once none
+    /// is: a copy of a block (the sender's endgame) written after the file was finalized would
+    /// reset the mtime just set and, for a non-root receiver, clear setuid/setgid bits.
+    inflight: u32,
 }
 
 /// An open, locked resume journal and where its next record goes.
@@ -411,6 +426,7 @@ impl Receiver {
             return Ok(());
         }
         let file = w.file.clone();
+        w.inflight += 1;
         // Write without holding the slot, so other blocks of the same file proceed in parallel.
         drop(slot);
         let write = file.write_all_at(&block.data, block.offset);
@@ -418,6 +434,7 @@ impl Receiver {
         let Slot::Writing(w) = &mut *slot else {
             return Ok(());
         };
+        w.inflight -= 1;
         if let Err(e) = write {
             let msg = format!("writing {}: {e}", entry.meta.path);
             let code = FsError::io(&entry.meta.path, e).code();
@@ -425,7 +442,14 @@ impl Receiver {
             self.fail(&entry, code, msg, true);
             return Ok(());
         }
-        w.written.insert(block.offset, block.offset + len);
+        // A copy of a block can arrive on two connections (the sender's endgame) and both may
+        // be written before either is recorded: the second counts for nothing.
+        let new = w.written.uncovered(block.offset, block.offset + len);
+        let fresh = w.written.insert(block.offset, block.offset + len) || len == 0;
+        if !fresh {
+            self.advance(&entry, slot, None);
+            return Ok(());
+        }
         if let Some(j) = w.journal.as_mut() {
             // After the data: a record never claims a block that was not written. A failed
             // append only costs a re-send after a crash, so it does not fail the file.
@@ -440,7 +464,8 @@ impl Receiver {
                 j.end += RECORD_LEN as u64;
             }
         }
-        self.reporter.on_bytes(len);
+        // Only what no earlier copy or piece of it covered.
+        self.reporter.on_bytes(new);
         self.advance(&entry, slot, Some((block.offset, &block.data)));
         Ok(())
     }
@@ -501,7 +526,11 @@ impl Receiver {
         let Slot::Writing(w) = &mut *slot else {
             return;
         };
-        if w.cursor == entry.meta.size && w.expected.is_some() && w.hasher.is_some() {
+        if w.cursor == entry.meta.size
+            && w.expected.is_some()
+            && w.hasher.is_some()
+            && w.inflight == 0
+        {
             let Slot::Writing(w) = std::mem::replace(&mut *slot, Slot::Finalizing) else {
                 unreachable!("matched Writing above")
             };
@@ -797,6 +826,7 @@ impl Receiver {
             cursor: 0,
             expected: None,
             journal,
+            inflight: 0,
         };
         if meta.size <= u64::from(self.config.block_size) {
             let temp = format!(".ferry-{:016x}-{}.part", self.config.tag, meta.id.0);
@@ -1294,9 +1324,21 @@ mod tests {
         assert_eq!(r.run_end(5), Some(40));
         assert!(r.contains(0, 40));
         assert!(!r.contains(0, 41));
+        assert_eq!(r.uncovered(0, 40), 0);
+        assert_eq!(r.uncovered(35, 50), 10);
+        assert!(r.insert(60, 70));
+        assert_eq!(r.uncovered(30, 80), 30, "the gap 40..60 and 70..80");
+        assert_eq!(r.uncovered(100, 100), 0);
     }
 
     fn receiver(dir: &std::path::Path) -> (Arc<Receiver>, flume::Receiver<Frame>) {
+        receiver_with(dir, Arc::new(crate::report::NoReporter))
+    }
+
+    fn receiver_with(
+        dir: &std::path::Path,
+        reporter: Arc<dyn Reporter>,
+    ) -> (Arc<Receiver>, flume::Receiver<Frame>) {
         let dest = Destination {
             root: Root::open(dir).unwrap(),
             base: "in".into(),
@@ -1309,7 +1351,7 @@ mod tests {
             block_size: 1 << 20,
         };
         let (tx, rx) = flume::unbounded();
-        let r = Receiver::new(dest, config, tx, Arc::new(crate::report::NoReporter)).unwrap();
+        let r = Receiver::new(dest, config, tx, reporter).unwrap();
         (r, rx)
     }
 
@@ -1452,6 +1494,67 @@ mod tests {
         assert_eq!(std::fs::read(dir.path().join("in/f.bin")).unwrap(), data);
     }
 
+    /// `size` bytes of a pattern (`i * step % 251`), and their BLAKE3 file digest.
+    fn contents(size: u64, step: u64) -> (Bytes, Vec<u8>) {
+        let data = Bytes::from(
+            (0..size)
+                .map(|i| (i * step % 251) as u8)
+                .collect::<Vec<_>>(),
+        );
+        let mut h = FileHasher::new(ChecksumAlgo::Blake3);
+        h.update(&data);
+        (data, h.finalize())
+    }
+
+    /// The receiver with file 1, `f.bin` of `size` bytes, offered and answered `Send`, and
+    /// told that it is the only entry.
+    fn sending((r, rx): (Arc<Receiver>, flume::Receiver<Frame>), size: u64) -> Arc<Receiver> {
+        r.handle(offer(1, "f.bin", size)).unwrap();
+        assert_eq!(decision(&rx), Decision::Send);
+        r.expect(1, 0, 0);
+        r
+    }
+
+    /// The file completes, is verified and stored once, with `data` in it.
+    fn stored_once(r: &Arc<Receiver>, dir: &std::path::Path, data: &[u8], round: u32) {
+        r.done()
+            .recv_timeout(std::time::Duration::from_secs(5))
+            .unwrap_or_else(|_| panic!("round {round}: the file completes"));
+        assert_eq!(r.files_open(), 0);
+        let summary = r.finish();
+        assert_eq!(
+            (summary.files, summary.failed, summary.bad_blocks),
+            (1, 0, 0),
+            "round {round}: {summary:?}"
+        );
+        assert_eq!(std::fs::read(dir.join("in/f.bin")).unwrap(), data);
+    }
+
+    /// Fisher-Yates with a fixed xorshift: every round its own order, every run the same.
+    fn shuffle<T>(v: &mut [T], seed: &mut u64) {
+        for i in (1..v.len()).rev() {
+            *seed ^= *seed << 13;
+            *seed ^= *seed >> 7;
+            *seed ^= *seed << 17;
+            v.swap(i, (*seed % (i as u64 + 1)) as usize);
+        }
+    }
+
+    /// Hands `frames` to the receiver from `threads` threads at once, in order of the list.
+    fn feed(r: &Arc<Receiver>, frames: Vec<Frame>, threads: usize) {
+        let queue = Arc::new(Mutex::new(frames.into_iter()));
+        std::thread::scope(|s| {
+            for _ in 0..threads {
+                let (r, queue) = (r.clone(), queue.clone());
+                s.spawn(move || loop {
+                    let next = lock(&queue).next();
+                    let Some(frame) = next else { break };
+                    r.handle(frame).unwrap();
+                });
+            }
+        });
+    }
+
     /// Data written ahead of the in-order digest is read back outside the file's lock by
     /// whichever writer holds the hasher, while others write (`advance`). Blocks of one file
     /// handed to four threads at once, in a different shuffled order each round, must still
@@ -1461,27 +1564,15 @@ mod tests {
     fn blocks_of_one_file_written_by_many_threads_in_any_order_verify() {
         const BLOCK: usize = 64 << 10;
         let size = (BLOCK * 48 + 777) as u64;
-        let data = Bytes::from((0..size).map(|i| (i * 13 % 253) as u8).collect::<Vec<_>>());
-        let mut h = FileHasher::new(ChecksumAlgo::Blake3);
-        h.update(&data);
-        let whole = h.finalize();
+        let (data, whole) = contents(size, 13);
         let offsets: Vec<u64> = (0..size).step_by(BLOCK).collect();
         let mut seed = 0x9e37_79b9_7f4a_7c15u64;
         for round in 0..12 {
             let dir = tempfile::tempdir().unwrap();
-            let (r, rx) = receiver(dir.path());
-            r.handle(offer(1, "f.bin", size)).unwrap();
-            assert_eq!(decision(&rx), Decision::Send);
+            let r = sending(receiver(dir.path()), size);
             assert_eq!(r.files_open(), 1);
-            r.expect(1, 0, 0);
-            // Fisher-Yates with a fixed xorshift: every round its own order, every run the same.
             let mut order = offsets.clone();
-            for i in (1..order.len()).rev() {
-                seed ^= seed << 13;
-                seed ^= seed >> 7;
-                seed ^= seed << 17;
-                order.swap(i, (seed % (i as u64 + 1)) as usize);
-            }
+            shuffle(&mut order, &mut seed);
             let frames: Vec<Frame> = order
                 .iter()
                 .map(|&o| {
@@ -1490,28 +1581,62 @@ mod tests {
                     block(size, &data, o, len, last.then(|| whole.clone()))
                 })
                 .collect();
-            let queue = Arc::new(Mutex::new(frames.into_iter()));
-            std::thread::scope(|s| {
-                for _ in 0..4 {
-                    let (r, queue) = (r.clone(), queue.clone());
-                    s.spawn(move || loop {
-                        let next = lock(&queue).next();
-                        let Some(frame) = next else { break };
-                        r.handle(frame).unwrap();
-                    });
-                }
-            });
-            r.done()
-                .recv_timeout(std::time::Duration::from_secs(5))
-                .unwrap_or_else(|_| panic!("round {round}: the file completes"));
-            assert_eq!(r.files_open(), 0);
-            let summary = r.finish();
+            feed(&r, frames, 4);
+            stored_once(&r, dir.path(), &data, round);
+        }
+    }
+
+    /// Counts what the receiver reports as written.
+    #[derive(Default)]
+    struct Written(std::sync::atomic::AtomicU64);
+
+    impl Reporter for Written {
+        fn on_bytes(&self, n: u64) {
+            self.0.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    /// The sender's endgame sends a slow connection's blocks again on idle ones, cut in
+    /// pieces, so a block's bytes may arrive twice, on two writer threads at once. Every block
+    /// of a file handed over whole and in pieces, by three threads in a shuffled order: the
+    /// file verifies once, holds the sender's bytes, and its bytes are reported written once.
+    #[test]
+    fn every_block_arriving_twice_is_stored_and_counted_once() {
+        const BLOCK: usize = 64 << 10;
+        let size = (BLOCK * 24 + 99) as u64;
+        let (data, whole) = contents(size, 31);
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        for round in 0..8 {
+            let dir = tempfile::tempdir().unwrap();
+            let written = Arc::new(Written::default());
+            let r = sending(receiver_with(dir.path(), written.clone()), size);
+            // (offset, len) of every block twice over: whole, and cut in pieces of 16 KiB
+            // as the endgame cuts a copy for several idle connections.
+            let mut order: Vec<(u64, u64)> = (0..size)
+                .step_by(BLOCK)
+                .flat_map(|o| {
+                    let len = (size - o).min(BLOCK as u64);
+                    let pieces = (o..o + len)
+                        .step_by(16 << 10)
+                        .map(move |p| (p, (o + len - p).min(16 << 10)));
+                    std::iter::once((o, len)).chain(pieces)
+                })
+                .collect();
+            shuffle(&mut order, &mut seed);
+            let frames: Vec<Frame> = order
+                .iter()
+                .map(|&(o, len)| {
+                    let last = o + len == size;
+                    block(size, &data, o, len as usize, last.then(|| whole.clone()))
+                })
+                .collect();
+            feed(&r, frames, 3);
+            stored_once(&r, dir.path(), &data, round);
             assert_eq!(
-                (summary.files, summary.failed, summary.bad_blocks),
-                (1, 0, 0),
-                "round {round}: {summary:?}"
+                written.0.load(std::sync::atomic::Ordering::Relaxed),
+                size,
+                "round {round}"
             );
-            assert_eq!(std::fs::read(dir.path().join("in/f.bin")).unwrap(), data);
         }
     }
 }

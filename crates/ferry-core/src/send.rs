@@ -151,6 +151,8 @@ struct Shared {
     errors: Mutex<Vec<String>>,
     /// Files and bytes the walk has found so far (the engine sizes its first streams by them).
     found_files: AtomicU64,
+    /// Files the readers are done with: every block queued, or nothing to send.
+    passed_files: AtomicU64,
     found_bytes: AtomicU64,
     /// Set when the walk is over: only then is `found_bytes` the total.
     walked: AtomicBool,
@@ -205,6 +207,7 @@ impl Sender {
             skipped: Mutex::default(),
             errors: Mutex::default(),
             found_files: AtomicU64::new(0),
+            passed_files: AtomicU64::new(0),
             found_bytes: AtomicU64::new(0),
             walked: AtomicBool::new(false),
             passed_bytes: AtomicU64::new(0),
@@ -244,6 +247,7 @@ impl Sender {
                             if !send_file(&shared, &job.record) {
                                 break;
                             }
+                            shared.passed_files.fetch_add(1, Ordering::Release);
                         }
                     })
                     .expect("spawning a thread")
@@ -305,6 +309,14 @@ impl Sender {
             self.shared.found_files.load(Ordering::Relaxed),
             self.shared.found_bytes.load(Ordering::Relaxed),
         )
+    }
+
+    /// Whether every file the walk found has been read and its blocks queued (resends of bad
+    /// blocks aside): from then on the frame queue only empties.
+    pub fn all_queued(&self) -> bool {
+        self.shared.walked.load(Ordering::Acquire)
+            && self.shared.passed_files.load(Ordering::Acquire)
+                >= self.shared.found_files.load(Ordering::Acquire)
     }
 
     /// The receiver's answers to offered files.

@@ -198,6 +198,9 @@ pub(crate) struct StreamPlan {
     /// `auto_start` is where an earlier search on this route settled: hold it rather than
     /// search again (bulk data only; see `TunerConfig::trusted_start`).
     pub(crate) settled_start: bool,
+    /// Test hook: this data connection never writes its first block, as if its window had
+    /// closed for good (what the endgame is for).
+    pub(crate) stall: Option<usize>,
 }
 
 impl StreamPlan {
@@ -208,6 +211,7 @@ impl StreamPlan {
             force: None,
             tune_storage: false,
             settled_start: false,
+            stall: None,
         }
     }
 
@@ -1005,6 +1009,7 @@ mod tests {
             force: None,
             tune_storage: false,
             settled_start: false,
+            stall: None,
         };
         assert_eq!(fixed.queue_len(8), 16);
         let auto = StreamPlan {

@@ -66,6 +66,9 @@ pub struct ClientConfig {
     /// Test hook: with `opts.auto_start > 0`, the sending side holds this many streams from
     /// the start instead of tuning (only when the client sends, i.e. for put).
     pub force_streams: Option<u32>,
+    /// Test hook: data connection `i` of a put never writes its first block, as if its window
+    /// had closed for good (only the endgame then finishes the transfer).
+    pub stall_stream: Option<usize>,
 }
 
 /// Where an auto-tuned transfer's first stream count came from.
@@ -941,6 +944,7 @@ async fn put_once(
     let security = security_of(&c);
     let plan = StreamPlan {
         force: cfg.force_streams,
+        stall: cfg.stall_stream,
         tune_storage: cfg.tune_storage,
         settled_start: cfg.start_from == StartFrom::Profile { settled: true },
         ..StreamPlan::from_opts(&opts)

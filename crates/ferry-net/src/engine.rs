@@ -14,8 +14,9 @@
 //! Nothing is acknowledged per file: the sender never waits, and the receiver's only
 //! obligation is the final `Complete`.
 
+use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
@@ -31,14 +32,20 @@ use tokio::task::JoinSet;
 pub(crate) use crate::autotune::StreamPlan;
 use crate::autotune::{LoadMeter, StreamControl, ThreadControl, ThreadReport, SAMPLE_EVERY};
 use crate::conn::{read_frame, send, write_frame};
+use crate::endgame::{Conn, Endgame, History};
 use crate::error::SessionError;
 use crate::stream::Stream;
-use crate::tcp::{tcp_info, TcpInfo};
+use crate::tcp::{tcp_info, tcp_info_fd, TcpInfo};
 use crate::timeline::Timeline;
 
 /// How long a data connection holds a partly filled write buffer for more frames before it
 /// flushes: short enough not to matter to a round trip, long enough to coalesce small files.
 const FLUSH_LINGER: Duration = Duration::from_micros(500);
+
+/// How long a data connection may go on writing once the session is over before it is reset:
+/// by then the receiver has every block, so anything still being written is a copy nobody
+/// needs, and a connection that cannot take it at once is a slow one (`endgame`).
+const RESET_AFTER: Duration = Duration::from_millis(20);
 
 /// One data connection through its handshake: its index, and on a server its connection-cap
 /// permit; or why one could not join (a client's dial or `Hello` failed).
@@ -140,6 +147,12 @@ impl Joins {
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct StreamReport {
     pub bytes: u64,
+    /// Data bytes of blocks this connection sent a second time at the end of the transfer,
+    /// for a slower connection that still held them (sending end only; `endgame`).
+    pub resent: u64,
+    /// The connection was reset when the session ended, still writing copies the receiver
+    /// no longer needed (sending end only).
+    pub reset: bool,
     pub tcp: Option<TcpInfo>,
 }
 
@@ -294,17 +307,33 @@ pub(crate) async fn drive_sender(
     let mut ctrl_rx = spawn_control_reader(ctrl_r, activity.clone());
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut streams = JoinSet::new();
+    // What each connection was given and may not have delivered yet, and the queue of copies
+    // for idle connections (`endgame`). The copies are bounded by the histories.
+    let histories: Vec<Arc<Mutex<History>>> = data.iter().map(|_| Arc::default()).collect();
+    let (copies_tx, copies_rx): (Vec<_>, Vec<_>) =
+        data.iter().map(|_| flume::unbounded::<Frame>()).unzip();
+    let socks: Vec<Option<std::os::fd::OwnedFd>> = data
+        .iter()
+        .map(|s| s.tcp().as_fd().try_clone_to_owned().ok())
+        .collect();
     for (i, s) in data.into_iter().enumerate() {
-        let frames = frames.clone();
+        let queues = Queues {
+            frames: frames.clone(),
+            copies: copies_rx[i].clone(),
+            history: histories[i].clone(),
+        };
         let (stop, act, rep) = (stop_rx.clone(), activity.clone(), reporter.clone());
         let active = active.clone();
+        let stall = (plan.stall == Some(i)).then_some(());
         streams.spawn(async move {
             (
                 i,
-                send_stream(i, s, frames, stop, active, act, rep, welcome).await,
+                send_stream(i, s, queues, stop, active, act, rep, welcome, stall).await,
             )
         });
     }
+    drop(copies_rx);
+    let mut endgame = Endgame::default();
     // Only the stream tasks and this loop's probe may hold the queue now: the probe is
     // dropped with the loop, so when the streams end, readers blocked on a full queue see it
     // disconnected and stop.
@@ -357,6 +386,11 @@ pub(crate) async fn drive_sender(
                 meter.sample(empty, full);
                 gate.on_sample(empty, sender.found(), sent);
                 readers.on_sample(empty, sender.bytes_read());
+                let armed = empty && sender.all_queued();
+                let copies = endgame_tick(&mut endgame, &histories, &socks, gate.active(), rtt, armed);
+                for (to, frame) in copies.pieces() {
+                    let _ = copies_tx[to].send(frame);
+                }
                 // Sampled only when an interval has ended: TCP_INFO of every connection.
                 let now = t0.elapsed();
                 if timeline.due(now) {
@@ -371,6 +405,17 @@ pub(crate) async fn drive_sender(
     let mut load = meter.load();
     load.threads = u16::try_from(readers.threads()).unwrap_or(u16::MAX);
     let tuning = gate.report(load);
+    // Its duplicates of the data sockets go now: a connection reset at the end closes at once.
+    drop(gate);
+    drop(socks);
+    drop(copies_tx);
+    if endgame.copied().0 > 0 {
+        tracing::debug!(
+            blocks = endgame.copied().0,
+            bytes = endgame.copied().1,
+            "endgame: blocks sent again on idle connections"
+        );
+    }
     if result.is_ok() {
         // The receiver reports (and remembers) what the tuner did; it is not an error if it
         // has already gone.
@@ -419,34 +464,122 @@ pub(crate) async fn drive_sender(
     })
 }
 
+/// One endgame tick: what each connection's kernel still holds, then the copies to queue,
+/// cut and hashed after the histories are let go (their tasks lock them per frame).
+fn endgame_tick(
+    endgame: &mut Endgame,
+    histories: &[Arc<Mutex<History>>],
+    socks: &[Option<std::os::fd::OwnedFd>],
+    active: u32,
+    rtt: Duration,
+    armed: bool,
+) -> crate::endgame::Copies {
+    let infos: Vec<Option<TcpInfo>> = socks
+        .iter()
+        .map(|s| s.as_ref().and_then(|s| tcp_info_fd(s.as_fd())))
+        .collect();
+    let mut guards: Vec<_> = histories.iter().map(|h| lock(h)).collect();
+    let mut conns: Vec<Conn<'_>> = guards
+        .iter_mut()
+        .zip(&infos)
+        .enumerate()
+        .map(|(i, (h, info))| Conn {
+            history: h,
+            unacked: info.as_ref().map(TcpInfo::unacked_bytes),
+            rate: info.as_ref().map_or(0, TcpInfo::send_rate),
+            delivered: info.as_ref().map_or(0, TcpInfo::delivered),
+            active: (i as u32) < active,
+        })
+        .collect();
+    endgame.tick(Instant::now(), rtt, armed, &mut conns)
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Where a sending connection takes its frames: the shared queue, the endgame's copies dealt
+/// to it, and the record of what it was given.
+struct Queues {
+    frames: flume::Receiver<Frame>,
+    copies: flume::Receiver<Frame>,
+    history: Arc<Mutex<History>>,
+}
+
 /// One data connection of the sending end. `welcome`: the connection's `Hello` went out
 /// without waiting for the server's `Welcome` (a client's `put`, which saves a round trip
 /// before the data); it is read here while the frames go out, within this time. A refusal
 /// (`Error`) ends the stream with the server's reason, also when it is what broke a write.
 /// A stream that ends well needs no `Welcome`: the session's `Complete` vouches for it, and a
 /// session that completes before every connection joined never welcomes the late ones.
+///
+/// Once the session is over (`stop`), a connection still writing [`RESET_AFTER`] later is
+/// reset rather than drained: the receiver has everything, and what it is still writing are
+/// copies that a slow connection would take its time over (`endgame`).
 #[allow(clippy::too_many_arguments)]
 async fn send_stream(
     index: usize,
     stream: Stream,
-    frames: flume::Receiver<Frame>,
+    queues: Queues,
     stop: watch::Receiver<bool>,
     active: watch::Receiver<u32>,
     activity: Activity,
     reporter: Arc<dyn Reporter>,
     welcome: Option<Duration>,
+    stall: Option<()>,
 ) -> Result<StreamReport, SessionError> {
-    let (mut rd, wr) = tokio::io::split(stream);
-    let mut w = BufWriter::with_capacity(256 << 10, wr);
-    let result = {
-        let body = send_frames(index, &mut w, frames, stop, active, activity, reporter);
-        tokio::pin!(body);
-        match welcome {
-            None => body.await,
-            Some(limit) => alongside_welcome(body, &mut rd, limit).await,
+    let sock = stream.tcp().as_fd().try_clone_to_owned().ok();
+    let counts = Arc::new(Counts::default());
+    let work = {
+        let (counts, stop) = (counts.clone(), stop.clone());
+        async move {
+            let (mut rd, wr) = tokio::io::split(stream);
+            let mut w = BufWriter::with_capacity(256 << 10, wr);
+            let result = {
+                let body = send_frames(
+                    index, &mut w, queues, stop, active, activity, reporter, &counts, stall,
+                );
+                tokio::pin!(body);
+                match welcome {
+                    None => body.await,
+                    Some(limit) => alongside_welcome(body, &mut rd, limit).await,
+                }
+            };
+            finish_stream(rd, w, result, &counts).await
         }
     };
-    finish_stream(rd, w, result).await
+    tokio::pin!(work);
+    tokio::select! {
+        r = &mut work => r,
+        () = stopped_for(stop, RESET_AFTER) => {
+            let tcp = sock.as_ref().and_then(|s| tcp_info_fd(s.as_fd()));
+            if let Some(s) = &sock {
+                // A close with lingering off sends a reset and drops what the socket holds.
+                let _ = socket2::SockRef::from(s).set_linger(Some(Duration::ZERO));
+            }
+            tracing::debug!(stream = index, "reset at the end, still writing");
+            Ok(StreamReport {
+                bytes: counts.bytes.load(Ordering::Relaxed),
+                resent: counts.resent.load(Ordering::Relaxed),
+                reset: true,
+                tcp,
+            })
+        }
+    }
+}
+
+/// Resolves `after` the session was told to stop (or its stop signal went away).
+async fn stopped_for(mut stop: watch::Receiver<bool>, after: Duration) {
+    let _ = stop.wait_for(|s| *s).await;
+    tokio::time::sleep(after).await;
+}
+
+/// Bytes a sending connection has written so far, kept outside its task so that a connection
+/// reset at the end still reports them.
+#[derive(Default)]
+struct Counts {
+    bytes: AtomicU64,
+    resent: AtomicU64,
 }
 
 /// Runs `body` (the frames going out) while the connection's `Welcome` is read, within
@@ -456,9 +589,9 @@ async fn alongside_welcome<F>(
     mut body: std::pin::Pin<&mut F>,
     rd: &mut ReadHalf<Stream>,
     limit: Duration,
-) -> Result<u64, SessionError>
+) -> Result<(), SessionError>
 where
-    F: std::future::Future<Output = Result<u64, SessionError>>,
+    F: std::future::Future<Output = Result<(), SessionError>>,
 {
     let greeted = tokio::time::timeout(limit, read_welcome_on(rd));
     tokio::pin!(greeted);
@@ -498,43 +631,60 @@ async fn read_welcome_on(rd: &mut ReadHalf<Stream>) -> Result<(), SessionError> 
 async fn finish_stream(
     rd: ReadHalf<Stream>,
     mut w: BufWriter<WriteHalf<Stream>>,
-    result: Result<u64, SessionError>,
+    result: Result<(), SessionError>,
+    counts: &Counts,
 ) -> Result<StreamReport, SessionError> {
-    let bytes = result?;
+    result?;
     w.flush().await?;
     let mut stream = rd.unsplit(w.into_inner());
     let info = tcp_info(stream.tcp());
     let _ = stream.shutdown().await;
-    Ok(StreamReport { bytes, tcp: info })
+    Ok(StreamReport {
+        bytes: counts.bytes.load(Ordering::Relaxed),
+        resent: counts.resent.load(Ordering::Relaxed),
+        reset: false,
+        tcp: info,
+    })
 }
 
 /// Pulls frames from the shared queue and writes them until told to stop. Stream `index`
 /// takes frames only while `index < active`; otherwise it flushes and parks without touching
-/// the queue, so the tuner decides how many connections carry data. Returns the bytes written.
+/// the queue, so the tuner decides how many connections carry data. With the queue empty it
+/// also takes the endgame's copies of blocks that another connection holds. Each frame is
+/// recorded in the connection's history before it is written. `stall` (a test hook): the
+/// connection's first block is never written, as if its window had closed for good.
+#[allow(clippy::too_many_arguments)]
 async fn send_frames(
     index: usize,
     w: &mut BufWriter<WriteHalf<Stream>>,
-    frames: flume::Receiver<Frame>,
+    queues: Queues,
     mut stop: watch::Receiver<bool>,
     mut active: watch::Receiver<u32>,
     activity: Activity,
     reporter: Arc<dyn Reporter>,
-) -> Result<u64, SessionError> {
+    counts: &Counts,
+    stall: Option<()>,
+) -> Result<(), SessionError> {
+    let Queues {
+        frames,
+        copies,
+        history,
+    } = queues;
     let mut scratch = BytesMut::with_capacity(8 << 10);
-    let mut bytes = 0u64;
     let is_active = move |n: &u32| index < *n as usize;
     let mut gated = true;
     loop {
         if !is_active(&active.borrow()) {
             w.flush().await?;
+            lock(&history).wait();
             tokio::select! {
                 r = active.wait_for(is_active) => if r.is_err() { break },
                 _ = stop.wait_for(|s| *s) => break,
             }
             continue;
         }
-        let frame = match frames.try_recv() {
-            Ok(f) => f,
+        let (frame, copy) = match frames.try_recv() {
+            Ok(f) => (f, false),
             Err(flume::TryRecvError::Disconnected) => break,
             Err(flume::TryRecvError::Empty) => {
                 // Nothing queued. Small files arrive a few at a time from several readers:
@@ -548,12 +698,14 @@ async fn send_frames(
                         .ok()
                 };
                 match more {
-                    Some(Ok(f)) => f,
+                    Some(Ok(f)) => (f, false),
                     Some(Err(_)) => break,
                     None => {
                         w.flush().await?;
+                        lock(&history).wait();
                         tokio::select! {
-                            f = frames.recv_async() => match f { Ok(f) => f, Err(_) => break },
+                            f = frames.recv_async() => match f { Ok(f) => (f, false), Err(_) => break },
+                            Ok(f) = copies.recv_async() => (f, true),
                             _ = stop.wait_for(|s| *s) => break,
                             // Parked while waiting: the frame goes to a stream still active.
                             r = active.wait_for(|n| !is_active(n)), if gated => {
@@ -566,17 +718,30 @@ async fn send_frames(
                 }
             }
         };
+        lock(&history).begin(&frame);
+        if stall.is_some() && matches!(frame, Frame::Block(_)) {
+            // A write that never returns: only the endgame finishes the transfer, and only a
+            // reset ends this connection (`send_stream`).
+            std::future::pending::<()>().await;
+        }
         let n = write_frame(w, &frame, &mut scratch).await?;
-        bytes += n as u64;
+        lock(&history).end();
+        counts.bytes.fetch_add(n as u64, Ordering::Relaxed);
         activity.touch();
         if let Frame::Block(b) = &frame {
-            reporter.on_bytes(b.data.len() as u64);
+            if copy {
+                counts
+                    .resent
+                    .fetch_add(b.data.len() as u64, Ordering::Relaxed);
+            } else {
+                reporter.on_bytes(b.data.len() as u64);
+            }
         }
         if *stop.borrow() {
             break;
         }
     }
-    Ok(bytes)
+    Ok(())
 }
 
 /// Runs the receiving end until every announced entry is resolved, then sends `Complete`.
@@ -861,5 +1026,9 @@ async fn recv_stream(
         }
     }
     let info = tcp_info(r.get_ref().tcp());
-    Ok(StreamReport { bytes, tcp: info })
+    Ok(StreamReport {
+        bytes,
+        tcp: info,
+        ..StreamReport::default()
+    })
 }

@@ -6,6 +6,7 @@ pub mod access;
 mod autotune;
 pub mod client;
 mod conn;
+mod endgame;
 mod engine;
 pub mod error;
 pub mod probe;

@@ -82,6 +82,11 @@ pub struct TcpInfo {
     /// Segments the peer holds beyond a hole in the sequence (`tcpi_sacked`): delivered, but
     /// not yet in `bytes_acked`.
     pub sacked: u32,
+    /// Segments sent and not yet acknowledged (`tcpi_unacked`), and bytes written to the
+    /// socket and not yet sent (`tcpi_notsent_bytes`, 0 before Linux 4.6): together, what the
+    /// kernel still holds of the connection (the endgame's measure of a connection's backlog).
+    pub unacked: u32,
+    pub notsent_bytes: u32,
     /// Microseconds the connection had data in flight (`tcpi_busy_time`), and of those, how
     /// long it was held back by the peer's receive window (`tcpi_rwnd_limited`) or by its own
     /// send buffer (`tcpi_sndbuf_limited`): whether more streams could help (a window limit)
@@ -95,6 +100,26 @@ pub struct TcpInfo {
 }
 
 impl TcpInfo {
+    /// Bytes the kernel still holds of the connection: not yet sent, or sent and not yet
+    /// acknowledged (whole segments, so a little more than the truth).
+    pub fn unacked_bytes(&self) -> u64 {
+        u64::from(self.notsent_bytes)
+            .saturating_add(u64::from(self.unacked).saturating_mul(u64::from(self.snd_mss)))
+    }
+
+    /// What the connection can send now, bytes per second: its pacing rate, or its window per
+    /// round trip when that is lower (a BBR flow in ProbeRTT keeps its pacing rate but a
+    /// window of four segments). 0 when unknown.
+    pub fn send_rate(&self) -> u64 {
+        let pacing = self.pacing_rate_bps / 8;
+        let window = u64::from(self.snd_cwnd).saturating_mul(u64::from(self.snd_mss));
+        match (self.rtt_us, pacing) {
+            (0, p) => p,
+            (rtt, 0) => window.saturating_mul(1_000_000) / u64::from(rtt),
+            (rtt, p) => p.min(window.saturating_mul(1_000_000) / u64::from(rtt)),
+        }
+    }
+
     /// Payload bytes that reached the peer: acknowledged, or selectively acknowledged beyond
     /// a hole (one full segment each). What the stream tuner counts. `bytes_acked` alone
     /// stalls while a loss is repaired and then jumps by everything delivered meanwhile: with
@@ -150,6 +175,8 @@ pub(crate) fn tcp_info_fd(sock: BorrowedFd<'_>) -> Option<TcpInfo> {
     let has_chrono = len
         >= std::mem::offset_of!(libc::tcp_info, tcpi_sndbuf_limited) + std::mem::size_of::<u64>();
     let chrono = |v: u64| if has_chrono { v } else { 0 };
+    let has_notsent = len
+        >= std::mem::offset_of!(libc::tcp_info, tcpi_notsent_bytes) + std::mem::size_of::<u32>();
     Some(TcpInfo {
         rtt_us: info.tcpi_rtt,
         rttvar_us: info.tcpi_rttvar,
@@ -166,6 +193,12 @@ pub(crate) fn tcp_info_fd(sock: BorrowedFd<'_>) -> Option<TcpInfo> {
         },
         // Without the byte counters a count of segments alone is no running total.
         sacked: if has_bytes { info.tcpi_sacked } else { 0 },
+        unacked: info.tcpi_unacked,
+        notsent_bytes: if has_notsent {
+            info.tcpi_notsent_bytes
+        } else {
+            0
+        },
         busy_us: chrono(info.tcpi_busy_time),
         rwnd_limited_us: chrono(info.tcpi_rwnd_limited),
         sndbuf_limited_us: chrono(info.tcpi_sndbuf_limited),

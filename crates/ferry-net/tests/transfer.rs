@@ -76,3 +76,34 @@ async fn single_file_renamed_like_cp_and_mode_mtime_kept() {
     assert_eq!(a.modified().unwrap(), b.modified().unwrap());
     server.stop().await;
 }
+
+/// A data connection that stops sending for good at its first block (as a window that never
+/// reopens would) must not hold the transfer: once everything else has gone out, the endgame
+/// sends that block again on an idle connection, the receiver keeps the bytes once, and the
+/// stuck connection, still writing when the session ends, is reset. Without the endgame this
+/// put would wait for the stuck block until the idle timeout (20 s here) and fail.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stuck_connections_block_is_sent_again_on_an_idle_one() {
+    let server = TestServer::start().await;
+    let src = tempfile::tempdir().unwrap();
+    let file = src.path().join("stuck.bin");
+    write(&file, &bytes(40 * BLOCK as usize + 3, 7));
+    let mut cfg = server.client();
+    cfg.stall_stream = Some(1);
+    let report = ferry_net::client::put(&cfg, std::slice::from_ref(&file), "/in/", reporter())
+        .await
+        .unwrap();
+    assert!(report.is_success(), "{:?}", report.errors);
+    assert_eq!(
+        std::fs::read(&file).unwrap(),
+        std::fs::read(server.root.join("in/stuck.bin")).unwrap()
+    );
+    assert!(leftovers(&server.root).is_empty());
+    let s = &report.streams;
+    assert_eq!(s[1].bytes, 0, "the stuck connection wrote nothing");
+    assert!(s[1].reset, "and was reset at the end: {s:?}");
+    assert_eq!(s[1].resent, 0, "it carried no copies");
+    let resent: u64 = s.iter().map(|s| s.resent).sum();
+    assert!(resent > 0, "its block went out again: {s:?}");
+    server.stop().await;
+}

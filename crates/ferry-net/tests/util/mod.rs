@@ -125,6 +125,7 @@ pub fn client_config(server: String) -> ClientConfig {
         security: Security::Plaintext,
         start_from: Default::default(),
         force_streams: None,
+        stall_stream: None,
     }
 }
 
