@@ -445,8 +445,8 @@ impl Receiver {
         // A copy of a block can arrive on two connections (the sender's endgame) and both may
         // be written before either is recorded: the second counts for nothing.
         let new = w.written.uncovered(block.offset, block.offset + len);
-        let fresh = w.written.insert(block.offset, block.offset + len) || len == 0;
-        if !fresh {
+        w.written.insert(block.offset, block.offset + len);
+        if new == 0 && len > 0 {
             self.advance(&entry, slot, None);
             return Ok(());
         }

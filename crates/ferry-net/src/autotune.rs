@@ -556,9 +556,10 @@ pub(crate) struct StreamControl {
     max: u32,
     rtt: Duration,
     active: watch::Sender<u32>,
-    /// Duplicates of the data sockets: sampled while the stream tasks own the connections,
-    /// and they keep the descriptor numbers from being reused before the session ends.
-    socks: Vec<OwnedFd>,
+    /// Duplicates of the data sockets, by connection index (`None` if one could not be
+    /// made): sampled while the stream tasks own the connections, and they keep the
+    /// descriptor numbers from being reused before the session ends.
+    socks: Vec<Option<OwnedFd>>,
     tuner: Option<Tuner>,
     /// Whether the tuner may still start (auto and not forced).
     tuning: bool,
@@ -586,7 +587,7 @@ impl StreamControl {
         };
         let socks = data
             .iter()
-            .filter_map(|s| s.tcp().as_fd().try_clone_to_owned().ok())
+            .map(|s| s.tcp().as_fd().try_clone_to_owned().ok())
             .collect();
         let (active, rx) = watch::channel(start);
         let ctl = Self {
@@ -618,11 +619,19 @@ impl StreamControl {
 
     /// Payload bytes the peer acknowledged, summed over the data connections.
     pub(crate) fn acked(&self) -> u64 {
-        self.socks
+        self.infos()
             .iter()
-            .filter_map(|s| tcp_info_fd(s.as_fd()))
+            .flatten()
             .map(|i| i.bytes_acked)
             .fold(0, u64::saturating_add)
+    }
+
+    /// What the kernel says about each data connection now, by index.
+    pub(crate) fn infos(&self) -> Vec<Option<TcpInfo>> {
+        self.socks
+            .iter()
+            .map(|s| s.as_ref().and_then(|s| tcp_info_fd(s.as_fd())))
+            .collect()
     }
 
     /// Called every [`SAMPLE_EVERY`]: whether the frame queue is empty now, what the walk has
@@ -643,11 +652,10 @@ impl StreamControl {
             return;
         };
         let active = self.active() as usize;
+        let infos = self.infos();
         let (Some(tuner), Some(room)) = (self.tuner.as_mut(), self.room.as_mut()) else {
             return;
         };
-        let infos: Vec<Option<TcpInfo>> =
-            self.socks.iter().map(|s| tcp_info_fd(s.as_fd())).collect();
         let delivered = infos
             .iter()
             .flatten()

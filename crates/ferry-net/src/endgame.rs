@@ -64,7 +64,7 @@ const BLOCK_OVERHEAD: u64 = 128;
 struct Sent {
     end: u64,
     len: u64,
-    frame: Frame,
+    block: Block,
 }
 
 /// What one data connection was given and may not yet have delivered. Its task records each
@@ -97,11 +97,11 @@ impl History {
         };
         self.writing = Some(len);
         self.waiting = false;
-        if let Frame::Block(_) = frame {
+        if let Frame::Block(block) = frame {
             self.blocks.push_back(Sent {
                 end: self.written + len,
                 len,
-                frame: frame.clone(),
+                block: block.clone(),
             });
             self.held += len;
             while self.held > HISTORY_CAP {
@@ -168,7 +168,7 @@ pub(crate) struct Conn<'a> {
 /// Cut and assigned by [`Copies::pieces`], after the driver has let go of the histories.
 #[derive(Default)]
 pub(crate) struct Copies {
-    blocks: Vec<Frame>,
+    blocks: Vec<Block>,
     to: Vec<usize>,
 }
 
@@ -179,10 +179,6 @@ impl Copies {
         let ways = self.to.len();
         self.blocks
             .iter()
-            .filter_map(|f| match f {
-                Frame::Block(b) => Some(b),
-                _ => None,
-            })
             .flat_map(move |b| slices(b, ways))
             .zip(self.to.iter().copied().cycle())
             .map(|(f, i)| (i, f))
@@ -270,11 +266,11 @@ impl Endgame {
             }
             let backlog = Duration::from_secs_f64(c.history.held as f64 / c.rate.max(1) as f64);
             // Only while the path has room, however far behind a connection's own rate says
-            // it is: that rate is an estimate (pacing, or window per round trip), and under
-            // 0.1 % loss at 100 ms connections the tuner had just put back to work read 0.2
-            // MB/s while they drained at full speed. Copying them whenever their backlog
-            // looked twice as long as the path needed for everything (3-22 MB per 1 GiB put)
-            // left the median where it was.
+            // it is: that rate is an estimate (pacing, or window per round trip). Under 0.1 %
+            // loss at 100 ms, connections above the 8 the tuner held read 0.18-0.22 MB/s with
+            // 0.7-5 MB each, and had windows of 360-500 segments when the same put ended.
+            // Copying whatever looked twice as slow as the path needed for everything sent
+            // 3-22 MB again per 1 GiB put and left the median where it was (+0.9%, 8 pairs).
             let late = room && backlog > late_after;
             // Nothing delivered for that long while holding blocks: stuck, room or not.
             let stuck = c
@@ -286,15 +282,12 @@ impl Endgame {
                 continue;
             }
             let before = out.blocks.len();
-            for b in &c.history.blocks {
-                let Frame::Block(block) = &b.frame else {
-                    continue;
-                };
+            for Sent { block, .. } in &c.history.blocks {
                 let len = block.data.len() as u64;
                 if self.copied.insert((block.file.id, block.offset, len)) {
                     self.blocks += 1;
                     self.bytes += len;
-                    out.blocks.push(b.frame.clone());
+                    out.blocks.push(block.clone());
                 }
             }
             if out.blocks.len() > before {
@@ -324,8 +317,8 @@ impl Endgame {
 const MIN_SLICE: usize = ferry_core::send::MIN_CUT_BLOCK as usize;
 
 /// A block's copy, cut into up to `ways` pieces of at least [`MIN_SLICE`] (whole 64 KiB
-/// multiples) so that every idle connection can carry part of it: one connection alone took
-/// 0.44 s over a 5.5 MB copy that eight could share. Each piece is a block of its own, with its
+/// multiples) so that every idle connection can carry part of it: a put ended 0.44 s after a
+/// 5.5 MB block was copied whole for one idle connection. Each piece is a block of its own, with its
 /// own digest; only the piece that ends the file carries the file's digest. The receiver keeps
 /// byte ranges, so pieces and the whole original may arrive in any order.
 fn slices(block: &Block, ways: usize) -> impl Iterator<Item = Frame> + '_ {

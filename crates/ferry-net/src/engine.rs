@@ -312,10 +312,6 @@ pub(crate) async fn drive_sender(
     let histories: Vec<Arc<Mutex<History>>> = data.iter().map(|_| Arc::default()).collect();
     let (copies_tx, copies_rx): (Vec<_>, Vec<_>) =
         data.iter().map(|_| flume::unbounded::<Frame>()).unzip();
-    let socks: Vec<Option<std::os::fd::OwnedFd>> = data
-        .iter()
-        .map(|s| s.tcp().as_fd().try_clone_to_owned().ok())
-        .collect();
     for (i, s) in data.into_iter().enumerate() {
         let queues = Queues {
             frames: frames.clone(),
@@ -324,7 +320,7 @@ pub(crate) async fn drive_sender(
         };
         let (stop, act, rep) = (stop_rx.clone(), activity.clone(), reporter.clone());
         let active = active.clone();
-        let stall = (plan.stall == Some(i)).then_some(());
+        let stall = plan.stall == Some(i);
         streams.spawn(async move {
             (
                 i,
@@ -387,7 +383,7 @@ pub(crate) async fn drive_sender(
                 gate.on_sample(empty, sender.found(), sent);
                 readers.on_sample(empty, sender.bytes_read());
                 let armed = empty && sender.all_queued();
-                let copies = endgame_tick(&mut endgame, &histories, &socks, gate.active(), rtt, armed);
+                let copies = endgame_tick(&mut endgame, &histories, &gate, rtt, armed);
                 for (to, frame) in copies.pieces() {
                     let _ = copies_tx[to].send(frame);
                 }
@@ -407,7 +403,6 @@ pub(crate) async fn drive_sender(
     let tuning = gate.report(load);
     // Its duplicates of the data sockets go now: a connection reset at the end closes at once.
     drop(gate);
-    drop(socks);
     drop(copies_tx);
     if endgame.copied().0 > 0 {
         tracing::debug!(
@@ -469,15 +464,11 @@ pub(crate) async fn drive_sender(
 fn endgame_tick(
     endgame: &mut Endgame,
     histories: &[Arc<Mutex<History>>],
-    socks: &[Option<std::os::fd::OwnedFd>],
-    active: u32,
+    gate: &StreamControl,
     rtt: Duration,
     armed: bool,
 ) -> crate::endgame::Copies {
-    let infos: Vec<Option<TcpInfo>> = socks
-        .iter()
-        .map(|s| s.as_ref().and_then(|s| tcp_info_fd(s.as_fd())))
-        .collect();
+    let (infos, active) = (gate.infos(), gate.active());
     let mut guards: Vec<_> = histories.iter().map(|h| lock(h)).collect();
     let mut conns: Vec<Conn<'_>> = guards
         .iter_mut()
@@ -526,7 +517,7 @@ async fn send_stream(
     activity: Activity,
     reporter: Arc<dyn Reporter>,
     welcome: Option<Duration>,
-    stall: Option<()>,
+    stall: bool,
 ) -> Result<StreamReport, SessionError> {
     let sock = stream.tcp().as_fd().try_clone_to_owned().ok();
     let counts = Arc::new(Counts::default());
@@ -558,12 +549,7 @@ async fn send_stream(
                 let _ = socket2::SockRef::from(s).set_linger(Some(Duration::ZERO));
             }
             tracing::debug!(stream = index, "reset at the end, still writing");
-            Ok(StreamReport {
-                bytes: counts.bytes.load(Ordering::Relaxed),
-                resent: counts.resent.load(Ordering::Relaxed),
-                reset: true,
-                tcp,
-            })
+            Ok(counts.report(tcp, true))
         }
     }
 }
@@ -580,6 +566,17 @@ async fn stopped_for(mut stop: watch::Receiver<bool>, after: Duration) {
 struct Counts {
     bytes: AtomicU64,
     resent: AtomicU64,
+}
+
+impl Counts {
+    fn report(&self, tcp: Option<TcpInfo>, reset: bool) -> StreamReport {
+        StreamReport {
+            bytes: self.bytes.load(Ordering::Relaxed),
+            resent: self.resent.load(Ordering::Relaxed),
+            reset,
+            tcp,
+        }
+    }
 }
 
 /// Runs `body` (the frames going out) while the connection's `Welcome` is read, within
@@ -639,12 +636,7 @@ async fn finish_stream(
     let mut stream = rd.unsplit(w.into_inner());
     let info = tcp_info(stream.tcp());
     let _ = stream.shutdown().await;
-    Ok(StreamReport {
-        bytes: counts.bytes.load(Ordering::Relaxed),
-        resent: counts.resent.load(Ordering::Relaxed),
-        reset: false,
-        tcp: info,
-    })
+    Ok(counts.report(info, false))
 }
 
 /// Pulls frames from the shared queue and writes them until told to stop. Stream `index`
@@ -663,7 +655,7 @@ async fn send_frames(
     activity: Activity,
     reporter: Arc<dyn Reporter>,
     counts: &Counts,
-    stall: Option<()>,
+    stall: bool,
 ) -> Result<(), SessionError> {
     let Queues {
         frames,
@@ -719,7 +711,7 @@ async fn send_frames(
             }
         };
         lock(&history).begin(&frame);
-        if stall.is_some() && matches!(frame, Frame::Block(_)) {
+        if stall && matches!(frame, Frame::Block(_)) {
             // A write that never returns: only the endgame finishes the transfer, and only a
             // reset ends this connection (`send_stream`).
             std::future::pending::<()>().await;
