@@ -248,6 +248,46 @@ pub struct Receiver {
     done_rx: flume::Receiver<()>,
 }
 
+/// Free space left for the files of one offer, per file system: read once (`statfs` of the
+/// first directory seen on it) and charged with each file accepted.
+#[derive(Default)]
+struct SpaceBudget {
+    /// Directory (relative to the destination) to the file system it is on; `None` if the
+    /// file system could not say how much is free.
+    dirs: HashMap<String, Option<SpaceKey>>,
+    left: HashMap<SpaceKey, u64>,
+}
+
+/// A file system by its id; one that reports no id (0) is counted per directory.
+#[derive(Clone, PartialEq, Eq, Hash)]
+enum SpaceKey {
+    Fs(u64),
+    Dir(String),
+}
+
+impl SpaceBudget {
+    /// Bytes still free on `dir`'s file system for this offer, or `None` if unknown.
+    fn left(&mut self, dir: &OwnedFd, dir_rel: &str) -> Option<&mut u64> {
+        let key = match self.dirs.get(dir_rel) {
+            Some(key) => key.clone()?,
+            None => {
+                let st = rustix::fs::fstatvfs(dir).ok();
+                let key = st.as_ref().map(|st| match st.f_fsid {
+                    0 => SpaceKey::Dir(dir_rel.to_owned()),
+                    id => SpaceKey::Fs(id),
+                });
+                self.dirs.insert(dir_rel.to_owned(), key.clone());
+                let (st, key) = (st?, key?);
+                self.left
+                    .entry(key.clone())
+                    .or_insert(st.f_bavail.saturating_mul(st.f_frsize));
+                key
+            }
+        };
+        self.left.get_mut(&key)
+    }
+}
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -584,6 +624,7 @@ impl Receiver {
         let started = std::time::Instant::now();
         let offered = entries.len();
         let mut out = Vec::with_capacity(entries.len());
+        let mut space = SpaceBudget::default();
         for offer in entries {
             let meta = FileMeta {
                 id: offer.file,
@@ -595,7 +636,7 @@ impl Receiver {
             if lock(&self.files).contains_key(&meta.id) {
                 continue; // offered twice: the first answer stands
             }
-            let (slot, decision) = self.decide(&meta);
+            let (slot, decision) = self.decide(&meta, &mut space);
             let resolved = matches!(slot, Slot::Skipped | Slot::Failed);
             let entry = Arc::new(FileEntry {
                 meta: meta.clone(),
@@ -633,7 +674,7 @@ impl Receiver {
     }
 
     /// What to ask of one offered file, and the state the file starts in.
-    fn decide(&self, meta: &FileMeta) -> (Slot, Decision) {
+    fn decide(&self, meta: &FileMeta, space: &mut SpaceBudget) -> (Slot, Decision) {
         let fail =
             |code: ErrorCode, message: String| (Slot::Failed, Decision::Fail { code, message });
         let rel = match self.dest.map(&meta.path) {
@@ -685,7 +726,7 @@ impl Receiver {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return fail(ErrorCode::IO, format!("{rel}: {e}")),
         }
-        if let Err(message) = self.check_space(&dir, &rel, name, meta.size) {
+        if let Err(message) = self.check_space(&dir, dir_rel, &rel, name, meta.size, space) {
             return fail(ErrorCode::NO_SPACE, message);
         }
         match self.open_writing(meta, true) {
@@ -717,15 +758,28 @@ impl Receiver {
     /// a nearly full disk is not refused for space it needs no more of. `f_bavail` (what an
     /// unprivileged writer may use) is the conservative figure even for a root server. If the
     /// file system cannot say, the writes decide.
-    fn check_space(&self, dir: &OwnedFd, rel: &str, name: &str, size: u64) -> Result<(), String> {
+    ///
+    /// The files of one offer are charged against one reading of the free space: a thousand
+    /// files that each fit but together do not are refused from the first that does not, and
+    /// a tree of small files costs one `statfs` per directory and offer, not one per file.
+    fn check_space(
+        &self,
+        dir: &OwnedFd,
+        dir_rel: &str,
+        rel: &str,
+        name: &str,
+        size: u64,
+        space: &mut SpaceBudget,
+    ) -> Result<(), String> {
         if size == 0 {
             return Ok(());
         }
-        let Ok(st) = rustix::fs::fstatvfs(dir) else {
+        let Some(left) = space.left(dir, dir_rel) else {
             return Ok(());
         };
-        let available = st.f_bavail.saturating_mul(st.f_frsize);
+        let available = *left;
         if size <= available {
+            *left = available - size;
             return Ok(());
         }
         let partial = if size > u64::from(self.config.block_size) {
@@ -740,6 +794,7 @@ impl Receiver {
             0
         };
         if size <= available.saturating_add(partial) {
+            *left = available.saturating_sub(size.saturating_sub(partial));
             return Ok(());
         }
         Err(format!(
@@ -1397,6 +1452,68 @@ mod tests {
         assert!(sub.is_empty(), "{sub:?}");
         // A file that fits is still accepted.
         r.handle(offer(2, "sub/small.bin", 4096)).unwrap();
+        assert_eq!(decision(&rx), Decision::Send);
+        r.abort();
+    }
+
+    #[test]
+    fn files_of_one_offer_are_charged_against_one_reading_of_the_free_space() {
+        let dir = tempfile::tempdir().unwrap();
+        let st = rustix::fs::statvfs(dir.path()).unwrap();
+        let available = st.f_bavail.saturating_mul(st.f_frsize);
+        if available < 1 << 20 {
+            eprintln!("skipped: the temporary directory's file system is nearly full");
+            return;
+        }
+        let (r, rx) = receiver(dir.path());
+        // Each fits alone; the two together do not. Nothing is preallocated, so the disk
+        // itself never fills: only the bookkeeping can refuse the second.
+        let each = available / 10 * 6;
+        // Another directory on the same file system shares the budget; a file system without
+        // an id is budgeted per directory, so there both go in one.
+        let second = if st.f_fsid != 0 {
+            "b/two.bin"
+        } else {
+            "a/two.bin"
+        };
+        let entry = |id: u64, path: &str, size: u64| OfferEntry {
+            file: FileId(id),
+            path: path.into(),
+            size,
+            mode: 0o644,
+            mtime_ns: 0,
+        };
+        r.handle(Frame::Offer {
+            entries: vec![
+                entry(1, "a/one.bin", each),
+                entry(2, second, each),
+                entry(3, "b/small.bin", 4096),
+            ],
+        })
+        .unwrap();
+        let decisions = match rx.recv_timeout(std::time::Duration::from_secs(5)).unwrap() {
+            Frame::Decisions { entries } => entries,
+            other => panic!("expected Decisions, got {other:?}"),
+        };
+        let by_id = |id: u64| {
+            decisions
+                .iter()
+                .find(|d| d.file == FileId(id))
+                .map(|d| d.decision.clone())
+                .unwrap()
+        };
+        assert_eq!(by_id(1), Decision::Send);
+        match by_id(2) {
+            Decision::Fail { code, message } => {
+                assert_eq!(code, ErrorCode::NO_SPACE);
+                assert!(message.contains(&format!("in/{second}")), "{message}");
+            }
+            other => panic!("expected Fail, got {other:?}"),
+        }
+        // What is left after the first still takes a small file.
+        assert_eq!(by_id(3), Decision::Send);
+        // A later offer reads the free space afresh: the second file alone fits again.
+        r.handle(offer(4, "b/again.bin", each)).unwrap();
         assert_eq!(decision(&rx), Decision::Send);
         r.abort();
     }
