@@ -312,6 +312,7 @@ pub(crate) async fn drive_sender(
     let histories: Vec<Arc<Mutex<History>>> = data.iter().map(|_| Arc::default()).collect();
     let (copies_tx, copies_rx): (Vec<_>, Vec<_>) =
         data.iter().map(|_| flume::unbounded::<Frame>()).unzip();
+    let stall_took = plan.stall.map(|_| watch::channel(false));
     for (i, s) in data.into_iter().enumerate() {
         let queues = Queues {
             frames: frames.clone(),
@@ -320,7 +321,11 @@ pub(crate) async fn drive_sender(
         };
         let (stop, act, rep) = (stop_rx.clone(), activity.clone(), reporter.clone());
         let active = active.clone();
-        let stall = plan.stall == Some(i);
+        let stall = match &stall_took {
+            None => StallHook::Off,
+            Some((tx, _)) if plan.stall == Some(i) => StallHook::Stall(tx.clone()),
+            Some((_, rx)) => StallHook::After(rx.clone()),
+        };
         streams.spawn(async move {
             (
                 i,
@@ -517,7 +522,7 @@ async fn send_stream(
     activity: Activity,
     reporter: Arc<dyn Reporter>,
     welcome: Option<Duration>,
-    stall: bool,
+    stall: StallHook,
 ) -> Result<StreamReport, SessionError> {
     let sock = stream.tcp().as_fd().try_clone_to_owned().ok();
     let counts = Arc::new(Counts::default());
@@ -639,12 +644,22 @@ async fn finish_stream(
     Ok(counts.report(info, false))
 }
 
+/// Test hook (`StreamPlan::stall`): one connection never writes its first block, as if its
+/// window had closed for good; the others start taking frames only once it holds one
+/// (waiting at most 2 s), or on a fast path they could send everything before it took any
+/// and there would be nothing stuck to test.
+#[derive(Clone)]
+enum StallHook {
+    Off,
+    Stall(watch::Sender<bool>),
+    After(watch::Receiver<bool>),
+}
+
 /// Pulls frames from the shared queue and writes them until told to stop. Stream `index`
 /// takes frames only while `index < active`; otherwise it flushes and parks without touching
 /// the queue, so the tuner decides how many connections carry data. With the queue empty it
 /// also takes the endgame's copies of blocks that another connection holds. Each frame is
-/// recorded in the connection's history before it is written. `stall` (a test hook): the
-/// connection's first block is never written, as if its window had closed for good.
+/// recorded in the connection's history before it is written. `stall`: a test hook.
 #[allow(clippy::too_many_arguments)]
 async fn send_frames(
     index: usize,
@@ -655,13 +670,17 @@ async fn send_frames(
     activity: Activity,
     reporter: Arc<dyn Reporter>,
     counts: &Counts,
-    stall: bool,
+    stall: StallHook,
 ) -> Result<(), SessionError> {
     let Queues {
         frames,
         copies,
         history,
     } = queues;
+    if let StallHook::After(mut took) = stall.clone() {
+        // Bounded: a stalled connection that is parked never takes a block.
+        let _ = tokio::time::timeout(Duration::from_secs(2), took.wait_for(|t| *t)).await;
+    }
     let mut scratch = BytesMut::with_capacity(8 << 10);
     let is_active = move |n: &u32| index < *n as usize;
     let mut gated = true;
@@ -711,9 +730,10 @@ async fn send_frames(
             }
         };
         lock(&history).begin(&frame);
-        if stall && matches!(frame, Frame::Block(_)) {
+        if let (StallHook::Stall(took), Frame::Block(_)) = (&stall, &frame) {
             // A write that never returns: only the endgame finishes the transfer, and only a
             // reset ends this connection (`send_stream`).
+            let _ = took.send(true);
             std::future::pending::<()>().await;
         }
         let n = write_frame(w, &frame, &mut scratch).await?;
