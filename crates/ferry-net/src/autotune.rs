@@ -367,6 +367,15 @@ pub struct ThreadStep {
     pub verdict: &'static str,
 }
 
+/// Payload bytes the peer acknowledged, summed over the data connections.
+pub(crate) fn acked(infos: &[Option<TcpInfo>]) -> u64 {
+    infos
+        .iter()
+        .flatten()
+        .map(|i| i.bytes_acked)
+        .fold(0, u64::saturating_add)
+}
+
 /// Share of the active streams' busy time held back by a window (send buffer or the peer's
 /// receive window) from which more streams would each bring a window of their own, and fewer
 /// would each take one away. At 100 ms under a 4 MiB `tcp_wmem`, 4 streams spend about 60% of
@@ -617,16 +626,8 @@ impl StreamControl {
             .send_if_modified(|a| std::mem::replace(a, n) != n);
     }
 
-    /// Payload bytes the peer acknowledged, summed over the data connections.
-    pub(crate) fn acked(&self) -> u64 {
-        self.infos()
-            .iter()
-            .flatten()
-            .map(|i| i.bytes_acked)
-            .fold(0, u64::saturating_add)
-    }
-
-    /// What the kernel says about each data connection now, by index.
+    /// What the kernel says about each data connection now, by index: read once per sample
+    /// by the sender's loop and handed to the tuner, the endgame and the timeline.
     pub(crate) fn infos(&self) -> Vec<Option<TcpInfo>> {
         self.socks
             .iter()
@@ -635,8 +636,14 @@ impl StreamControl {
     }
 
     /// Called every [`SAMPLE_EVERY`]: whether the frame queue is empty now, what the walk has
-    /// found so far, and whether it has ended.
-    pub(crate) fn on_sample(&mut self, queue_empty: bool, found: (u64, u64), walk_done: bool) {
+    /// found so far, whether it has ended, and each connection's `TCP_INFO` ([`Self::infos`]).
+    pub(crate) fn on_sample(
+        &mut self,
+        queue_empty: bool,
+        found: (u64, u64),
+        walk_done: bool,
+        infos: &[Option<TcpInfo>],
+    ) {
         let vote = self.empty.push(queue_empty);
         if !self.tuning {
             return;
@@ -652,7 +659,6 @@ impl StreamControl {
             return;
         };
         let active = self.active() as usize;
-        let infos = self.infos();
         let (Some(tuner), Some(room)) = (self.tuner.as_mut(), self.room.as_mut()) else {
             return;
         };
@@ -661,7 +667,7 @@ impl StreamControl {
             .flatten()
             .map(TcpInfo::delivered)
             .fold(0u64, u64::saturating_add);
-        room.tick(&infos, active);
+        room.tick(infos, active);
         // `None` (nothing counted, or held by the windows only part of the time) lets the
         // tuner search both ways; in either case the last measurement's evidence is stale.
         tuner.set_room_up(room.room_up());

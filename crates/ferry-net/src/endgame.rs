@@ -163,7 +163,6 @@ pub(crate) struct Conn<'a> {
     pub(crate) active: bool,
 }
 
-/// The session's endgame: which blocks went out a second time.
 /// What one tick decided: blocks to send again, and the idle connections to carry them.
 /// Cut and assigned by [`Copies::pieces`], after the driver has let go of the histories.
 #[derive(Default)]
@@ -185,6 +184,8 @@ impl Copies {
     }
 }
 
+/// The session's endgame: which blocks went out a second time, and the path's rate since it
+/// was armed.
 #[derive(Default)]
 pub(crate) struct Endgame {
     /// (file, offset, length) of every block copied: a piece of a copy starts where its

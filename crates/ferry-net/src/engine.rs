@@ -30,7 +30,7 @@ use tokio::sync::{mpsc, watch, OwnedSemaphorePermit};
 use tokio::task::JoinSet;
 
 pub(crate) use crate::autotune::StreamPlan;
-use crate::autotune::{LoadMeter, StreamControl, ThreadControl, ThreadReport, SAMPLE_EVERY};
+use crate::autotune::{acked, LoadMeter, StreamControl, ThreadControl, ThreadReport, SAMPLE_EVERY};
 use crate::conn::{read_frame, send, write_frame};
 use crate::endgame::{Conn, Endgame, History};
 use crate::error::SessionError;
@@ -385,17 +385,19 @@ pub(crate) async fn drive_sender(
             _ = tick.tick() => {
                 let (empty, full) = (probe.is_empty(), probe.is_full());
                 meter.sample(empty, full);
-                gate.on_sample(empty, sender.found(), sent);
+                // One TCP_INFO of every connection per sample, for all three users.
+                let infos = gate.infos();
+                gate.on_sample(empty, sender.found(), sent, &infos);
                 readers.on_sample(empty, sender.bytes_read());
                 let armed = empty && sender.all_queued();
-                let copies = endgame_tick(&mut endgame, &histories, &gate, rtt, armed);
+                let copies =
+                    endgame_tick(&mut endgame, &histories, &infos, gate.active(), rtt, armed);
                 for (to, frame) in copies.pieces() {
                     let _ = copies_tx[to].send(frame);
                 }
-                // Sampled only when an interval has ended: TCP_INFO of every connection.
                 let now = t0.elapsed();
                 if timeline.due(now) {
-                    timeline.record(now, gate.acked());
+                    timeline.record(now, acked(&infos));
                 }
             }
             e = &mut dog => break Err(e),
@@ -469,15 +471,15 @@ pub(crate) async fn drive_sender(
 fn endgame_tick(
     endgame: &mut Endgame,
     histories: &[Arc<Mutex<History>>],
-    gate: &StreamControl,
+    infos: &[Option<TcpInfo>],
+    active: u32,
     rtt: Duration,
     armed: bool,
 ) -> crate::endgame::Copies {
-    let (infos, active) = (gate.infos(), gate.active());
     let mut guards: Vec<_> = histories.iter().map(|h| lock(h)).collect();
     let mut conns: Vec<Conn<'_>> = guards
         .iter_mut()
-        .zip(&infos)
+        .zip(infos)
         .enumerate()
         .map(|(i, (h, info))| Conn {
             history: h,
