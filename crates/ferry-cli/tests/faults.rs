@@ -1411,8 +1411,12 @@ fn probe_net_on_the_bed_sees_the_rtt_and_the_rate() {
     );
     let best = v["best"]["rate_mbps"].as_f64().unwrap();
     // The link carries 200 Mbit/s of frames; a 2 s measurement after slow start gets most of it.
+    // Above it by as much as the emulator itself is held to (`ferry-netem` tests: within 5% of
+    // its cap): the probe counts bytes as the receiver reads them, so a read that a busy host
+    // delays past the window's first edge counts bytes that arrived before it (206.5 once in
+    // CI, with four streams).
     assert!(
-        (60.0..=205.0).contains(&best),
+        (60.0..=210.0).contains(&best),
         "best {best} Mbit/s on a 200 Mbit/s link: {v}"
     );
     assert!(
