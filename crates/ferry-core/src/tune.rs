@@ -93,6 +93,10 @@ pub struct TunerConfig {
     /// at 50 ms), most of a 1 GiB transfer, and measures the default and a doubling that the
     /// earlier search already rejected. The default guarantee then rests on that search.
     pub trusted_start: bool,
+    /// `start` is held ([`TunerConfig::trusted_start`]) without ever having been compared with
+    /// the default (a wide start, [`TunerConfig::wide_start`]): the first probe down while
+    /// settled measures the default itself, so a long transfer still ends no slower than it.
+    pub check_default: bool,
     /// Length of one rate sample. Long enough to hold several blocks per stream, so counting
     /// bytes per block does not quantise the rate.
     pub interval: Duration,
@@ -120,16 +124,30 @@ pub struct TunerConfig {
     pub min_spare: u32,
 }
 
-/// A tree of tiny files starts on one default's worth of streams per this much round-trip
-/// time ([`TunerConfig::for_tiny_files`]), from two steps on: 8 at 50 ms, 16 at 100 ms with the
-/// default of 4. Below two steps the extra streams cost more CPU than the round trips they
-/// save: measured at 0 ms as 2–7% of a 1.05-s transfer, and 8 streams lost 3% to 4 at 25 ms in
-/// both regimes.
+/// A transfer at a long round trip starts on one default's worth of streams per this much
+/// round-trip time ([`TunerConfig::for_tiny_files`], [`TunerConfig::wide_start`]), from two
+/// steps on: 8 at 50 ms, 16 at 100 ms with the default of 4. Below two steps the extra streams
+/// cost more CPU than the round trips they save: measured at 0 ms as 2–7% of a 1.05-s tree of
+/// tiny files, and 8 streams lost 3% to 4 at 25 ms in both regimes.
 pub const TINY_FILES_RTT_STEP: Duration = Duration::from_millis(25);
 
-/// The most defaults' worth of streams a tiny-file start takes: 16 streams at 100 ms was the
+/// The most defaults' worth of streams a wide start takes: 16 streams at 100 ms was the
 /// longest round trip and the most streams measured; beyond it the rule would be a guess.
 pub const TINY_FILES_MAX_FACTOR: u32 = 4;
+
+/// Defaults' worth of streams for a start at this round trip: one per
+/// [`TINY_FILES_RTT_STEP`], at most [`TINY_FILES_MAX_FACTOR`]; below 2, none (the default).
+fn wide_factor(rtt: Duration) -> u32 {
+    let steps = rtt.as_nanos() / TINY_FILES_RTT_STEP.as_nanos();
+    let factor = u32::try_from(steps)
+        .unwrap_or(u32::MAX)
+        .min(TINY_FILES_MAX_FACTOR);
+    if factor >= 2 {
+        factor
+    } else {
+        1
+    }
+}
 
 impl TunerConfig {
     /// Network streams on a path with this round-trip time. Warmup covers slow start up to a
@@ -145,6 +163,7 @@ impl TunerConfig {
             default: 4,
             start: 4,
             trusted_start: false,
+            check_default: false,
             interval,
             warmup,
             samples: 3,
@@ -195,16 +214,50 @@ impl TunerConfig {
     /// "Auto-tuning against fixed settings". A longer tree is measured and tuned from there
     /// like any transfer, the default included.
     pub fn for_tiny_files(mut self, rtt: Duration) -> Self {
-        let steps = rtt.as_nanos() / TINY_FILES_RTT_STEP.as_nanos();
-        let factor = u32::try_from(steps)
-            .unwrap_or(u32::MAX)
-            .min(TINY_FILES_MAX_FACTOR);
+        let factor = wide_factor(rtt);
         if factor >= 2 {
             self.start = self
                 .start
                 .max(self.default.saturating_mul(factor))
                 .min(self.max);
         }
+        self
+    }
+
+    /// The same configuration for any other transfer on a path with this round-trip time: from
+    /// two [`TINY_FILES_RTT_STEP`]s (50 ms) on, it starts on the default times the round trip
+    /// in steps, as a tree of tiny files does, and holds it as if an earlier search had
+    /// settled there ([`TunerConfig::trusted_start`]), probing neighbours while settled; the
+    /// first probe down measures the default ([`TunerConfig::check_default`]).
+    ///
+    /// Why wide, and why held. At long round trips more streams open the path sooner and ride
+    /// out one flow's stall (a loss repair, BBR's ProbeRTT) better, but once the windows are
+    /// open fewer streams often carry as much: at 100 ms under a 4 MiB `tcp_wmem`, iperf3's 4
+    /// streams ran at 994 Mbit/s from their second second on, and the 16 reached full rate
+    /// about 0.4 s sooner. A measurement only sees the steady state, so a search from the
+    /// default kept 4 and never saw what the ramp is worth; and it first spent 3 s probing 8,
+    /// which on that path lose 10% to queue overflow. Held from the start, a 1 GiB get at
+    /// 100 ms ran at 882–885 Mbit/s against 804–820 for the search and 838–862 for a fixed 4
+    /// (8 streams at 50 ms: 928–938 against 865–879). A search from a wide start would not
+    /// keep it: the default, needing no margin, wins on utility whenever the steady rates are
+    /// this close, and stepping the streams down mid-transfer cost the remaining ones 5–15%
+    /// of their rate for the next measurement (BENCHMARKS.md, "A wide start at long RTT").
+    ///
+    /// Not applied where the start is a remembered search result other than the wide count
+    /// itself: that search compared its setting with the default on this route.
+    pub fn wide_start(mut self, rtt: Duration) -> Self {
+        let factor = wide_factor(rtt);
+        if factor < 2 {
+            return self;
+        }
+        let wide = self.default.saturating_mul(factor).min(self.max);
+        let remembered = self.trusted_start && self.start != wide;
+        if remembered || self.start > wide || wide <= self.default {
+            return self;
+        }
+        self.start = wide;
+        self.trusted_start = true;
+        self.check_default = true;
         self
     }
 
@@ -395,6 +448,9 @@ pub struct Tuner {
     /// The first measurement (rate, spread) of a setting that looked better by the threshold
     /// but not by the noise: it is being measured once more before the verdict.
     confirming: Option<(f64, f64)>,
+    /// The held start was never compared with the default: the next probe down goes there
+    /// ([`TunerConfig::check_default`]).
+    default_due: bool,
 }
 
 impl Tuner {
@@ -429,6 +485,7 @@ impl Tuner {
             room_up: None,
             room_down: None,
             confirming: None,
+            default_due: cfg.trusted_start && cfg.check_default && n != cfg.default,
             cfg,
         })
     }
@@ -557,6 +614,7 @@ impl Tuner {
         let n = self.current;
         if n == self.cfg.default && self.phase != Phase::Settled {
             self.search.seen_default = true;
+            self.default_due = false;
         }
         let (rate, spread) = match self.phase {
             Phase::Up | Phase::Down | Phase::Probe => match self.confirming.take() {
@@ -663,6 +721,8 @@ impl Tuner {
             limit: None,
         };
         self.backoff = [1; 2];
+        // A search measures the default on its own (`finish`).
+        self.default_due = false;
         self.step(now)
     }
 
@@ -749,7 +809,13 @@ impl Tuner {
             if self.settled_count < self.due[dir as usize] {
                 continue;
             }
-            if let Some(t) = self.next(self.best, dir, Stride::Fine) {
+            let default = self.cfg.default;
+            let target = if dir == Dir::Down && self.default_due && self.best > default {
+                Some(default)
+            } else {
+                self.next(self.best, dir, Stride::Fine)
+            };
+            if let Some(t) = target {
                 self.last_probe = dir;
                 self.search.dir = dir;
                 self.phase = Phase::Probe;

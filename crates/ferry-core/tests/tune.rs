@@ -830,3 +830,67 @@ fn tiny_files_start_higher_only_at_long_round_trips() {
     assert!(o.state.best <= cfg.default, "{}", o.state.best);
     assert!(o.share_of_best() >= 0.95, "{}", o.summary("from 16"));
 }
+
+/// Any other transfer at a long round trip starts wide and holds it, as a remembered search
+/// result would be held, unless the route remembers a search result of its own; the first
+/// probe down then measures the default, so a long transfer on a path where the default does
+/// as well (here: the simulated host loses 3% per stream beyond its cores) ends on it.
+#[test]
+fn a_wide_start_is_held_and_then_checked_against_the_default() {
+    let base = TunerConfig::streams_for_rtt;
+    let wide = |rtt: Duration, cfg: TunerConfig| {
+        let c = cfg.wide_start(rtt);
+        (c.start, c.trusted_start, c.check_default)
+    };
+    assert_eq!(wide(ms(100), base(ms(100))), (16, true, true));
+    assert_eq!(wide(ms(50), base(ms(50))), (8, true, true));
+    assert_eq!(
+        wide(ms(49), base(ms(49))),
+        (4, false, false),
+        "short paths search"
+    );
+    assert_eq!(
+        wide(ms(100), base(ms(100)).with_settled_start(4)),
+        (4, true, false),
+        "a remembered search result is held as it was"
+    );
+    assert_eq!(
+        wide(ms(100), base(ms(100)).with_settled_start(16)),
+        (16, true, true),
+        "a remembered wide start is checked again"
+    );
+    assert_eq!(
+        wide(ms(50), base(ms(50)).with_start(12)),
+        (12, false, false),
+        "a higher start from a profile is searched from"
+    );
+    let capped = TunerConfig {
+        max: 6,
+        ..base(ms(100))
+    };
+    assert_eq!(wide(ms(100), capped), (6, true, true));
+    let at_default = TunerConfig {
+        max: 4,
+        ..base(ms(100))
+    };
+    assert_eq!(wide(ms(100), at_default), (4, false, false));
+
+    let cfg = base(ms(100)).wide_start(ms(100));
+    let o = simulate(gig(ms(100)), cfg.clone(), secs(60));
+    eprintln!("{}", o.summary("1G/100ms/4MiB wide start"));
+    let settled = o
+        .state
+        .first_settled
+        .expect("a held start settles on its first measurement");
+    let (first_change, to) = o.trace.actions[0];
+    assert!(
+        first_change >= settled,
+        "held until settled: {first_change:?}"
+    );
+    assert_eq!(to, cfg.default, "the first probe goes to the default");
+    assert!(
+        o.state.best <= 8 && o.share_of_best() >= 0.95,
+        "{}",
+        o.summary("wide start")
+    );
+}

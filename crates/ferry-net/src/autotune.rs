@@ -681,13 +681,16 @@ impl StreamControl {
         }
     }
 
-    /// Starts the tuner once the walk has shown what it is sending. Trees of small files start
-    /// like bulk data, except tiny ones at long RTTs (`TunerConfig::for_tiny_files`: the
-    /// default once per 25 ms of round trip from 50 ms on, at most four times). An earlier
-    /// rule started them on one stream at long RTTs, from a measurement (4.5 s on 1 stream vs 6.7 s on 4 at 100 ms) that turned out to be ext4's
-    /// slow inode allocation right after the benchmark deleted the previous run's 10,000 files;
-    /// into a fresh directory 4 streams take 2.5 s and 1 stream 4.5 s (BENCHMARKS.md). They are
-    /// still flagged, so their short runs do not overwrite a route's profile.
+    /// Starts the tuner once the walk has shown what it is sending. From 50 ms of round trip
+    /// on, a transfer starts on the default once per 25 ms of it, at most four times: trees of
+    /// tiny files search from there (`TunerConfig::for_tiny_files`), everything else holds it
+    /// unless the route's profile remembers another search result (`TunerConfig::wide_start`).
+    ///
+    /// An earlier rule started tiny trees on one stream at long RTTs, from a measurement (4.5 s
+    /// on 1 stream vs 6.7 s on 4 at 100 ms) that turned out to be ext4's slow inode allocation
+    /// right after the benchmark deleted the previous run's 10,000 files; into a fresh
+    /// directory 4 streams take 2.5 s and 1 stream 4.5 s (BENCHMARKS.md). Trees of small files
+    /// are still flagged, so their short runs do not overwrite a route's profile.
     fn begin(&mut self, now: Duration, (files, bytes): (u64, u64), walk_done: bool) {
         let shape_known = files >= SHAPE_FILES || (files > 0 && (walk_done || now >= SHAPE_WAIT));
         if !shape_known && now < 2 * SHAPE_WAIT {
@@ -703,9 +706,11 @@ impl StreamControl {
             ..TunerConfig::streams_for_rtt(self.rtt)
         }
         .with_start(start);
-        if tiny_files(files, bytes) {
-            cfg = cfg.for_tiny_files(self.rtt);
-        }
+        cfg = if tiny_files(files, bytes) {
+            cfg.for_tiny_files(self.rtt)
+        } else {
+            cfg.wide_start(self.rtt)
+        };
         let start = cfg.start;
         // The room signal covers the span of one measurement, as the rate does.
         let ticks = (cfg.interval * cfg.samples).as_millis()
