@@ -234,13 +234,13 @@ impl TunerConfig {
     /// out one flow's stall (a loss repair, BBR's ProbeRTT) better, but once the windows are
     /// open fewer streams often carry as much: at 100 ms under a 4 MiB `tcp_wmem`, iperf3's 4
     /// streams ran at 994 Mbit/s from their second second on, and the 16 reached full rate
-    /// about 0.4 s sooner. A measurement only sees the steady state, so a search from the
+    /// about 0.2 s sooner. A measurement only sees the steady state, so a search from the
     /// default kept 4 and never saw what the ramp is worth; and it first spent 3 s probing 8,
     /// which on that path lose 10% to queue overflow. Held from the start, a 1 GiB get at
     /// 100 ms ran at 882–885 Mbit/s against 804–820 for the search and 838–862 for a fixed 4
     /// (8 streams at 50 ms: 928–938 against 865–879). A search from a wide start would not
     /// keep it: the default, needing no margin, wins on utility whenever the steady rates are
-    /// this close, and stepping the streams down mid-transfer cost the remaining ones 5–15%
+    /// this close, and stepping the streams down mid-transfer cost the remaining ones 3–14%
     /// of their rate for the next measurement (BENCHMARKS.md, "A wide start at long RTT").
     ///
     /// Not applied where the start is a remembered search result other than the wide count
