@@ -129,25 +129,11 @@ pub struct TunerConfig {
 /// steps on: 8 at 50 ms, 16 at 100 ms with the default of 4. Below two steps the extra streams
 /// cost more CPU than the round trips they save: measured at 0 ms as 2–7% of a 1.05-s tree of
 /// tiny files, and 8 streams lost 3% to 4 at 25 ms in both regimes.
-pub const TINY_FILES_RTT_STEP: Duration = Duration::from_millis(25);
+pub const WIDE_START_RTT_STEP: Duration = Duration::from_millis(25);
 
 /// The most defaults' worth of streams a wide start takes: 16 streams at 100 ms was the
 /// longest round trip and the most streams measured; beyond it the rule would be a guess.
-pub const TINY_FILES_MAX_FACTOR: u32 = 4;
-
-/// Defaults' worth of streams for a start at this round trip: one per
-/// [`TINY_FILES_RTT_STEP`], at most [`TINY_FILES_MAX_FACTOR`]; below 2, none (the default).
-fn wide_factor(rtt: Duration) -> u32 {
-    let steps = rtt.as_nanos() / TINY_FILES_RTT_STEP.as_nanos();
-    let factor = u32::try_from(steps)
-        .unwrap_or(u32::MAX)
-        .min(TINY_FILES_MAX_FACTOR);
-    if factor >= 2 {
-        factor
-    } else {
-        1
-    }
-}
+pub const WIDE_START_MAX_FACTOR: u32 = 4;
 
 impl TunerConfig {
     /// Network streams on a path with this round-trip time. Warmup covers slow start up to a
@@ -198,8 +184,8 @@ impl TunerConfig {
     }
 
     /// The same configuration for a tree of tiny files on a path with this round-trip time:
-    /// from two [`TINY_FILES_RTT_STEP`]s (50 ms) on, it starts on the default times the round
-    /// trip in steps, at most [`TINY_FILES_MAX_FACTOR`] times (8 at 50 ms, 12 at 75, 16 at 100).
+    /// from two [`WIDE_START_RTT_STEP`]s (50 ms) on, it starts on the default times the round
+    /// trip in steps, at most [`WIDE_START_MAX_FACTOR`] times (8 at 50 ms, 12 at 75, 16 at 100).
     ///
     /// Such a transfer is mostly slow start: 10,000 × 10 KiB at 100 ms take about 2 s, less
     /// than the first measurement (warmup plus samples, 3.1 s), so where it starts is where it
@@ -214,29 +200,26 @@ impl TunerConfig {
     /// "Auto-tuning against fixed settings". A longer tree is measured and tuned from there
     /// like any transfer, the default included.
     pub fn for_tiny_files(mut self, rtt: Duration) -> Self {
-        let factor = wide_factor(rtt);
-        if factor >= 2 {
-            self.start = self
-                .start
-                .max(self.default.saturating_mul(factor))
-                .min(self.max);
+        if let Some(wide) = self.wide(rtt) {
+            self.start = self.start.max(wide);
         }
         self
     }
 
     /// The same configuration for any other transfer on a path with this round-trip time: from
-    /// two [`TINY_FILES_RTT_STEP`]s (50 ms) on, it starts on the default times the round trip
+    /// two [`WIDE_START_RTT_STEP`]s (50 ms) on, it starts on the default times the round trip
     /// in steps, as a tree of tiny files does, and holds it as if an earlier search had
     /// settled there ([`TunerConfig::trusted_start`]), probing neighbours while settled; the
     /// first probe down measures the default ([`TunerConfig::check_default`]).
     ///
-    /// Why wide, and why held. At long round trips more streams open the path sooner and ride
-    /// out one flow's stall (a loss repair, BBR's ProbeRTT) better, but once the windows are
-    /// open fewer streams often carry as much: at 100 ms under a 4 MiB `tcp_wmem`, iperf3's 4
+    /// Why wide, and why held. At long round trips more streams open the path sooner (and in
+    /// the one traced run of each dipped less mid-transfer), but once the windows are open
+    /// fewer streams often carry as much: at 100 ms under a 4 MiB `tcp_wmem`, iperf3's 4
     /// streams ran at 994 Mbit/s from their second second on, and the 16 reached full rate
     /// about 0.2 s sooner. A measurement only sees the steady state, so a search from the
     /// default kept 4 and never saw what the ramp is worth; and it first spent 3 s probing 8,
-    /// which on that path lose 10% to queue overflow. Held from the start, a 1 GiB get at
+    /// which on that path overflow the queue (the tuner measured them at 860–913 Mbit/s
+    /// against 935–985 for 4). Held from the start, a 1 GiB get at
     /// 100 ms ran at 882–885 Mbit/s against 804–820 for the search and 838–862 for a fixed 4
     /// (8 streams at 50 ms: 928–938 against 865–879). A search from a wide start would not
     /// keep it: the default, needing no margin, wins on utility whenever the steady rates are
@@ -246,11 +229,9 @@ impl TunerConfig {
     /// Not applied where the start is a remembered search result other than the wide count
     /// itself: that search compared its setting with the default on this route.
     pub fn wide_start(mut self, rtt: Duration) -> Self {
-        let factor = wide_factor(rtt);
-        if factor < 2 {
+        let Some(wide) = self.wide(rtt) else {
             return self;
-        }
-        let wide = self.default.saturating_mul(factor).min(self.max);
+        };
         let remembered = self.trusted_start && self.start != wide;
         if remembered || self.start > wide || wide <= self.default {
             return self;
@@ -259,6 +240,16 @@ impl TunerConfig {
         self.trusted_start = true;
         self.check_default = true;
         self
+    }
+
+    /// The start at this round trip: the default once per [`WIDE_START_RTT_STEP`], at most
+    /// [`WIDE_START_MAX_FACTOR`] times and never above `max`; `None` below two steps.
+    fn wide(&self, rtt: Duration) -> Option<u32> {
+        let steps = rtt.as_nanos() / WIDE_START_RTT_STEP.as_nanos();
+        let factor = u32::try_from(steps)
+            .unwrap_or(u32::MAX)
+            .min(WIDE_START_MAX_FACTOR);
+        (factor >= 2).then(|| self.default.saturating_mul(factor).min(self.max))
     }
 
     /// The same configuration holding `start`, where an earlier search settled (see

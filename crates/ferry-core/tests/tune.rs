@@ -864,20 +864,20 @@ fn a_wide_start_is_held_and_then_checked_against_the_default() {
         (12, false, false),
         "a higher start from a profile is searched from"
     );
-    let capped = TunerConfig {
-        max: 6,
+    let with_max = |max| TunerConfig {
+        max,
         ..base(ms(100))
     };
-    assert_eq!(wide(ms(100), capped), (6, true, true));
-    let at_default = TunerConfig {
-        max: 4,
-        ..base(ms(100))
-    };
-    assert_eq!(wide(ms(100), at_default), (4, false, false));
+    assert_eq!(wide(ms(100), with_max(6)), (6, true, true));
+    assert_eq!(wide(ms(100), with_max(4)), (4, false, false));
 
     let cfg = base(ms(100)).wide_start(ms(100));
     let o = simulate(gig(ms(100)), cfg.clone(), secs(60));
-    eprintln!("{}", o.summary("1G/100ms/4MiB wide start"));
+    eprintln!(
+        "{}; first change at {:?}",
+        o.summary("1G/100ms/4MiB wide start"),
+        o.trace.actions.first()
+    );
     let settled = o
         .state
         .first_settled
