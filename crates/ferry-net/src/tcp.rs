@@ -23,14 +23,42 @@ pub const NOTSENT_LOWAT: u32 = 1 << 20;
 
 /// The limit in force: [`NOTSENT_LOWAT`], or the environment's override.
 pub fn notsent_lowat() -> u32 {
-    lowat_from(std::env::var("FERRY_TCP_NOTSENT_LOWAT").ok().as_deref())
+    bytes_from(
+        std::env::var("FERRY_TCP_NOTSENT_LOWAT").ok().as_deref(),
+        NOTSENT_LOWAT,
+    )
+}
+
+/// The receive window a connection may open to before the kernel's autotuning has measured
+/// it, unless `FERRY_TCP_RCVBUF_START` says otherwise (bytes; 0 leaves the kernel's start).
+///
+/// Why: Linux starts a connection's receive buffer at `tcp_rmem`'s middle value (128 KiB
+/// here, a common default) and lets autotuning grow it once per round trip, by what the
+/// application read in the last one. Until then the buffer allows a window of half of it,
+/// about 56 KiB — less than the sender's initial congestion window of 10 segments at MTU
+/// 9000 — so for the first three round trips every connection of a transfer was limited by
+/// the receiver's window, not by the network (TCP_INFO: 250–400 ms of `rwnd_limited` per
+/// connection at 100 ms RTT), and the link filled 0.2 s later than slow start allows.
+/// Starting the buffer higher keeps autotuning: the buffer is not locked, as SO_RCVBUF would
+/// lock it, and the kernel goes on growing it to `tcp_rmem`'s max. 4 MiB is the window each
+/// of 4 connections needs to fill 1 Gbit/s at 125 ms; a sender's slow start takes five round
+/// trips to reach it from 10 segments, time in which autotuning has measured the connection
+/// and grows the buffer on from there if the path needs more. Measured on the bed
+/// (BENCHMARKS.md, "The receive window at the start").
+pub const RCVBUF_START: u32 = 4 << 20;
+
+/// The start in force: [`RCVBUF_START`], or the environment's override.
+pub fn rcvbuf_start() -> u32 {
+    bytes_from(
+        std::env::var("FERRY_TCP_RCVBUF_START").ok().as_deref(),
+        RCVBUF_START,
+    )
 }
 
 /// An override that does not parse as a byte count is ignored, not fatal: it is a tuning
 /// knob, and the default is safe.
-fn lowat_from(var: Option<&str>) -> u32 {
-    var.and_then(|v| v.trim().parse().ok())
-        .unwrap_or(NOTSENT_LOWAT)
+fn bytes_from(var: Option<&str>, default: u32) -> u32 {
+    var.and_then(|v| v.trim().parse().ok()).unwrap_or(default)
 }
 
 /// Options every ferry connection gets. Keepalive stops firewalls from silently dropping a
@@ -44,11 +72,45 @@ pub(crate) fn tune(stream: &TcpStream) {
         .with_interval(Duration::from_secs(10));
     let _ = sock.set_tcp_keepalive(&ka);
     limit_unsent(&sock, notsent_lowat());
+    let _ = start_receive_window(stream.as_fd(), rcvbuf_start());
 }
 
 fn limit_unsent(sock: &SockRef<'_>, lowat: u32) {
     if lowat > 0 {
         let _ = sock.set_tcp_notsent_lowat(lowat);
+    }
+}
+
+/// Grows the socket's receive buffer to hold a window of `bytes` without locking it, so that
+/// autotuning goes on (see [`RCVBUF_START`]). Linux has one unlocked way to do that: raising
+/// SO_RCVLOWAT makes the kernel grow the buffer to fit the low-water mark (`tcp_set_rcvlowat`;
+/// the mark is capped at half of `tcp_rmem`'s max). The mark goes straight back to 1 byte, so
+/// reads and readiness are as before. A buffer fixed with `--tcp-window` (locked) stays as it
+/// was.
+fn start_receive_window(sock: BorrowedFd<'_>, bytes: u32) -> std::io::Result<()> {
+    if bytes == 0 {
+        return Ok(());
+    }
+    let mark = i32::try_from(bytes).unwrap_or(i32::MAX);
+    set_rcvlowat(sock, mark)?;
+    set_rcvlowat(sock, 1)
+}
+
+fn set_rcvlowat(sock: BorrowedFd<'_>, bytes: i32) -> std::io::Result<()> {
+    // SAFETY: setsockopt on a socket this process holds open, with a valid int and its size.
+    let rc = unsafe {
+        libc::setsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVLOWAT,
+            (&bytes as *const i32).cast(),
+            std::mem::size_of::<i32>() as libc::socklen_t,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
     }
 }
 
@@ -239,11 +301,11 @@ mod tests {
 
     #[test]
     fn override_parses_bytes_and_falls_back_on_nonsense() {
-        assert_eq!(lowat_from(None), NOTSENT_LOWAT);
-        assert_eq!(lowat_from(Some(" 262144 ")), 262_144);
-        assert_eq!(lowat_from(Some("0")), 0);
-        assert_eq!(lowat_from(Some("1M")), NOTSENT_LOWAT);
-        assert_eq!(lowat_from(Some("-5")), NOTSENT_LOWAT);
+        assert_eq!(bytes_from(None, NOTSENT_LOWAT), NOTSENT_LOWAT);
+        assert_eq!(bytes_from(Some(" 262144 "), NOTSENT_LOWAT), 262_144);
+        assert_eq!(bytes_from(Some("0"), RCVBUF_START), 0);
+        assert_eq!(bytes_from(Some("1M"), NOTSENT_LOWAT), NOTSENT_LOWAT);
+        assert_eq!(bytes_from(Some("-5"), RCVBUF_START), RCVBUF_START);
     }
 
     #[test]
@@ -281,5 +343,58 @@ mod tests {
             before, NOTSENT_LOWAT,
             "the kernel default is not already 1 MiB"
         );
+    }
+
+    fn rcvlowat(sock: &SockRef<'_>) -> i32 {
+        let mut v: i32 = -1;
+        let mut len = std::mem::size_of::<i32>() as libc::socklen_t;
+        // SAFETY: getsockopt into a local int of the size given.
+        let rc = unsafe {
+            libc::getsockopt(
+                sock.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_RCVLOWAT,
+                (&mut v as *mut i32).cast(),
+                &mut len,
+            )
+        };
+        assert_eq!(rc, 0);
+        v
+    }
+
+    #[tokio::test]
+    async fn the_receive_buffer_starts_larger_and_reads_wake_as_before() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (client, accepted) = tokio::join!(TcpStream::connect(addr), listener.accept());
+        let (client, (server, _)) = (client.unwrap(), accepted.unwrap());
+        let sock = SockRef::from(&server);
+        let before = sock.recv_buffer_size().unwrap();
+        start_receive_window(server.as_fd(), RCVBUF_START).unwrap();
+        let after = sock.recv_buffer_size().unwrap();
+        // How far it grows depends on the host's `tcp_rmem` max (the mark is capped at half
+        // of it), so only that it grew is certain.
+        assert!(after > before, "receive buffer {before} -> {after}");
+        // The low-water mark is back at one byte: a small frame still wakes the reader.
+        assert_eq!(rcvlowat(&sock), 1);
+        // 0 leaves the kernel's start alone.
+        let other = SockRef::from(&client);
+        let kernel = other.recv_buffer_size().unwrap();
+        start_receive_window(client.as_fd(), 0).unwrap();
+        assert_eq!(other.recv_buffer_size().unwrap(), kernel);
+    }
+
+    #[tokio::test]
+    async fn a_window_fixed_by_the_user_stays_fixed() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (client, accepted) = tokio::join!(TcpStream::connect(addr), listener.accept());
+        let (_client, (server, _)) = (client.unwrap(), accepted.unwrap());
+        set_window(&server, 256 << 10).unwrap();
+        let sock = SockRef::from(&server);
+        let fixed = sock.recv_buffer_size().unwrap();
+        start_receive_window(server.as_fd(), RCVBUF_START).unwrap();
+        assert_eq!(sock.recv_buffer_size().unwrap(), fixed);
+        assert_eq!(rcvlowat(&sock), 1);
     }
 }
