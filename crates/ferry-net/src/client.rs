@@ -829,6 +829,7 @@ impl DataDial {
 
     async fn run(self) -> Result<Stream, SessionError> {
         let tcp = dial(self.addr, self.window, self.timeout).await?;
+        crate::tcp::open_receive_window(&tcp);
         match self.tls {
             None => Ok(Stream::Plain(tcp)),
             Some(tls) => {

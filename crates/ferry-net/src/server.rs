@@ -471,6 +471,7 @@ async fn handle(
                     "data connection for an unknown session".into(),
                 ));
             };
+            crate::tcp::open_receive_window(stream.tcp());
             welcome(&mut stream, session, secret).await?;
             let _ = joins.send(Ok((index, stream, Some(permit)))).await;
             Ok(())

@@ -29,8 +29,8 @@ pub fn notsent_lowat() -> u32 {
     )
 }
 
-/// The receive window a connection may open to before the kernel's autotuning has measured
-/// it, unless `FERRY_TCP_RCVBUF_START` says otherwise (bytes; 0 leaves the kernel's start).
+/// The receive window a data connection may open to before the kernel's autotuning has
+/// measured it, unless `FERRY_TCP_RCVBUF_START` says otherwise (bytes; 0 leaves the kernel's start).
 ///
 /// Why: Linux starts a connection's receive buffer at `tcp_rmem`'s middle value (128 KiB
 /// here, a common default) and lets autotuning grow it once per round trip, by what the
@@ -72,6 +72,12 @@ pub(crate) fn tune(stream: &TcpStream) {
         .with_interval(Duration::from_secs(10));
     let _ = sock.set_tcp_keepalive(&ka);
     limit_unsent(&sock, notsent_lowat());
+}
+
+/// Gives a data connection its larger start (see [`RCVBUF_START`]): the client's as soon as
+/// it is dialled, the server's once the connection's `Hello` has proved that it belongs to a
+/// session, so that a connection nobody has authenticated keeps the kernel's small buffer.
+pub(crate) fn open_receive_window(stream: &TcpStream) {
     let _ = start_receive_window(stream.as_fd(), rcvbuf_start());
 }
 
