@@ -954,6 +954,13 @@ impl<'a> Runner<'a> {
             let _ = fs::create_dir_all(&dir);
             cmd.env("FERRY_STATE_DIR", dir);
         }
+        if remote && case.direction == Direction::Put {
+            // The server still has the last run's copy: a new mtime makes this run send it all.
+            if let Err(e) = data::restamp(&local_src, SystemTime::now()) {
+                row.error = format!("{e:#}");
+                return row;
+            }
+        }
         self.before_run();
         let out = match run_timed(cmd, run_timeout(&case.dataset, self.opts.max_run)) {
             Ok(o) => o,
@@ -992,15 +999,13 @@ impl<'a> Runner<'a> {
         }
         // A run that found its data already there measured nothing: say so rather than report
         // a rate (a destination that was not emptied makes ferry skip or resume).
-        if !(remote && case.direction == Direction::Put) {
-            if let Some(v) = &json {
-                let skipped = v.get("skipped").and_then(|x| x.as_u64()).unwrap_or(0);
-                if skipped > 0 {
-                    row.error = format!(
-                        "{skipped} files were already at the destination: nothing was measured"
-                    );
-                    return row;
-                }
+        if let Some(v) = &json {
+            let skipped = v.get("skipped").and_then(|x| x.as_u64()).unwrap_or(0);
+            if skipped > 0 {
+                row.error = format!(
+                    "{skipped} files were already at the destination: nothing was measured"
+                );
+                return row;
             }
         }
         // Verify what arrived.
@@ -1160,6 +1165,8 @@ impl<'a> Runner<'a> {
                 ));
             }
         }
+        // ferry's own reports go here, as on a bed (`ferry_run` writes one per run).
+        fs::create_dir_all(self.opts.out.join("logs"))?;
         let l = link_cols(None);
         self.warm_up(cases, |r, c| {
             r.ferry_run(None, &host, port, &token, c, 0, (&l.0, l.1, &l.2))
