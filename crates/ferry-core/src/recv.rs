@@ -1308,9 +1308,17 @@ impl Receiver {
         }
         let replace = self.config.existing == ExistingPolicy::Overwrite;
         let mut dirs: HashMap<String, Arc<OwnedFd>> = HashMap::new();
+        // Files being replaced: freed after the batch, off this thread (`root::hold`).
+        let mut replaced = Vec::new();
         for job in ok {
+            let old = if replace {
+                root::hold(&job.dir, &job.name)
+            } else {
+                None
+            };
             match root::rename_in(&job.dir, &job.temp, &job.name, replace) {
                 Ok(()) => {
+                    replaced.extend(old);
                     if let Some(j) = &job.journal {
                         let _ = rustix::fs::unlinkat(
                             &*job.dir,
@@ -1340,6 +1348,7 @@ impl Receiver {
                 }
             }
         }
+        root::close_later(replaced);
         for dir in dirs.values() {
             let _ = root::fsync(&**dir);
         }

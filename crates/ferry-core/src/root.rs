@@ -312,6 +312,49 @@ pub fn rename_in(dir: &OwnedFd, from: &str, to: &str, replace: bool) -> std::io:
     rfs::renameat_with(dir, from, dir, to, flags).map_err(Into::into)
 }
 
+/// A reference to whatever `name` in `dir` is now, to be held across a rename that replaces it.
+///
+/// Replacing a file frees its blocks inside the `rename` when that drops its last link: 0.16–0.21 s
+/// for 1 GiB on tmpfs here, seconds for a large file on disk. The rename is on the way to
+/// telling the client its file is done; with this descriptor open the replaced inode lives until
+/// it is closed, so the freeing moves to [`close_later`]. `O_PATH` opens no file for I/O: a
+/// FIFO or device in the way is not touched. `None` when nothing is there (or it cannot be
+/// opened: the rename then frees it as before).
+pub fn hold(dir: &OwnedFd, name: &str) -> Option<OwnedFd> {
+    rfs::openat(
+        dir,
+        name,
+        OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .ok()
+}
+
+/// Closes descriptors on a background thread, so that freeing the files they kept alive (see
+/// [`hold`]) is not on the caller's path. One thread per process, started on first use; its
+/// queue is bounded, so a caller that replaces files faster than they are freed waits for it
+/// rather than piling up disk space that nothing can reach. Without a thread, they close here.
+pub fn close_later(fds: Vec<OwnedFd>) {
+    use std::sync::mpsc::{sync_channel, SyncSender};
+    use std::sync::OnceLock;
+    static REAPER: OnceLock<Option<SyncSender<Vec<OwnedFd>>>> = OnceLock::new();
+    if fds.is_empty() {
+        return;
+    }
+    let tx = REAPER.get_or_init(|| {
+        let (tx, rx) = sync_channel::<Vec<OwnedFd>>(64);
+        std::thread::Builder::new()
+            .name("ferry-reaper".into())
+            .spawn(move || rx.into_iter().for_each(drop))
+            .ok()
+            .map(|_| tx)
+    });
+    if let Some(tx) = tx {
+        // Send fails only if the thread is gone; the descriptors then come back and close here.
+        let _ = tx.send(fds);
+    }
+}
+
 /// Creates a symlink `name` in `dir`.
 pub fn symlink_in(dir: &OwnedFd, name: &str, target: &str) -> std::io::Result<()> {
     rfs::symlinkat(target, dir, name).map_err(Into::into)
@@ -342,6 +385,27 @@ pub fn fsync(fd: impl AsFd) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_held_file_outlives_its_replacement_until_closed() {
+        let t = tempfile::tempdir().unwrap();
+        std::fs::write(t.path().join("dest"), vec![1u8; 100_000]).unwrap();
+        std::fs::write(t.path().join("temp"), b"new").unwrap();
+        std::os::unix::fs::symlink("dest", t.path().join("link")).unwrap();
+        let dir: OwnedFd = File::open(t.path()).unwrap().into();
+        assert!(hold(&dir, "absent").is_none());
+        // A symlink is held as itself, not followed.
+        let link = hold(&dir, "link").unwrap();
+        assert_eq!(rfs::fstat(&link).unwrap().st_size, 4);
+        let old = hold(&dir, "dest").unwrap();
+        rename_in(&dir, "temp", "dest", true).unwrap();
+        assert_eq!(std::fs::read(t.path().join("dest")).unwrap(), b"new");
+        // The replaced inode is unlinked but alive: its blocks are freed when `old` closes.
+        let st = rfs::fstat(&old).unwrap();
+        assert_eq!((st.st_nlink, st.st_size), (0, 100_000));
+        close_later(vec![old, link]);
+        close_later(Vec::new());
+    }
 
     #[test]
     fn confines_symlinks_and_dotdot() {
