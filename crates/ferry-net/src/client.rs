@@ -337,7 +337,13 @@ async fn resolve(server: &str) -> Result<SocketAddr, SessionError> {
         })
 }
 
-async fn dial(addr: SocketAddr, window: u32, timeout: Duration) -> Result<TcpStream, SessionError> {
+/// `data`: a data connection, whose receive window starts larger (`tcp::open_receive_window`).
+async fn dial(
+    addr: SocketAddr,
+    window: u32,
+    timeout: Duration,
+    data: bool,
+) -> Result<TcpStream, SessionError> {
     let socket = if addr.is_ipv4() {
         TcpSocket::new_v4()?
     } else {
@@ -347,6 +353,10 @@ async fn dial(addr: SocketAddr, window: u32, timeout: Duration) -> Result<TcpStr
         // Before connect, so the window scale offered in the SYN matches.
         socket.set_send_buffer_size(window)?;
         socket.set_recv_buffer_size(window)?;
+    }
+    if data {
+        // Before connect too: the SYN's window is the first one the server may fill.
+        crate::tcp::open_receive_window(std::os::fd::AsFd::as_fd(&socket));
     }
     let stream = tokio::time::timeout(timeout, socket.connect(addr))
         .await
@@ -487,14 +497,14 @@ async fn secure_control(
         },
     };
     let Some((pin, known)) = trust else {
-        let tcp = dial(addr, 0, cfg.connect_timeout).await?;
+        let tcp = dial(addr, 0, cfg.connect_timeout, false).await?;
         // After the control connection is up, so the server sees it first.
         ready_for_data(addr, None);
         return Ok((Stream::Plain(tcp), None, addr));
     };
     // Building the TLS configuration takes tens of milliseconds of CPU on first use: let it
     // run while the SYN is out.
-    let (tcp, tls) = tokio::join!(dial(addr, 0, cfg.connect_timeout), async {
+    let (tcp, tls) = tokio::join!(dial(addr, 0, cfg.connect_timeout, false), async {
         ClientTls::new(pin).map(Arc::new)
     });
     let (tcp, tls) = (tcp?, tls?);
@@ -828,8 +838,7 @@ impl DataDial {
     }
 
     async fn run(self) -> Result<Stream, SessionError> {
-        let tcp = dial(self.addr, self.window, self.timeout).await?;
-        crate::tcp::open_receive_window(&tcp);
+        let tcp = dial(self.addr, self.window, self.timeout, true).await?;
         match self.tls {
             None => Ok(Stream::Plain(tcp)),
             Some(tls) => {

@@ -187,6 +187,7 @@ impl Server {
         socket.set_reuseaddr(true)?;
         socket.bind(addr)?;
         let listener = socket.listen(4096)?;
+        crate::tcp::open_listen_window(&listener);
         let connections = Arc::new(Semaphore::new(config.max_connections));
         Ok(Self {
             listener,
@@ -471,7 +472,7 @@ async fn handle(
                     "data connection for an unknown session".into(),
                 ));
             };
-            crate::tcp::open_receive_window(stream.tcp());
+            crate::tcp::open_receive_window(std::os::fd::AsFd::as_fd(stream.tcp()));
             welcome(&mut stream, session, secret).await?;
             let _ = joins.send(Ok((index, stream, Some(permit)))).await;
             Ok(())

@@ -56,6 +56,37 @@ pub fn rcvbuf_start() -> u32 {
     )
 }
 
+/// The receive window every connection the server accepts starts with, before anyone has
+/// authenticated it, unless `FERRY_TCP_LISTEN_RCVBUF_START` says otherwise (bytes; 0 leaves
+/// the kernel's start).
+///
+/// Why: a connection's first window is fixed when its SYN arrives, from the listening
+/// socket's buffer; raising a data connection's buffer once its `Hello` is accepted
+/// ([`RCVBUF_START`]) comes after the client's first flight has left. With the kernel's
+/// 128 KiB buffer that window is 7 segments at MTU 9000, below a sender's initial 10, and the
+/// slow start of every connection began 30% short (TCP_INFO: ~92 ms `rwnd_limited` per
+/// connection at 100 ms RTT, none with this start; BENCHMARKS.md, "The first window").
+/// Why not more: this is what a client that has not authenticated can make the server's
+/// kernel hold unread, per connection (a buffer of twice the window, at most
+/// `--max-connections` of them, for at most the handshake timeout): 512 KiB instead of 128.
+pub const LISTEN_RCVBUF_START: u32 = 256 << 10;
+
+/// The listening start in force: [`LISTEN_RCVBUF_START`], or the environment's override.
+pub fn listen_rcvbuf_start() -> u32 {
+    bytes_from(
+        std::env::var("FERRY_TCP_LISTEN_RCVBUF_START")
+            .ok()
+            .as_deref(),
+        LISTEN_RCVBUF_START,
+    )
+}
+
+/// Gives every connection the listener accepts its first window (see [`LISTEN_RCVBUF_START`]):
+/// accepted sockets inherit the listener's buffer, still unlocked, so autotuning goes on.
+pub(crate) fn open_listen_window(listener: &tokio::net::TcpListener) {
+    let _ = start_receive_window(listener.as_fd(), listen_rcvbuf_start());
+}
+
 /// An override that does not parse as a byte count is ignored, not fatal: it is a tuning
 /// knob, and the default is safe.
 fn bytes_from(var: Option<&str>, default: u32) -> u32 {
@@ -75,11 +106,12 @@ pub(crate) fn tune(stream: &TcpStream) {
     limit_unsent(&sock, notsent_lowat());
 }
 
-/// Gives a data connection its larger start (see [`RCVBUF_START`]): the client's as soon as
-/// it is dialled, the server's once the connection's `Hello` has proved that it belongs to a
-/// session, so that a connection nobody has authenticated keeps the kernel's small buffer.
-pub(crate) fn open_receive_window(stream: &TcpStream) {
-    let _ = start_receive_window(stream.as_fd(), rcvbuf_start());
+/// Gives a data connection its larger start (see [`RCVBUF_START`]): the client's before it
+/// dials (its SYN then offers the larger first window, which a get's first flights need), the
+/// server's once the connection's `Hello` has proved that it belongs to a session, so that a
+/// connection nobody has authenticated keeps the listener's smaller start.
+pub(crate) fn open_receive_window(sock: BorrowedFd<'_>) {
+    let _ = start_receive_window(sock, rcvbuf_start());
 }
 
 fn limit_unsent(sock: &SockRef<'_>, lowat: u32) {
@@ -387,6 +419,49 @@ mod tests {
         let kernel = other.recv_buffer_size().unwrap();
         start_receive_window(client.as_fd(), 0).unwrap();
         assert_eq!(other.recv_buffer_size().unwrap(), kernel);
+    }
+
+    /// The receive buffer of a connection accepted by a listener that had `start` applied.
+    async fn accepted_rcvbuf(start: u32) -> usize {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let listener = socket.listen(8).unwrap();
+        start_receive_window(listener.as_fd(), start).unwrap();
+        assert_eq!(rcvlowat(&SockRef::from(&listener)), 1);
+        let addr = listener.local_addr().unwrap();
+        let (client, accepted) = tokio::join!(TcpStream::connect(addr), listener.accept());
+        let (server, _) = accepted.unwrap();
+        drop(client);
+        SockRef::from(&server).recv_buffer_size().unwrap()
+    }
+
+    #[tokio::test]
+    async fn accepted_connections_inherit_the_listeners_first_window() {
+        let kernel = accepted_rcvbuf(0).await;
+        let started = accepted_rcvbuf(LISTEN_RCVBUF_START).await;
+        assert!(
+            started > kernel && started >= LISTEN_RCVBUF_START as usize,
+            "accepted receive buffer {kernel} -> {started}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_socket_gets_its_window_before_it_dials() {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        let before = socket.recv_buffer_size().unwrap();
+        start_receive_window(socket.as_fd(), RCVBUF_START).unwrap();
+        let after = socket.recv_buffer_size().unwrap();
+        assert!(
+            after > before,
+            "receive buffer before connect {before} -> {after}"
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (client, accepted) = tokio::join!(socket.connect(addr), listener.accept());
+        let (client, _server) = (client.unwrap(), accepted.unwrap());
+        let sock = SockRef::from(&client);
+        assert!(sock.recv_buffer_size().unwrap() >= after as usize);
+        assert_eq!(rcvlowat(&sock), 1);
     }
 
     #[tokio::test]
