@@ -303,6 +303,7 @@ pub fn control_config(
         start_from: Default::default(),
         force_streams: None,
         stall_stream: None,
+        drain_at_end: false,
     })
 }
 
@@ -431,6 +432,7 @@ pub fn client_config(args: &TransferArgs, remote: &Remote) -> Result<ClientConfi
         start_from: Default::default(),
         force_streams: None,
         stall_stream: None,
+        drain_at_end: false,
     })
 }
 

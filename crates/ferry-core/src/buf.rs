@@ -7,6 +7,7 @@
 //! blocks' worth beyond what is in flight), and a server empties it with [`release`] when it
 //! has no session left, so an idle daemon does not sit on the memory of its last burst.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
 use bytes::Bytes;
@@ -17,11 +18,38 @@ const MIN_POOLED: usize = 256 << 10;
 const MAX_POOLED_BYTES: usize = 64 << 20;
 
 static POOL: Mutex<Vec<Vec<u8>>> = Mutex::new(Vec::new());
+/// Set by [`drain`]: buffers coming back are freed, not kept.
+static DRAINING: AtomicBool = AtomicBool::new(false);
 
 /// Gives every idle buffer back to the allocator.
 pub fn release() {
     let idle = std::mem::take(&mut *POOL.lock().unwrap_or_else(|e| e.into_inner()));
     drop(idle);
+}
+
+/// Gives the process's idle memory back to the kernel ahead of its exit, for a client whose
+/// last blocks are on their way: from here on, buffers coming back are freed rather than
+/// pooled, the pool is emptied and the allocator returns its free pages (`malloc_trim`).
+///
+/// Why: the kernel frees a process's pages inside its exit, and a client that moved 1 GiB held
+/// ~280 MB (blocks in flight, the pool, the allocator's free lists): 22 ms of `exit_group`
+/// after the last `Complete` had arrived. Done while the last bytes cross the network it
+/// costs no wait (exit 3–13 ms; BENCHMARKS.md, "The first window"). Buffers taken later
+/// still work, unpooled; a server never calls this.
+pub fn drain() {
+    DRAINING.store(true, Ordering::Relaxed);
+    release();
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim takes no pointers; glibc serialises it with every arena's lock.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
+/// Bytes the pool holds idle (for tests and reports).
+pub fn idle_bytes() -> usize {
+    let pool = POOL.lock().unwrap_or_else(|e| e.into_inner());
+    pool.iter().map(Vec::capacity).sum()
 }
 
 /// An empty buffer with room for at least `cap` bytes, recycled when possible.
@@ -56,6 +84,9 @@ impl AsRef<[u8]> for Pooled {
 impl Drop for Pooled {
     fn drop(&mut self) {
         let buf = std::mem::take(&mut self.0);
+        if DRAINING.load(Ordering::Relaxed) {
+            return;
+        }
         let mut pool = POOL.lock().unwrap_or_else(|e| e.into_inner());
         let held: usize = pool.iter().map(Vec::capacity).sum();
         if held + buf.capacity() <= MAX_POOLED_BYTES {

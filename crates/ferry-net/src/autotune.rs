@@ -201,6 +201,9 @@ pub(crate) struct StreamPlan {
     /// Test hook: this data connection never writes its first block, as if its window had
     /// closed for good (what the endgame is for).
     pub(crate) stall: Option<usize>,
+    /// The sending process ends with the session (a client's put): once its last block is
+    /// queued it gives its idle memory back while the last bytes cross (`buf::drain`).
+    pub(crate) drain_at_end: bool,
 }
 
 impl StreamPlan {
@@ -212,6 +215,7 @@ impl StreamPlan {
             tune_storage: false,
             settled_start: false,
             stall: None,
+            drain_at_end: false,
         }
     }
 
@@ -1029,6 +1033,7 @@ mod tests {
             tune_storage: false,
             settled_start: false,
             stall: None,
+            drain_at_end: false,
         };
         assert_eq!(fixed.queue_len(8), 16);
         let auto = StreamPlan {

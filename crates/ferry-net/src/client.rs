@@ -69,6 +69,11 @@ pub struct ClientConfig {
     /// Test hook: data connection `i` of a put never writes its first block, as if its window
     /// had closed for good (only the endgame then finishes the transfer).
     pub stall_stream: Option<usize>,
+    /// The process ends with this transfer (the CLI's put): once the last block is queued, the
+    /// sending side gives its idle memory back while the last bytes cross, instead of inside
+    /// its exit (`ferry_core::buf::drain`). Not for a process that goes on, or that hosts a
+    /// server: it stops the block-buffer pool for the whole process.
+    pub drain_at_end: bool,
 }
 
 /// Where an auto-tuned transfer's first stream count came from.
@@ -957,6 +962,7 @@ async fn put_once(
         stall: cfg.stall_stream,
         tune_storage: cfg.tune_storage,
         settled_start: cfg.start_from == StartFrom::Profile { settled: true },
+        drain_at_end: cfg.drain_at_end,
         ..StreamPlan::from_opts(&opts)
     };
     let joining = joining.unconfirmed();

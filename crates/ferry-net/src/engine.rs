@@ -341,6 +341,7 @@ pub(crate) async fn drive_sender(
     let probe = frames;
     let totals = sender.totals();
     let mut sent = false;
+    let mut drained = false;
     let mut remote_errors = Vec::new();
     let mut tick = tokio::time::interval(SAMPLE_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -390,6 +391,10 @@ pub(crate) async fn drive_sender(
                 gate.on_sample(empty, sender.found(), sent, &infos);
                 readers.on_sample(empty, sender.bytes_read());
                 let armed = empty && sender.all_queued();
+                if armed && plan.drain_at_end && !drained {
+                    drained = true;
+                    tokio::task::spawn_blocking(ferry_core::buf::drain);
+                }
                 let copies =
                     endgame_tick(&mut endgame, &histories, &infos, gate.active(), rtt, armed);
                 for (to, frame) in copies.pieces() {

@@ -51,6 +51,8 @@ async fn put(args: PutArgs, quiet: bool) -> Result<ExitCode> {
         )));
     }
     let mut cfg = client_config(&args.transfer, &remote).map_err(usage)?;
+    // This process ends with the put (the demo, which hosts a server, leaves it off).
+    cfg.drain_at_end = true;
     warn_fixed_window(&cfg, quiet);
     let profile = profile_for(&mut cfg, &remote);
     let sources: Vec<PathBuf> = sources.iter().map(PathBuf::from).collect();

@@ -126,6 +126,7 @@ pub fn client_config(server: String) -> ClientConfig {
         start_from: Default::default(),
         force_streams: None,
         stall_stream: None,
+        drain_at_end: false,
     }
 }
 
