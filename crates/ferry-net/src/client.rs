@@ -361,7 +361,7 @@ async fn dial(
     }
     if data {
         // Before connect too: the SYN's window is the first one the server may fill.
-        crate::tcp::open_receive_window(std::os::fd::AsFd::as_fd(&socket));
+        crate::tcp::open_dial_window(std::os::fd::AsFd::as_fd(&socket));
     }
     let stream = tokio::time::timeout(timeout, socket.connect(addr))
         .await

@@ -186,8 +186,8 @@ impl Server {
         };
         socket.set_reuseaddr(true)?;
         socket.bind(addr)?;
+        crate::tcp::open_listen_window(&socket);
         let listener = socket.listen(4096)?;
-        crate::tcp::open_listen_window(&listener);
         let connections = Arc::new(Semaphore::new(config.max_connections));
         Ok(Self {
             listener,

@@ -81,10 +81,25 @@ pub fn listen_rcvbuf_start() -> u32 {
     )
 }
 
-/// Gives every connection the listener accepts its first window (see [`LISTEN_RCVBUF_START`]):
-/// accepted sockets inherit the listener's buffer, still unlocked, so autotuning goes on.
-pub(crate) fn open_listen_window(listener: &tokio::net::TcpListener) {
-    let _ = start_receive_window(listener.as_fd(), listen_rcvbuf_start());
+/// Gives every connection a listener will accept its first window (see
+/// [`LISTEN_RCVBUF_START`]), on the socket before `listen`: accepted sockets inherit its
+/// buffer, still unlocked, so autotuning goes on.
+pub(crate) fn open_listen_window(socket: &tokio::net::TcpSocket) {
+    let _ = start_unconnected_window(socket.as_fd(), listen_rcvbuf_start());
+}
+
+/// [`start_receive_window`] for a socket that has neither connected nor listened, whose window
+/// scale is still to be chosen. Linux kernels before 6.x also set the socket's window clamp
+/// when SO_RCVLOWAT grows the buffer, and the scale offered in the SYN (fixed for the
+/// connection's life) is sized by that clamp: 256 KiB would have capped every accepted
+/// connection's window at 512 KiB for good. Clearing the clamp, which Linux allows only
+/// before the connection exists, keeps the scale sized by `tcp_rmem`'s max as without the raise.
+pub(crate) fn start_unconnected_window(sock: BorrowedFd<'_>, bytes: u32) -> std::io::Result<()> {
+    if bytes == 0 {
+        return Ok(());
+    }
+    start_receive_window(sock, bytes)?;
+    set_int(sock, libc::IPPROTO_TCP, libc::TCP_WINDOW_CLAMP, 0)
 }
 
 /// An override that does not parse as a byte count is ignored, not fatal: it is a tuning
@@ -114,6 +129,12 @@ pub(crate) fn open_receive_window(sock: BorrowedFd<'_>) {
     let _ = start_receive_window(sock, rcvbuf_start());
 }
 
+/// [`open_receive_window`] for a client's data socket before it dials (see
+/// [`start_unconnected_window`]).
+pub(crate) fn open_dial_window(sock: BorrowedFd<'_>) {
+    let _ = start_unconnected_window(sock, rcvbuf_start());
+}
+
 fn limit_unsent(sock: &SockRef<'_>, lowat: u32) {
     if lowat > 0 {
         let _ = sock.set_tcp_notsent_lowat(lowat);
@@ -136,13 +157,17 @@ fn start_receive_window(sock: BorrowedFd<'_>, bytes: u32) -> std::io::Result<()>
 }
 
 fn set_rcvlowat(sock: BorrowedFd<'_>, bytes: i32) -> std::io::Result<()> {
+    set_int(sock, libc::SOL_SOCKET, libc::SO_RCVLOWAT, bytes)
+}
+
+fn set_int(sock: BorrowedFd<'_>, level: i32, name: i32, value: i32) -> std::io::Result<()> {
     // SAFETY: setsockopt on a socket this process holds open, with a valid int and its size.
     let rc = unsafe {
         libc::setsockopt(
             sock.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_RCVLOWAT,
-            (&bytes as *const i32).cast(),
+            level,
+            name,
+            (&value as *const i32).cast(),
             std::mem::size_of::<i32>() as libc::socklen_t,
         )
     };
@@ -385,21 +410,25 @@ mod tests {
         );
     }
 
-    fn rcvlowat(sock: &SockRef<'_>) -> i32 {
+    fn get_int(sock: &SockRef<'_>, level: i32, name: i32) -> i32 {
         let mut v: i32 = -1;
         let mut len = std::mem::size_of::<i32>() as libc::socklen_t;
         // SAFETY: getsockopt into a local int of the size given.
         let rc = unsafe {
             libc::getsockopt(
                 sock.as_raw_fd(),
-                libc::SOL_SOCKET,
-                libc::SO_RCVLOWAT,
+                level,
+                name,
                 (&mut v as *mut i32).cast(),
                 &mut len,
             )
         };
         assert_eq!(rc, 0);
         v
+    }
+
+    fn rcvlowat(sock: &SockRef<'_>) -> i32 {
+        get_int(sock, libc::SOL_SOCKET, libc::SO_RCVLOWAT)
     }
 
     #[tokio::test]
@@ -421,40 +450,62 @@ mod tests {
         assert_eq!(other.recv_buffer_size().unwrap(), kernel);
     }
 
-    /// The receive buffer of a connection accepted by a listener that had `start` applied.
-    async fn accepted_rcvbuf(start: u32) -> usize {
+    /// The window clamp a socket not yet connected will size its SYN's window scale by (0:
+    /// by `tcp_rmem`'s max).
+    fn window_clamp(sock: &SockRef<'_>) -> i32 {
+        get_int(sock, libc::IPPROTO_TCP, libc::TCP_WINDOW_CLAMP)
+    }
+
+    /// The window scale a connection offered in its SYN: the largest window it may ever
+    /// advertise is 64 KiB shifted by it.
+    fn rcv_wscale(fd: BorrowedFd<'_>) -> u8 {
+        let (info, _) = raw_tcp_info(fd).unwrap();
+        // Two 4-bit fields, the send scale in the low bits on the ABIs Linux runs on.
+        info.tcpi_snd_rcv_wscale >> 4
+    }
+
+    /// A connection accepted by a listener whose socket had `start` applied before `listen`:
+    /// its receive buffer and window scale.
+    async fn accepted_window(start: u32) -> (usize, u8) {
         let socket = tokio::net::TcpSocket::new_v4().unwrap();
         socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        start_unconnected_window(socket.as_fd(), start).unwrap();
+        assert_eq!(window_clamp(&SockRef::from(&socket)), 0);
         let listener = socket.listen(8).unwrap();
-        start_receive_window(listener.as_fd(), start).unwrap();
         assert_eq!(rcvlowat(&SockRef::from(&listener)), 1);
         let addr = listener.local_addr().unwrap();
         let (client, accepted) = tokio::join!(TcpStream::connect(addr), listener.accept());
         let (server, _) = accepted.unwrap();
         drop(client);
-        SockRef::from(&server).recv_buffer_size().unwrap()
+        let sock = SockRef::from(&server);
+        (sock.recv_buffer_size().unwrap(), rcv_wscale(server.as_fd()))
     }
 
     #[tokio::test]
     async fn accepted_connections_inherit_the_listeners_first_window() {
-        let kernel = accepted_rcvbuf(0).await;
-        let started = accepted_rcvbuf(LISTEN_RCVBUF_START).await;
+        let (kernel, kernel_scale) = accepted_window(0).await;
+        let (started, scale) = accepted_window(LISTEN_RCVBUF_START).await;
         assert!(
             started > kernel && started >= LISTEN_RCVBUF_START as usize,
             "accepted receive buffer {kernel} -> {started}"
         );
+        // The start does not cap the window scale: the connection may still grow its window
+        // as far as without it (a scale sized by a 256 KiB clamp would be 3: 512 KiB at most).
+        assert_eq!(scale, kernel_scale);
+        assert!(scale >= 7, "window scale {scale}");
     }
 
     #[tokio::test]
     async fn a_socket_gets_its_window_before_it_dials() {
         let socket = tokio::net::TcpSocket::new_v4().unwrap();
         let before = socket.recv_buffer_size().unwrap();
-        start_receive_window(socket.as_fd(), RCVBUF_START).unwrap();
+        start_unconnected_window(socket.as_fd(), RCVBUF_START).unwrap();
         let after = socket.recv_buffer_size().unwrap();
         assert!(
             after > before,
             "receive buffer before connect {before} -> {after}"
         );
+        assert_eq!(window_clamp(&SockRef::from(&socket)), 0);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (client, accepted) = tokio::join!(socket.connect(addr), listener.accept());
@@ -462,6 +513,8 @@ mod tests {
         let sock = SockRef::from(&client);
         assert!(sock.recv_buffer_size().unwrap() >= after as usize);
         assert_eq!(rcvlowat(&sock), 1);
+        let (plain, _) = connected_pair().await;
+        assert_eq!(rcv_wscale(client.as_fd()), rcv_wscale(plain.as_fd()));
     }
 
     #[tokio::test]
