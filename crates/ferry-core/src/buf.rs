@@ -37,13 +37,23 @@ pub fn release() {
 /// costs no wait (exit 3–13 ms; BENCHMARKS.md, "The first window"). Buffers taken later
 /// still work, unpooled; a server never calls this.
 pub fn drain() {
-    DRAINING.store(true, Ordering::Relaxed);
+    {
+        // Under the pool's lock, so no buffer comes back between the flag and the release.
+        let _pool = POOL.lock().unwrap_or_else(|e| e.into_inner());
+        DRAINING.store(true, Ordering::Relaxed);
+    }
     release();
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: malloc_trim takes no pointers; glibc serialises it with every arena's lock.
     unsafe {
         libc::malloc_trim(0);
     }
+}
+
+/// Pools buffers again after a [`drain`]: a put that fails after its drain and retries in the
+/// same process should not run its next attempt unpooled.
+pub fn undrain() {
+    DRAINING.store(false, Ordering::Relaxed);
 }
 
 /// Bytes the pool holds idle (for tests and reports).
@@ -84,10 +94,11 @@ impl AsRef<[u8]> for Pooled {
 impl Drop for Pooled {
     fn drop(&mut self) {
         let buf = std::mem::take(&mut self.0);
-        if DRAINING.load(Ordering::Relaxed) {
-            return;
-        }
         let mut pool = POOL.lock().unwrap_or_else(|e| e.into_inner());
+        if DRAINING.load(Ordering::Relaxed) {
+            drop(pool);
+            return; // `buf` is freed here, outside the lock
+        }
         let held: usize = pool.iter().map(Vec::capacity).sum();
         if held + buf.capacity() <= MAX_POOLED_BYTES {
             pool.push(buf);

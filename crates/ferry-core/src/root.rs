@@ -331,29 +331,44 @@ pub fn hold(dir: &OwnedFd, name: &str) -> Option<OwnedFd> {
 }
 
 /// Closes descriptors on a background thread, so that freeing the files they kept alive (see
-/// [`hold`]) is not on the caller's path. One thread per process, started on first use; its
-/// queue is bounded, so a caller that replaces files faster than they are freed waits for it
-/// rather than piling up disk space that nothing can reach. Without a thread, they close here.
+/// [`hold`]) is not on the caller's path. One thread per process, started on first use. At most
+/// [`MAX_HELD`] descriptors wait for it: beyond that (the thread busy freeing a huge file while
+/// batches of thousands of replaced files come in) they close on the caller's thread, as without
+/// it, so replaced files can neither exhaust the process's descriptors nor block a finalizer.
 pub fn close_later(fds: Vec<OwnedFd>) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::mpsc::{sync_channel, SyncSender};
     use std::sync::OnceLock;
     static REAPER: OnceLock<Option<SyncSender<Vec<OwnedFd>>>> = OnceLock::new();
-    if fds.is_empty() {
+    static QUEUED: AtomicUsize = AtomicUsize::new(0);
+    let n = fds.len();
+    if n == 0 || QUEUED.fetch_add(n, Ordering::AcqRel) + n > MAX_HELD {
+        QUEUED.fetch_sub(n, Ordering::AcqRel);
         return;
     }
     let tx = REAPER.get_or_init(|| {
         let (tx, rx) = sync_channel::<Vec<OwnedFd>>(64);
         std::thread::Builder::new()
             .name("ferry-reaper".into())
-            .spawn(move || rx.into_iter().for_each(drop))
+            .spawn(move || {
+                for batch in rx {
+                    let n = batch.len();
+                    drop(batch);
+                    QUEUED.fetch_sub(n, Ordering::AcqRel);
+                }
+            })
             .ok()
             .map(|_| tx)
     });
-    if let Some(tx) = tx {
-        // Send fails only if the thread is gone; the descriptors then come back and close here.
-        let _ = tx.send(fds);
+    let sent = tx.as_ref().map(|tx| tx.try_send(fds));
+    if !matches!(sent, Some(Ok(()))) {
+        // No thread, or its queue full: the descriptors came back and close here.
+        QUEUED.fetch_sub(n, Ordering::AcqRel);
     }
 }
+
+/// Most descriptors [`close_later`] keeps waiting for its thread.
+pub const MAX_HELD: usize = 1024;
 
 /// Creates a symlink `name` in `dir`.
 pub fn symlink_in(dir: &OwnedFd, name: &str, target: &str) -> std::io::Result<()> {

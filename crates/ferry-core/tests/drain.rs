@@ -30,4 +30,8 @@ fn after_drain_returned_buffers_are_freed_not_pooled() {
     assert_eq!(&again[..], &[3u8; 10]);
     drop(again);
     assert_eq!(buf::idle_bytes(), 0);
+    // A retry in the same process pools again.
+    buf::undrain();
+    drop(buf::freeze(buf::take(1 << 20)));
+    assert!(buf::idle_bytes() >= 1 << 20);
 }

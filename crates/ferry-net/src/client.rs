@@ -923,6 +923,10 @@ async fn put_once(
     reporter: Arc<dyn Reporter>,
     digest_cache: Arc<DigestCache>,
 ) -> Result<TransferReport, SessionError> {
+    if cfg.drain_at_end {
+        // An earlier attempt may have drained the pool before it failed.
+        ferry_core::buf::undrain();
+    }
     let mut srcs = Vec::with_capacity(sources.len());
     for p in sources {
         srcs.push(local_source(p)?);
