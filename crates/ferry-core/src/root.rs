@@ -315,7 +315,7 @@ pub fn rename_in(dir: &OwnedFd, from: &str, to: &str, replace: bool) -> std::io:
 /// A reference to whatever `name` in `dir` is now, to be held across a rename that replaces it.
 ///
 /// Replacing a file frees its blocks inside the `rename` when that drops its last link: 0.16–0.21 s
-/// for 1 GiB on tmpfs here, seconds for a large file on disk. The rename is on the way to
+/// for 1 GiB on tmpfs here, more the larger the file. The rename is on the way to
 /// telling the client its file is done; with this descriptor open the replaced inode lives until
 /// it is closed, so the freeing moves to [`close_later`]. `O_PATH` opens no file for I/O: a
 /// FIFO or device in the way is not touched. `None` when nothing is there (or it cannot be
@@ -337,9 +337,10 @@ pub fn hold(dir: &OwnedFd, name: &str) -> Option<OwnedFd> {
 /// it, so replaced files can neither exhaust the process's descriptors nor block a finalizer.
 pub fn close_later(fds: Vec<OwnedFd>) {
     use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::sync::mpsc::{sync_channel, SyncSender};
+    use std::sync::mpsc::{channel, Sender};
     use std::sync::OnceLock;
-    static REAPER: OnceLock<Option<SyncSender<Vec<OwnedFd>>>> = OnceLock::new();
+    // The queue needs no bound of its own: `QUEUED` bounds what waits in it.
+    static REAPER: OnceLock<Option<Sender<Vec<OwnedFd>>>> = OnceLock::new();
     static QUEUED: AtomicUsize = AtomicUsize::new(0);
     let n = fds.len();
     if n == 0 || QUEUED.fetch_add(n, Ordering::AcqRel) + n > MAX_HELD {
@@ -347,7 +348,7 @@ pub fn close_later(fds: Vec<OwnedFd>) {
         return;
     }
     let tx = REAPER.get_or_init(|| {
-        let (tx, rx) = sync_channel::<Vec<OwnedFd>>(64);
+        let (tx, rx) = channel::<Vec<OwnedFd>>();
         std::thread::Builder::new()
             .name("ferry-reaper".into())
             .spawn(move || {
@@ -360,9 +361,8 @@ pub fn close_later(fds: Vec<OwnedFd>) {
             .ok()
             .map(|_| tx)
     });
-    let sent = tx.as_ref().map(|tx| tx.try_send(fds));
-    if !matches!(sent, Some(Ok(()))) {
-        // No thread, or its queue full: the descriptors came back and close here.
+    if !matches!(tx.as_ref().map(|tx| tx.send(fds)), Some(Ok(()))) {
+        // No thread: the descriptors came back and close here.
         QUEUED.fetch_sub(n, Ordering::AcqRel);
     }
 }

@@ -91,11 +91,13 @@ pub(crate) fn open_listen_window(socket: &tokio::net::TcpSocket) {
 }
 
 /// [`start_receive_window`] for a socket that has neither connected nor listened, whose window
-/// scale is still to be chosen. Linux kernels before 6.x also set the socket's window clamp
-/// when SO_RCVLOWAT grows the buffer, and the scale offered in the SYN (fixed for the
-/// connection's life) is sized by that clamp: 256 KiB would have capped every accepted
-/// connection's window at 512 KiB for good. Clearing the clamp, which Linux allows only
-/// before the connection exists, keeps the scale sized by `tcp_rmem`'s max as without the raise.
+/// scale is still to be chosen. Linux without the October 2025 fix "tcp: take care of zero
+/// tp->window_clamp in tcp_set_rcvlowat()" (this 6.18 has it; older and stable kernels vary)
+/// also sets the socket's window clamp when SO_RCVLOWAT grows the buffer, and the scale
+/// offered in the SYN (fixed for the connection's life) is sized by that clamp: 256 KiB would
+/// cap every accepted connection's window at 512 KiB for good (a clamp set by hand here gave
+/// scale 3). Clearing the clamp, which Linux allows only before the connection exists, keeps
+/// the scale sized by `tcp_rmem`'s max as without the raise.
 pub(crate) fn start_unconnected_window(sock: BorrowedFd<'_>, bytes: u32) -> std::io::Result<()> {
     if bytes == 0 {
         return Ok(());
