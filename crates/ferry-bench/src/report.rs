@@ -50,6 +50,10 @@ pub struct Row {
     /// the final rate (from its `--json` timeline; see [`ramp`]). Empty for short transfers.
     #[serde(default)]
     pub ramp_s: Option<f64>,
+    /// iperf3 on a rate-limited bed: what the link can deliver to a TCP receiver, rate × MSS /
+    /// MTU ([`crate::iperf::payload_capacity_mbps`]). The steady-state ceiling never exceeds it.
+    #[serde(default)]
+    pub link_mbps: Option<f64>,
 }
 
 impl Row {
@@ -119,6 +123,9 @@ pub struct Med {
     pub tool_s_median: Option<f64>,
     #[serde(default)]
     pub ramp_s_median: Option<f64>,
+    /// The lowest [`Row::link_mbps`] of the point's runs.
+    #[serde(default)]
+    pub link_mbps: Option<f64>,
     pub all_verified: bool,
     pub first_error: String,
 }
@@ -192,6 +199,10 @@ pub fn medians(rows: &[Row]) -> Vec<Med> {
                 sync_s_median: median(&sync).unwrap_or(0.0),
                 tool_s_median: median(&tool_s),
                 ramp_s_median: median(&ramp),
+                link_mbps: ok
+                    .iter()
+                    .filter_map(|r| r.link_mbps)
+                    .min_by(|a, b| a.total_cmp(b)),
                 all_verified: g.iter().all(|r| r.verified),
                 first_error: g
                     .iter()
@@ -245,15 +256,50 @@ impl CsvLog {
     }
 }
 
-/// Best iperf3 median on a link and direction: (Mbit/s, streams).
-pub fn iperf_best(
-    meds: &[Med],
-    rate: &str,
-    regime: &str,
-    rtt: u32,
-    dir: &str,
-) -> Option<(f64, u16)> {
-    iperf_best_of(meds, "memory", rate, regime, rtt, dir)
+/// The steady-state ceiling of a link and direction: iperf3's best median, held to what the
+/// link can carry where the bed says ([`Row::link_mbps`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Ceiling {
+    /// Mbit/s: the lower of `measured` and `link`.
+    pub mbps: f64,
+    /// The iperf3 stream count of the best median.
+    pub streams: u16,
+    /// iperf3's best median as measured.
+    pub measured: f64,
+    /// The link's payload capacity, when known.
+    pub link: Option<f64>,
+}
+
+impl Ceiling {
+    /// `-P 8`, or what held a measured figure to the link's capacity.
+    pub fn describe(&self) -> String {
+        match self.link {
+            Some(l) if self.measured > l => format!(
+                "-P {} measured {:.0}, more than the link carries: held to its {l:.1}, rate × MSS / MTU",
+                self.streams, self.measured
+            ),
+            _ => format!("-P {}", self.streams),
+        }
+    }
+}
+
+/// The steady-state ceiling on a link and direction (see [`Ceiling`]).
+pub fn iperf_best(meds: &[Med], rate: &str, regime: &str, rtt: u32, dir: &str) -> Option<Ceiling> {
+    let best = meds
+        .iter()
+        .filter(|m| iperf_of(m, "memory", rate, regime, rtt, dir))
+        .max_by(|a, b| a.mbps_median.total_cmp(&b.mbps_median))?;
+    let link = meds
+        .iter()
+        .filter(|m| iperf_of(m, "memory", rate, regime, rtt, dir))
+        .filter_map(|m| m.link_mbps)
+        .min_by(|a, b| a.total_cmp(b));
+    Some(Ceiling {
+        mbps: link.map_or(best.mbps_median, |l| best.mbps_median.min(l)),
+        streams: best.streams,
+        measured: best.mbps_median,
+        link,
+    })
 }
 
 /// Best `iperf3 -n BYTES` median, timed like a ferry run: (Mbit/s, streams). The like-for-like
@@ -279,17 +325,19 @@ fn iperf_best_of(
     dir: &str,
 ) -> Option<(f64, u16)> {
     meds.iter()
-        .filter(|m| {
-            m.tool == "iperf3"
-                && m.dataset == dataset
-                && m.usable()
-                && m.rate == rate
-                && m.regime == regime
-                && m.rtt_ms == rtt
-                && m.direction == dir
-        })
+        .filter(|m| iperf_of(m, dataset, rate, regime, rtt, dir))
         .map(|m| (m.mbps_median, m.streams))
         .max_by(|a, b| a.0.total_cmp(&b.0))
+}
+
+fn iperf_of(m: &Med, dataset: &str, rate: &str, regime: &str, rtt: u32, dir: &str) -> bool {
+    m.tool == "iperf3"
+        && m.dataset == dataset
+        && m.usable()
+        && m.rate == rate
+        && m.regime == regime
+        && m.rtt_ms == rtt
+        && m.direction == dir
 }
 
 /// Best peer median for a link, direction and data set: (Mbit/s, tool, streams).
@@ -455,17 +503,18 @@ pub fn targets(meds: &[Med]) -> Vec<TargetCheck> {
         let same = iperf_same_bytes(meds, TARGET_FILE.bytes(), "1gbit", "default", rtt, "put");
         let (pass, detail) = share_of(
             f,
-            ip,
+            ip.map(|c| (c.mbps, c.streams)),
             "no iperf3 figure for this link",
-            |f, ratio, ip, s| {
+            |f, ratio, v, _| {
                 format!(
-                "ferry {:.0} Mbit/s (min {:.0}, max {:.0}, n={}) = {:.1}% of iperf3 {:.0} Mbit/s (-P {s})",
+                "ferry {:.0} Mbit/s (min {:.0}, max {:.0}, n={}) = {:.1}% of iperf3 {:.0} Mbit/s ({})",
                 f.mbps_median,
                 f.mbps_min,
                 f.mbps_max,
                 f.ok_runs,
                 ratio * 100.0,
-                ip
+                v,
+                ip.map(|c| c.describe()).unwrap_or_default()
             )
             },
         );
@@ -573,7 +622,7 @@ pub fn summary_tables(meds: &[Med]) -> String {
                 s,
                 "iperf3 memory to memory (Mbit/s, median): {}{}\n",
                 list.join(", "),
-                ip.map(|(v, p)| format!(" — best {v:.0} (-P {p})"))
+                ip.map(|c| format!(" — best {:.0} ({})", c.mbps, c.describe()))
                     .unwrap_or_default()
             );
         }
@@ -584,7 +633,7 @@ pub fn summary_tables(meds: &[Med]) -> String {
         let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|");
         for m in here.iter().filter(|m| m.tool != "iperf3") {
             let vs_ip = match ip {
-                Some((v, _)) if m.usable() => format!("{:.0}%", m.mbps_median / v * 100.0),
+                Some(c) if m.usable() => format!("{:.0}%", m.mbps_median / c.mbps * 100.0),
                 _ => "–".into(),
             };
             let vs_peer = match best_peer(meds, &m.key()) {
@@ -678,6 +727,7 @@ mod tests {
             error: String::new(),
             started: 0,
             ramp_s: None,
+            link_mbps: None,
         }
     }
 
@@ -795,6 +845,42 @@ mod tests {
         assert!(text.starts_with("tool,direction,rate,rtt_ms,regime,dataset,"));
         let n = csv::Reader::from_path(&mp).unwrap().records().count();
         assert_eq!(n, 2);
+    }
+
+    #[test]
+    fn the_ceiling_is_held_to_what_the_link_carries() {
+        let link = crate::iperf::payload_capacity_mbps(1_000_000_000, 9000, 8948);
+        let mut rows = Vec::new();
+        for (streams, mbps) in [(4, 990.0), (8, 998.0), (8, 1001.0), (8, 997.0)] {
+            let mut r = row("iperf3", 50, "memory", streams, mbps);
+            r.link_mbps = link;
+            rows.push(r);
+        }
+        rows.push(row("ferry", 50, "file-1GiB", 0, 946.0));
+        let meds = medians(&rows);
+        // -P 8's median (998) is above the link's 994.2: the ceiling is the link.
+        let c = iperf_best(&meds, "1gbit", "default", 50, "put").unwrap();
+        assert_eq!((c.streams, c.measured), (8, 998.0));
+        assert!((c.mbps - 994.222).abs() < 0.001, "{c:?}");
+        assert!(c.describe().contains("measured 998"), "{}", c.describe());
+        let t = targets(&meds);
+        // 946 / 994.2 = 95.1%, where 946 / 998 would be 94.8%
+        assert_eq!(t[2].pass, Some(true), "{}", t[2].detail);
+        assert!(
+            t[2].detail.contains("95.1% of iperf3 994"),
+            "{}",
+            t[2].detail
+        );
+        assert!(summary_tables(&meds).contains("| 95% |"));
+        // Below the link, the measured figure stands; without a link figure, too.
+        rows.retain(|r| r.tool != "iperf3" || r.streams != 8);
+        let c = iperf_best(&medians(&rows), "1gbit", "default", 50, "put").unwrap();
+        assert_eq!((c.mbps, c.streams), (990.0, 4));
+        assert_eq!(c.describe(), "-P 4");
+        // Off the bed (no link figure in any run) nothing holds it.
+        let rows = [row("iperf3", 50, "memory", 8, 1001.0)];
+        let c = iperf_best(&medians(&rows), "1gbit", "default", 50, "put").unwrap();
+        assert_eq!((c.mbps, c.link), (1001.0, None));
     }
 
     #[test]

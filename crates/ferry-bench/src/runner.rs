@@ -747,6 +747,7 @@ impl<'a> Runner<'a> {
             error: String::new(),
             started: now_unix(),
             ramp_s: None,
+            link_mbps: None,
         }
     }
 
@@ -822,6 +823,10 @@ impl<'a> Runner<'a> {
                 row.mbps = r.mean_mbps;
                 row.tool_mbps = Some(r.median_mbps);
                 row.verified = true;
+                row.link_mbps = bed.and_then(|b| {
+                    let c = b.config();
+                    iperf::payload_capacity_mbps(c.rate_bps?, c.mtu, r.mss?)
+                });
             }
             Err(e) => row.error = format!("{e:#}"),
         }
