@@ -271,23 +271,45 @@ pub struct Ceiling {
 }
 
 impl Ceiling {
-    /// `-P 8`, or what held a measured figure to the link's capacity.
+    /// `-P 8`, and what held a measured figure to the link's capacity, if anything did.
     pub fn describe(&self) -> String {
+        match self.held() {
+            Some(why) => format!("-P {}; {why}", self.streams),
+            None => format!("-P {}", self.streams),
+        }
+    }
+
+    /// Why the ceiling is below the measured figure, if it is.
+    pub fn held(&self) -> Option<String> {
         match self.link {
-            Some(l) if self.measured > l => format!(
-                "-P {} measured {:.0}, more than the link carries: held to its {l:.1}, rate × MSS / MTU",
-                self.streams, self.measured
-            ),
-            _ => format!("-P {}", self.streams),
+            Some(l) if self.measured > l => Some(format!(
+                "measured {:.0}, more than the link carries: held to its {l:.1} (rate × MSS / MTU)",
+                self.measured
+            )),
+            _ => None,
         }
     }
 }
 
 /// The steady-state ceiling on a link and direction (see [`Ceiling`]).
 pub fn iperf_best(meds: &[Med], rate: &str, regime: &str, rtt: u32, dir: &str) -> Option<Ceiling> {
+    ceiling_of(meds, "memory", rate, regime, rtt, dir)
+}
+
+/// The best median of an iperf3 data set on a link, held to the link's capacity, which the
+/// link's steady-state rows carry (an `-n` run's wall clock can also exceed it: iperf3 ends
+/// when its last byte is written, not delivered).
+fn ceiling_of(
+    meds: &[Med],
+    dataset: &str,
+    rate: &str,
+    regime: &str,
+    rtt: u32,
+    dir: &str,
+) -> Option<Ceiling> {
     let best = meds
         .iter()
-        .filter(|m| iperf_of(m, "memory", rate, regime, rtt, dir))
+        .filter(|m| iperf_of(m, dataset, rate, regime, rtt, dir))
         .max_by(|a, b| a.mbps_median.total_cmp(&b.mbps_median))?;
     let link = meds
         .iter()
@@ -302,8 +324,8 @@ pub fn iperf_best(meds: &[Med], rate: &str, regime: &str, rtt: u32, dir: &str) -
     })
 }
 
-/// Best `iperf3 -n BYTES` median, timed like a ferry run: (Mbit/s, streams). The like-for-like
-/// ceiling for moving one file of that size, set-up and slow start included.
+/// Best `iperf3 -n BYTES` median, timed like a ferry run. The like-for-like ceiling for moving
+/// one file of that size, set-up and slow start included (held like [`iperf_best`]).
 pub fn iperf_same_bytes(
     meds: &[Med],
     bytes: u64,
@@ -311,23 +333,9 @@ pub fn iperf_same_bytes(
     regime: &str,
     rtt: u32,
     dir: &str,
-) -> Option<(f64, u16)> {
+) -> Option<Ceiling> {
     let label = crate::iperf::same_bytes_label(bytes);
-    iperf_best_of(meds, &label, rate, regime, rtt, dir)
-}
-
-fn iperf_best_of(
-    meds: &[Med],
-    dataset: &str,
-    rate: &str,
-    regime: &str,
-    rtt: u32,
-    dir: &str,
-) -> Option<(f64, u16)> {
-    meds.iter()
-        .filter(|m| iperf_of(m, dataset, rate, regime, rtt, dir))
-        .map(|m| (m.mbps_median, m.streams))
-        .max_by(|a, b| a.0.total_cmp(&b.0))
+    ceiling_of(meds, &label, rate, regime, rtt, dir)
 }
 
 fn iperf_of(m: &Med, dataset: &str, rate: &str, regime: &str, rtt: u32, dir: &str) -> bool {
@@ -526,14 +534,15 @@ pub fn targets(meds: &[Med]) -> Vec<TargetCheck> {
         );
         let (pass, detail) = share_of(
             f,
-            same,
+            same.map(|c| (c.mbps, c.streams)),
             "no iperf3 -n figure for this link",
             |f, ratio, v, s| {
                 format!(
-                "ferry {:.0} Mbit/s = {:.1}% of iperf3 -n 1GiB -P {s} {:.0} Mbit/s (both by process wall clock)",
+                "ferry {:.0} Mbit/s = {:.1}% of iperf3 -n 1GiB -P {s} {:.0} Mbit/s ({}both by process wall clock)",
                 f.mbps_median,
                 ratio * 100.0,
-                v
+                v,
+                same.and_then(|c| c.held()).map(|h| format!("{h}; ")).unwrap_or_default()
             )
             },
         );
@@ -872,6 +881,13 @@ mod tests {
             t[2].detail
         );
         assert!(summary_tables(&meds).contains("| 95% |"));
+        // An -n figure above the link is held to it as well (the steady rows carry the link).
+        let mut same = rows.clone();
+        same.push(row("iperf3", 50, "memory-1GiB", 8, 997.0));
+        let c = iperf_same_bytes(&medians(&same), 1 << 30, "1gbit", "default", 50, "put").unwrap();
+        assert!((c.mbps - 994.222).abs() < 0.001, "{c:?}");
+        let t = targets(&medians(&same));
+        assert!(t[3].detail.contains("measured 997"), "{}", t[3].detail);
         // Below the link, the measured figure stands; without a link figure, too.
         rows.retain(|r| r.tool != "iperf3" || r.streams != 8);
         let c = iperf_best(&medians(&rows), "1gbit", "default", 50, "put").unwrap();
