@@ -298,12 +298,16 @@ fn rate_cap_is_held_within_5pct() {
     // payload, so the best possible goodput is rate * (mtu - 52) / mtu (99.4% at MTU 9000).
     // ACKs travel the other direction and cost nothing here.
     let cap = rate as f64 * (mtu - 52) as f64 / mtu as f64;
-    // Up to three runs. Going over the cap is the emulator's fault and fails at once; falling
-    // short can also be the host's: on a VM whose host was busy, 8 runs in a row reached
-    // 68-92% of the cap, and the next 5 (nothing changed) 98.5-100%. A TCP flow falls short
-    // of the cap for many reasons, but none makes it exceed it.
+    // Up to five runs, a second apart. Going over the cap is the emulator's fault and fails at
+    // once; falling short can also be the host's: on a VM whose host was busy, 8 runs in a row
+    // reached 68-92% of the cap, and the next 5 (nothing changed) 98.5-100%; a CI run on
+    // 2026-11-25 had three at 88-92% and the same test passed at 99.3% minutes later. A TCP
+    // flow falls short of the cap for many reasons, but none makes it exceed it.
     let mut last = 0.0;
-    for attempt in 1..=3 {
+    for attempt in 1..=5 {
+        if attempt > 1 {
+            std::thread::sleep(Duration::from_secs(1));
+        }
         let goodput = iperf3_goodput(&bed);
         let st = bed.stats();
         eprintln!(
@@ -324,7 +328,7 @@ fn rate_cap_is_held_within_5pct() {
         last = goodput;
     }
     panic!(
-        "goodput {last} vs cap {cap} ({:.2}%) in the last of 3 runs",
+        "goodput {last} vs cap {cap} ({:.2}%) in the last of 5 runs",
         last / cap * 100.0
     );
 }
