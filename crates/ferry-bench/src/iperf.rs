@@ -35,7 +35,7 @@ pub struct IperfResult {
 /// so be read, and counted, inside it. Of the 324 steady-state iperf3 rows on the 1 Gbit/s bed
 /// in `docs/bench/runs/` (MTU 9000: 994.2 Mbit/s of payload), 16 at 50 ms report more than the
 /// link can carry, up to 1,008 (8 streams, losing some 15% of their packets at the queue),
-/// and 25 at 0 ms up to 994.7 (interval timing). The best of several such figures is biased
+/// and 25 at 0 ms by at most 0.05% (994.7). The best of several such figures is biased
 /// upward the most. A ceiling above what the link carries is a measurement error, not a rate
 /// anyone can reach.
 pub fn payload_capacity_mbps(rate_bps: u64, mtu: u32, mss: u32) -> Option<f64> {

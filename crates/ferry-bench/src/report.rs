@@ -480,19 +480,19 @@ fn find<'a>(meds: &'a [Med], rtt: u32, dataset: &str) -> Option<&'a Med> {
     })
 }
 
-/// ferry's median as a share of an iperf3 ceiling `(Mbit/s, streams)`: passes at ≥ 95%.
-/// `detail` words a measured pair (ferry, ratio, ceiling, streams); `no_ceiling` says why there
-/// is nothing to compare with.
+/// ferry's median as a share of an iperf3 [`Ceiling`]: passes at ≥ 95%. `detail` words a
+/// measured pair (ferry, ratio, ceiling); `no_ceiling` says why there is nothing to compare
+/// with.
 fn share_of(
     ferry: Option<&Med>,
-    ceiling: Option<(f64, u16)>,
+    ceiling: Option<Ceiling>,
     no_ceiling: &str,
-    detail: impl Fn(&Med, f64, f64, u16) -> String,
+    detail: impl Fn(&Med, f64, &Ceiling) -> String,
 ) -> (Option<bool>, String) {
     match (ferry, ceiling) {
-        (Some(f), Some((c, s))) => {
-            let ratio = f.mbps_median / c;
-            (Some(ratio >= 0.95), detail(f, ratio, c, s))
+        (Some(f), Some(c)) => {
+            let ratio = f.mbps_median / c.mbps;
+            (Some(ratio >= 0.95), detail(f, ratio, &c))
         }
         (None, _) => (None, "not measured (run with --targets)".into()),
         (_, None) => (None, no_ceiling.into()),
@@ -509,23 +509,18 @@ pub fn targets(meds: &[Med]) -> Vec<TargetCheck> {
         let f = find(meds, rtt, &TARGET_FILE.label());
         let ip = iperf_best(meds, "1gbit", "default", rtt, "put");
         let same = iperf_same_bytes(meds, TARGET_FILE.bytes(), "1gbit", "default", rtt, "put");
-        let (pass, detail) = share_of(
-            f,
-            ip.map(|c| (c.mbps, c.streams)),
-            "no iperf3 figure for this link",
-            |f, ratio, v, _| {
-                format!(
+        let (pass, detail) = share_of(f, ip, "no iperf3 figure for this link", |f, ratio, c| {
+            format!(
                 "ferry {:.0} Mbit/s (min {:.0}, max {:.0}, n={}) = {:.1}% of iperf3 {:.0} Mbit/s ({})",
                 f.mbps_median,
                 f.mbps_min,
                 f.mbps_max,
                 f.ok_runs,
                 ratio * 100.0,
-                v,
-                ip.map(|c| c.describe()).unwrap_or_default()
+                c.mbps,
+                c.describe()
             )
-            },
-        );
+        });
         out.push(TargetCheck { name, pass, detail });
         // The steady-state ceiling leaves out what every transfer of a finite size pays:
         // connection set-up and slow start. iperf3 moving the same bytes pays them too.
@@ -534,15 +529,16 @@ pub fn targets(meds: &[Med]) -> Vec<TargetCheck> {
         );
         let (pass, detail) = share_of(
             f,
-            same.map(|c| (c.mbps, c.streams)),
+            same,
             "no iperf3 -n figure for this link",
-            |f, ratio, v, s| {
+            |f, ratio, c| {
                 format!(
-                "ferry {:.0} Mbit/s = {:.1}% of iperf3 -n 1GiB -P {s} {:.0} Mbit/s ({}both by process wall clock)",
+                "ferry {:.0} Mbit/s = {:.1}% of iperf3 -n 1GiB -P {} {:.0} Mbit/s ({}both by process wall clock)",
                 f.mbps_median,
                 ratio * 100.0,
-                v,
-                same.and_then(|c| c.held()).map(|h| format!("{h}; ")).unwrap_or_default()
+                c.streams,
+                c.mbps,
+                c.held().map(|h| format!("{h}; ")).unwrap_or_default()
             )
             },
         );

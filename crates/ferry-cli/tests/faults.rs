@@ -477,6 +477,17 @@ fn mib(b: u64) -> f64 {
 // ---------------------------------------------------------------------------------------------
 // 1. kill -9 the server in the middle of a 1 GiB put
 
+/// The most bytes below a partial copy's size that can be missing when its session dies: a
+/// block may be arriving on each stream, waiting in the queue between the connections and the
+/// writers (two frames per writer, `engine::drive_receiver`), or being written by each writer,
+/// while a later block is already written; plus the last block, which always goes again.
+/// (Without the queue the bound was 72 MiB, and a kill caught 77 MiB missing.)
+fn unwritten_bound(streams: u64, block: u64, headers: u64) -> i64 {
+    let writers = 4; // ferry serve's receiver threads (ServerConfig::writers)
+    let queued = 2 * writers;
+    ((streams + writers + queued) * block + block + headers) as i64
+}
+
 /// The server is SIGKILLed halfway through a 1 GiB put (4 streams, 8 MiB blocks). The client
 /// (`--retry-for 0`) fails with a hint to re-run; the server is restarted on the same root and
 /// port; the same put completes byte-identical and sends again little of what had arrived.
@@ -497,17 +508,6 @@ fn mib(b: u64) -> f64 {
 /// again: it carries the file digest) + 64 KiB of frame headers; and nothing the journal
 /// proved may be sent again beyond the last block. `resent_ub` is reported and held to the
 /// structural bound [`unwritten_bound`].
-/// The most bytes below a partial copy's size that can be missing when its session dies: a
-/// block may be arriving on each stream, waiting in the queue between the connections and the
-/// writers (two frames per writer, `engine::drive_receiver`), or being written by each writer,
-/// while a later block is already written; plus the last block, which always goes again.
-/// (Without the queue the bound was 72 MiB, and a kill caught 77 MiB missing.)
-fn unwritten_bound(streams: u64, block: u64, headers: u64) -> i64 {
-    let writers = 4; // ferry serve's receiver threads (ServerConfig::writers)
-    let queued = 2 * writers;
-    ((streams + writers + queued) * block + block + headers) as i64
-}
-
 #[test]
 fn kill9_server_mid_put_resumes_after_restart() {
     let _serial = serial();
