@@ -2,7 +2,9 @@
 //!
 //! Blocks carry XXH3-128: it runs at memory speed, so checking every block before it is written
 //! costs almost nothing. Whole files get a cryptographic or catalogue digest chosen by the user,
-//! computed in offset order on both ends (see `recv::InOrderHasher` for out-of-order arrival).
+//! computed in offset order by the sender and, by the receiver, from blocks in any order: a
+//! BLAKE3 tree ([`Blake3Tree`]) or in offset order with a read-back of what arrived ahead
+//! (`recv`, the other algorithms).
 
 use ferry_proto::ChecksumAlgo;
 use md5::Digest as _;
@@ -48,6 +50,212 @@ impl FileHasher {
             Self::Sha256(h) => h.finalize().to_vec(),
             Self::Md5(h) => h.finalize().to_vec(),
         }
+    }
+}
+
+/// BLAKE3 of a file put together from pieces that arrive in any order.
+///
+/// BLAKE3 is a tree: every aligned power-of-two run of 1 KiB chunks that is not the whole
+/// input is a subtree whose chaining value can be computed on its own
+/// (`blake3::hazmat`), and merging them by the tree's shape gives exactly `blake3::hash` of
+/// the whole. So a receiver can hash each block from memory as it arrives, on whichever
+/// thread writes it, instead of reading back what arrived ahead of an in-order cursor (which
+/// was most of a multi-stream file, and the end of a transfer waited for its catch-up).
+/// Nothing about the digest changes on the wire.
+///
+/// Sans I/O: [`Blake3Tree::pieces`] hashes a block's data, [`Blake3Tree::insert`] files the
+/// results, [`Blake3Tree::missing`] names what no block covered whole (a piece of a chunk at
+/// an unaligned block edge: the caller reads those back), [`Blake3Tree::finish`] merges.
+/// Nodes are kept as (level, index): level `k` covers `1 KiB << k` bytes from `index` times
+/// that, cut at the end of the file. Siblings merge as soon as both are there, so what is
+/// kept is a few nodes per gap between the blocks that have arrived, not one per chunk.
+#[derive(Debug)]
+pub struct Blake3Tree {
+    size: u64,
+    nodes: std::collections::HashMap<(u8, u64), blake3::hazmat::ChainingValue>,
+}
+
+/// One hashed subtree of a file: where it sits in the tree and its chaining value.
+#[derive(Clone, Copy, Debug)]
+pub struct Piece {
+    level: u8,
+    index: u64,
+    cv: blake3::hazmat::ChainingValue,
+}
+
+const CHUNK: u64 = blake3::CHUNK_LEN as u64;
+
+impl Blake3Tree {
+    /// Files of up to this many bytes are not worth a tree: they arrive as one block, hashed
+    /// in order from memory anyway.
+    pub const MIN_SIZE: u64 = 64 << 10;
+
+    /// A tree for a file of `size` bytes, more than [`Self::MIN_SIZE`] (a file of one chunk
+    /// has no subtrees to merge).
+    pub fn new(size: u64) -> Option<Self> {
+        (size > Self::MIN_SIZE).then(|| Self {
+            size,
+            nodes: Default::default(),
+        })
+    }
+
+    /// The size of the file this tree is for.
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// Hashes the whole subtrees inside `data`, which sits at `offset` in a file of `size`
+    /// bytes: aligned power-of-two runs of chunks, and the file's last, short chunk if the
+    /// data reaches it. Bytes at unaligned edges are left out (see [`Self::missing`]). Runs
+    /// without any lock; a range outside the file gives nothing.
+    pub fn pieces(size: u64, offset: u64, data: &[u8]) -> Vec<Piece> {
+        use blake3::hazmat::HasherExt as _;
+        let mut out = Vec::new();
+        let Some(end) = offset.checked_add(data.len() as u64) else {
+            return out;
+        };
+        if size <= Self::MIN_SIZE || end > size {
+            return out;
+        }
+        let mut at = offset.next_multiple_of(CHUNK);
+        // Only the file's end may cut a chunk short.
+        let stop = if end == size { end } else { end - end % CHUNK };
+        while at < stop {
+            let left = stop - at;
+            let len = if left < CHUNK {
+                left // the last chunk of the file
+            } else {
+                // The largest power of two that `at` is aligned to, that fits, and that is
+                // not the whole file (that would be the root, which is merged, not hashed).
+                let mut len = 1u64 << (63 - left.leading_zeros());
+                if at > 0 {
+                    len = len.min(1u64 << at.trailing_zeros());
+                }
+                while len >= size {
+                    len /= 2;
+                }
+                len
+            };
+            let level = (len.max(CHUNK) / CHUNK).trailing_zeros() as u8;
+            let from = (at - offset) as usize;
+            let cv = blake3::Hasher::new()
+                .set_input_offset(at)
+                .update(&data[from..from + len as usize])
+                .finalize_non_root();
+            out.push(Piece {
+                level,
+                index: at / (CHUNK << level),
+                cv,
+            });
+            at += len;
+        }
+        out
+    }
+
+    /// Files a piece of [`Self::pieces`] (computed for this file's size), merging it with its
+    /// sibling while both are there. A piece that a node already filed covers (a copy of a
+    /// block) is dropped.
+    pub fn insert(&mut self, piece: Piece) {
+        let Piece {
+            mut level,
+            mut index,
+            mut cv,
+        } = piece;
+        if self.covered(level, index) {
+            return;
+        }
+        loop {
+            let span = CHUNK << level;
+            // Merged only below the root, and only with a sibling inside the file.
+            let sibling = index ^ 1;
+            let is_root = index / 2 == 0 && span.saturating_mul(2) >= self.size;
+            if is_root || sibling.saturating_mul(span) >= self.size {
+                self.nodes.insert((level, index), cv);
+                return;
+            }
+            let Some(other) = self.nodes.remove(&(level, sibling)) else {
+                self.nodes.insert((level, index), cv);
+                return;
+            };
+            let (l, r) = if index & 1 == 0 {
+                (cv, other)
+            } else {
+                (other, cv)
+            };
+            cv = blake3::hazmat::merge_subtrees_non_root(&l, &r, blake3::hazmat::Mode::Hash);
+            level += 1;
+            index /= 2;
+        }
+    }
+
+    /// Whether the node at (level, index) or one above it is filed.
+    fn covered(&self, level: u8, index: u64) -> bool {
+        // 2^10 << 53 bytes is past any file a u64 can size.
+        (level..=53).any(|l| {
+            let up = u32::from(l - level);
+            self.nodes.contains_key(&(l, index >> up))
+        })
+    }
+
+    /// The node covering `[offset, offset + len)`, a node of the file's tree.
+    fn node(&self, offset: u64, len: u64) -> Option<&blake3::hazmat::ChainingValue> {
+        let level = len.div_ceil(CHUNK).next_power_of_two().trailing_zeros() as u8;
+        let span = CHUNK << level;
+        offset.is_multiple_of(span)
+            .then(|| self.nodes.get(&(level, offset / span)))
+            .flatten()
+    }
+
+    /// Byte ranges of the file that no filed piece covers, in order: read them back and pass
+    /// them through [`Self::pieces`] before [`Self::finish`].
+    pub fn missing(&self) -> Vec<(u64, u64)> {
+        let mut out: Vec<(u64, u64)> = Vec::new();
+        self.walk_missing(0, self.size, &mut out);
+        out
+    }
+
+    fn walk_missing(&self, offset: u64, len: u64, out: &mut Vec<(u64, u64)>) {
+        if offset != 0 || len != self.size {
+            if self.node(offset, len).is_some() {
+                return;
+            }
+            if len <= CHUNK {
+                match out.last_mut() {
+                    Some((_, end)) if *end == offset => *end += len,
+                    _ => out.push((offset, offset + len)),
+                }
+                return;
+            }
+        }
+        let left = blake3::hazmat::left_subtree_len(len);
+        self.walk_missing(offset, left, out);
+        self.walk_missing(offset + left, len - left, out);
+    }
+
+    fn chaining_value(&self, offset: u64, len: u64) -> Option<blake3::hazmat::ChainingValue> {
+        if let Some(cv) = self.node(offset, len) {
+            return Some(*cv);
+        }
+        if len <= CHUNK {
+            return None;
+        }
+        let left = blake3::hazmat::left_subtree_len(len);
+        let l = self.chaining_value(offset, left)?;
+        let r = self.chaining_value(offset + left, len - left)?;
+        Some(blake3::hazmat::merge_subtrees_non_root(
+            &l,
+            &r,
+            blake3::hazmat::Mode::Hash,
+        ))
+    }
+
+    /// The file's BLAKE3, or `None` while [`Self::missing`] is not empty.
+    pub fn finish(&self) -> Option<Vec<u8>> {
+        let left = blake3::hazmat::left_subtree_len(self.size);
+        let l = self.chaining_value(0, left)?;
+        let r = self.chaining_value(left, self.size - left)?;
+        let root = blake3::hazmat::merge_subtrees_root(&l, &r, blake3::hazmat::Mode::Hash);
+        Some(root.as_bytes().to_vec())
     }
 }
 
@@ -100,6 +308,145 @@ pub fn unhex32(s: &str) -> Option<[u8; 32]> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Deterministic bytes that differ at every offset (a repeated pattern would hide a piece
+    /// filed at the wrong place).
+    fn data(size: u64) -> Vec<u8> {
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        (0..size)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect()
+    }
+
+    /// Feeds `blocks` (offset, end) of `data` in the order given, then what `missing` names,
+    /// as a receiver does.
+    fn tree_digest(data: &[u8], blocks: &[(u64, u64)]) -> Vec<u8> {
+        let size = data.len() as u64;
+        let mut tree = Blake3Tree::new(size).expect("large enough");
+        for &(s, e) in blocks {
+            for p in Blake3Tree::pieces(size, s, &data[s as usize..e as usize]) {
+                tree.insert(p);
+            }
+        }
+        for (s, e) in tree.missing() {
+            for p in Blake3Tree::pieces(size, s, &data[s as usize..e as usize]) {
+                tree.insert(p);
+            }
+        }
+        assert!(tree.missing().is_empty(), "read-back filled every gap");
+        tree.finish().expect("complete")
+    }
+
+    #[test]
+    fn tree_of_aligned_blocks_is_blake3_without_read_back() {
+        // The shapes a transfer cuts: 256 KiB head blocks, whole 1 MiB blocks, 64 KiB tail
+        // cuts, a short last block; sizes at and around powers of two.
+        for size in [
+            (1u64 << 17) + 1,
+            1 << 20,
+            (1 << 20) + 1,
+            (1 << 20) - 1,
+            3 << 20,
+            (5 << 20) + 12_345,
+        ] {
+            let d = data(size);
+            let mut blocks = Vec::new();
+            let mut at = 0;
+            let mut n = 0u64;
+            while at < size {
+                let len = match n {
+                    0..=3 => 256 << 10,
+                    _ if size - at < (2 << 20) => 64 << 10,
+                    _ => 1 << 20,
+                }
+                .min(size - at);
+                blocks.push((at, at + len));
+                at += len;
+                n += 1;
+            }
+            blocks.reverse();
+            let mut tree = Blake3Tree::new(size).unwrap();
+            for &(s, e) in &blocks {
+                for p in Blake3Tree::pieces(size, s, &d[s as usize..e as usize]) {
+                    tree.insert(p);
+                }
+            }
+            assert_eq!(
+                tree.missing(),
+                vec![],
+                "size {size}: aligned blocks cover all"
+            );
+            assert_eq!(tree.finish().unwrap(), blake3::hash(&d).as_bytes().to_vec());
+            // Merged as they came: a handful of nodes, not one per block.
+            assert!(
+                tree.nodes.len() <= 64,
+                "size {size}: {} nodes",
+                tree.nodes.len()
+            );
+        }
+    }
+
+    #[test]
+    fn an_empty_tree_misses_the_whole_file() {
+        let size = (1 << 20) + 7;
+        let tree = Blake3Tree::new(size).unwrap();
+        assert_eq!(tree.missing(), vec![(0, size)]);
+        assert_eq!(tree.finish(), None);
+        assert!(Blake3Tree::new(Blake3Tree::MIN_SIZE).is_none());
+        // Outside the file: nothing, no panic.
+        assert!(Blake3Tree::pieces(size, size - 10, &[0u8; 20]).is_empty());
+        assert!(Blake3Tree::pieces(size, u64::MAX - 5, &[0u8; 20]).is_empty());
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(200))]
+
+        /// Blocks cut anywhere (unaligned edges included), in any order, some arriving twice
+        /// (the sender's endgame): the tree gives BLAKE3 of the whole file.
+        #[test]
+        fn tree_of_blocks_in_any_order_is_blake3(
+            size in proptest::prop_oneof![
+                (Blake3Tree::MIN_SIZE + 1)..(700u64 << 10),
+                proptest::sample::select(vec![1u64 << 17, (1 << 18) + 1, (1 << 19) - 1, 3 << 17]),
+            ],
+            cuts in proptest::collection::vec(0u64..u64::MAX, 0..12),
+            aligned in proptest::bool::ANY,
+            copies in proptest::collection::vec((0u64..u64::MAX, 0u64..u64::MAX), 0..4),
+            seed in 0u64..u64::MAX,
+        ) {
+            let d = data(size);
+            let mut points: Vec<u64> = cuts
+                .iter()
+                .map(|c| if aligned { (c % size) & !0xffff } else { c % size })
+                .chain([0, size])
+                .collect();
+            points.sort_unstable();
+            points.dedup();
+            let mut blocks: Vec<(u64, u64)> = points.windows(2).map(|w| (w[0], w[1])).collect();
+            for (a, b) in copies {
+                let (s, e) = ((a % size).min(b % size), (a % size).max(b % size));
+                if s < e {
+                    blocks.push((s, e));
+                }
+            }
+            let mut x = seed | 1;
+            for i in (1..blocks.len()).rev() {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                blocks.swap(i, (x % (i as u64 + 1)) as usize);
+            }
+            proptest::prop_assert_eq!(
+                tree_digest(&d, &blocks),
+                blake3::hash(&d).as_bytes().to_vec()
+            );
+        }
+    }
 
     #[test]
     fn known_vectors() {

@@ -15,10 +15,12 @@
 //! ```
 //!
 //! Data lands in a hidden temporary file `.ferry-<session>-<id>.part` next to the final name.
-//! The file digest is computed in offset order: a block that arrives in order is hashed from
-//! memory; a block that arrives ahead of the cursor is written and hashed later by reading it
-//! back, which comes from the page cache because it was just written. Only algorithms with a
-//! tree structure could avoid that copy; MD5/SHA-256 users need the sequential digest anyway.
+//! The file digest of a fresh file with BLAKE3 (the default) is a tree: each writer hashes the
+//! block it writes from memory, in any order, and the chaining values merge into the digest of
+//! the whole ([`Blake3Tree`]). The other algorithms, and a resumed copy, are hashed in offset
+//! order: a block that arrives in order is hashed from memory; a block that arrives ahead of the
+//! cursor is written and hashed later by reading it back, which comes from the page cache
+//! because it was just written.
 //!
 //! Durability is grouped: the finalizer takes every file that is ready, makes the batch durable
 //! with one `syncfs` (or one `fsync` for a lone file), renames each with `RENAME_NOREPLACE`
@@ -40,7 +42,7 @@ use ferry_proto::{
     FileId, FileMeta, Frame, OfferEntry, MAX_RESUME_RANGES,
 };
 
-use crate::digest::{block_digest, hex, FileHasher};
+use crate::digest::{block_digest, hex, Blake3Tree, FileHasher};
 use crate::error::FsError;
 use crate::path::{join, split_parent, validate_rel};
 use crate::report::Reporter;
@@ -164,9 +166,16 @@ struct Writing {
     temp: String,
     name: String,
     written: Ranges,
+    /// The in-order digest (every algorithm, and a resumed copy, whose proven part is read
+    /// back when it is opened); `None` while a writer reads back outside the lock, and in
+    /// tree mode.
     hasher: Option<FileHasher>,
-    /// Offset up to which the file digest has consumed the data.
+    /// Offset up to which the in-order digest has consumed the data.
     cursor: u64,
+    /// BLAKE3 of a fresh file larger than [`Blake3Tree::MIN_SIZE`], put together from each
+    /// block as it is written, in any order (see [`Blake3Tree`]); replaces the in-order
+    /// digest, so nothing is read back but bytes at unaligned block edges.
+    tree: Option<Box<Blake3Tree>>,
     expected: Option<Bytes>,
     /// Resume journal, for files larger than one block.
     journal: Option<JournalFile>,
@@ -466,10 +475,16 @@ impl Receiver {
             return Ok(());
         }
         let file = w.file.clone();
+        let tree = w.tree.is_some();
         w.inflight += 1;
-        // Write without holding the slot, so other blocks of the same file proceed in parallel.
+        // Write (and hash, in tree mode) without holding the slot, so other blocks of the same
+        // file proceed in parallel.
         drop(slot);
         let write = file.write_all_at(&block.data, block.offset);
+        let pieces = match write {
+            Ok(()) if tree => Blake3Tree::pieces(entry.meta.size, block.offset, &block.data),
+            _ => Vec::new(),
+        };
         let mut slot = lock(&entry.slot);
         let Slot::Writing(w) = &mut *slot else {
             return Ok(());
@@ -481,6 +496,11 @@ impl Receiver {
             drop(slot);
             self.fail(&entry, code, msg, true);
             return Ok(());
+        }
+        if let Some(t) = w.tree.as_mut() {
+            for p in pieces {
+                t.insert(p);
+            }
         }
         // A copy of a block can arrive on two connections (the sender's endgame) and both may
         // be written before either is recorded: the second counts for nothing.
@@ -511,7 +531,8 @@ impl Receiver {
     }
 
     /// Feeds the in-order digest with what has been written from its cursor on and, once the
-    /// whole file is hashed and its digest has arrived, hands it to verification. `slot` holds
+    /// whole file is hashed (in tree mode: written) and its digest has arrived, hands it to
+    /// verification. `slot` holds
     /// the file's `Writing` state; `fresh` is the block just written.
     ///
     /// The block just written, when it is next, is hashed from memory under the file's lock:
@@ -533,6 +554,9 @@ impl Receiver {
             let Slot::Writing(w) = &mut *slot else {
                 return;
             };
+            if w.tree.is_some() {
+                break; // each writer hashed its own block
+            }
             match (fresh.take(), w.hasher.as_mut()) {
                 (Some((offset, data)), Some(h)) if offset == w.cursor => {
                     h.update(data);
@@ -566,11 +590,11 @@ impl Receiver {
         let Slot::Writing(w) = &mut *slot else {
             return;
         };
-        if w.cursor == entry.meta.size
-            && w.expected.is_some()
-            && w.hasher.is_some()
-            && w.inflight == 0
-        {
+        let hashed = match w.tree {
+            Some(_) => w.written.contains(0, entry.meta.size),
+            None => w.cursor == entry.meta.size && w.hasher.is_some(),
+        };
+        if hashed && w.expected.is_some() && w.inflight == 0 {
             let Slot::Writing(w) = std::mem::replace(&mut *slot, Slot::Finalizing) else {
                 unreachable!("matched Writing above")
             };
@@ -580,11 +604,22 @@ impl Receiver {
     }
 
     fn verify_and_queue(&self, entry: &FileEntry, mut w: Writing) {
-        let digest = w
-            .hasher
-            .take()
-            .map(FileHasher::finalize)
-            .unwrap_or_default();
+        let digest = match w.tree.take() {
+            Some(tree) => match finish_tree(&w.file, *tree) {
+                Ok(d) => d,
+                Err(e) => {
+                    *lock(&entry.slot) = Slot::Writing(Box::new(w));
+                    let msg = format!("reading back {}: {e}", entry.meta.path);
+                    self.fail(entry, ErrorCode::IO, msg, true);
+                    return;
+                }
+            },
+            None => w
+                .hasher
+                .take()
+                .map(FileHasher::finalize)
+                .unwrap_or_default(),
+        };
         if Some(digest.as_slice()) != w.expected.as_deref() {
             *lock(&entry.slot) = Slot::Writing(Box::new(w));
             self.fail(
@@ -879,6 +914,7 @@ impl Receiver {
             written: Ranges::default(),
             hasher: Some(FileHasher::new(self.config.checksum)),
             cursor: 0,
+            tree: None,
             expected: None,
             journal,
             inflight: 0,
@@ -888,7 +924,7 @@ impl Receiver {
             let flags = root::OFlags::RDWR | root::OFlags::CREATE | root::OFlags::EXCL;
             let file =
                 File::from(root::open_in(&dir, &temp, flags, 0o600).map_err(|e| io(&temp, e))?);
-            return Ok(writing(file, temp, None));
+            return Ok(self.fresh_digest(writing(file, temp, None), meta.size));
         }
         let temp = journaled_temp(name);
         let jname = journal_name(name);
@@ -944,6 +980,9 @@ impl Receiver {
             end: buf.len() as u64,
         };
         let mut w = writing(file, temp, Some(journal));
+        if records.is_empty() {
+            return Ok(self.fresh_digest(w, meta.size));
+        }
         for rec in &records {
             w.written
                 .insert(rec.offset, rec.offset + u64::from(rec.len));
@@ -951,6 +990,18 @@ impl Receiver {
         // Hash the proven prefix now, so the digest is ready to go on when the rest arrives.
         catch_up(&mut w).map_err(|e| io(&w.temp, e))?;
         Ok(w)
+    }
+
+    /// A file written from nothing is hashed as a BLAKE3 tree when that is its digest and it
+    /// is large enough to come in several blocks; otherwise in order.
+    fn fresh_digest(&self, mut w: Writing, size: u64) -> Writing {
+        if self.config.checksum == ChecksumAlgo::Blake3 {
+            if let Some(tree) = Blake3Tree::new(size) {
+                w.tree = Some(Box::new(tree));
+                w.hasher = None;
+            }
+        }
+        w
     }
 
     /// Reads an earlier attempt's journal and keeps the records whose blocks still match.
@@ -1262,6 +1313,30 @@ fn hash_back(file: &File, hasher: &mut FileHasher, from: u64, end: u64) -> std::
     Ok(())
 }
 
+/// The BLAKE3 of a file hashed as a tree, reading back what no block covered whole (bytes at
+/// unaligned block edges: none when every block is cut at a multiple of 1 KiB). Called once
+/// every byte is written.
+fn finish_tree(file: &File, mut tree: Blake3Tree) -> std::io::Result<Vec<u8>> {
+    let size = tree.size();
+    let mut buf = Vec::new();
+    for (from, end) in tree.missing() {
+        let mut at = from;
+        while at < end {
+            // Whole chunks per read (1 MiB is a multiple of BLAKE3's 1 KiB), so every read but
+            // the file's last ends on a chunk edge.
+            let n = (end - at).min(1 << 20) as usize;
+            buf.resize(n, 0);
+            file.read_exact_at(&mut buf, at)?;
+            for p in Blake3Tree::pieces(size, at, &buf) {
+                tree.insert(p);
+            }
+            at += n as u64;
+        }
+    }
+    tree.finish()
+        .ok_or_else(|| std::io::Error::other("the digest tree has a gap"))
+}
+
 /// Makes ready files durable in batches, then gives them their final names.
 fn finalizer(receiver: std::sync::Weak<Receiver>, jobs: flume::Receiver<FinalizeJob>) {
     while let Ok(first) = jobs.recv() {
@@ -1403,6 +1478,14 @@ mod tests {
         dir: &std::path::Path,
         reporter: Arc<dyn Reporter>,
     ) -> (Arc<Receiver>, flume::Receiver<Frame>) {
+        receiver_algo(dir, reporter, ChecksumAlgo::Blake3)
+    }
+
+    fn receiver_algo(
+        dir: &std::path::Path,
+        reporter: Arc<dyn Reporter>,
+        checksum: ChecksumAlgo,
+    ) -> (Arc<Receiver>, flume::Receiver<Frame>) {
         let dest = Destination {
             root: Root::open(dir).unwrap(),
             base: "in".into(),
@@ -1410,7 +1493,7 @@ mod tests {
         };
         let config = ReceiverConfig {
             existing: ExistingPolicy::Fail,
-            checksum: ChecksumAlgo::Blake3,
+            checksum,
             tag: 7,
             block_size: 1 << 20,
         };
@@ -1710,6 +1793,80 @@ mod tests {
             feed(&r, frames, 4);
             stored_once(&r, dir.path(), &data, round);
         }
+    }
+
+    /// Blocks cut off BLAKE3's 1 KiB chunk edges (a block size that is no multiple of it), in
+    /// any order, one of them twice: the tree digest reads back the chunks they split and
+    /// matches, and the in-order digests of the other algorithms do too.
+    #[test]
+    fn blocks_cut_off_chunk_edges_verify_for_every_digest() {
+        const BLOCK: u64 = 100_003;
+        let size = BLOCK * 30 + 4_321;
+        let data = Bytes::from((0..size).map(|i| (i * 13 % 251) as u8).collect::<Vec<_>>());
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        for (round, algo) in [
+            ChecksumAlgo::Blake3,
+            ChecksumAlgo::Sha256,
+            ChecksumAlgo::Xxh3,
+            ChecksumAlgo::Blake3,
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let mut h = FileHasher::new(algo);
+            h.update(&data);
+            let whole = h.finalize();
+            let dir = tempfile::tempdir().unwrap();
+            let r = sending(
+                receiver_algo(dir.path(), Arc::new(crate::NoReporter), algo),
+                size,
+            );
+            let mut offsets: Vec<u64> = (0..size).step_by(BLOCK as usize).collect();
+            offsets.push(BLOCK * 7); // a copy, as the endgame sends
+            shuffle(&mut offsets, &mut seed);
+            let frames: Vec<Frame> = offsets
+                .iter()
+                .map(|&o| {
+                    let len = (size - o).min(BLOCK) as usize;
+                    let last = o + len as u64 == size;
+                    block(size, &data, o, len, last.then(|| whole.clone()))
+                })
+                .collect();
+            feed(&r, frames, 4);
+            stored_once(&r, dir.path(), &data, round as u32);
+        }
+    }
+
+    /// A file whose blocks all pass their own digests but whose whole differs from the
+    /// sender's digest is not stored, in tree mode as in order.
+    #[test]
+    fn a_tree_digest_that_differs_from_the_senders_fails_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let size = (1u64 << 20) - 1;
+        let data = Bytes::from((0..size).map(|i| (i * 3 % 251) as u8).collect::<Vec<_>>());
+        let (r, rx) = receiver(dir.path());
+        let r = sending((r, rx.clone()), size);
+        let offsets: Vec<u64> = (0..size).step_by(256 << 10).collect();
+        let frames = offsets
+            .into_iter()
+            .map(|o| {
+                let len = (size - o).min(256 << 10) as usize;
+                let last = o + len as u64 == size;
+                block(size, &data, o, len, last.then(|| vec![0u8; 32]))
+            })
+            .rev()
+            .collect();
+        feed(&r, frames, 2);
+        r.done()
+            .recv_timeout(std::time::Duration::from_secs(5))
+            .expect("the file is resolved");
+        let summary = r.finish();
+        assert_eq!((summary.files, summary.failed), (0, 1), "{summary:?}");
+        assert!(!dir.path().join("in/f.bin").exists());
+        let told = rx
+            .try_iter()
+            .any(|f| matches!(f, Frame::FileFailed { code, .. } if code == ErrorCode::CORRUPT));
+        assert!(told, "the sender is told why");
     }
 
     /// Counts what the receiver reports as written.
