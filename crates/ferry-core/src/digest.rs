@@ -73,6 +73,9 @@ impl FileHasher {
 pub struct Blake3Tree {
     size: u64,
     nodes: std::collections::HashMap<(u8, u64), blake3::hazmat::ChainingValue>,
+    /// Set when the nodes outgrew [`Self::MAX_NODES`]: they were dropped, and the whole file
+    /// is read back at the end.
+    gave_up: bool,
 }
 
 /// One hashed subtree of a file: where it sits in the tree and its chaining value.
@@ -96,7 +99,26 @@ impl Blake3Tree {
         (size > Self::MIN_SIZE).then(|| Self {
             size,
             nodes: Default::default(),
+            gave_up: false,
         })
+    }
+
+    /// Nodes kept at most per file (a few hundred KB). Blocks cut on chunk edges leave a few
+    /// nodes per gap between the blocks in flight, and gaps close as blocks arrive; but a
+    /// chunk split between two blocks stays a gap until the end, so a peer that cut every
+    /// block off the edges could make the map a few percent of the file. Past this the tree
+    /// gives up and the file is read back whole once written: slower, never unbounded.
+    pub const MAX_NODES: usize = 4096;
+
+    /// Whether the tree dropped its nodes ([`Self::MAX_NODES`]).
+    pub fn gave_up(&self) -> bool {
+        self.gave_up
+    }
+
+    /// After giving up: an empty tree for the read-back of the whole file.
+    pub fn start_over(&mut self) {
+        self.nodes = Default::default();
+        self.gave_up = false;
     }
 
     /// The size of the file this tree is for.
@@ -161,7 +183,7 @@ impl Blake3Tree {
             mut index,
             mut cv,
         } = piece;
-        if self.covered(level, index) {
+        if self.gave_up || self.covered(level, index) {
             return;
         }
         loop {
@@ -169,12 +191,17 @@ impl Blake3Tree {
             // Merged only below the root, and only with a sibling inside the file.
             let sibling = index ^ 1;
             let is_root = index / 2 == 0 && span.saturating_mul(2) >= self.size;
-            if is_root || sibling.saturating_mul(span) >= self.size {
+            let other = if is_root || sibling.saturating_mul(span) >= self.size {
+                None
+            } else {
+                self.nodes.remove(&(level, sibling))
+            };
+            let Some(other) = other else {
                 self.nodes.insert((level, index), cv);
-                return;
-            }
-            let Some(other) = self.nodes.remove(&(level, sibling)) else {
-                self.nodes.insert((level, index), cv);
+                if self.nodes.len() > Self::MAX_NODES {
+                    self.nodes = Default::default();
+                    self.gave_up = true;
+                }
                 return;
             };
             let (l, r) = if index & 1 == 0 {
@@ -201,7 +228,8 @@ impl Blake3Tree {
     fn node(&self, offset: u64, len: u64) -> Option<&blake3::hazmat::ChainingValue> {
         let level = len.div_ceil(CHUNK).next_power_of_two().trailing_zeros() as u8;
         let span = CHUNK << level;
-        offset.is_multiple_of(span)
+        offset
+            .is_multiple_of(span)
             .then(|| self.nodes.get(&(level, offset / span)))
             .flatten()
     }
@@ -209,6 +237,9 @@ impl Blake3Tree {
     /// Byte ranges of the file that no filed piece covers, in order: read them back and pass
     /// them through [`Self::pieces`] before [`Self::finish`].
     pub fn missing(&self) -> Vec<(u64, u64)> {
+        if self.gave_up {
+            return vec![(0, self.size)];
+        }
         let mut out: Vec<(u64, u64)> = Vec::new();
         self.walk_missing(0, self.size, &mut out);
         out
@@ -333,7 +364,11 @@ mod tests {
                 tree.insert(p);
             }
         }
-        for (s, e) in tree.missing() {
+        let missing = tree.missing();
+        if tree.gave_up() {
+            tree.start_over();
+        }
+        for (s, e) in missing {
             for p in Blake3Tree::pieces(size, s, &data[s as usize..e as usize]) {
                 tree.insert(p);
             }
@@ -389,6 +424,40 @@ mod tests {
                 tree.nodes.len()
             );
         }
+    }
+
+    /// Blocks that each leave a lone chunk between two split ones (a peer choosing its cuts):
+    /// the map stops at its bound, gives up, and the whole-file read-back still gives BLAKE3.
+    #[test]
+    fn cuts_off_the_chunk_edges_keep_the_tree_bounded() {
+        let size = 24u64 << 20;
+        let d = data(size);
+        let mut tree = Blake3Tree::new(size).unwrap();
+        let mut most = 0;
+        let mut at = 0;
+        while at < size {
+            // [2jC - 1, 2jC + C + 1): one whole chunk, split chunks either side.
+            let end = (at + 2 * CHUNK).min(size);
+            let (s, e) = (at.saturating_sub(1), (end - CHUNK + 1).min(size));
+            for p in Blake3Tree::pieces(size, s, &d[s as usize..e as usize]) {
+                tree.insert(p);
+            }
+            most = most.max(tree.nodes.len());
+            at = end;
+        }
+        assert!(tree.gave_up(), "12,288 lone chunks are more than the bound");
+        assert!(most <= Blake3Tree::MAX_NODES, "{most} nodes kept");
+        assert_eq!(tree.missing(), vec![(0, size)]);
+        let blocks: Vec<(u64, u64)> = vec![];
+        assert_eq!(
+            tree_digest(&d, &blocks),
+            blake3::hash(&d).as_bytes().to_vec()
+        );
+        tree.start_over();
+        for p in Blake3Tree::pieces(size, 0, &d) {
+            tree.insert(p);
+        }
+        assert_eq!(tree.finish().unwrap(), blake3::hash(&d).as_bytes().to_vec());
     }
 
     #[test]

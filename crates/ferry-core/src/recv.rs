@@ -15,10 +15,11 @@
 //! ```
 //!
 //! Data lands in a hidden temporary file `.ferry-<session>-<id>.part` next to the final name.
-//! The file digest of a fresh file with BLAKE3 (the default) is a tree: each writer hashes the
+//! The file digest of a file written from nothing, larger than 64 KiB, with BLAKE3 (the
+//! default) and a block size that is a multiple of 1 KiB, is a tree: each writer hashes the
 //! block it writes from memory, in any order, and the chaining values merge into the digest of
-//! the whole ([`Blake3Tree`]). The other algorithms, and a resumed copy, are hashed in offset
-//! order: a block that arrives in order is hashed from memory; a block that arrives ahead of the
+//! the whole ([`Blake3Tree`]). Other files (other algorithms, a copy resumed from proven blocks)
+//! are hashed in offset order: a block that arrives in order is hashed from memory; a block that arrives ahead of the
 //! cursor is written and hashed later by reading it back, which comes from the page cache
 //! because it was just written.
 //!
@@ -992,10 +993,14 @@ impl Receiver {
         Ok(w)
     }
 
-    /// A file written from nothing is hashed as a BLAKE3 tree when that is its digest and it
-    /// is large enough to come in several blocks; otherwise in order.
+    /// A file written from nothing is hashed as a BLAKE3 tree when that is its digest, it is
+    /// large enough to come in several blocks, and the session's blocks are cut on BLAKE3's
+    /// 1 KiB chunk edges (any `--block-size` that is a multiple of 1 KiB: then every cut is,
+    /// and nothing is read back); otherwise in order.
     fn fresh_digest(&self, mut w: Writing, size: u64) -> Writing {
-        if self.config.checksum == ChecksumAlgo::Blake3 {
+        if self.config.checksum == ChecksumAlgo::Blake3
+            && u64::from(self.config.block_size).is_multiple_of(blake3::CHUNK_LEN as u64)
+        {
             if let Some(tree) = Blake3Tree::new(size) {
                 w.tree = Some(Box::new(tree));
                 w.hasher = None;
@@ -1319,7 +1324,11 @@ fn hash_back(file: &File, hasher: &mut FileHasher, from: u64, end: u64) -> std::
 fn finish_tree(file: &File, mut tree: Blake3Tree) -> std::io::Result<Vec<u8>> {
     let size = tree.size();
     let mut buf = Vec::new();
-    for (from, end) in tree.missing() {
+    let missing = tree.missing();
+    if tree.gave_up() {
+        tree.start_over();
+    }
+    for (from, end) in missing {
         let mut at = from;
         while at < end {
             // Whole chunks per read (1 MiB is a multiple of BLAKE3's 1 KiB), so every read but
