@@ -71,6 +71,9 @@ const COLORS: [RGBColor; 8] = [
     RGBColor(23, 190, 207),
 ];
 
+/// ferry's defaults on a comparison plot (a colour no tool line takes first).
+const FERRY_DEFAULTS: RGBColor = RGBColor(199, 21, 133);
+
 fn rate_mbps(rate: &str) -> Option<f64> {
     if let Some(g) = rate.strip_suffix("gbit") {
         return g.parse::<f64>().ok().map(|v| v * 1000.0);
@@ -388,10 +391,28 @@ pub fn plot_all(meds: &[Med], dir: &Path, runs: u32) -> Result<Vec<PathBuf>> {
                 if uniq(dm.iter().map(|m| m.tool.clone())).len() < 2 {
                     continue;
                 }
+                // ferry with its defaults chooses its stream count per run, so it has no place
+                // on the axis: a dashed level across it, which the explicit counts compare to.
+                let defaults: Vec<&Med> = meds
+                    .iter()
+                    .filter(|m| {
+                        m.tool == "ferry"
+                            && m.streams == 0
+                            && m.usable()
+                            && m.direction == dir_name
+                            && m.rate == rate
+                            && m.dataset == ds
+                    })
+                    .collect();
                 // A tree is far below the link: its own scale, iperf3 named in the title.
                 let tree = !is_file(&ds);
                 let ymax_here = if tree {
-                    (dm.iter().map(|m| m.mbps_max).fold(0.0, f64::max) * 1.15).max(0.1)
+                    (dm.iter()
+                        .chain(defaults.iter())
+                        .map(|m| m.mbps_max)
+                        .fold(0.0, f64::max)
+                        * 1.15)
+                        .max(0.1)
                 } else {
                     ymax
                 };
@@ -435,6 +456,20 @@ pub fn plot_all(meds: &[Med], dir: &Path, runs: u32) -> Result<Vec<PathBuf>> {
                                 points,
                                 dashed: false,
                                 color: COLORS[k % COLORS.len()],
+                            });
+                        }
+                        let level = defaults
+                            .iter()
+                            .filter(|m| &m.regime == regime && m.rtt_ms == rtt)
+                            .map(|m| m.mbps_median)
+                            .fold(f64::NAN, f64::max);
+                        if level.is_finite() {
+                            let k = tools.iter().position(|t| t == "ferry");
+                            lines.push(Line {
+                                label: "ferry defaults (streams auto)".into(),
+                                points: (0..streams.len()).map(|i| (i, level)).collect(),
+                                dashed: true,
+                                color: k.map_or(FERRY_DEFAULTS, |k| COLORS[k % COLORS.len()]),
                             });
                         }
                         let ip = iperf_line(meds, &dir_name, &rate, regime, rtt, &streams);
