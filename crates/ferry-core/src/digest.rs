@@ -103,7 +103,8 @@ impl Blake3Tree {
         })
     }
 
-    /// Nodes kept at most per file (a few hundred KB). Blocks cut on chunk edges leave a few
+    /// Nodes kept at most per file: 4,096 × 48 bytes of key and value, some 200 KB with the
+    /// map's own overhead (computed, not measured). Blocks cut on chunk edges leave a few
     /// nodes per gap between the blocks in flight, and gaps close as blocks arrive; but a
     /// chunk split between two blocks stays a gap until the end, so a peer that cut every
     /// block off the edges could make the map a few percent of the file. Past this the tree

@@ -19,9 +19,9 @@
 //! default) and a block size that is a multiple of 1 KiB, is a tree: each writer hashes the
 //! block it writes from memory, in any order, and the chaining values merge into the digest of
 //! the whole ([`Blake3Tree`]). Other files (other algorithms, a copy resumed from proven blocks)
-//! are hashed in offset order: a block that arrives in order is hashed from memory; a block that arrives ahead of the
-//! cursor is written and hashed later by reading it back, which comes from the page cache
-//! because it was just written.
+//! are hashed in offset order: a block that arrives in order is hashed from memory; a block
+//! that arrives ahead of the cursor is written and hashed later by reading it back, which comes
+//! from the page cache because it was just written.
 //!
 //! Durability is grouped: the finalizer takes every file that is ready, makes the batch durable
 //! with one `syncfs` (or one `fsync` for a lone file), renames each with `RENAME_NOREPLACE`
@@ -167,9 +167,8 @@ struct Writing {
     temp: String,
     name: String,
     written: Ranges,
-    /// The in-order digest (every algorithm, and a resumed copy, whose proven part is read
-    /// back when it is opened); `None` while a writer reads back outside the lock, and in
-    /// tree mode.
+    /// The in-order digest (every file not in tree mode); `None` while a writer reads back
+    /// outside the lock, and in tree mode.
     hasher: Option<FileHasher>,
     /// Offset up to which the in-order digest has consumed the data.
     cursor: u64,
@@ -533,8 +532,8 @@ impl Receiver {
 
     /// Feeds the in-order digest with what has been written from its cursor on and, once the
     /// whole file is hashed (in tree mode: written) and its digest has arrived, hands it to
-    /// verification. `slot` holds
-    /// the file's `Writing` state; `fresh` is the block just written.
+    /// verification. `slot` holds the file's `Writing` state; `fresh` is the block just
+    /// written.
     ///
     /// The block just written, when it is next, is hashed from memory under the file's lock:
     /// blocks arrive nearly in order, so that is most of the bytes, with no read-back, and
