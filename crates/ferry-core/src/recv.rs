@@ -427,6 +427,12 @@ impl Receiver {
                 max: self.config.block_size,
             });
         }
+        let entry = self.lookup(&block.file)?;
+        if block.early && !matches!(*lock(&entry.slot), Slot::Writing(_)) {
+            // Sent before the sender knew the decision, for a file not being received (in
+            // place already, skipped, failed, or done by the copies of it that came after).
+            return Ok(());
+        }
         if block_digest(&block.data) != block.digest {
             self.counters.bad_blocks.fetch_add(1, Ordering::Relaxed);
             self.reporter.on_bad_block();
@@ -437,9 +443,11 @@ impl Receiver {
             });
             return Ok(());
         }
-        let entry = self.lookup(&block.file)?;
         let mut slot = lock(&entry.slot);
         if matches!(*slot, Slot::Present) {
+            if block.early {
+                return Ok(()); // the sender compares digests first; see above
+            }
             // Same size and mtime as ours, different content: the policy decides.
             if self.config.existing != ExistingPolicy::Overwrite {
                 drop(slot);
@@ -869,6 +877,13 @@ impl Receiver {
             self.resolved();
         }
         Ok(())
+    }
+
+    /// Whether the offer of `id` has been answered: its blocks can be handled. A block sent
+    /// early may overtake its offer (blocks and offers travel on different connections); the
+    /// driver holds such a block until this is true.
+    pub fn offered(&self, id: FileId) -> bool {
+        lock(&self.files).contains_key(&id)
     }
 
     /// The file a block belongs to; it must have been offered, with the same metadata.
@@ -1637,6 +1652,7 @@ mod tests {
             offset: 0,
             digest: block_digest(&data),
             file_digest: None,
+            early: false,
             data,
         };
         let err = r.handle(Frame::Block(block)).unwrap_err();
@@ -1663,6 +1679,7 @@ mod tests {
             offset,
             digest: block_digest(&data),
             file_digest: file_digest.map(Bytes::from),
+            early: false,
             data,
         })
     }
@@ -1709,6 +1726,72 @@ mod tests {
         let summary = r.finish();
         assert_eq!((summary.files, summary.failed), (1, 0), "{summary:?}");
         assert_eq!(std::fs::read(dir.path().join("in/f.bin")).unwrap(), data);
+    }
+
+    fn early(frame: Frame) -> Frame {
+        match frame {
+            Frame::Block(b) => Frame::Block(Block { early: true, ..b }),
+            other => other,
+        }
+    }
+
+    #[test]
+    fn early_blocks_count_only_for_a_file_being_received() {
+        let dir = tempfile::tempdir().unwrap();
+        let size = 3000u64;
+        let data = Bytes::from((0..size).map(|i| (i * 7 % 251) as u8).collect::<Vec<_>>());
+        let mut h = FileHasher::new(ChecksumAlgo::Blake3);
+        h.update(&data);
+        let whole = h.finalize();
+
+        // A file decided `Send`: its early blocks are its data.
+        let (r, rx) = receiver(dir.path());
+        r.handle(offer(1, "f.bin", size)).unwrap();
+        assert_eq!(decision(&rx), Decision::Send);
+        r.expect(1, 0, 0);
+        r.handle(early(block(size, &data, 0, 1000, None))).unwrap();
+        r.handle(early(block(size, &data, 1000, 2000, Some(whole.clone()))))
+            .unwrap();
+        r.done()
+            .recv_timeout(std::time::Duration::from_secs(5))
+            .expect("the file completes from early blocks");
+        let summary = r.finish();
+        assert_eq!((summary.files, summary.failed), (1, 0), "{summary:?}");
+        let path = dir.path().join("in/f.bin");
+        assert_eq!(std::fs::read(&path).unwrap(), data);
+
+        // The same size and mtime in place: the decision is `Complete`, and early blocks (a
+        // damaged one too) are dropped without a word, where a block sent after the decision
+        // would be taken as different content and refused under the `Fail` policy.
+        std::fs::File::options()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_modified(std::time::UNIX_EPOCH)
+            .unwrap();
+        let (r, rx) = receiver(dir.path());
+        r.handle(offer(1, "f.bin", size)).unwrap();
+        assert!(matches!(decision(&rx), Decision::Complete { .. }));
+        r.expect(1, 0, 0);
+        let mut damaged = early(block(size, &data, 0, 1000, None));
+        if let Frame::Block(b) = &mut damaged {
+            b.digest ^= 1;
+        }
+        r.handle(damaged).unwrap();
+        r.handle(early(block(size, &data, 1000, 2000, Some(whole))))
+            .unwrap();
+        assert!(
+            rx.try_recv().is_err(),
+            "no Resend, no failure for early blocks"
+        );
+        assert_eq!(r.bad_blocks(), 0);
+        r.handle(Frame::Skipped { file: FileId(1) }).unwrap();
+        r.done()
+            .recv_timeout(std::time::Duration::from_secs(5))
+            .expect("the file resolves as skipped");
+        let summary = r.finish();
+        assert_eq!((summary.skipped, summary.failed), (1, 0), "{summary:?}");
+        assert!(r.errors().is_empty(), "{:?}", r.errors());
     }
 
     /// `size` bytes of a pattern (`i * step % 251`), and their BLAKE3 file digest.

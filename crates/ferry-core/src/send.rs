@@ -58,6 +58,9 @@ pub struct SenderConfig {
     /// Digests of files already read, kept across the attempts of one job, so that a retry
     /// does not read every complete file again to prove it identical.
     pub digest_cache: Arc<DigestCache>,
+    /// Files may be read and sent before their decision comes (`Block::early`); off, each
+    /// reader waits for its file's decision first.
+    pub early: bool,
 }
 
 /// Whole-file digests by (path on the wire, size, mtime).
@@ -167,7 +170,19 @@ struct Shared {
     /// the config asked for.
     block_size: AtomicU32,
     streams: AtomicU32,
+    /// Whether [`Sender::grant`] has come: until then a block is at most
+    /// [`ferry_proto::MIN_GRANTED_BLOCK`], which no grant can make too large.
+    granted: AtomicBool,
+    /// Bytes sent early so far (see [`EARLY_PER_STREAM`]).
+    early_sent: AtomicU64,
 }
+
+/// File bytes a session may send early (before their decision), per data connection asked
+/// for: one head block each ([`MIN_CUT_BLOCK`]). That is all a connection's first flight can
+/// carry (10 segments of at most 9,000 bytes) with room to spare, and the decisions are back
+/// when the round trip after it begins; more would only fill socket buffers with bytes that
+/// are wasted when the receiver holds the file already (a re-run, a resume).
+pub const EARLY_PER_STREAM: u64 = MIN_CUT_BLOCK;
 
 /// A running sender. Dropping the frame receiver makes every thread stop at its next send.
 pub struct Sender {
@@ -216,6 +231,8 @@ impl Sender {
             corrupt,
             block_size: AtomicU32::new(block_size),
             streams: AtomicU32::new(streams),
+            granted: AtomicBool::new(false),
+            early_sent: AtomicU64::new(0),
         });
         // The walk runs ahead of the readers by up to this many files (a few hundred bytes
         // each). It is also how far offers run ahead of the data: with a 256-deep queue only
@@ -278,14 +295,15 @@ impl Sender {
     }
 
     /// What the receiver granted: it may lower the block size and the connections asked for.
-    /// The walk (and its offers) may run before the receiver has answered, which lets a client
-    /// send its first offers right behind the request; no file is read before its decision,
-    /// so this must come before the first [`Sender::decide`].
+    /// The walk (and its offers), and with `early` the first blocks, may run before the
+    /// receiver has answered, which lets a client send its first offers right behind the
+    /// request and its first blocks right behind the data connections' `Hello`.
     pub fn grant(&self, block_size: u32, streams: u16) {
         self.shared.block_size.store(block_size, Ordering::Release);
         self.shared
             .streams
             .store(u32::from(streams), Ordering::Release);
+        self.shared.granted.store(true, Ordering::Release);
     }
 
     /// The reader pool's gate.
@@ -423,7 +441,12 @@ impl Shared {
 
     /// The block size the receiver granted (or, before it answered, the one asked for).
     fn block_size(&self) -> u64 {
-        u64::from(self.block_size.load(Ordering::Acquire))
+        let asked = u64::from(self.block_size.load(Ordering::Acquire));
+        if self.granted.load(Ordering::Acquire) {
+            asked
+        } else {
+            asked.min(u64::from(ferry_proto::MIN_GRANTED_BLOCK))
+        }
     }
 
     /// The session has ended: closed by the driver, or its frame queue dropped.
@@ -487,6 +510,20 @@ impl Shared {
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
         }
+    }
+
+    /// Whether a block may still go early: early sending is on and its budget not spent.
+    fn early_room(&self) -> bool {
+        let budget = EARLY_PER_STREAM * u64::from(self.config.streams.max(1));
+        self.config.early && self.early_sent.load(Ordering::Relaxed) < budget
+    }
+
+    /// The receiver's answer to the offer of `id`, if it has come.
+    fn take_decision(&self, id: FileId) -> Option<Decision> {
+        self.decisions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&id)
     }
 
     fn is_skipped(&self, id: FileId) -> bool {
@@ -706,24 +743,48 @@ fn open_checked(record: &FileRecord) -> Result<(File, Meta), FsError> {
 }
 
 /// Reads one file in order and queues its blocks. Returns false when the transfer is over.
+///
+/// A file whose decision has not come yet is read and sent at once, its blocks marked early
+/// (`Block::early`), and the decision is taken in when it comes: the first blocks of a session
+/// then leave with the data connections' `Hello`, a round trip before any decision can be
+/// back (DESIGN.md, "Starting a session in few round trips"). The receiver uses early blocks
+/// only for a file it decided to receive, so a decision other than `Send` or `Resume` costs
+/// the early blocks' bandwidth, nothing else.
 fn send_file(shared: &Shared, record: &FileRecord) -> bool {
-    let Some(decision) = shared.wait_decision(record.meta.id) else {
-        return false;
-    };
-    tracing::trace!(
-        file = record.meta.id.0,
-        ?decision,
-        "reader has its decision"
-    );
     let meta = &record.meta;
     // Counted as it is read, or all at once when this reader is done with the file.
     let mut unpassed = Unpassed {
         counter: &shared.passed_bytes,
         left: meta.size,
     };
+    let decision = match shared.take_decision(meta.id) {
+        Some(d) => d,
+        None if shared.early_room() => {
+            match stream_file(shared, record, Vec::new(), &mut unpassed, true) {
+                Streamed::Done(more) => return more,
+                Streamed::Decided(d) => d,
+                // Every block went early. The decision still matters when the receiver holds
+                // the same size and mtime: it dropped the early blocks and waits for our word.
+                Streamed::AllEarly => match shared.wait_decision(meta.id) {
+                    None => return false,
+                    Some(Decision::Complete { digest }) => Decision::Complete { digest },
+                    Some(_) => return true,
+                },
+            }
+        }
+        None => match shared.wait_decision(meta.id) {
+            Some(d) => d,
+            None => return false,
+        },
+    };
+    tracing::trace!(
+        file = record.meta.id.0,
+        ?decision,
+        "reader has its decision"
+    );
     match decision {
-        Decision::Send => stream_file(shared, record, &[], &mut unpassed),
-        Decision::Resume { have } => stream_file(shared, record, &have, &mut unpassed),
+        Decision::Send => stream_file(shared, record, Vec::new(), &mut unpassed, false).more(),
+        Decision::Resume { have } => stream_file(shared, record, have, &mut unpassed, false).more(),
         // The receiver has resolved these already; nothing is sent.
         Decision::Skip => true,
         // Reported by `Sender::decide` when it arrived.
@@ -746,12 +807,38 @@ fn send_file(shared: &Shared, record: &FileRecord) -> bool {
             };
             if ours[..] != digest[..] {
                 // Same size and mtime, different content: send it; the receiver's policy decides.
-                return stream_file(shared, record, &[], &mut unpassed);
+                return stream_file(shared, record, Vec::new(), &mut unpassed, false).more();
             }
             shared.cache().insert(key, ours.clone());
             *record.digest.lock().unwrap_or_else(|e| e.into_inner()) = Some(ours);
             shared.reporter.on_file_done();
-            shared.push(Frame::Skipped { file: meta.id })
+            // On the control connection: on a data connection it could wait behind early
+            // blocks of this very file, which the receiver only drops.
+            shared
+                .control
+                .send(Frame::Skipped { file: meta.id })
+                .is_ok()
+        }
+    }
+}
+
+/// How a reading of a file ended.
+enum Streamed {
+    /// Every block it had to send is queued (or it failed and said so): true; or the transfer
+    /// is over: false.
+    Done(bool),
+    /// Read early, a decision came that ends the early reading: `Skip`, `Fail` or `Complete`.
+    Decided(Decision),
+    /// Read early to the end before any decision came.
+    AllEarly,
+}
+
+impl Streamed {
+    /// Whether the reader goes on with other files; for a reading that was never early.
+    fn more(self) -> bool {
+        match self {
+            Self::Done(more) => more,
+            Self::Decided(_) | Self::AllEarly => true,
         }
     }
 }
@@ -812,23 +899,27 @@ fn covered(have: &[(u64, u64)], start: u64, end: u64) -> bool {
 }
 
 /// Reads one file in order, hashing all of it, and queues every block the receiver does not
-/// already have, and always the last one (it carries the file digest).
+/// already have (`have`), and always the last one (it carries the file digest).
+///
+/// `early`: the file's decision has not come; blocks go out marked early, and the decision is
+/// looked for before each block. `Send` and `Resume` are taken in on the way (the blocks sent
+/// so far are all the receiver needs of them, and the digest goes on from where it is); any
+/// other ends the reading.
 fn stream_file(
     shared: &Shared,
     record: &FileRecord,
-    have: &[(u64, u64)],
+    mut have: Vec<(u64, u64)>,
     unpassed: &mut Unpassed<'_>,
-) -> bool {
+    mut early: bool,
+) -> Streamed {
     let meta = &record.meta;
+    let fail = |code, msg| Streamed::Done(shared.fail_file(record, code, msg));
     let (file, before) = match open_checked(record) {
         Ok(x) => x,
-        Err(e) => {
-            return shared.fail_file(record, e.code(), format!("cannot read {}: {e}", meta.path))
-        }
+        Err(e) => return fail(e.code(), format!("cannot read {}: {e}", meta.path)),
     };
     if before.kind != Kind::File || before.size != meta.size || before.mtime_ns != meta.mtime_ns {
-        return shared.fail_file(
-            record,
+        return fail(
             ErrorCode::IO,
             format!(
                 "{} changed between listing and reading; run again to send it",
@@ -840,8 +931,29 @@ fn stream_file(
     let mut offset = 0u64;
     loop {
         if shared.is_skipped(meta.id) {
-            return true;
+            return Streamed::Done(true);
         }
+        if early {
+            let decided = match shared.take_decision(meta.id) {
+                Some(d) => Some(d),
+                None if shared.early_room() => None,
+                // The early budget is spent: the rest waits for the decision.
+                None => match shared.wait_decision(meta.id) {
+                    Some(d) => Some(d),
+                    None => return Streamed::Done(false),
+                },
+            };
+            match decided {
+                None => {}
+                Some(Decision::Send) => early = false,
+                Some(Decision::Resume { have: h }) => {
+                    early = false;
+                    have = h;
+                }
+                Some(d) => return Streamed::Decided(d),
+            }
+        }
+        let have = &have[..];
         let left = meta.size - offset;
         // What the receiver has is read (for the file digest) in whole blocks; the cuts are
         // for what is sent.
@@ -864,7 +976,7 @@ fn stream_file(
                 } else {
                     format!("reading {}: {e}", meta.path)
                 };
-                return shared.fail_file(record, ErrorCode::IO, msg);
+                return fail(ErrorCode::IO, msg);
             }
         };
         shared.read_bytes.fetch_add(len, Ordering::Relaxed);
@@ -877,8 +989,7 @@ fn stream_file(
             // The end of the file: make sure it did not change under us before vouching for it.
             let after = rustix::fs::fstat(&file).map(|st| Meta::from_stat(&st));
             if after.ok() != Some(before) {
-                return shared.fail_file(
-                    record,
+                return fail(
                     ErrorCode::IO,
                     format!(
                         "{} changed while being sent; not stored; run again to send it",
@@ -917,15 +1028,23 @@ fn stream_file(
             offset,
             digest,
             file_digest,
+            early,
             data: crate::buf::freeze(data),
         });
         if !shared.push(frame) {
-            return false;
+            return Streamed::Done(false);
+        }
+        if early {
+            shared.early_sent.fetch_add(len, Ordering::Relaxed);
         }
         offset += len;
         if last {
             shared.reporter.on_file_done();
-            return true;
+            return if early {
+                Streamed::AllEarly
+            } else {
+                Streamed::Done(true)
+            };
         }
     }
 }
@@ -988,11 +1107,13 @@ fn resend_block(shared: &Shared, id: FileId, offset: u64, len: u32) -> bool {
     } else {
         None
     };
+    // Asked for again by a receiver that is writing the file: it has its decision.
     let frame = Frame::Block(Block {
         file: meta.clone(),
         offset,
         digest: block_digest(&data),
         file_digest,
+        early: false,
         data: crate::buf::freeze(data),
     });
     shared.push(frame)

@@ -624,6 +624,16 @@ impl StreamControl {
         *self.active.borrow()
     }
 
+    /// The server granted `n` connections, possibly fewer than were opened: the rest never
+    /// carry data (the server refuses them).
+    pub(crate) fn limit(&mut self, n: u32) {
+        self.max = n.clamp(1, self.max);
+        self.start = self.start.min(self.max);
+        if self.active() > self.max {
+            self.set(self.max);
+        }
+    }
+
     fn set(&self, n: u32) {
         let n = n.clamp(1, self.max);
         self.active

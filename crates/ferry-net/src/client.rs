@@ -447,13 +447,37 @@ async fn read_welcome<R: tokio::io::AsyncRead + Unpin>(
     }
 }
 
-async fn hello(
-    stream: &mut Stream,
-    role: Role,
+/// The control `Welcome`, which must name the session this client chose.
+async fn welcomed<R: tokio::io::AsyncRead + Unpin>(
+    stream: &mut R,
     timeout: Duration,
-) -> Result<(SessionId, [u8; 32]), SessionError> {
-    send(stream, &hello_frame(role)).await?;
-    read_welcome(stream, timeout).await
+    ours: (SessionId, [u8; 32]),
+) -> Result<(), SessionError> {
+    if read_welcome(stream, timeout).await? != ours {
+        return Err(SessionError::Protocol(
+            "the server welcomed another session than the one asked for".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// A new session's identity and the secret its data connections join with. The client
+/// chooses them, so that its data connections can join (and carry data) before the control
+/// connection's `Welcome` is back.
+fn new_session() -> (SessionId, [u8; 32]) {
+    let mut id = [0u8; 8];
+    let mut secret = [0u8; 32];
+    getrandom::fill(&mut id).expect("the OS random source works");
+    getrandom::fill(&mut secret).expect("the OS random source works");
+    (SessionId(u64::from_le_bytes(id)), secret)
+}
+
+fn control_role(cfg: &ClientConfig, (session, secret): (SessionId, [u8; 32])) -> Role {
+    Role::Control {
+        token: cfg.token.clone(),
+        session,
+        secret,
+    }
 }
 
 /// The control connection, logged in.
@@ -462,33 +486,29 @@ pub(crate) async fn connect(
     reporter: &dyn Reporter,
 ) -> Result<Connected, SessionError> {
     let (mut control, tls, addr) = secure_control(cfg, reporter, |_, _| {}).await?;
-    let (session, secret) = hello(
-        &mut control,
-        Role::Control {
-            token: cfg.token.clone(),
-        },
-        cfg.connect_timeout,
-    )
-    .await?;
+    let ours = new_session();
+    send(&mut control, &hello_frame(control_role(cfg, ours))).await?;
+    welcomed(&mut control, cfg.connect_timeout, ours).await?;
     Ok(Connected {
         control,
         tls,
         addr,
-        session,
-        secret,
+        session: ours.0,
+        secret: ours.1,
     })
 }
 
 /// The control connection up to the point where it can log in: TCP, then TLS with the
 /// server's key checked against (or, on first contact, pinned in) the known hosts.
 ///
-/// `ready_for_data` is called once the data connections could be dialled too: at once when
-/// the key to hold them to is known in advance (or there is no TLS), after the control
-/// handshake on first contact.
+/// `ready_for_data` is called once the data connections could be dialled too: before the
+/// control connection's own SYN when the key to hold them to is known in advance (their TLS
+/// then waits for the configuration built meanwhile), once the control connection is up when
+/// there is no TLS, after the control handshake on first contact.
 async fn secure_control(
     cfg: &ClientConfig,
     reporter: &dyn Reporter,
-    mut ready_for_data: impl FnMut(SocketAddr, Option<Arc<ClientTls>>),
+    mut ready_for_data: impl FnMut(SocketAddr, Option<DataTls>),
 ) -> Result<(Stream, Option<Arc<ClientTls>>, SocketAddr), SessionError> {
     let addr = resolve(&cfg.server).await?;
     let trust = match &cfg.security {
@@ -508,13 +528,19 @@ async fn secure_control(
         return Ok((Stream::Plain(tcp), None, addr));
     };
     // Building the TLS configuration takes tens of milliseconds of CPU on first use: let it
-    // run while the SYN is out.
+    // run while the SYNs are out. With the key known, the data connections go out with the
+    // control connection, so that they are through TLS when it is, and carry data right
+    // behind its request (DESIGN.md, "Starting a session in few round trips").
+    let (built_tx, built_rx) = tokio::sync::watch::channel(None);
+    if pin.is_some() {
+        ready_for_data(addr, Some(DataTls::Soon(built_rx)));
+    }
     let (tcp, tls) = tokio::join!(dial(addr, 0, cfg.connect_timeout, false), async {
         ClientTls::new(pin).map(Arc::new)
     });
     let (tcp, tls) = (tcp?, tls?);
     if pin.is_some() {
-        ready_for_data(addr, Some(tls.clone()));
+        let _ = built_tx.send(Some(tls.clone()));
     }
     let control = secure(tcp, &tls, cfg.connect_timeout, |expected, presented| {
         let fix = match known {
@@ -548,7 +574,7 @@ async fn secure_control(
                 ));
             }
             let tls = Arc::new(ClientTls::new(Some(seen))?);
-            ready_for_data(addr, Some(tls.clone()));
+            ready_for_data(addr, Some(DataTls::Now(tls.clone())));
             tls
         }
     };
@@ -564,50 +590,86 @@ pub(crate) async fn start(
     send(&mut c.control, &request).await?;
     let opts = ready(cfg, &mut c.control).await?;
     let mut dials = tokio::task::JoinSet::new();
-    for _ in 0..opts.streams {
-        dials.spawn(DataDial::new(cfg, c.addr, c.tls.clone()).run());
+    for index in 0..opts.streams {
+        let tls = c.tls.clone().map(DataTls::Now);
+        let dial = DataDial::new(cfg, c.addr, tls, (c.session, c.secret), index);
+        dials.spawn(dial.run());
     }
-    let data = Joining::new(cfg, c, &opts, dials).finish().await?;
+    let data = Joining::new(cfg, &opts, dials).finish().await?;
     Ok((opts, data))
 }
 
+/// A session under way: the control connection has carried its `Hello` and the request,
+/// the data connections are dialling, each sending its `Hello` once its TLS is up.
+pub(crate) struct Opening {
+    control: Stream,
+    tls: Option<Arc<ClientTls>>,
+    addr: SocketAddr,
+    session: (SessionId, [u8; 32]),
+    dials: Dials,
+}
+
+type Dials = tokio::task::JoinSet<Result<(u16, Stream), SessionError>>;
+
 /// Logs in and starts a transfer with as few round trips as the protocol allows: the data
 /// connections go through TCP and TLS alongside the control connection (after it, on first
-/// contact with a server), and the request follows the Hello without waiting for the Welcome
-/// (the server reads them in order): four round trips before the data where `connect` +
-/// `start` take eight (DESIGN.md, "Starting a session in few round trips").
-pub(crate) async fn open(
+/// contact with a server) and send their `Hello` at once, since the client chose the session's
+/// identity and secret; the request follows the control `Hello` without waiting for the
+/// `Welcome` (the server reads them in order). DESIGN.md, "Starting a session in few round
+/// trips".
+async fn open(
     cfg: &ClientConfig,
     reporter: &dyn Reporter,
-    request: Frame,
-    offers: Option<&flume::Receiver<Frame>>,
-) -> Result<(Connected, TransferOpts, Joining), SessionError> {
-    // As many as asked for; the server may grant fewer, and the rest are dropped unused. A
-    // JoinSet aborts them all if the login fails.
-    let mut early = tokio::task::JoinSet::new();
+    request: &Frame,
+) -> Result<Opening, SessionError> {
+    let session = new_session();
+    // As many as asked for; the server may grant fewer, and refuses the rest on their own
+    // (`not_granted`). A JoinSet aborts them all if the login fails.
+    let mut dials = tokio::task::JoinSet::new();
     let (mut control, tls, addr) = secure_control(cfg, reporter, |addr, tls| {
-        for _ in 0..cfg.opts.streams.max(1) {
-            early.spawn(DataDial::new(cfg, addr, tls.clone()).run());
+        for index in 0..cfg.opts.streams.max(1) {
+            dials.spawn(DataDial::new(cfg, addr, tls.clone(), session, index).run());
         }
     })
     .await?;
-    let role = Role::Control {
-        token: cfg.token.clone(),
-    };
     let mut scratch = bytes::BytesMut::new();
-    crate::conn::write_frame(&mut control, &hello_frame(role), &mut scratch).await?;
-    crate::conn::write_frame(&mut control, &request, &mut scratch).await?;
+    let hello = hello_frame(control_role(cfg, session));
+    crate::conn::write_frame(&mut control, &hello, &mut scratch).await?;
+    crate::conn::write_frame(&mut control, request, &mut scratch).await?;
     control.flush().await?;
-    // The walk's offers go right behind the request until `Ready`: a put's server answers
-    // them while the data connections join, so the decisions come back right behind `Ready`
-    // instead of a round trip after it. Bounded, because a server that refuses the login or
-    // the request reads only so much before it closes (and a close with unread bytes resets
-    // the connection, which can destroy the refusal before the client reads it).
+    Ok(Opening {
+        control,
+        tls,
+        addr,
+        session,
+        dials,
+    })
+}
+
+/// The server's answer to an opening (`Welcome`, then `Ready`), writing the walk's first
+/// offers meanwhile: a get's client, whose receiver then runs while its data connections join.
+async fn answered(
+    cfg: &ClientConfig,
+    o: Opening,
+    offers: Option<&flume::Receiver<Frame>>,
+) -> Result<(Connected, TransferOpts, Joining), SessionError> {
+    let Opening {
+        control,
+        tls,
+        addr,
+        session,
+        dials,
+    } = o;
+    let mut scratch = bytes::BytesMut::new();
+    // The walk's offers go right behind the request until `Ready`. Bounded, because a server
+    // that refuses the login or the request reads only so much before it closes (and a close
+    // with unread bytes resets the connection, which can destroy the refusal before the
+    // client reads it).
     let (mut rd, mut wr) = tokio::io::split(control);
     let answer = {
         let answer = async {
-            let welcome = read_welcome(&mut rd, cfg.connect_timeout).await?;
-            Ok::<_, SessionError>((welcome, ready(cfg, &mut rd).await?))
+            welcomed(&mut rd, cfg.connect_timeout, session).await?;
+            ready(cfg, &mut rd).await
         };
         tokio::pin!(answer);
         let (mut offers, mut written) = (offers, 0);
@@ -626,15 +688,15 @@ pub(crate) async fn open(
         }
     };
     let control = rd.unsplit(wr);
-    let ((session, secret), opts) = answer?;
+    let opts = answer?;
     let c = Connected {
         control,
         tls,
         addr,
-        session,
-        secret,
+        session: session.0,
+        secret: session.1,
     };
-    let joining = Joining::new(cfg, &c, &opts, early);
+    let joining = Joining::new(cfg, &opts, dials);
     Ok((c, opts, joining))
 }
 
@@ -642,51 +704,30 @@ pub(crate) async fn open(
 /// from a refused client before it closes (64 KiB). An offer entry is its path plus 30 bytes,
 /// so this holds a first batch of 256 files with paths up to 98 bytes; the rest follows
 /// `Ready` as before.
-const EARLY_OFFER_BYTES: usize = 32 << 10;
+pub(crate) const EARLY_OFFER_BYTES: usize = 32 << 10;
 
-/// The data connections of a session that the server has accepted, still joining it. The
-/// sending side starts its offers meanwhile (see `put_once`), which hides another round trip.
+/// The data connections of a session that the server has accepted, still joining it: each
+/// has sent its `Hello`; those beyond the grant are dropped (the server refuses them).
 pub(crate) struct Joining {
-    early: tokio::task::JoinSet<Result<Stream, SessionError>>,
+    dials: Dials,
     streams: u16,
-    session: SessionId,
-    secret: [u8; 32],
     timeout: Duration,
-    /// Whether each connection waits for its `Welcome` here. A sender does not: its data
-    /// follows the `Hello` at once and the engine reads the `Welcome` alongside (a round trip
-    /// sooner). A receiver must, since the `Welcome` precedes the data it reads.
-    confirm: bool,
 }
 
 impl Joining {
     /// `dials`: data connections under way, at least as many as the server granted.
-    fn new(
-        cfg: &ClientConfig,
-        c: &Connected,
-        opts: &TransferOpts,
-        dials: tokio::task::JoinSet<Result<Stream, SessionError>>,
-    ) -> Self {
+    fn new(cfg: &ClientConfig, opts: &TransferOpts, dials: Dials) -> Self {
         Self {
-            early: dials,
+            dials,
             streams: opts.streams,
-            session: c.session,
-            secret: c.secret,
             timeout: cfg.connect_timeout,
-            confirm: true,
         }
-    }
-
-    /// Each connection sends its `Hello` and is handed over without waiting for the
-    /// `Welcome`, which the sending engine reads (`drive_sender`'s `welcome`).
-    pub(crate) fn unconfirmed(mut self) -> Self {
-        self.confirm = false;
-        self
     }
 
     /// The granted connections, handed over as each has its `Welcome`, for a receiver that
     /// answers the sender's offers meanwhile (`engine::Joins`): the decisions then leave
-    /// while the connections join, a round trip before the last `Welcome`. Extra dials are
-    /// dropped; the dials and handshakes stop when the receiver does.
+    /// while the connections join. Extra dials are dropped; the dials and handshakes stop
+    /// when the receiver does.
     pub(crate) fn into_joins(self) -> Joins {
         let n = usize::from(self.streams);
         let deadline = tokio::time::Instant::now() + 2 * self.timeout;
@@ -700,31 +741,22 @@ impl Joining {
         Joins::new(rx, n, deadline, 0)
     }
 
-    /// The granted connections one at a time, each as soon as it has joined (its `Hello`
-    /// sent and, if `confirm`, its `Welcome` read), or the first reason one cannot: at most
-    /// `streams` items.
+    /// The granted connections one at a time, each as soon as it has its `Welcome`, or the
+    /// first reason one cannot: at most `streams` items.
     async fn feed(mut self, tx: &tokio::sync::mpsc::Sender<Joined>) {
-        let mut hellos = tokio::task::JoinSet::new();
+        let mut welcomes = tokio::task::JoinSet::new();
         let mut first_error = None;
-        let mut index = 0;
-        while index < self.streams {
-            match self.early.join_next().await {
-                Some(Ok(Ok(mut s))) => {
-                    let role = Role::Data {
-                        session: self.session,
-                        secret: self.secret,
-                        stream: index,
-                    };
-                    let (timeout, confirm) = (self.timeout, self.confirm);
-                    hellos.spawn(async move {
-                        if confirm {
-                            hello(&mut s, role, timeout).await?;
-                        } else {
-                            send(&mut s, &hello_frame(role)).await?;
-                        }
+        let mut granted = 0;
+        while granted < self.streams {
+            match self.dials.join_next().await {
+                Some(Ok(Ok((index, _)))) if index >= self.streams => {}
+                Some(Ok(Ok((index, mut s)))) => {
+                    let timeout = self.timeout;
+                    welcomes.spawn(async move {
+                        read_welcome(&mut s, timeout).await?;
                         Ok::<_, SessionError>((index, s))
                     });
-                    index += 1;
+                    granted += 1;
                 }
                 Some(Ok(Err(e))) => {
                     first_error.get_or_insert(e);
@@ -744,8 +776,8 @@ impl Joining {
                 }
             }
         }
-        drop(self.early);
-        while let Some(r) = hellos.join_next().await {
+        drop(self.dials);
+        while let Some(r) = welcomes.join_next().await {
             let joined = match r {
                 Ok(Ok((i, s))) => Ok((i, s, None)),
                 Ok(Err(e)) => Err(e),
@@ -758,7 +790,7 @@ impl Joining {
         }
     }
 
-    /// The granted number of connections, each through its Hello; extra dials are dropped.
+    /// The granted number of connections, each through its `Welcome`; extra dials are dropped.
     pub(crate) async fn finish(self) -> Result<Vec<Stream>, SessionError> {
         let n = usize::from(self.streams);
         // Room for every connection or the one error: `feed` never waits on it.
@@ -775,23 +807,21 @@ impl Joining {
         data.sort_unstable_by_key(|(index, _)| *index);
         Ok(data.into_iter().map(|(_, s)| s).collect())
     }
+}
 
-    /// Like `finish`, writing the frames the sender queues for the control connection
-    /// meanwhile, so the receiver's decisions are on their way back when the data starts.
-    async fn finish_sending(
-        self,
-        control: &mut Stream,
-        queued: &flume::Receiver<Frame>,
-    ) -> Result<Vec<Stream>, SessionError> {
-        let finish = self.finish();
-        tokio::pin!(finish);
-        loop {
-            tokio::select! {
-                r = &mut finish => return r,
-                Ok(frame) = queued.recv_async() => send(control, &frame).await?,
-            }
+/// Every data connection dialled, each through TLS and its `Hello`, in the order of their
+/// index; the first failure ends it.
+async fn all_dialled(mut dials: Dials) -> Result<Vec<Stream>, SessionError> {
+    let mut data = Vec::with_capacity(dials.len());
+    while let Some(r) = dials.join_next().await {
+        match r {
+            Ok(Ok(d)) => data.push(d),
+            Ok(Err(e)) => return Err(e),
+            Err(e) => return Err(SessionError::Protocol(format!("dial task failed: {e}"))),
         }
     }
+    data.sort_unstable_by_key(|(index, _)| *index);
+    Ok(data.into_iter().map(|(_, s)| s).collect())
 }
 
 /// Reads the server's answer to a request: the session's stream count and block size.
@@ -821,32 +851,66 @@ async fn ready<R: tokio::io::AsyncRead + Unpin>(
     Ok(opts)
 }
 
+/// The TLS setup a data connection is pinned to: at hand, or being built while the control
+/// connection dials (the key is known in advance, so the data connections dial at once).
+#[derive(Clone)]
+enum DataTls {
+    Now(Arc<ClientTls>),
+    Soon(tokio::sync::watch::Receiver<Option<Arc<ClientTls>>>),
+}
+
+impl DataTls {
+    async fn get(self) -> Result<Arc<ClientTls>, SessionError> {
+        match self {
+            Self::Now(tls) => Ok(tls),
+            Self::Soon(mut rx) => {
+                let built = rx.wait_for(Option::is_some).await.map_err(|_| {
+                    SessionError::Tls("the control connection's TLS setup failed".into())
+                })?;
+                Ok(built.clone().expect("waited for"))
+            }
+        }
+    }
+}
+
 /// One data connection through TCP and TLS, pinned to the key the control connection
-/// accepted. It needs nothing from the session, so it can run before the login completes.
+/// accepted, and its `Hello`. It needs nothing from the server's answers (the client chose the
+/// session's secret), so it runs alongside the login.
 struct DataDial {
     addr: SocketAddr,
     window: u32,
     timeout: Duration,
-    tls: Option<Arc<ClientTls>>,
+    tls: Option<DataTls>,
     host: String,
+    session: (SessionId, [u8; 32]),
+    index: u16,
 }
 
 impl DataDial {
-    fn new(cfg: &ClientConfig, addr: SocketAddr, tls: Option<Arc<ClientTls>>) -> Self {
+    fn new(
+        cfg: &ClientConfig,
+        addr: SocketAddr,
+        tls: Option<DataTls>,
+        session: (SessionId, [u8; 32]),
+        index: u16,
+    ) -> Self {
         Self {
             addr,
             window: cfg.opts.tcp_window,
             timeout: cfg.connect_timeout,
             tls,
             host: cfg.server.clone(),
+            session,
+            index,
         }
     }
 
-    async fn run(self) -> Result<Stream, SessionError> {
+    async fn run(self) -> Result<(u16, Stream), SessionError> {
         let tcp = dial(self.addr, self.window, self.timeout, true).await?;
-        match self.tls {
-            None => Ok(Stream::Plain(tcp)),
+        let mut s = match self.tls {
+            None => Stream::Plain(tcp),
             Some(tls) => {
+                let tls = tls.get().await?;
                 let host = self.host;
                 secure(tcp, &tls, self.timeout, |expected, presented| {
                     SessionError::ServerKeyChanged {
@@ -856,9 +920,16 @@ impl DataDial {
                         fix: "retry: the server's key changed during the session".into(),
                     }
                 })
-                .await
+                .await?
             }
-        }
+        };
+        let role = Role::Data {
+            session: self.session.0,
+            secret: self.session.1,
+            stream: self.index,
+        };
+        send(&mut s, &hello_frame(role)).await?;
+        Ok((self.index, s))
     }
 }
 
@@ -937,9 +1008,9 @@ async fn put_once(
         sources: srcs.len() as u32,
         opts: cfg.opts.clone(),
     };
-    // The walk starts before the login, so that its first offers can follow the request
-    // (`open`); sized by what was asked for until the server says what it grants (it may
-    // lower both), which it does before it answers any offer.
+    // The walk and the readers start before the login: the first offers follow the request,
+    // the first blocks each data connection's `Hello` (`Block::early`), all cut by what was
+    // asked for until the server says what it grants (it may lower both).
     let asked = StreamPlan::from_opts(&cfg.opts);
     let (tx, rx) = frame_queue(&asked, cfg.opts.streams);
     let (ctl_tx, ctl_rx) = flume::unbounded();
@@ -950,47 +1021,54 @@ async fn put_once(
         readers: crate::autotune::storage_gate(cfg.readers, cfg.tune_storage),
         corrupt_blocks: cfg.corrupt_blocks.clone(),
         digest_cache,
+        early: true,
     };
     let sender = Sender::start(srcs, config, tx, ctl_tx, reporter.clone());
-    let (mut c, opts, joining) = match open(cfg, reporter.as_ref(), request, Some(&ctl_rx)).await {
+    let opened = async {
+        let o = open(cfg, reporter.as_ref(), &request).await?;
+        let data = all_dialled(o.dials).await?;
+        Ok::<_, SessionError>((o.control, o.tls, o.addr, o.session, data))
+    };
+    let (control, tls, addr, session, data) = match opened.await {
         Ok(o) => o,
         Err(e) => {
             sender.close();
             return Err(e);
         }
     };
-    sender.grant(opts.block_size, opts.streams);
-    let security = security_of(&c);
+    let security = (
+        control.is_encrypted(),
+        tls.as_ref().and_then(|t| t.pin()).map(|f| f.to_string()),
+    );
     let plan = StreamPlan {
         force: cfg.force_streams,
         stall: cfg.stall_stream,
         tune_storage: cfg.tune_storage,
         settled_start: cfg.start_from == StartFrom::Profile { settled: true },
         drain_at_end: cfg.drain_at_end,
-        ..StreamPlan::from_opts(&opts)
+        ..asked
     };
-    let joining = joining.unconfirmed();
-    let data = match joining.finish_sending(&mut c.control, &ctl_rx).await {
-        Ok(d) => d,
-        Err(e) => {
-            sender.close();
-            return Err(e);
-        }
-    };
-    let same_host = c.addr.ip().is_loopback();
-    let connections = data.len();
+    let same_host = addr.ip().is_loopback();
+    let dialled = data.len();
     let out = drive_sender(
-        c.control,
+        control,
         data,
         sender,
         rx,
         ctl_rx,
         reporter,
-        limits(cfg, &opts),
+        limits(cfg, &cfg.opts),
         plan,
         Some(cfg.connect_timeout),
+        Some(session),
     )
     .await?;
+    let mut opts = cfg.opts.clone();
+    if let Some((streams, block_size)) = out.granted {
+        opts.streams = streams;
+        opts.block_size = block_size;
+    }
+    let connections = dialled.min(usize::from(opts.streams));
     let (summary, streams, sender, timeline) = (out.summary, out.streams, out.sender, out.timeline);
     let tuning = Tuning::new(
         cfg,
@@ -1048,7 +1126,8 @@ async fn get_once(
         src: src.to_owned(),
         opts: cfg.opts.clone(),
     };
-    let (c, opts, joining) = open(cfg, reporter.as_ref(), request, None).await?;
+    let opening = open(cfg, reporter.as_ref(), &request).await?;
+    let (c, opts, joining) = answered(cfg, opening, None).await?;
     let joins = joining.into_joins();
     let security = security_of(&c);
     let (tx, rx) = flume::unbounded();

@@ -84,9 +84,44 @@ pub(crate) struct History {
     /// Bytes the peer had when that count last moved (or when nothing was outstanding), and
     /// when: a connection holding blocks whose count stands still is stuck.
     progress: (u64, Option<Instant>),
+    /// Whether the server has yet to welcome the connection. Until it has, nothing is
+    /// forgotten: what TCP delivered to a server that then refuses the connection was never
+    /// received.
+    unwelcomed: bool,
+    /// Frames other than blocks given to it before its `Welcome` (directories, symlinks,
+    /// failures): lost with it if the server refuses it.
+    unwelcomed_other: Vec<Frame>,
 }
 
 impl History {
+    /// `confirmed`: the connection was welcomed before it carried anything.
+    pub(crate) fn new(confirmed: bool) -> Self {
+        Self {
+            unwelcomed: !confirmed,
+            ..Self::default()
+        }
+    }
+
+    /// Bytes of the blocks it remembers.
+    pub(crate) fn held(&self) -> u64 {
+        self.held
+    }
+
+    /// The server welcomed the connection: what TCP delivered, it has.
+    pub(crate) fn confirm(&mut self) {
+        self.unwelcomed = false;
+        self.unwelcomed_other = Vec::new();
+    }
+
+    /// Every frame the connection was given and may not have delivered, for a connection the
+    /// server refused: they go again on another.
+    pub(crate) fn take_frames(&mut self) -> Vec<Frame> {
+        self.held = 0;
+        let mut frames = std::mem::take(&mut self.unwelcomed_other);
+        frames.extend(self.blocks.drain(..).map(|s| Frame::Block(s.block)));
+        frames
+    }
+
     /// A frame is about to be written; `len` is its size on the wire (or close to it).
     pub(crate) fn begin(&mut self, frame: &Frame) {
         let len = match frame {
@@ -97,6 +132,9 @@ impl History {
         };
         self.writing = Some(len);
         self.waiting = false;
+        if self.unwelcomed && !matches!(frame, Frame::Block(_)) {
+            self.unwelcomed_other.push(frame.clone());
+        }
         if let Frame::Block(block) = frame {
             self.blocks.push_back(Sent {
                 end: self.written + len,
@@ -124,6 +162,9 @@ impl History {
     /// this connection (not yet sent, or sent and not yet acknowledged); `None` when it cannot
     /// say, and then nothing is kept, since nothing could be judged late.
     fn prune(&mut self, unacked: Option<u64>) {
+        if self.unwelcomed {
+            return;
+        }
         let Some(unacked) = unacked else {
             self.blocks.clear();
             self.held = 0;
@@ -337,6 +378,8 @@ fn slices(block: &Block, ways: usize) -> impl Iterator<Item = Frame> + '_ {
             offset: block.offset + at as u64,
             digest: ferry_core::digest::block_digest(&data),
             file_digest: if end { block.file_digest.clone() } else { None },
+            // A copy means what its block meant to the receiver.
+            early: block.early,
             data,
         })
     })
@@ -359,6 +402,7 @@ mod tests {
             },
             offset,
             digest: 0,
+            early: false,
             file_digest: None,
             data: Bytes::from(vec![0u8; len]),
         })
@@ -658,6 +702,7 @@ mod tests {
             offset: 1 << 30,
             digest: ferry_core::digest::block_digest(&data),
             file_digest: Some(Bytes::from_static(b"file digest")),
+            early: true,
             data: data.clone(),
         };
         for ways in [0, 1, 3, 8, 64] {

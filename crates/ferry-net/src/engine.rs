@@ -14,6 +14,7 @@
 //! Nothing is acknowledged per file: the sender never waits, and the receiver's only
 //! obligation is the final `Complete`.
 
+use std::collections::HashMap;
 use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -23,7 +24,10 @@ use bytes::BytesMut;
 use ferry_core::recv::Receiver;
 use ferry_core::send::Sender;
 use ferry_core::Reporter;
-use ferry_proto::{CompleteSummary, Frame, TuneReport, MAX_BLOCK_PAYLOAD, MAX_CONTROL_PAYLOAD};
+use ferry_proto::{
+    CompleteSummary, ErrorCode, FileId, Frame, SessionId, TuneReport, MAX_BLOCK_PAYLOAD,
+    MAX_CONTROL_PAYLOAD,
+};
 use serde::Serialize;
 use tokio::io::{AsyncWriteExt, BufReader, BufWriter, ReadHalf, WriteHalf};
 use tokio::sync::{mpsc, watch, OwnedSemaphorePermit};
@@ -64,8 +68,6 @@ pub(crate) struct Joins {
     deadline: tokio::time::Instant,
     /// Fixed socket buffers the client asked for (0: the kernel's autotuning).
     tcp_window: u32,
-    /// Told once every connection has joined: the session's secret then opens nothing more.
-    all_joined: Option<tokio::sync::oneshot::Sender<()>>,
     seen: Vec<bool>,
     permits: Vec<OwnedSemaphorePermit>,
 }
@@ -87,16 +89,10 @@ impl Joins {
             rx,
             deadline,
             tcp_window,
-            all_joined: None,
             // One per connection granted in `Ready`.
             seen: vec![false; n],
             permits: Vec::new(),
         }
-    }
-
-    /// Told when every connection has joined.
-    pub(crate) fn on_all_joined(&mut self, tx: tokio::sync::oneshot::Sender<()>) {
-        self.all_joined = Some(tx);
     }
 
     /// When the last connection must have joined.
@@ -129,10 +125,8 @@ impl Joins {
         }
         self.permits.extend(permit);
         if self.complete() {
+            // The session's secret opens nothing more.
             self.rx.close();
-            if let Some(tx) = self.all_joined.take() {
-                let _ = tx.send(());
-            }
         }
         Ok((usize::from(index), s))
     }
@@ -248,6 +242,18 @@ pub(crate) struct SenderOutcome {
     pub(crate) readers: ThreadReport,
     /// Bytes the receiver acknowledged, per interval.
     pub(crate) timeline: Timeline,
+    /// The streams and block size of the server's `Ready`, when it came during the session
+    /// (`drive_sender`'s `awaiting`).
+    pub(crate) granted: Option<(u16, u32)>,
+}
+
+/// A client's session whose control connection has carried its `Hello` and request but not
+/// yet the server's `Welcome` and `Ready`: the sender reads them on the way, and writes at
+/// most [`crate::client::EARLY_OFFER_BYTES`] of offers before them.
+struct Awaiting {
+    session: (SessionId, [u8; 32]),
+    welcomed: bool,
+    offered: usize,
 }
 
 /// A receiving end's writer pool: the gate (its size is the number of threads started) and
@@ -288,7 +294,14 @@ pub(crate) async fn drive_sender(
     limits: Limits,
     plan: StreamPlan,
     welcome: Option<Duration>,
+    awaiting: Option<(SessionId, [u8; 32])>,
 ) -> Result<SenderOutcome, SessionError> {
+    let mut awaiting = awaiting.map(|session| Awaiting {
+        session,
+        welcomed: false,
+        offered: 0,
+    });
+    let mut granted = None;
     let activity = Activity::new();
     let mut meter = LoadMeter::start();
     let (t0, mut timeline) = (Instant::now(), Timeline::new());
@@ -305,14 +318,21 @@ pub(crate) async fn drive_sender(
     );
     let (ctrl_r, mut ctrl_w) = tokio::io::split(control);
     let mut ctrl_rx = spawn_control_reader(ctrl_r, activity.clone());
+    let mut scratch = bytes::BytesMut::new();
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut streams = JoinSet::new();
     // What each connection was given and may not have delivered yet, and the queue of copies
     // for idle connections (`endgame`). The copies are bounded by the histories.
-    let histories: Vec<Arc<Mutex<History>>> = data.iter().map(|_| Arc::default()).collect();
+    // A connection whose `Welcome` is read alongside keeps every block until it has it: if
+    // the server refuses it as beyond the grant, they go again on another (below).
+    let histories: Vec<Arc<Mutex<History>>> = data
+        .iter()
+        .map(|_| Arc::new(Mutex::new(History::new(welcome.is_none()))))
+        .collect();
     let (copies_tx, copies_rx): (Vec<_>, Vec<_>) =
         data.iter().map(|_| flume::unbounded::<Frame>()).unzip();
     let stall_took = plan.stall.map(|_| watch::channel(false));
+    let mut tasks = Vec::with_capacity(data.len());
     for (i, s) in data.into_iter().enumerate() {
         let queues = Queues {
             frames: frames.clone(),
@@ -326,13 +346,17 @@ pub(crate) async fn drive_sender(
             Some((tx, _)) if plan.stall == Some(i) => StallHook::Stall(tx.clone()),
             Some((_, rx)) => StallHook::After(rx.clone()),
         };
-        streams.spawn(async move {
+        let task = streams.spawn(async move {
             (
                 i,
                 send_stream(i, s, queues, stop, active, act, rep, welcome, stall).await,
             )
         });
+        tasks.push(task);
     }
+    // Which connection a stopped task was, for one stopped as beyond the grant.
+    let by_id: HashMap<tokio::task::Id, usize> =
+        tasks.iter().enumerate().map(|(i, t)| (t.id(), i)).collect();
     drop(copies_rx);
     let mut endgame = Endgame::default();
     // Only the stream tasks and this loop's probe may hold the queue now: the probe is
@@ -347,24 +371,75 @@ pub(crate) async fn drive_sender(
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let dog = watchdog(&activity, limits.idle);
     tokio::pin!(dog);
+    // The walk's totals, until they go out behind every offer they count.
+    let mut walked: Option<ferry_core::send::WalkTotals> = None;
     let result = loop {
+        // The offers are queued before the totals, but a loop turn may find both: the totals
+        // wait until the offers have gone (and `Ready` has come, which the later offers wait
+        // for).
+        if awaiting.is_none() && control_out.is_empty() {
+            if let Some(t) = walked.take() {
+                let frame = Frame::Sent {
+                    files: t.files,
+                    dirs: t.dirs,
+                    symlinks: t.symlinks,
+                    bytes: t.bytes,
+                };
+                if let Err(e) = send(&mut ctrl_w, &frame).await {
+                    break Err(e.into());
+                }
+            }
+        }
         tokio::select! {
             t = totals.recv_async(), if !sent => {
                 sent = true;
-                if let Ok(t) = t {
-                    let frame = Frame::Sent { files: t.files, dirs: t.dirs, symlinks: t.symlinks, bytes: t.bytes };
-                    if let Err(e) = send(&mut ctrl_w, &frame).await {
-                        break Err(e.into());
-                    }
-                }
+                walked = t.ok();
             }
-            Ok(frame) = control_out.recv_async() => {
-                if let Err(e) = send(&mut ctrl_w, &frame).await {
+            Ok(frame) = control_out.recv_async(),
+                if awaiting.as_ref().is_none_or(|a| a.offered < crate::client::EARLY_OFFER_BYTES) =>
+            {
+                match crate::conn::write_frame(&mut ctrl_w, &frame, &mut scratch).await {
+                    Ok(n) => {
+                        if let Some(a) = awaiting.as_mut() {
+                            a.offered += n;
+                        }
+                    }
+                    Err(e) => break Err(e.into()),
+                }
+                if let Err(e) = ctrl_w.flush().await {
                     break Err(e.into());
                 }
                 activity.touch();
             }
             f = ctrl_rx.recv() => match f {
+                Some(Ok(Frame::Welcome { version, session, secret, .. }))
+                    if awaiting.as_ref().is_some_and(|a| !a.welcomed) =>
+                {
+                    if let Err(e) = ferry_proto::negotiate_version(version) {
+                        break Err(SessionError::Remote { code: e.code, message: e.reason });
+                    }
+                    let a = awaiting.as_mut().expect("checked by the guard");
+                    if (session, secret) != a.session {
+                        break Err(SessionError::Protocol(
+                            "the server welcomed another session than the one asked for".into(),
+                        ));
+                    }
+                    a.welcomed = true;
+                }
+                Some(Ok(Frame::Ready { streams, block_size }))
+                    if awaiting.as_ref().is_some_and(|a| a.welcomed) =>
+                {
+                    // Before any decision: the server answers offers only after `Ready`.
+                    sender.grant(block_size, streams);
+                    gate.limit(u32::from(streams));
+                    granted = Some((streams, block_size));
+                    awaiting = None;
+                    // Dialled beyond the grant: the server refuses them; stop them now (what
+                    // they carried goes again when their task has ended, below).
+                    for t in tasks.iter().skip(usize::from(streams)) {
+                        t.abort();
+                    }
+                }
                 Some(Ok(Frame::Resend { file, offset, len })) => sender.resend(file, offset, len),
                 Some(Ok(Frame::Decisions { entries })) => sender.decide(entries),
                 Some(Ok(Frame::EntryFailed { message, .. })) => remote_errors.push(message),
@@ -378,11 +453,28 @@ pub(crate) async fn drive_sender(
                 Some(Err(e)) => break Err(e),
                 None => break Err(SessionError::Closed("control")),
             },
-            Some(joined) = streams.join_next() => match joined {
-                Ok((_, Err(e))) => break Err(e),
-                Ok((_, Ok(_))) => break Err(SessionError::Protocol("data connection ended early".into())),
-                Err(e) => break Err(SessionError::Protocol(format!("stream task failed: {e}"))),
-            },
+            Some(joined) = streams.join_next_with_id() => {
+                // Dialled beyond what the server grants: refused by it, or stopped here once
+                // `Ready` said so. What it carried goes again on connection 0, which every
+                // grant includes.
+                let dismissed = match &joined {
+                    Ok((_, (i, Err(SessionError::Remote { code: ErrorCode::NOT_GRANTED, .. })))) => Some(*i),
+                    Err(e) if e.is_cancelled() => by_id.get(&e.id()).copied(),
+                    _ => None,
+                };
+                match (dismissed, joined) {
+                    (Some(i), _) if i > 0 => {
+                        let frames = lock(&histories[i]).take_frames();
+                        tracing::debug!(stream = i, frames = frames.len(), "data connection beyond the grant");
+                        for f in frames {
+                            let _ = copies_tx[0].send(f);
+                        }
+                    }
+                    (_, Ok((_, (_, Err(e))))) => break Err(e),
+                    (_, Ok((_, (_, Ok(_))))) => break Err(SessionError::Protocol("data connection ended early".into())),
+                    (_, Err(e)) => break Err(SessionError::Protocol(format!("stream task failed: {e}"))),
+                }
+            }
             _ = tick.tick() => {
                 let (empty, full) = (probe.is_empty(), probe.is_full());
                 meter.sample(empty, full);
@@ -468,6 +560,7 @@ pub(crate) async fn drive_sender(
         tuning,
         readers: readers.report(),
         timeline,
+        granted,
     })
 }
 
@@ -533,6 +626,8 @@ async fn send_stream(
 ) -> Result<StreamReport, SessionError> {
     let sock = stream.tcp().as_fd().try_clone_to_owned().ok();
     let counts = Arc::new(Counts::default());
+    let history = queues.history.clone();
+    let (welcomed_tx, welcomed) = watch::channel(welcome.is_none());
     let work = {
         let (counts, stop) = (counts.clone(), stop.clone());
         async move {
@@ -540,12 +635,19 @@ async fn send_stream(
             let mut w = BufWriter::with_capacity(256 << 10, wr);
             let result = {
                 let body = send_frames(
-                    index, &mut w, queues, stop, active, activity, reporter, &counts, stall,
+                    index, &mut w, queues, stop, active, welcomed, activity, reporter, &counts,
+                    stall,
                 );
                 tokio::pin!(body);
                 match welcome {
                     None => body.await,
-                    Some(limit) => alongside_welcome(body, &mut rd, limit).await,
+                    Some(limit) => {
+                        let confirm = || {
+                            lock(&history).confirm();
+                            let _ = welcomed_tx.send(true);
+                        };
+                        alongside_welcome(body, &mut rd, limit, confirm).await
+                    }
                 }
             };
             finish_stream(rd, w, result, &counts).await
@@ -598,10 +700,12 @@ async fn alongside_welcome<F>(
     mut body: std::pin::Pin<&mut F>,
     rd: &mut ReadHalf<Stream>,
     limit: Duration,
+    on_welcome: impl FnOnce(),
 ) -> Result<(), SessionError>
 where
     F: std::future::Future<Output = Result<(), SessionError>>,
 {
+    let mut on_welcome = Some(on_welcome);
     let greeted = tokio::time::timeout(limit, read_welcome_on(rd));
     tokio::pin!(greeted);
     let mut welcomed = false;
@@ -617,7 +721,12 @@ where
                 r => r,
             },
             g = &mut greeted, if !welcomed => match g {
-                Ok(Ok(())) => welcomed = true,
+                Ok(Ok(())) => {
+                    welcomed = true;
+                    if let Some(f) = on_welcome.take() {
+                        f();
+                    }
+                }
                 Ok(Err(e)) => return Err(e),
                 Err(_) => return Err(SessionError::Timeout("waiting for a data connection's welcome")),
             },
@@ -674,6 +783,7 @@ async fn send_frames(
     queues: Queues,
     mut stop: watch::Receiver<bool>,
     mut active: watch::Receiver<u32>,
+    mut welcomed: watch::Receiver<bool>,
     activity: Activity,
     reporter: Arc<dyn Reporter>,
     counts: &Counts,
@@ -697,6 +807,17 @@ async fn send_frames(
             lock(&history).wait();
             tokio::select! {
                 r = active.wait_for(is_active) => if r.is_err() { break },
+                _ = stop.wait_for(|s| *s) => break,
+            }
+            continue;
+        }
+        if !*welcomed.borrow() && lock(&history).held() >= ferry_core::send::EARLY_PER_STREAM {
+            // Before its `Welcome` a connection carries one first flight's worth: the
+            // session's early blocks are spread over every connection's first flight rather
+            // than queued behind the first few.
+            w.flush().await?;
+            tokio::select! {
+                r = welcomed.wait_for(|w| *w) => if r.is_err() { break },
                 _ = stop.wait_for(|s| *s) => break,
             }
             continue;
@@ -784,10 +905,13 @@ pub(crate) async fn drive_receiver(
     let (to_writers, from_streams) = flume::bounded::<Frame>(writers.gate.active() as usize * 2);
     let (fatal_tx, fatal_rx) = flume::bounded::<String>(1);
     let written = Arc::new(AtomicU64::new(0));
+    // Told each time a writer has answered an offer: a data connection holds an early block
+    // of a file not offered yet until then (see `await_offer`).
+    let offered = Arc::new(tokio::sync::Notify::new());
     let mut writer_threads = Vec::new();
     for i in 0..writers.gate.max() {
         let (rx, receiver, fatal) = (from_streams.clone(), receiver.clone(), fatal_tx.clone());
-        let (gate, written) = (writers.gate.clone(), written.clone());
+        let (gate, written, offered) = (writers.gate.clone(), written.clone(), offered.clone());
         let t = std::thread::Builder::new()
             .name(format!("ferry-write-{i}"))
             .spawn(move || {
@@ -798,9 +922,13 @@ pub(crate) async fn drive_receiver(
                         Frame::Block(b) => b.data.len() as u64,
                         _ => 0,
                     };
+                    let offer = matches!(frame, Frame::Offer { .. });
                     if let Err(e) = receiver.handle(frame) {
                         let _ = fatal.try_send(e.to_string());
                         return;
+                    }
+                    if offer {
+                        offered.notify_waiters();
                     }
                     written.fetch_add(n, Ordering::Relaxed);
                 }
@@ -817,11 +945,16 @@ pub(crate) async fn drive_receiver(
     // Holds a sender of the writers' queue: dropped with the control loop, like `offers_tx`.
     let spawn_stream = {
         let (tx, act, max) = (to_writers.clone(), activity.clone(), limits.data_frame);
+        let offers = Offers {
+            receiver: receiver.clone(),
+            offered,
+            limit: limits.idle,
+        };
         move |streams: &mut JoinSet<(usize, Result<StreamReport, SessionError>)>,
               i: usize,
               s: Stream| {
-            let (tx, act) = (tx.clone(), act.clone());
-            streams.spawn(async move { (i, recv_stream(s, tx, act, max).await) });
+            let (tx, act, offers) = (tx.clone(), act.clone(), offers.clone());
+            streams.spawn(async move { (i, recv_stream(s, tx, act, max, offers).await) });
         }
     };
     let mut joins = joins;
@@ -846,8 +979,9 @@ pub(crate) async fn drive_receiver(
             },
             f = ctrl_rx.recv() => match f {
                 Some(Ok(Frame::Sent { files, dirs, symlinks, .. })) => receiver.expect(files, dirs, symlinks),
-                // Deciding may read files (digests, resume checks): a writer thread does it.
-                Some(Ok(offer @ Frame::Offer { .. })) => {
+                // Deciding may read files (digests, resume checks): a writer thread does it;
+                // `Skipped` answers a decision, in the order of the decisions.
+                Some(Ok(offer @ (Frame::Offer { .. } | Frame::Skipped { .. }))) => {
                     if offers_tx.send_async(offer).await.is_err() {
                         break Err(SessionError::Protocol("receiver workers stopped".into()));
                     }
@@ -1012,11 +1146,46 @@ impl Drop for AbortOnDrop {
 }
 
 /// Reads data frames from one connection and hands them to the writers.
+/// What a receiving connection needs to hold a frame back until its file's offer is answered.
+#[derive(Clone)]
+struct Offers {
+    receiver: Arc<Receiver>,
+    offered: Arc<tokio::sync::Notify>,
+    limit: Duration,
+}
+
+impl Offers {
+    /// Returns once the offer of `id` has been answered. A sender sends a file's first blocks
+    /// before it has the decision (`Block::early`), so they can overtake the offer, which
+    /// travels on the control connection; held here, on the connection's task, they cost no
+    /// memory beyond the one frame and leave the writers free to answer the offer. A file
+    /// never offered within `limit` is the peer's error.
+    async fn wait(&self, id: FileId) -> Result<(), SessionError> {
+        let deadline = tokio::time::Instant::now() + self.limit;
+        loop {
+            let answered = self.offered.notified();
+            tokio::pin!(answered);
+            // Enabled before the look, so that an answer right after it is not missed.
+            answered.as_mut().enable();
+            if self.receiver.offered(id) {
+                return Ok(());
+            }
+            if tokio::time::timeout_at(deadline, answered).await.is_err() {
+                return Err(SessionError::Protocol(format!(
+                    "data of file {} that was never offered",
+                    id.0
+                )));
+            }
+        }
+    }
+}
+
 async fn recv_stream(
     stream: Stream,
     to_writers: flume::Sender<Frame>,
     activity: Activity,
     max_frame: u32,
+    offers: Offers,
 ) -> Result<StreamReport, SessionError> {
     let mut r = BufReader::with_capacity(256 << 10, stream);
     let mut bytes = 0u64;
@@ -1028,11 +1197,12 @@ async fn recv_stream(
         };
         activity.touch();
         match &frame {
-            Frame::Block(b) => bytes += b.data.len() as u64,
-            Frame::Dir { .. }
-            | Frame::Symlink { .. }
-            | Frame::FileFailed { .. }
-            | Frame::Skipped { .. } => {}
+            Frame::Block(b) => {
+                bytes += b.data.len() as u64;
+                offers.wait(b.file.id).await?;
+            }
+            Frame::FileFailed { file, .. } => offers.wait(*file).await?,
+            Frame::Dir { .. } | Frame::Symlink { .. } => {}
             other => {
                 return Err(SessionError::Protocol(format!(
                     "unexpected {:?} on a data connection",

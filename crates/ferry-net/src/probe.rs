@@ -402,7 +402,8 @@ pub(crate) async fn serve(
         auto_start: 0,
     };
     // Data connections hold connection-cap permits for as long as they are open.
-    let (data, _permits) = gather(shared, control, session, secret, &opts, None).await?;
+    let (data, _permits, _registered) =
+        gather(shared, control, session, secret, &opts, None).await?;
     let buckets = Buckets::new(Instant::now(), duration + DRAIN_GRACE);
     let sending = direction == ProbeDirection::ServerToClient;
     let streams = run_streams(data, sending, &buckets, duration).await?;

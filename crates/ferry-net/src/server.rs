@@ -99,6 +99,8 @@ impl ServerConfig {
 /// A session waiting for its data connections to join.
 struct Pending {
     secret: [u8; 32],
+    /// Data connections granted: a connection with an index beyond is refused on its own.
+    streams: u16,
     /// A joining data connection travels with its connection-cap permit, so that it counts
     /// against the cap for as long as it is open, not just while it shakes hands.
     joins: mpsc::Sender<Joined>,
@@ -114,6 +116,9 @@ pub(crate) struct Shared {
     /// When the last session ended (or the server started), for `serve --oneshot`'s exit.
     last_session_end: Mutex<Instant>,
     pending: Mutex<HashMap<SessionId, Pending>>,
+    /// Told whenever a session opens to its data connections: a client sends their `Hello`
+    /// alongside its control `Hello`, so one may arrive before its session is registered.
+    registered: tokio::sync::Notify,
     /// Sessions running now; when the last ends, idle buffers go back to the system.
     active: std::sync::atomic::AtomicUsize,
 }
@@ -199,6 +204,7 @@ impl Server {
                 connections,
                 last_session_end: Mutex::new(Instant::now()),
                 pending: Mutex::default(),
+                registered: tokio::sync::Notify::new(),
                 active: Default::default(),
             }),
         })
@@ -434,7 +440,11 @@ async fn handle(
         Err(_) => return Err(SessionError::Timeout("waiting for Hello")),
     };
     match role {
-        Role::Control { token } => {
+        Role::Control {
+            token,
+            session,
+            secret,
+        } => {
             let grant = match login(&shared, peer, &token).await {
                 Ok(g) => g,
                 Err(frame) => {
@@ -446,37 +456,87 @@ async fn handle(
                     return Err(SessionError::Remote { code, message });
                 }
             };
-            control_session(&shared, stream, grant).await
+            control_session(&shared, stream, grant, session, secret).await
         }
         Role::Data {
             session,
             secret,
             stream: index,
         } => {
-            let joins = {
-                let pending = shared.pending.lock().unwrap_or_else(|e| e.into_inner());
-                pending
-                    .get(&session)
-                    .filter(|p| bool::from(p.secret.ct_eq(&secret)))
-                    .map(|p| p.joins.clone())
+            let found =
+                tokio::time::timeout_at(deadline, find_session(&shared, session, &secret, index))
+                    .await;
+            let refusal = match found {
+                Ok(Found::Join(joins)) => Ok(joins),
+                Ok(Found::NotGranted(granted)) => Err((
+                    ErrorCode::NOT_GRANTED,
+                    format!("data connection {index} not granted: the session has {granted}"),
+                )),
+                Ok(Found::Refused) | Err(_) => Err((
+                    ErrorCode::AUTH,
+                    "unknown session or wrong secret".to_owned(),
+                )),
             };
-            let Some(joins) = joins else {
-                let frame = Frame::Error {
-                    code: ErrorCode::AUTH,
-                    message: "unknown session or wrong secret".into(),
-                };
-                let _ = send(&mut stream, &frame).await;
-                // A sender's data may follow its Hello.
-                linger(&mut stream).await;
-                return Err(SessionError::Protocol(
-                    "data connection for an unknown session".into(),
-                ));
+            let joins = match refusal {
+                Ok(joins) => joins,
+                Err((code, message)) => {
+                    let _ = send(
+                        &mut stream,
+                        &Frame::Error {
+                            code,
+                            message: message.clone(),
+                        },
+                    )
+                    .await;
+                    // A sender's data may follow its Hello.
+                    linger(&mut stream).await;
+                    return Err(SessionError::Protocol(format!(
+                        "data connection refused: {message}"
+                    )));
+                }
             };
             crate::tcp::open_receive_window(std::os::fd::AsFd::as_fd(stream.tcp()));
             welcome(&mut stream, session, secret).await?;
             let _ = joins.send(Ok((index, stream, Some(permit)))).await;
             Ok(())
         }
+    }
+}
+
+/// What a data connection's session says to it.
+enum Found {
+    Join(mpsc::Sender<Joined>),
+    /// Its index is beyond the session's grant.
+    NotGranted(u16),
+    /// Every granted connection has joined, or the secret is wrong.
+    Refused,
+}
+
+/// The session a data connection names, once the session is open to its data connections (it
+/// may not be yet: the client sends the data connections' `Hello` without waiting for the
+/// control connection's `Welcome`); the caller bounds the wait. A session stays registered
+/// while it runs, so a connection dialled beyond the grant is refused at once, not held.
+async fn find_session(shared: &Shared, session: SessionId, secret: &[u8; 32], index: u16) -> Found {
+    loop {
+        let registered = shared.registered.notified();
+        tokio::pin!(registered);
+        // Enabled before the look, so that a registration right after it is not missed.
+        registered.as_mut().enable();
+        {
+            let pending = shared.pending.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(p) = pending.get(&session) {
+                return if !bool::from(p.secret.ct_eq(secret)) {
+                    Found::Refused
+                } else if index >= p.streams {
+                    Found::NotGranted(p.streams)
+                } else if p.joins.is_closed() {
+                    Found::Refused
+                } else {
+                    Found::Join(p.joins.clone())
+                };
+            }
+        }
+        registered.await;
     }
 }
 
@@ -563,12 +623,6 @@ async fn welcome(stream: &mut Stream, session: SessionId, secret: [u8; 32]) -> s
     send(stream, &frame).await
 }
 
-fn random<const N: usize>() -> [u8; N] {
-    let mut b = [0u8; N];
-    getrandom::fill(&mut b).expect("the OS random source works");
-    b
-}
-
 /// The work a control connection asked for, ready to run.
 enum Work<'a> {
     Done,
@@ -591,6 +645,8 @@ enum Work<'a> {
         opts: TransferOpts,
         data: Vec<Stream>,
         permits: Vec<Permit>,
+        /// Registered while the session runs (see `gather`).
+        pending: Unregister<'a>,
     },
 }
 
@@ -598,10 +654,10 @@ async fn control_session(
     shared: &Shared,
     mut stream: Stream,
     grant: Grant,
+    session: SessionId,
+    secret: [u8; 32],
 ) -> Result<(), SessionError> {
     let _active = ActiveSession::enter(shared);
-    let session = SessionId(u64::from_le_bytes(random()));
-    let secret = random::<32>();
     // Errors before the transfer starts are reported here; the engines report their own.
     let work = match prepare(shared, &mut stream, &grant, session, secret).await {
         Ok(w) => w,
@@ -621,22 +677,15 @@ async fn control_session(
             receiver,
             control,
             block_size,
-            mut joins,
+            joins,
             pending,
         } => {
             let writers = Writers::new(shared.config.writers, shared.config.tune_storage);
             let limits = Limits::new(idle, block_size);
-            let (joined_tx, joined_rx) = tokio::sync::oneshot::channel();
-            joins.on_all_joined(joined_tx);
-            // Closed to further data connections once all have joined (or the session ends).
-            let close = async move {
-                let _ = joined_rx.await;
-                drop(pending);
-            };
-            let (outcome, ()) = tokio::join!(
-                drive_receiver(stream, joins, receiver, control, writers, limits),
-                close
-            );
+            // Registered while it runs (closed to joins once all have joined), so that a
+            // connection dialled beyond the grant is refused at once.
+            let outcome = drive_receiver(stream, joins, receiver, control, writers, limits).await;
+            drop(pending);
             let summary = outcome?.summary;
             info!(files = summary.files, bytes = summary.bytes, "put complete");
             Ok(())
@@ -649,11 +698,12 @@ async fn control_session(
             opts,
             data,
             permits: _permits,
+            pending: _pending,
         } => {
             let reporter = Arc::new(NoReporter);
             let limits = Limits::new(idle, opts.block_size);
             let result = drive_sender(
-                stream, data, sender, frames, offers, reporter, limits, plan, None,
+                stream, data, sender, frames, offers, reporter, limits, plan, None, None,
             )
             .await?;
             let (summary, sender) = (result.summary, result.sender);
@@ -753,10 +803,13 @@ async fn prepare<'a>(
                 ),
                 corrupt_blocks: Vec::new(),
                 digest_cache: Arc::default(),
+                early: true,
             };
             let sender = Sender::start(vec![source], config, tx, ctl_tx, Arc::new(NoReporter));
+            // The grant is this server's own: blocks are cut by it from the first.
+            sender.grant(opts.block_size, opts.streams);
             let gathered = gather(shared, stream, session, secret, &opts, Some(&offers)).await;
-            let (data, permits) = match gathered {
+            let (data, permits, pending) = match gathered {
                 Ok(g) => g,
                 Err(e) => {
                     sender.close();
@@ -771,6 +824,7 @@ async fn prepare<'a>(
                 opts,
                 data,
                 permits,
+                pending,
             })
         }
         probe @ Frame::ProbeRequest { .. } => {
@@ -820,7 +874,8 @@ fn clamp(shared: &Shared, mut opts: TransferOpts) -> TransferOpts {
     }
     // Frames in flight per session: one per stream, the writer queue and one per writer.
     let slots = u64::from(opts.streams) + 3 * config.writers.max(1) as u64;
-    while u64::from(opts.block_size) * slots > config.session_memory && opts.block_size > (1 << 20)
+    while u64::from(opts.block_size) * slots > config.session_memory
+        && opts.block_size > ferry_proto::MIN_GRANTED_BLOCK
     {
         opts.block_size /= 2;
     }
@@ -828,7 +883,7 @@ fn clamp(shared: &Shared, mut opts: TransferOpts) -> TransferOpts {
 }
 
 /// Keeps a session open to its data connections while it lives.
-struct Unregister<'a>(&'a Shared, SessionId);
+pub(crate) struct Unregister<'a>(&'a Shared, SessionId);
 
 impl Drop for Unregister<'_> {
     fn drop(&mut self) {
@@ -851,11 +906,24 @@ async fn announce<'a>(
 ) -> Result<(Joins, Unregister<'a>), SessionError> {
     let n = opts.streams as usize;
     let (tx, rx) = mpsc::channel(n);
-    shared
-        .pending
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .insert(session, Pending { secret, joins: tx });
+    {
+        let mut pending = shared.pending.lock().unwrap_or_else(|e| e.into_inner());
+        // The client chose the identity; one already open is not taken over.
+        if pending.contains_key(&session) {
+            return Err(SessionError::Protocol(
+                "a session with this identity is already open".into(),
+            ));
+        }
+        pending.insert(
+            session,
+            Pending {
+                secret,
+                streams: opts.streams,
+                joins: tx,
+            },
+        );
+    }
+    shared.registered.notify_waiters();
     let guard = Unregister(shared, session);
     send(
         stream,
@@ -872,15 +940,18 @@ async fn announce<'a>(
 /// Announces the session's parameters and waits for all its data connections (a `get` and a
 /// probe, whose server sends on them; a `put`'s server answers offers meanwhile instead). A
 /// get's `offers` are written to the control connection meanwhile.
-pub(crate) async fn gather(
-    shared: &Shared,
+///
+/// The returned guard keeps the session registered (closed to joins) while the caller runs it,
+/// so that a connection dialled beyond the grant is refused at once rather than held.
+pub(crate) async fn gather<'a>(
+    shared: &'a Shared,
     stream: &mut Stream,
     session: SessionId,
     secret: [u8; 32],
     opts: &TransferOpts,
     mut offers: Option<&flume::Receiver<Frame>>,
-) -> Result<(Vec<Stream>, Vec<Permit>), SessionError> {
-    let (mut joins, _guard) = announce(shared, stream, session, secret, opts).await?;
+) -> Result<(Vec<Stream>, Vec<Permit>, Unregister<'a>), SessionError> {
+    let (mut joins, guard) = announce(shared, stream, session, secret, opts).await?;
     let deadline = joins.deadline();
     let mut slots: Vec<Option<Stream>> = (0..opts.streams).map(|_| None).collect();
     // A client that gives up (a data connection refused as busy, say) closes its control
@@ -923,7 +994,7 @@ pub(crate) async fn gather(
         slots[index] = Some(s);
     }
     let data = slots.into_iter().flatten().collect();
-    Ok((data, joins.into_permits()))
+    Ok((data, joins.into_permits(), guard))
 }
 
 /// Where a put lands: inside `dest` if it is a directory (or clearly meant as one), else

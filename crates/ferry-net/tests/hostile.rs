@@ -217,6 +217,7 @@ fn partial_block(id: u64, path: &str, size: u64, offset: u64, data: &[u8]) -> Fr
         offset,
         digest: xxhash_rust::xxh3::xxh3_128(&data),
         file_digest: None,
+        early: false,
         data,
     })
 }

@@ -130,19 +130,12 @@ async fn a_wrong_token_gets_no_probe() {
 /// server's error message.
 async fn raw_probe_request(server: &TestServer, duration_ms: u32, streams: u16) -> String {
     use bytes::BytesMut;
-    use ferry_proto::{Capabilities, Frame, FrameHeader, Role, HEADER_LEN, PROTOCOL_VERSION};
+    use ferry_proto::{Frame, FrameHeader, HEADER_LEN};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     let mut s = tokio::net::TcpStream::connect(server.addr).await.unwrap();
     let mut out = BytesMut::new();
-    Frame::Hello {
-        version: PROTOCOL_VERSION,
-        capabilities: Capabilities::ours(),
-        role: Role::Control {
-            token: util::TOKEN.into(),
-        },
-    }
-    .encode(&mut out);
+    util::hello_control(util::TOKEN).encode(&mut out);
     Frame::ProbeRequest {
         direction: ProbeDirection::ServerToClient,
         streams,

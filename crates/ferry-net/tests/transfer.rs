@@ -107,3 +107,39 @@ async fn a_stuck_connections_block_is_sent_again_on_an_idle_one() {
     assert!(resent > 0, "its block went out again: {s:?}");
     server.stop().await;
 }
+
+/// A put sends its first blocks on every data connection it dialled, before the server has
+/// said how many it grants (`Block::early`). A server that grants one of eight refuses the
+/// others, and what they carried goes again on the one it kept: the tree arrives whole. A
+/// re-run finds every file in place: its early blocks are dropped, and each file is skipped
+/// on the digests alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn early_blocks_on_connections_beyond_the_grant_are_sent_again() {
+    let server = TestServer::start_with(|c| c.max_streams = 1).await;
+    let src = tempfile::tempdir().unwrap();
+    let tree = src.path().join("early");
+    for i in 0..12u64 {
+        write(
+            &tree.join(format!("f{i}")),
+            &bytes((i as usize + 1) * BLOCK as usize / 3, i),
+        );
+    }
+    let mut cfg = server.client();
+    cfg.opts.streams = 8;
+    let report = ferry_net::client::put(&cfg, std::slice::from_ref(&tree), "/in/", reporter())
+        .await
+        .unwrap();
+    assert!(report.is_success(), "{:?}", report.errors);
+    assert_eq!(report.files, 12);
+    assert_eq!(report.streams.len(), 1, "the server granted one connection");
+    assert_eq!(snapshot(&tree), snapshot(&server.root.join("in/early")));
+
+    let again = ferry_net::client::put(&cfg, std::slice::from_ref(&tree), "/in/", reporter())
+        .await
+        .unwrap();
+    assert!(again.is_success(), "{:?}", again.errors);
+    assert_eq!(again.skipped, 12, "{again:?}");
+    assert_eq!(snapshot(&tree), snapshot(&server.root.join("in/early")));
+    assert!(leftovers(&server.root).is_empty());
+    server.stop().await;
+}

@@ -28,6 +28,9 @@ use crate::frame::{
 const ROLE_CONTROL: u8 = 0;
 const ROLE_DATA: u8 = 1;
 
+/// `Block.flags` bit 0: sent before the sender had the file's decision.
+const BLOCK_EARLY: u8 = 1;
+
 /// Smallest encoding of a [`ListEntry`] (empty name): bounds the capacity reserved for a listing
 /// by what the payload can actually hold, whatever count it claims.
 const MIN_ENTRY_LEN: usize = 2 + 1 + 8 + 4 + 8;
@@ -237,9 +240,15 @@ impl Frame {
                 out.put_u16(*version);
                 out.put_u64(capabilities.0);
                 match role {
-                    Role::Control { token } => {
+                    Role::Control {
+                        token,
+                        session,
+                        secret,
+                    } => {
                         out.put_u8(ROLE_CONTROL);
                         put_str(out, token);
+                        out.put_u64(session.0);
+                        out.put_slice(secret);
                     }
                     Role::Data {
                         session,
@@ -472,6 +481,7 @@ fn put_block_head(out: &mut BytesMut, block: &Block) {
         offset,
         digest,
         file_digest,
+        early,
         data,
     } = block;
     out.put_u64(file.id.0);
@@ -484,6 +494,7 @@ fn put_block_head(out: &mut BytesMut, block: &Block) {
     let file_digest = file_digest.as_deref().unwrap_or_default();
     out.put_u8(wire_len(file_digest.len(), "file digest"));
     out.put_slice(file_digest);
+    out.put_u8(if *early { BLOCK_EARLY } else { 0 });
     out.put_u32(wire_len(data.len(), "block data"));
 }
 
@@ -581,6 +592,8 @@ fn decode_hello(r: &mut Reader<'_>) -> Result<Frame, DecodeError> {
     let role = match r.u8("role")? {
         ROLE_CONTROL => Role::Control {
             token: r.str("token", MAX_TOKEN)?,
+            session: SessionId(r.u64("session")?),
+            secret: r.array("secret")?,
         },
         ROLE_DATA => Role::Data {
             session: SessionId(r.u64("session")?),
@@ -811,6 +824,10 @@ fn decode_block(r: &mut Reader<'_>) -> Result<Block, DecodeError> {
         }
         len => Some(r.bytes(len, "file_digest")?),
     };
+    let flags = r.u8("flags")?;
+    if flags & !BLOCK_EARLY != 0 {
+        return Err(invalid("flags", flags));
+    }
     let data_len = r.u32("data_len")?;
     if data_len > MAX_BLOCK_DATA {
         return Err(DecodeError::TooLong {
@@ -847,6 +864,7 @@ fn decode_block(r: &mut Reader<'_>) -> Result<Block, DecodeError> {
         offset,
         digest,
         file_digest,
+        early: flags & BLOCK_EARLY != 0,
         data,
     })
 }

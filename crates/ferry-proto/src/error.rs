@@ -107,6 +107,7 @@ impl ErrorCode {
             Self::ENCRYPTION => "encryption",
             Self::DENIED => "denied",
             Self::SLOW_DOWN => "slow_down",
+            Self::NOT_GRANTED => "not_granted",
             _ => return None,
         })
     }

@@ -10,7 +10,7 @@ use bytes::Bytes;
 pub const MAGIC: [u8; 8] = *b"FERRY\r\n\x1a";
 
 /// The protocol version this build speaks. Bumped on any incompatible change to a frame layout.
-pub const PROTOCOL_VERSION: u16 = 4;
+pub const PROTOCOL_VERSION: u16 = 5;
 
 /// Size of the fixed frame header: type (1) and payload length (4).
 pub const HEADER_LEN: usize = 5;
@@ -52,6 +52,11 @@ pub const MAX_STREAMS: u16 = 256;
 
 /// Smallest block size: below a page, per-frame overhead and syscalls dominate.
 pub const MIN_BLOCK_SIZE: u32 = 4 << 10;
+
+/// The smallest block size a receiver may grant when it lowers the one asked for (for its
+/// memory), unless the sender asked for less. Blocks sent before the grant is known (early
+/// blocks) are at most this long, so that no grant can make them too large.
+pub const MIN_GRANTED_BLOCK: u32 = 1 << 20;
 
 /// Most tuner steps one `Tuned` frame may carry (the tuner keeps 64).
 pub const MAX_TUNE_STEPS: usize = 64;
@@ -153,7 +158,8 @@ impl FrameType {
     }
 }
 
-/// Session identifier the server hands out in `Welcome`; data connections quote it to join.
+/// Session identifier, chosen by the client in its control `Hello` (with the session's secret)
+/// and echoed in `Welcome`; data connections quote both to join.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct SessionId(pub u64);
 
@@ -186,9 +192,15 @@ impl Capabilities {
 /// What a new connection is for.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Role {
-    /// The first connection of a session, authenticated by a token.
-    Control { token: String },
-    /// A data connection joining an existing session.
+    /// The first connection of a session, authenticated by a token. The client chooses the
+    /// session's identity and the secret its data connections prove they belong to it with, so
+    /// that they can join (and carry data) without waiting a round trip for the `Welcome`.
+    Control {
+        token: String,
+        session: SessionId,
+        secret: [u8; 32],
+    },
+    /// A data connection joining a session, possibly before the server has registered it.
     Data {
         session: SessionId,
         secret: [u8; 32],
@@ -367,6 +379,10 @@ pub struct Block {
     /// End-to-end digest of the whole file, present only on the block that ends the file
     /// (`offset + data.len() == file.size`), because the sender knows it only then.
     pub file_digest: Option<Bytes>,
+    /// Sent before the sender had the receiver's decision for the file: the receiver uses it
+    /// only for a file it decided to receive and drops it otherwise, where a block sent after
+    /// the decision would mean more (the same size and mtime, but different content).
+    pub early: bool,
     pub data: Bytes,
 }
 
@@ -579,4 +595,7 @@ impl ErrorCode {
     pub const DENIED: Self = Self(15);
     /// Too many failed logins from this address: wait before trying again.
     pub const SLOW_DOWN: Self = Self(16);
+    /// A data connection beyond the count the session granted: refused on its own, the session
+    /// goes on (the client may send every data connection's `Hello` before it knows the grant).
+    pub const NOT_GRANTED: Self = Self(17);
 }

@@ -17,9 +17,9 @@ use crate::frame::{
     PROTOCOL_VERSION,
 };
 
-/// Largest `Hello` payload accepted. A `Hello` is at most 8 + 2 + 8 + 1 + 2 + 256 = 277 bytes;
-/// the bound is far below the 1 MiB control limit because before authentication a peer may not
-/// make the server allocate more than this per connection.
+/// Largest `Hello` payload accepted. A `Hello` is at most 8 + 2 + 8 + 1 + 2 + 256 + 8 + 32 = 317
+/// bytes; the bound is far below the 1 MiB control limit because before authentication a peer
+/// may not make the server allocate more than this per connection.
 pub const MAX_HELLO: u32 = 1024;
 
 /// Shortest token: an empty token would authenticate against an empty configured one, so it is
@@ -150,7 +150,7 @@ pub fn parse_hello(header: &[u8; HEADER_LEN], payload: &[u8]) -> Result<Hello, H
         ours: PROTOCOL_VERSION,
     })?;
     match &role {
-        Role::Control { token } if !(MIN_TOKEN..=MAX_TOKEN).contains(&token.len()) => {
+        Role::Control { token, .. } if !(MIN_TOKEN..=MAX_TOKEN).contains(&token.len()) => {
             return Err(HandshakeError::Token {
                 len: token.len(),
                 min: MIN_TOKEN,
@@ -175,6 +175,7 @@ pub fn parse_hello(header: &[u8; HEADER_LEN], payload: &[u8]) -> Result<Hello, H
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::frame::SessionId;
 
     fn split(hello: &Hello) -> ([u8; HEADER_LEN], Vec<u8>) {
         let mut out = BytesMut::new();
@@ -189,6 +190,8 @@ mod tests {
             capabilities: Capabilities::ours(),
             role: Role::Control {
                 token: token.into(),
+                session: SessionId(7),
+                secret: [9; 32],
             },
         }
     }

@@ -114,7 +114,13 @@ fn tune_report() -> impl Strategy<Value = TuneReport> {
 
 fn role() -> impl Strategy<Value = Role> {
     prop_oneof![
-        text().prop_map(|token| Role::Control { token }),
+        (text(), any::<u64>(), any::<[u8; 32]>()).prop_map(|(token, session, secret)| {
+            Role::Control {
+                token,
+                session: SessionId(session),
+                secret,
+            }
+        }),
         (any::<u64>(), any::<[u8; 32]>(), any::<u16>()).prop_map(|(session, secret, stream)| {
             Role::Data {
                 session: SessionId(session),
@@ -156,10 +162,10 @@ fn block() -> impl Strategy<Value = Block> {
         any::<u64>(),
         any::<u128>(),
         proptest::option::of(vec(any::<u8>(), 1..=MAX_DIGEST)),
-        vec(any::<u8>(), 0..600),
+        (any::<bool>(), vec(any::<u8>(), 0..600)),
     )
         .prop_map(
-            |((id, path, mode, mtime_ns), offset, tail, digest, file_digest, data)| {
+            |((id, path, mode, mtime_ns), offset, tail, digest, file_digest, (early, data))| {
                 let len = data.len() as u64;
                 let offset = offset.min(u64::MAX - len);
                 let end = offset + len;
@@ -179,6 +185,7 @@ fn block() -> impl Strategy<Value = Block> {
                     offset,
                     digest,
                     file_digest: file_digest.map(Bytes::from),
+                    early,
                     data: Bytes::from(data),
                 }
             },
@@ -485,6 +492,8 @@ fn sample_frames() -> Vec<Frame> {
             capabilities: Capabilities::ours(),
             role: Role::Control {
                 token: "s3cret".into(),
+                session: SessionId(9),
+                secret: [0xcd; 32],
             },
         },
         Frame::Hello {
@@ -552,6 +561,7 @@ fn sample_frames() -> Vec<Frame> {
             offset: 4,
             digest: 0x0123_4567_89ab_cdef_fedc_ba98_7654_3210,
             file_digest: Some(Bytes::from_static(&[0x5a; 32])),
+            early: true,
             data: Bytes::from_static(b"sixbyt"),
         }),
         Frame::Dir {
@@ -739,16 +749,23 @@ fn pinned_hello() {
         capabilities: Capabilities(1),
         role: Role::Control {
             token: "tok".into(),
+            session: SessionId(0x0102),
+            secret: [0x5a; 32],
         },
     };
     #[rustfmt::skip]
     let expected: &[u8] = &[
-        0x01, 0, 0, 0, 0x18,                            // type, payload length 24
+        0x01, 0, 0, 0, 0x40,                            // type, payload length 64
         b'F', b'E', b'R', b'R', b'Y', b'\r', b'\n', 0x1a, // magic
         0, 2,                                           // version
         0, 0, 0, 0, 0, 0, 0, 1,                         // capabilities
         0,                                              // role: control
         0, 3, b't', b'o', b'k',                         // token
+        0, 0, 0, 0, 0, 0, 1, 2,                         // session
+        0x5a, 0x5a, 0x5a, 0x5a, 0x5a, 0x5a, 0x5a, 0x5a, // secret
+        0x5a, 0x5a, 0x5a, 0x5a, 0x5a, 0x5a, 0x5a, 0x5a,
+        0x5a, 0x5a, 0x5a, 0x5a, 0x5a, 0x5a, 0x5a, 0x5a,
+        0x5a, 0x5a, 0x5a, 0x5a, 0x5a, 0x5a, 0x5a, 0x5a,
     ];
     assert_eq!(&encode(&frame)[..], expected);
     assert_eq!(decode(expected.into()), Ok(frame));
@@ -912,11 +929,12 @@ fn pinned_block() {
         offset: 1,
         digest: 0x11,
         file_digest: Some(Bytes::from_static(&[0xee, 0xff])),
+        early: true,
         data: Bytes::from_static(b"xy"),
     });
     #[rustfmt::skip]
     let expected: &[u8] = &[
-        0x20, 0, 0, 0, 64,                  // type, payload length
+        0x20, 0, 0, 0, 65,                  // type, payload length
         0, 0, 0, 0, 0, 0, 0, 5,             // file id
         0, 1, b'a',                         // path
         0, 0, 0, 0, 0, 0, 0, 3,             // size
@@ -925,6 +943,7 @@ fn pinned_block() {
         0, 0, 0, 0, 0, 0, 0, 1,             // offset
         0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x11, // digest
         2, 0xee, 0xff,                      // file digest
+        1,                                  // flags: early
         0, 0, 0, 2,                         // data length
         b'x', b'y',                         // data
     ];
@@ -997,6 +1016,8 @@ fn strings_are_limited_before_allocation() {
         capabilities: Capabilities(0),
         role: Role::Control {
             token: "t".repeat(MAX_TOKEN + 1),
+            session: SessionId(1),
+            secret: [1; 32],
         },
     };
     assert_eq!(
@@ -1238,6 +1259,15 @@ fn block_lengths_are_limited() {
 
     payload[digest_len_at] = 0;
     payload.truncate(digest_len_at + 1);
+    // Flags: only bit 0 (early) is defined.
+    let mut flagged = payload.clone();
+    flagged.push(0x02);
+    flagged.extend_from_slice(&[0, 0, 0, 0]);
+    assert!(matches!(
+        Frame::decode(FrameType::BLOCK, flagged.into()),
+        Err(DecodeError::InvalidValue { field: "flags", .. })
+    ));
+    payload.push(0);
     payload.extend_from_slice(&(MAX_BLOCK_DATA + 1).to_be_bytes());
     assert_eq!(
         Frame::decode(FrameType::BLOCK, payload.into()),

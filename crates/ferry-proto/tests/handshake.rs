@@ -21,7 +21,13 @@ fn valid_hello() -> impl Strategy<Value = Hello> {
         .prop_map(String::from_iter)
         .prop_filter("token fits", |t| t.len() <= MAX_TOKEN);
     let role = prop_oneof![
-        token.prop_map(|token| Role::Control { token }),
+        (token, any::<u64>(), any::<[u8; 32]>()).prop_map(|(token, s, secret)| {
+            Role::Control {
+                token,
+                session: SessionId(s),
+                secret,
+            }
+        }),
         (any::<u64>(), any::<[u8; 32]>(), 0..MAX_STREAMS).prop_map(|(s, secret, stream)| {
             Role::Data {
                 session: SessionId(s),

@@ -327,13 +327,36 @@ impl Raw {
     }
 }
 
+/// A control `Hello` for a new session: a random identity and secret, as a client chooses
+/// them (`session_of` reads them back).
 pub fn hello_control(token: &str) -> ferry_proto::Frame {
+    use std::hash::BuildHasher;
+    let random = || std::collections::hash_map::RandomState::new().hash_one(0u8);
+    let mut secret = [0u8; 32];
+    for chunk in secret.chunks_mut(8) {
+        chunk.copy_from_slice(&random().to_le_bytes());
+    }
     ferry_proto::Frame::Hello {
         version: ferry_proto::PROTOCOL_VERSION,
         capabilities: ferry_proto::Capabilities::ours(),
         role: ferry_proto::Role::Control {
             token: token.into(),
+            session: ferry_proto::SessionId(random()),
+            secret,
         },
+    }
+}
+
+/// The session identity and secret a control `Hello` chose.
+pub fn session_of(hello: &ferry_proto::Frame) -> (ferry_proto::SessionId, [u8; 32]) {
+    match hello {
+        ferry_proto::Frame::Hello {
+            role: ferry_proto::Role::Control {
+                session, secret, ..
+            },
+            ..
+        } => (*session, *secret),
+        other => panic!("not a control Hello: {other:?}"),
     }
 }
 
@@ -387,6 +410,7 @@ pub fn raw_block(
         offset: offset as u64,
         digest: xxhash_rust::xxh3::xxh3_128(&data),
         file_digest: last.then(|| bytes::Bytes::copy_from_slice(blake3::hash(whole).as_bytes())),
+        early: false,
         data,
     })
 }
