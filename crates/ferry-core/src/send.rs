@@ -765,10 +765,15 @@ fn send_file(shared: &Shared, record: &FileRecord) -> bool {
                 Streamed::Decided(d) => d,
                 // Every block went early. The decision still matters when the receiver holds
                 // the same size and mtime: it dropped the early blocks and waits for our word.
+                // (Handing such files to a thread of their own, so that the reader goes on,
+                // sent more files early but measured no faster on a tree of tiny files.)
                 Streamed::AllEarly => match shared.wait_decision(meta.id) {
                     None => return false,
-                    Some(Decision::Complete { digest }) => Decision::Complete { digest },
-                    Some(_) => return true,
+                    Some(Decision::Send | Decision::Resume { .. }) => {
+                        shared.reporter.on_file_done();
+                        return true;
+                    }
+                    Some(d) => d,
                 },
             }
         }
@@ -782,9 +787,21 @@ fn send_file(shared: &Shared, record: &FileRecord) -> bool {
         ?decision,
         "reader has its decision"
     );
+    answer(shared, record, decision, &mut unpassed)
+}
+
+/// Sends what `decision` asks of a file not sent yet (or sent early only in part). Returns
+/// false when the transfer is over.
+fn answer(
+    shared: &Shared,
+    record: &FileRecord,
+    decision: Decision,
+    unpassed: &mut Unpassed<'_>,
+) -> bool {
+    let meta = &record.meta;
     match decision {
-        Decision::Send => stream_file(shared, record, Vec::new(), &mut unpassed, false).more(),
-        Decision::Resume { have } => stream_file(shared, record, have, &mut unpassed, false).more(),
+        Decision::Send => stream_file(shared, record, Vec::new(), unpassed, false).more(),
+        Decision::Resume { have } => stream_file(shared, record, have, unpassed, false).more(),
         // The receiver has resolved these already; nothing is sent.
         Decision::Skip => true,
         // Reported by `Sender::decide` when it arrived.
@@ -807,7 +824,7 @@ fn send_file(shared: &Shared, record: &FileRecord) -> bool {
             };
             if ours[..] != digest[..] {
                 // Same size and mtime, different content: send it; the receiver's policy decides.
-                return stream_file(shared, record, Vec::new(), &mut unpassed, false).more();
+                return stream_file(shared, record, Vec::new(), unpassed, false).more();
             }
             shared.cache().insert(key, ours.clone());
             *record.digest.lock().unwrap_or_else(|e| e.into_inner()) = Some(ours);
@@ -1039,12 +1056,12 @@ fn stream_file(
         }
         offset += len;
         if last {
+            // A file sent early is done once its decision says so (`send_file`).
+            if early {
+                return Streamed::AllEarly;
+            }
             shared.reporter.on_file_done();
-            return if early {
-                Streamed::AllEarly
-            } else {
-                Streamed::Done(true)
-            };
+            return Streamed::Done(true);
         }
     }
 }

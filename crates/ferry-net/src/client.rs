@@ -809,19 +809,42 @@ impl Joining {
     }
 }
 
-/// Every data connection dialled, each through TLS and its `Hello`, in the order of their
-/// index; the first failure ends it.
+/// The data connections dialled, each through TLS and its `Hello`, in the order of their
+/// index, up to the first that failed: the server may grant fewer than were dialled, so a
+/// failure beyond the grant costs nothing (the sender checks the grant against what it has,
+/// `drive_sender`). An error if the first one failed.
 async fn all_dialled(mut dials: Dials) -> Result<Vec<Stream>, SessionError> {
-    let mut data = Vec::with_capacity(dials.len());
+    let n = dials.len();
+    let mut slots: Vec<Option<Stream>> = (0..n).map(|_| None).collect();
+    let mut first_error = None;
     while let Some(r) = dials.join_next().await {
         match r {
-            Ok(Ok(d)) => data.push(d),
-            Ok(Err(e)) => return Err(e),
-            Err(e) => return Err(SessionError::Protocol(format!("dial task failed: {e}"))),
+            Ok(Ok((index, s))) => {
+                if let Some(slot) = slots.get_mut(usize::from(index)) {
+                    *slot = Some(s);
+                }
+            }
+            Ok(Err(e)) => {
+                first_error.get_or_insert(e);
+            }
+            Err(e) => {
+                first_error.get_or_insert(SessionError::Protocol(format!("dial task failed: {e}")));
+            }
         }
     }
-    data.sort_unstable_by_key(|(index, _)| *index);
-    Ok(data.into_iter().map(|(_, s)| s).collect())
+    let data: Vec<Stream> = slots.into_iter().map_while(|s| s).collect();
+    match first_error {
+        Some(e) if data.is_empty() => Err(e),
+        Some(e) => {
+            tracing::debug!(
+                opened = data.len(),
+                dialled = n,
+                "a data connection failed: {e}"
+            );
+            Ok(data)
+        }
+        None => Ok(data),
+    }
 }
 
 /// Reads the server's answer to a request: the session's stream count and block size.

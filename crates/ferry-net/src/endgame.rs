@@ -102,9 +102,14 @@ impl History {
         }
     }
 
-    /// Bytes of the blocks it remembers.
+    /// Bytes of the frames it remembers (a small frame counted as [`BLOCK_OVERHEAD`]).
     pub(crate) fn held(&self) -> u64 {
-        self.held
+        self.held + BLOCK_OVERHEAD * self.unwelcomed_other.len() as u64
+    }
+
+    /// Whether the server has yet to welcome the connection.
+    pub(crate) fn is_unwelcomed(&self) -> bool {
+        self.unwelcomed
     }
 
     /// The server welcomed the connection: what TCP delivered, it has.

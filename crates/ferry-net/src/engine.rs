@@ -25,8 +25,7 @@ use ferry_core::recv::Receiver;
 use ferry_core::send::Sender;
 use ferry_core::Reporter;
 use ferry_proto::{
-    CompleteSummary, ErrorCode, FileId, Frame, SessionId, TuneReport, MAX_BLOCK_PAYLOAD,
-    MAX_CONTROL_PAYLOAD,
+    CompleteSummary, FileId, Frame, SessionId, TuneReport, MAX_BLOCK_PAYLOAD, MAX_CONTROL_PAYLOAD,
 };
 use serde::Serialize;
 use tokio::io::{AsyncWriteExt, BufReader, BufWriter, ReadHalf, WriteHalf};
@@ -373,6 +372,8 @@ pub(crate) async fn drive_sender(
     tokio::pin!(dog);
     // The walk's totals, until they go out behind every offer they count.
     let mut walked: Option<ferry_core::send::WalkTotals> = None;
+    // Connections that failed before their `Welcome` and before `Ready`, with why.
+    let mut provisional: Vec<(usize, SessionError)> = Vec::new();
     let result = loop {
         // The offers are queued before the totals, but a loop turn may find both: the totals
         // wait until the offers have gone (and `Ready` has come, which the later offers wait
@@ -429,6 +430,27 @@ pub(crate) async fn drive_sender(
                 Some(Ok(Frame::Ready { streams, block_size }))
                     if awaiting.as_ref().is_some_and(|a| a.welcomed) =>
                 {
+                    if usize::from(streams) > histories.len() {
+                        // A dial failed (the server at its connection cap, say): the server
+                        // would wait for a connection that never comes.
+                        break Err(SessionError::Io(std::io::Error::other(format!(
+                            "{} of the {streams} data connections granted could be opened",
+                            histories.len()
+                        ))));
+                    }
+                    // Connections that ended without their `Welcome` before `Ready`: refused
+                    // as beyond the grant, or a failure.
+                    let mut failure = None;
+                    for (i, e) in provisional.drain(..) {
+                        if i < usize::from(streams) {
+                            failure.get_or_insert(e);
+                        } else {
+                            resend_on_first(i, &histories, &copies_tx);
+                        }
+                    }
+                    if let Some(e) = failure {
+                        break Err(e);
+                    }
                     // Before any decision: the server answers offers only after `Ready`.
                     sender.grant(block_size, streams);
                     gate.limit(u32::from(streams));
@@ -454,25 +476,24 @@ pub(crate) async fn drive_sender(
                 None => break Err(SessionError::Closed("control")),
             },
             Some(joined) = streams.join_next_with_id() => {
-                // Dialled beyond what the server grants: refused by it, or stopped here once
-                // `Ready` said so. What it carried goes again on connection 0, which every
-                // grant includes.
-                let dismissed = match &joined {
-                    Ok((_, (i, Err(SessionError::Remote { code: ErrorCode::NOT_GRANTED, .. })))) => Some(*i),
-                    Err(e) if e.is_cancelled() => by_id.get(&e.id()).copied(),
-                    _ => None,
+                // Dialled beyond what the server grants: refused by it (`not_granted`, or a
+                // reset that destroyed it), or stopped here once `Ready` said so. What it
+                // carried goes again on connection 0, which every grant includes. A connection
+                // without its `Welcome` that ends before `Ready` is judged when `Ready` comes.
+                let (i, failed) = match joined {
+                    Err(e) if e.is_cancelled() => match by_id.get(&e.id()) {
+                        Some(&i) => (i, None),
+                        None => break Err(SessionError::Protocol(format!("stream task failed: {e}"))),
+                    },
+                    Err(e) => break Err(SessionError::Protocol(format!("stream task failed: {e}"))),
+                    Ok((_, (_, Ok(_)))) => break Err(SessionError::Protocol("data connection ended early".into())),
+                    Ok((_, (i, Err(e)))) if i == 0 || !lock(&histories[i]).is_unwelcomed() => break Err(e),
+                    Ok((_, (i, Err(e)))) => (i, Some(e)),
                 };
-                match (dismissed, joined) {
-                    (Some(i), _) if i > 0 => {
-                        let frames = lock(&histories[i]).take_frames();
-                        tracing::debug!(stream = i, frames = frames.len(), "data connection beyond the grant");
-                        for f in frames {
-                            let _ = copies_tx[0].send(f);
-                        }
-                    }
-                    (_, Ok((_, (_, Err(e))))) => break Err(e),
-                    (_, Ok((_, (_, Ok(_))))) => break Err(SessionError::Protocol("data connection ended early".into())),
-                    (_, Err(e)) => break Err(SessionError::Protocol(format!("stream task failed: {e}"))),
+                match (granted, failed) {
+                    (Some((n, _)), Some(e)) if i < usize::from(n) => break Err(e),
+                    (None, Some(e)) => provisional.push((i, e)),
+                    _ => resend_on_first(i, &histories, &copies_tx),
                 }
             }
             _ = tick.tick() => {
@@ -562,6 +583,20 @@ pub(crate) async fn drive_sender(
         timeline,
         granted,
     })
+}
+
+/// Queues what connection `i` was given before the server refused it (or it was stopped as
+/// beyond the grant) for connection 0, which every grant includes.
+fn resend_on_first(i: usize, histories: &[Arc<Mutex<History>>], copies: &[flume::Sender<Frame>]) {
+    let frames = lock(&histories[i]).take_frames();
+    tracing::debug!(
+        stream = i,
+        frames = frames.len(),
+        "data connection beyond the grant"
+    );
+    for f in frames {
+        let _ = copies[0].send(f);
+    }
 }
 
 /// One endgame tick: what each connection's kernel still holds, then the copies to queue,

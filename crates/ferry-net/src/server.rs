@@ -463,9 +463,20 @@ async fn handle(
             secret,
             stream: index,
         } => {
-            let found =
-                tokio::time::timeout_at(deadline, find_session(&shared, session, &secret, index))
-                    .await;
+            // Held at most until the deadline, and no longer than the client keeps it open
+            // (an attempt that failed before its session opened leaves its dials behind).
+            let found = tokio::time::timeout_at(deadline, async {
+                tokio::select! {
+                    f = find_session(&shared, session, &secret, index) => Some(f),
+                    () = closed_by_peer(&stream) => None,
+                }
+            })
+            .await;
+            let found = match found {
+                Ok(Some(f)) => Ok(f),
+                Ok(None) => return Err(SessionError::Closed("data")),
+                Err(e) => Err(e),
+            };
             let refusal = match found {
                 Ok(Found::Join(joins)) => Ok(joins),
                 Ok(Found::NotGranted(granted)) => Err((
@@ -499,6 +510,18 @@ async fn handle(
             welcome(&mut stream, session, secret).await?;
             let _ = joins.send(Ok((index, stream, Some(permit)))).await;
             Ok(())
+        }
+    }
+}
+
+/// Resolves once the peer has closed the connection (checked every 100 ms: its unread bytes,
+/// a `Hello`'s early blocks, say nothing).
+async fn closed_by_peer(stream: &Stream) {
+    let mut check = tokio::time::interval(Duration::from_millis(100));
+    loop {
+        check.tick().await;
+        if crate::tcp::peer_closed(stream.tcp()) {
+            return;
         }
     }
 }
@@ -874,10 +897,11 @@ fn clamp(shared: &Shared, mut opts: TransferOpts) -> TransferOpts {
     }
     // Frames in flight per session: one per stream, the writer queue and one per writer.
     let slots = u64::from(opts.streams) + 3 * config.writers.max(1) as u64;
+    // Never below `MIN_GRANTED_BLOCK` (unless asked): a client's early blocks are cut to it.
     while u64::from(opts.block_size) * slots > config.session_memory
         && opts.block_size > ferry_proto::MIN_GRANTED_BLOCK
     {
-        opts.block_size /= 2;
+        opts.block_size = (opts.block_size / 2).max(ferry_proto::MIN_GRANTED_BLOCK);
     }
     opts
 }
