@@ -1739,10 +1739,7 @@ mod tests {
     fn early_blocks_count_only_for_a_file_being_received() {
         let dir = tempfile::tempdir().unwrap();
         let size = 3000u64;
-        let data = Bytes::from((0..size).map(|i| (i * 7 % 251) as u8).collect::<Vec<_>>());
-        let mut h = FileHasher::new(ChecksumAlgo::Blake3);
-        h.update(&data);
-        let whole = h.finalize();
+        let (data, whole) = contents(size, 7);
 
         // A file decided `Send`: its early blocks are its data.
         let (r, rx) = receiver(dir.path());

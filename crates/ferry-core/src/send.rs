@@ -58,9 +58,6 @@ pub struct SenderConfig {
     /// Digests of files already read, kept across the attempts of one job, so that a retry
     /// does not read every complete file again to prove it identical.
     pub digest_cache: Arc<DigestCache>,
-    /// Files may be read and sent before their decision comes (`Block::early`); off, each
-    /// reader waits for its file's decision first.
-    pub early: bool,
 }
 
 /// Whole-file digests by (path on the wire, size, mtime).
@@ -295,7 +292,7 @@ impl Sender {
     }
 
     /// What the receiver granted: it may lower the block size and the connections asked for.
-    /// The walk (and its offers), and with `early` the first blocks, may run before the
+    /// The walk (and its offers), and the first blocks (early ones), may run before the
     /// receiver has answered, which lets a client send its first offers right behind the
     /// request and its first blocks right behind the data connections' `Hello`.
     pub fn grant(&self, block_size: u32, streams: u16) {
@@ -512,10 +509,10 @@ impl Shared {
         }
     }
 
-    /// Whether a block may still go early: early sending is on and its budget not spent.
+    /// Whether a block may still go early: the session's early budget is not spent.
     fn early_room(&self) -> bool {
         let budget = EARLY_PER_STREAM * u64::from(self.config.streams.max(1));
-        self.config.early && self.early_sent.load(Ordering::Relaxed) < budget
+        self.early_sent.load(Ordering::Relaxed) < budget
     }
 
     /// The receiver's answer to the offer of `id`, if it has come.

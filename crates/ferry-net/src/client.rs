@@ -427,6 +427,11 @@ async fn read_welcome<R: tokio::io::AsyncRead + Unpin>(
     )
     .await
     .map_err(|_| SessionError::Timeout("waiting for the server's welcome"))??;
+    welcome_of(reply)
+}
+
+/// The session a `Welcome` names, once its version is one this build speaks.
+pub(crate) fn welcome_of(reply: Frame) -> Result<(SessionId, [u8; 32]), SessionError> {
     match reply {
         Frame::Welcome {
             version,
@@ -453,7 +458,16 @@ async fn welcomed<R: tokio::io::AsyncRead + Unpin>(
     timeout: Duration,
     ours: (SessionId, [u8; 32]),
 ) -> Result<(), SessionError> {
-    if read_welcome(stream, timeout).await? != ours {
+    let theirs = read_welcome(stream, timeout).await?;
+    same_session(theirs, ours)
+}
+
+/// The server welcomed the session the client chose, not another.
+pub(crate) fn same_session(
+    theirs: (SessionId, [u8; 32]),
+    ours: (SessionId, [u8; 32]),
+) -> Result<(), SessionError> {
+    if theirs != ours {
         return Err(SessionError::Protocol(
             "the server welcomed another session than the one asked for".into(),
         ));
@@ -646,49 +660,22 @@ async fn open(
     })
 }
 
-/// The server's answer to an opening (`Welcome`, then `Ready`), writing the walk's first
-/// offers meanwhile: a get's client, whose receiver then runs while its data connections join.
+/// The server's answer to an opening (`Welcome`, then `Ready`): a get's client, whose
+/// receiver then runs while its data connections join. (A put's sender reads the answer on
+/// the way instead, `drive_sender`'s `awaiting`.)
 async fn answered(
     cfg: &ClientConfig,
     o: Opening,
-    offers: Option<&flume::Receiver<Frame>>,
 ) -> Result<(Connected, TransferOpts, Joining), SessionError> {
     let Opening {
-        control,
+        mut control,
         tls,
         addr,
         session,
         dials,
     } = o;
-    let mut scratch = bytes::BytesMut::new();
-    // The walk's offers go right behind the request until `Ready`. Bounded, because a server
-    // that refuses the login or the request reads only so much before it closes (and a close
-    // with unread bytes resets the connection, which can destroy the refusal before the
-    // client reads it).
-    let (mut rd, mut wr) = tokio::io::split(control);
-    let answer = {
-        let answer = async {
-            welcomed(&mut rd, cfg.connect_timeout, session).await?;
-            ready(cfg, &mut rd).await
-        };
-        tokio::pin!(answer);
-        let (mut offers, mut written) = (offers, 0);
-        loop {
-            tokio::select! {
-                a = &mut answer => break a,
-                f = async move { offers.expect("polled only with offers").recv_async().await },
-                    if offers.is_some() && written < EARLY_OFFER_BYTES => match f {
-                    Ok(frame) => {
-                        written += crate::conn::write_frame(&mut wr, &frame, &mut scratch).await?;
-                        wr.flush().await?;
-                    }
-                    Err(_) => offers = None,
-                },
-            }
-        }
-    };
-    let control = rd.unsplit(wr);
-    let opts = answer?;
+    welcomed(&mut control, cfg.connect_timeout, session).await?;
+    let opts = ready(cfg, &mut control).await?;
     let c = Connected {
         control,
         tls,
@@ -1044,7 +1031,6 @@ async fn put_once(
         readers: crate::autotune::storage_gate(cfg.readers, cfg.tune_storage),
         corrupt_blocks: cfg.corrupt_blocks.clone(),
         digest_cache,
-        early: true,
     };
     let sender = Sender::start(srcs, config, tx, ctl_tx, reporter.clone());
     let opened = async {
@@ -1150,7 +1136,7 @@ async fn get_once(
         opts: cfg.opts.clone(),
     };
     let opening = open(cfg, reporter.as_ref(), &request).await?;
-    let (c, opts, joining) = answered(cfg, opening, None).await?;
+    let (c, opts, joining) = answered(cfg, opening).await?;
     let joins = joining.into_joins();
     let security = security_of(&c);
     let (tx, rx) = flume::unbounded();

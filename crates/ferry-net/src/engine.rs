@@ -413,17 +413,14 @@ pub(crate) async fn drive_sender(
                 activity.touch();
             }
             f = ctrl_rx.recv() => match f {
-                Some(Ok(Frame::Welcome { version, session, secret, .. }))
+                Some(Ok(welcome @ Frame::Welcome { .. }))
                     if awaiting.as_ref().is_some_and(|a| !a.welcomed) =>
                 {
-                    if let Err(e) = ferry_proto::negotiate_version(version) {
-                        break Err(SessionError::Remote { code: e.code, message: e.reason });
-                    }
                     let a = awaiting.as_mut().expect("checked by the guard");
-                    if (session, secret) != a.session {
-                        break Err(SessionError::Protocol(
-                            "the server welcomed another session than the one asked for".into(),
-                        ));
+                    let checked = crate::client::welcome_of(welcome)
+                        .and_then(|theirs| crate::client::same_session(theirs, a.session));
+                    if let Err(e) = checked {
+                        break Err(e);
                     }
                     a.welcomed = true;
                 }
@@ -941,7 +938,7 @@ pub(crate) async fn drive_receiver(
     let (fatal_tx, fatal_rx) = flume::bounded::<String>(1);
     let written = Arc::new(AtomicU64::new(0));
     // Told each time a writer has answered an offer: a data connection holds an early block
-    // of a file not offered yet until then (see `await_offer`).
+    // of a file not offered yet until then (see `Offers::wait`).
     let offered = Arc::new(tokio::sync::Notify::new());
     let mut writer_threads = Vec::new();
     for i in 0..writers.gate.max() {
@@ -1180,7 +1177,6 @@ impl Drop for AbortOnDrop {
     }
 }
 
-/// Reads data frames from one connection and hands them to the writers.
 /// What a receiving connection needs to hold a frame back until its file's offer is answered.
 #[derive(Clone)]
 struct Offers {
@@ -1196,6 +1192,10 @@ impl Offers {
     /// memory beyond the one frame and leave the writers free to answer the offer. A file
     /// never offered within `limit` is the peer's error.
     async fn wait(&self, id: FileId) -> Result<(), SessionError> {
+        // Nearly always: no waiter registered for the block of a file already answered.
+        if self.receiver.offered(id) {
+            return Ok(());
+        }
         let deadline = tokio::time::Instant::now() + self.limit;
         loop {
             let answered = self.offered.notified();
@@ -1215,6 +1215,7 @@ impl Offers {
     }
 }
 
+/// Reads data frames from one connection and hands them to the writers.
 async fn recv_stream(
     stream: Stream,
     to_writers: flume::Sender<Frame>,

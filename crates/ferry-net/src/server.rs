@@ -472,44 +472,33 @@ async fn handle(
                 }
             })
             .await;
-            let found = match found {
-                Ok(Some(f)) => Ok(f),
+            let (code, message) = match found {
+                Ok(Some(Found::Join(joins))) => {
+                    crate::tcp::open_receive_window(std::os::fd::AsFd::as_fd(stream.tcp()));
+                    welcome(&mut stream, session, secret).await?;
+                    let _ = joins.send(Ok((index, stream, Some(permit)))).await;
+                    return Ok(());
+                }
                 Ok(None) => return Err(SessionError::Closed("data")),
-                Err(e) => Err(e),
-            };
-            let refusal = match found {
-                Ok(Found::Join(joins)) => Ok(joins),
-                Ok(Found::NotGranted(granted)) => Err((
+                Ok(Some(Found::NotGranted(granted))) => (
                     ErrorCode::NOT_GRANTED,
                     format!("data connection {index} not granted: the session has {granted}"),
-                )),
-                Ok(Found::Refused) | Err(_) => Err((
+                ),
+                Ok(Some(Found::Refused)) | Err(_) => (
                     ErrorCode::AUTH,
                     "unknown session or wrong secret".to_owned(),
-                )),
+                ),
             };
-            let joins = match refusal {
-                Ok(joins) => joins,
-                Err((code, message)) => {
-                    let _ = send(
-                        &mut stream,
-                        &Frame::Error {
-                            code,
-                            message: message.clone(),
-                        },
-                    )
-                    .await;
-                    // A sender's data may follow its Hello.
-                    linger(&mut stream).await;
-                    return Err(SessionError::Protocol(format!(
-                        "data connection refused: {message}"
-                    )));
-                }
+            let refusal = Frame::Error {
+                code,
+                message: message.clone(),
             };
-            crate::tcp::open_receive_window(std::os::fd::AsFd::as_fd(stream.tcp()));
-            welcome(&mut stream, session, secret).await?;
-            let _ = joins.send(Ok((index, stream, Some(permit)))).await;
-            Ok(())
+            let _ = send(&mut stream, &refusal).await;
+            // A sender's data may follow its Hello.
+            linger(&mut stream).await;
+            Err(SessionError::Protocol(format!(
+                "data connection refused: {message}"
+            )))
         }
     }
 }
@@ -826,7 +815,6 @@ async fn prepare<'a>(
                 ),
                 corrupt_blocks: Vec::new(),
                 digest_cache: Arc::default(),
-                early: true,
             };
             let sender = Sender::start(vec![source], config, tx, ctl_tx, Arc::new(NoReporter));
             // The grant is this server's own: blocks are cut by it from the first.
@@ -984,7 +972,6 @@ pub(crate) async fn gather<'a>(
     // engine (a get's decisions, or its error). Once bytes wait there a peek says nothing
     // more, so the connection's TCP state is checked instead.
     let mut watch_control = true;
-    let mut check = tokio::time::interval(Duration::from_millis(100));
     while !joins.complete() {
         let mut probe = [0u8; 1];
         let (index, s) = tokio::select! {
@@ -996,11 +983,8 @@ pub(crate) async fn gather<'a>(
                 }
                 continue;
             }
-            _ = check.tick(), if !watch_control => {
-                if crate::tcp::peer_closed(stream.tcp()) {
-                    return Err(SessionError::Closed("control"));
-                }
-                continue;
+            () = closed_by_peer(stream), if !watch_control => {
+                return Err(SessionError::Closed("control"));
             }
             f = async move { offers.expect("polled only with offers").recv_async().await },
                 if offers.is_some() =>
