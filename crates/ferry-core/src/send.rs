@@ -745,8 +745,8 @@ fn open_checked(record: &FileRecord) -> Result<(File, Meta), FsError> {
 /// (`Block::early`), and the decision is taken in when it comes: the first blocks of a session
 /// then leave with the data connections' `Hello`, a round trip before any decision can be
 /// back (DESIGN.md, "Starting a session in few round trips"). The receiver uses early blocks
-/// only for a file it decided to receive, so a decision other than `Send` or `Resume` costs
-/// the early blocks' bandwidth, nothing else.
+/// only for a file it decided to receive: after a decision other than `Send` or `Resume` they
+/// were bandwidth spent for nothing, never data written.
 fn send_file(shared: &Shared, record: &FileRecord) -> bool {
     let meta = &record.meta;
     // Counted as it is read, or all at once when this reader is done with the file.
