@@ -14,8 +14,9 @@
 //!    Finalizing ── (batched: syncfs, rename, fsync dir) ──▶ Done ──▶ resolved
 //! ```
 //!
-//! Data lands in a hidden temporary file `.ferry-<session>-<id>.part` next to the final name.
-//! The file digest of a file written from nothing, larger than 64 KiB, with BLAKE3 (the
+//! Data lands in a hidden temporary file `.ferry-<session>-<id>.part` next to the final name;
+//! a file of one block gets it from the writer of that block, not with its decision. The file
+//! digest of a file written from nothing, larger than 64 KiB, with BLAKE3 (the
 //! default) and a block size that is a multiple of 1 KiB, is a tree: each writer hashes the
 //! block it writes from memory, in any order, and the chaining values merge into the digest of
 //! the whole ([`Blake3Tree`]). Other files (other algorithms, a copy resumed from proven blocks)
@@ -161,7 +162,11 @@ impl Ranges {
 }
 
 struct Writing {
-    file: Arc<File>,
+    /// The temporary file. A file of one block gets it when that block arrives, from the
+    /// writer that writes it: creating it with the decision put one create per file on the
+    /// control path, serially, and a tree of 10,000 small files waited there (see
+    /// [`Writing::file`]).
+    file: Option<Arc<File>>,
     dir: Arc<OwnedFd>,
     dir_rel: String,
     temp: String,
@@ -183,6 +188,23 @@ struct Writing {
     /// is: a copy of a block (the sender's endgame) written after the file was finalized would
     /// reset the mtime just set and, for a non-root receiver, clear setuid/setgid bits.
     inflight: u32,
+}
+
+impl Writing {
+    /// The temporary file, created (exclusively: the name is this session's) on first use.
+    /// A file that fails before any of it arrived leaves nothing to remove; `remove_temp`
+    /// finds no such name then.
+    fn file(&mut self) -> std::io::Result<Arc<File>> {
+        if let Some(f) = &self.file {
+            return Ok(f.clone());
+        }
+        let flags = root::OFlags::RDWR | root::OFlags::CREATE | root::OFlags::EXCL;
+        let f = Arc::new(File::from(root::open_in(
+            &self.dir, &self.temp, flags, 0o600,
+        )?));
+        self.file = Some(f.clone());
+        Ok(f)
+    }
 }
 
 /// An open, locked resume journal and where its next record goes.
@@ -247,7 +269,8 @@ pub struct Receiver {
     finalizer: Mutex<Option<JoinHandle<()>>>,
     counters: Counters,
     errors: Mutex<Vec<String>>,
-    manifest: Mutex<Vec<(String, String)>>,
+    /// Path and digest of every stored file; spelled in hex only if asked for (`manifest`).
+    manifest: Mutex<Vec<(String, Vec<u8>)>>,
     complete: AtomicBool,
     /// Numbers temporary names of symlinks, which several writer threads create at once.
     next_temp: AtomicU64,
@@ -482,7 +505,16 @@ impl Receiver {
             self.advance(&entry, slot, None);
             return Ok(());
         }
-        let file = w.file.clone();
+        let file = match w.file() {
+            Ok(f) => f,
+            Err(e) => {
+                let msg = format!("{}: creating {}: {e}", entry.meta.path, w.temp);
+                let code = FsError::io(&entry.meta.path, e).code();
+                drop(slot);
+                self.fail(&entry, code, msg, true);
+                return Ok(());
+            }
+        };
         let tree = w.tree.is_some();
         w.inflight += 1;
         // Write (and hash, in tree mode) without holding the slot, so other blocks of the same
@@ -579,9 +611,9 @@ impl Receiver {
             let Some(mut hasher) = w.hasher.take() else {
                 return; // another writer is reading back; it will look again
             };
-            let file = w.file.clone();
+            let file = w.file();
             drop(slot);
-            let hashed = hash_back(&file, &mut hasher, from, end);
+            let hashed = file.and_then(|f| hash_back(&f, &mut hasher, from, end));
             slot = lock(&entry.slot);
             let Slot::Writing(w) = &mut *slot else {
                 return; // failed or aborted meanwhile
@@ -612,8 +644,18 @@ impl Receiver {
     }
 
     fn verify_and_queue(&self, entry: &FileEntry, mut w: Writing) {
+        // Written to by now (a block of it was), so this only opens what exists.
+        let file = match w.file() {
+            Ok(f) => f,
+            Err(e) => {
+                *lock(&entry.slot) = Slot::Writing(Box::new(w));
+                let msg = format!("{}: creating it: {e}", entry.meta.path);
+                self.fail(entry, ErrorCode::IO, msg, true);
+                return;
+            }
+        };
         let digest = match w.tree.take() {
-            Some(tree) => match finish_tree(&w.file, *tree) {
+            Some(tree) => match finish_tree(&file, *tree) {
                 Ok(d) => d,
                 Err(e) => {
                     *lock(&entry.slot) = Slot::Writing(Box::new(w));
@@ -642,7 +684,7 @@ impl Receiver {
             return;
         }
         let job = FinalizeJob {
-            file: w.file,
+            file,
             dir: w.dir,
             dir_rel: w.dir_rel,
             temp: w.temp,
@@ -920,8 +962,8 @@ impl Receiver {
         let (dir_rel, name) = split_parent(&rel);
         let dir = self.dir(dir_rel).map_err(fail)?;
         let io = |what: &str, e: std::io::Error| fail(FsError::io(join(dir_rel, what), e));
-        let writing = |file: File, temp: String, journal: Option<JournalFile>| Writing {
-            file: Arc::new(file),
+        let writing = |file: Option<File>, temp: String, journal: Option<JournalFile>| Writing {
+            file: file.map(Arc::new),
             dir: dir.clone(),
             dir_rel: dir_rel.to_owned(),
             temp,
@@ -935,11 +977,9 @@ impl Receiver {
             inflight: 0,
         };
         if meta.size <= u64::from(self.config.block_size) {
+            // Created with its first block (`Writing::file`).
             let temp = format!(".ferry-{:016x}-{}.part", self.config.tag, meta.id.0);
-            let flags = root::OFlags::RDWR | root::OFlags::CREATE | root::OFlags::EXCL;
-            let file =
-                File::from(root::open_in(&dir, &temp, flags, 0o600).map_err(|e| io(&temp, e))?);
-            return Ok(self.fresh_digest(writing(file, temp, None), meta.size));
+            return Ok(self.fresh_digest(writing(None, temp, None), meta.size));
         }
         let temp = journaled_temp(name);
         let jname = journal_name(name);
@@ -994,7 +1034,7 @@ impl Receiver {
             name: jname,
             end: buf.len() as u64,
         };
-        let mut w = writing(file, temp, Some(journal));
+        let mut w = writing(Some(file), temp, Some(journal));
         if records.is_empty() {
             return Ok(self.fresh_digest(w, meta.size));
         }
@@ -1068,7 +1108,9 @@ impl Receiver {
         match old {
             Slot::Writing(w) => {
                 // A failed file's partial copy is not worth resuming (bad digest, I/O error).
-                remove_temp(&w.dir, &w.temp, w.journal.as_ref());
+                if w.file.is_some() {
+                    remove_temp(&w.dir, &w.temp, w.journal.as_ref());
+                }
                 self.mark_failed(entry.meta.id, code, msg, tell);
             }
             Slot::Present => self.mark_failed(entry.meta.id, code, msg, tell),
@@ -1258,7 +1300,7 @@ impl Receiver {
             if let Slot::Writing(w) = &*lock(&e.slot) {
                 // Journaled partial copies stay for the next attempt to resume; one-block
                 // files are cheaper to send again than to keep.
-                if w.journal.is_none() {
+                if w.journal.is_none() && w.file.is_some() {
                     remove_temp(&w.dir, &w.temp, None);
                 }
             }
@@ -1271,7 +1313,10 @@ impl Receiver {
 
     /// `(path under the root, hex digest)` of every stored file, for `--manifest`.
     pub fn manifest(&self) -> Vec<(String, String)> {
-        let mut m = lock(&self.manifest).clone();
+        let mut m: Vec<(String, String)> = lock(&self.manifest)
+            .iter()
+            .map(|(p, d)| (p.clone(), hex(d)))
+            .collect();
         m.sort();
         m
     }
@@ -1313,7 +1358,11 @@ fn catch_up(w: &mut Writing) -> std::io::Result<()> {
     let (Some(end), Some(h)) = (w.written.run_end(w.cursor), w.hasher.as_mut()) else {
         return Ok(());
     };
-    hash_back(&w.file, h, w.cursor, end)?;
+    let file = w
+        .file
+        .clone()
+        .ok_or_else(|| std::io::Error::other("no file"))?;
+    hash_back(&file, h, w.cursor, end)?;
     w.cursor = end;
     Ok(())
 }
@@ -1430,7 +1479,7 @@ impl Receiver {
                     c.files_done.fetch_add(1, Ordering::Relaxed);
                     c.bytes_done.fetch_add(job.meta.size, Ordering::Relaxed);
                     let path = join(&job.dir_rel, &job.name);
-                    lock(&self.manifest).push((path, hex(&job.digest)));
+                    lock(&self.manifest).push((path, job.digest));
                     if let Some(e) = lock(&self.files).get(&job.meta.id) {
                         *lock(&e.slot) = Slot::Done;
                     }
@@ -1789,6 +1838,54 @@ mod tests {
         let summary = r.finish();
         assert_eq!((summary.skipped, summary.failed), (1, 0), "{summary:?}");
         assert!(r.errors().is_empty(), "{:?}", r.errors());
+    }
+
+    /// A file of one block is created by the block, not with its decision: answering an offer
+    /// of many small files then costs no create each on the control path. A destination that
+    /// refuses the create fails that file, saying which, and not the session.
+    #[test]
+    fn a_one_block_file_is_created_by_its_block() {
+        let dir = tempfile::tempdir().unwrap();
+        let size = 3000u64;
+        let (data, whole) = contents(size, 7);
+        let (r, rx) = receiver(dir.path());
+        r.handle(offer(1, "f.bin", size)).unwrap();
+        assert_eq!(decision(&rx), Decision::Send);
+        r.handle(offer(2, "sub/g.bin", size)).unwrap();
+        assert_eq!(decision(&rx), Decision::Send);
+        r.expect(2, 0, 0);
+        let names = |p: &str| -> Vec<String> {
+            std::fs::read_dir(dir.path().join(p))
+                .unwrap()
+                .map(|e| e.unwrap().file_name().into_string().unwrap())
+                .collect()
+        };
+        assert_eq!(names("in"), ["sub"], "no temporary file before a block");
+        assert!(names("in/sub").is_empty());
+
+        std::fs::remove_dir(dir.path().join("in/sub")).unwrap();
+        let mut second = block(size, &data, 0, size as usize, Some(whole.clone()));
+        if let Frame::Block(b) = &mut second {
+            b.file.id = FileId(2);
+            b.file.path = "sub/g.bin".into();
+        }
+        r.handle(second).unwrap();
+        match rx.recv_timeout(std::time::Duration::from_secs(5)).unwrap() {
+            Frame::FileFailed { file, message, .. } => {
+                assert_eq!(file, FileId(2));
+                assert!(message.contains("sub/g.bin"), "{message}");
+            }
+            other => panic!("expected FileFailed, got {other:?}"),
+        }
+        r.handle(block(size, &data, 0, size as usize, Some(whole)))
+            .unwrap();
+        r.done()
+            .recv_timeout(std::time::Duration::from_secs(5))
+            .expect("both files resolve");
+        let summary = r.finish();
+        assert_eq!((summary.files, summary.failed), (1, 1), "{summary:?}");
+        assert_eq!(std::fs::read(dir.path().join("in/f.bin")).unwrap(), data);
+        assert_eq!(names("in"), ["f.bin"], "nothing else left behind");
     }
 
     /// `size` bytes of a pattern (`i * step % 251`), and their BLAKE3 file digest.
