@@ -653,7 +653,7 @@ impl Receiver {
     }
 
     fn verify_and_queue(&self, entry: &FileEntry, mut w: Writing) {
-        // Written to by now (a block of it was), so this only opens what exists.
+        // A block of it was written by now, so its file exists and this only hands it out.
         let file = match w.file() {
             Ok(f) => f,
             Err(e) => {
@@ -1805,10 +1805,7 @@ mod tests {
         let (data, whole) = contents(size, 7);
 
         // A file decided `Send`: its early blocks are its data.
-        let (r, rx) = receiver(dir.path());
-        r.handle(offer(1, "f.bin", size)).unwrap();
-        assert_eq!(decision(&rx), Decision::Send);
-        r.expect(1, 0, 0);
+        let r = sending(receiver(dir.path()), size);
         r.handle(early(block(size, &data, 0, 1000, None))).unwrap();
         r.handle(early(block(size, &data, 1000, 2000, Some(whole.clone()))))
             .unwrap();

@@ -1045,10 +1045,7 @@ async fn put_once(
             return Err(e);
         }
     };
-    let security = (
-        control.is_encrypted(),
-        tls.as_ref().and_then(|t| t.pin()).map(|f| f.to_string()),
-    );
+    let security = security_of(&control, tls.as_ref());
     let plan = StreamPlan {
         force: cfg.force_streams,
         stall: cfg.stall_stream,
@@ -1138,7 +1135,7 @@ async fn get_once(
     let opening = open(cfg, reporter.as_ref(), &request).await?;
     let (c, opts, joining) = answered(cfg, opening).await?;
     let joins = joining.into_joins();
-    let security = security_of(&c);
+    let security = security_of(&c.control, c.tls.as_ref());
     let (tx, rx) = flume::unbounded();
     let config = ReceiverConfig {
         existing: opts.existing,
@@ -1212,10 +1209,10 @@ pub async fn list(
     }
 }
 
-fn security_of(c: &Connected) -> (bool, Option<String>) {
+fn security_of(control: &Stream, tls: Option<&Arc<ClientTls>>) -> (bool, Option<String>) {
     (
-        c.control.is_encrypted(),
-        c.tls.as_ref().and_then(|t| t.pin()).map(|f| f.to_string()),
+        control.is_encrypted(),
+        tls.and_then(|t| t.pin()).map(|f| f.to_string()),
     )
 }
 
