@@ -955,9 +955,12 @@ fn one_percent_loss_at_50ms_tree_arrives_identical() {
         stats.client_to_server.drop_loss > 0,
         "the bed did drop packets"
     );
-    // The timeline counts what the server acknowledged per 250 ms: all of the data but the
-    // last, partial interval (at most a quarter second of a 1 Gbit/s link, 31 MB), and not
-    // more than the data plus TLS and framing.
+    // The timeline counts what TCP had acknowledged per 250 ms: all of the data but the last,
+    // partial interval, and not more than the data plus TLS and framing. That interval is a
+    // quarter second of the link and a late sample (25 ms apart); under loss the count also
+    // lags the link, as an acknowledgment that fills a hole acknowledges at once all that
+    // arrived past it (intervals of 38 MB, 1.2 Gbit/s, were seen after ones of 20 MB). One
+    // more interval of the link covers a hole whose retransmission was lost too.
     if u64_of(&v, "attempts") == 1 {
         let acked: u64 = v["timeline"]["bytes"]
             .as_array()
@@ -965,9 +968,12 @@ fn one_percent_loss_at_50ms_tree_arrives_identical() {
             .iter()
             .map(|b| b.as_u64().unwrap())
             .sum();
+        let per_ms = 1_000_000_000 / 8 / 1000;
+        let tail = per_ms * (250 + 25 + 250);
         assert!(
-            acked + 31_250_000 >= total && acked <= total + total / 50,
-            "{acked} of {total}"
+            acked + tail >= total && acked <= total + total / 50,
+            "{acked} of {total} (the unrecorded tail may hold {tail}); timeline {}",
+            v["timeline"]
         );
     }
 }
