@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 
 use crate::interrupts::{irq_conflicts, parse_interrupts, Interrupts, IrqConflict};
+use crate::routes::{read_routes, route_advice, Route};
 use crate::speed::{measure_speeds, Speed};
 use crate::sys::{Sys, Unreadable};
 use crate::tcp::{tcp_advice, AdviceInputs, TcpSettings, TCP_FILES};
@@ -132,6 +133,9 @@ pub struct HostReport {
     /// Whether an `irqbalance` process runs (`None`: /proc could not be scanned).
     pub irqbalance_running: Option<bool>,
     pub tcp: TcpSettings,
+    /// The main table's routes with their initial windows (empty when not read: a probe of a
+    /// fake /proc tree, or no `ip`).
+    pub routes: Vec<Route>,
     /// What the advice was computed against.
     pub advice_inputs: AdviceInputs,
     /// Per-core speeds (empty when not measured).
@@ -223,7 +227,24 @@ pub fn probe_host(opts: &HostOptions, progress: &dyn ProbeProgress) -> HostRepor
         ));
     }
 
+    // Routes live in the kernel's routing table, not under /proc: only a probe of this host
+    // reads them.
+    let routes = if opts.sys_root == Path::new("/") {
+        progress.on_step("routes");
+        read_routes().unwrap_or_else(|why| {
+            notes.push(format!(
+                "routes not read ({why}): no advice on initial windows"
+            ));
+            Vec::new()
+        })
+    } else {
+        Vec::new()
+    };
+
     let mut advice = tcp_advice(&tcp, &advice_inputs);
+    advice.extend(route_advice(&routes, &advice_inputs, |dev| {
+        nics.iter().find(|n| n.name == dev).and_then(|n| n.mtu)
+    }));
     advice.extend(conflicts.iter().map(|c| c.text.clone()));
     advice.extend(host_advice(&cpu, &numa_nodes, &nics, &speeds, target_mbps));
 
@@ -236,6 +257,7 @@ pub fn probe_host(opts: &HostOptions, progress: &dyn ProbeProgress) -> HostRepor
         irq_conflicts: conflicts,
         irqbalance_running,
         tcp,
+        routes,
         advice_inputs,
         speeds,
         advice,

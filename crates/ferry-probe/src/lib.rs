@@ -2,7 +2,7 @@
 //!
 //! - [`host::probe_host`]: CPUs, sockets and NUMA nodes; NICs with speed, NUMA node and IRQs, and
 //!   IRQ-affinity conflicts; TCP settings with concrete advice; per-core speed of the digests
-//!   ferry computes and of AES-256-GCM. It never fails: whatever it cannot read is listed in
+//!   ferry computes and of AES-256-GCM; the routes' initial windows (`ip -j route`). It never fails: whatever it cannot read is listed in
 //!   [`host::HostReport::unreadable`].
 //! - [`disk::probe_disk`]: read and write throughput of a file system against threads, request
 //!   size, issue order and buffered or direct I/O; small-file create rate; fdatasync latency; and
@@ -20,6 +20,7 @@ pub mod host;
 pub mod interrupts;
 pub mod net;
 pub mod order;
+pub mod routes;
 pub mod speed;
 pub mod store;
 pub mod tcp;
