@@ -26,9 +26,23 @@ pub const SUGGESTED_INITIAL_WINDOW: u32 = 40;
 /// Below this round-trip time slow start is over in a few milliseconds: no advice.
 const ADVISE_FROM_RTT_MS: f64 = 20.0;
 
-/// Streams a transfer of ferry's starts with at 100 ms and more (the default 4 per 25 ms of
-/// round trip, at most 16): the count the advice's round trips are computed for.
-const STREAMS_AT_LONG_RTT: u64 = 16;
+/// The streams an auto-tuned transfer starts with when nothing is remembered (ferry-net's
+/// `DEFAULT_STREAMS`).
+const DEFAULT_STREAMS: u64 = 4;
+
+/// Streams a transfer of ferry's starts with at `rtt_ms`, the count the advice's round trips
+/// are computed for: the default, times the round trip in 25 ms steps from two steps on, at
+/// most four times (`ferry_core::tune::TunerConfig::wide_start`).
+pub fn starting_streams(rtt_ms: f64) -> u64 {
+    let step = ferry_core::tune::WIDE_START_RTT_STEP.as_secs_f64() * 1000.0;
+    let steps = (rtt_ms / step).floor().clamp(0.0, 1e6) as u32;
+    let factor = steps.min(ferry_core::tune::WIDE_START_MAX_FACTOR);
+    if factor >= 2 {
+        DEFAULT_STREAMS * u64::from(factor)
+    } else {
+        DEFAULT_STREAMS
+    }
+}
 
 /// IPv4 and TCP headers with timestamps: what an MTU leaves for a segment's data.
 const HEADERS: u32 = 52;
@@ -204,8 +218,9 @@ pub fn route_advice(
     let mss = mtu.saturating_sub(HEADERS).max(536);
     let bdp = bdp_bytes(inp.target_mbps, inp.rtt_ms);
     let initial = first.initcwnd.unwrap_or(KERNEL_INITIAL_WINDOW);
-    let now = slow_start_round_trips(bdp, STREAMS_AT_LONG_RTT, initial, mss);
-    let then = slow_start_round_trips(bdp, STREAMS_AT_LONG_RTT, SUGGESTED_INITIAL_WINDOW, mss);
+    let streams = starting_streams(inp.rtt_ms);
+    let now = slow_start_round_trips(bdp, streams, initial, mss);
+    let then = slow_start_round_trips(bdp, streams, SUGGESTED_INITIAL_WINDOW, mss);
     if now <= then {
         return None;
     }
@@ -221,7 +236,7 @@ pub fn route_advice(
     };
     Some(format!(
         "route {} starts every connection at {initial} segments of {} (initcwnd{}): at {} ms \
-         the 16 streams ferry starts with need {now} round trips ({:.1} s) of slow start to \
+         the {streams} streams ferry starts with need {now} round trips ({:.1} s) of slow start to \
          fill {} ({} in flight), {then} ({:.1} s) from {SUGGESTED_INITIAL_WINDOW}; on routes \
          to other transfer nodes (not to the Internet at large): {}{more}; measured on a \
          1 Gbit/s path at 100 ms, a 1 GiB put went from 9.30 to 9.18 s",
@@ -299,6 +314,14 @@ mod tests {
         assert_eq!(
             v6[1].change_command(40),
             "ip -6 route change 2001:db8::/64 dev eth0 proto ra metric 100 initcwnd 40 initrwnd 40"
+        );
+    }
+
+    #[test]
+    fn streams_as_the_wide_start_has_them() {
+        assert_eq!(
+            [0.0, 20.0, 49.9, 50.0, 75.0, 100.0, 200.0].map(starting_streams),
+            [4, 4, 4, 8, 12, 16, 16]
         );
     }
 
