@@ -44,8 +44,9 @@ pub fn starting_streams(rtt_ms: f64) -> u64 {
     }
 }
 
-/// IPv4 and TCP headers with timestamps: what an MTU leaves for a segment's data.
-const HEADERS: u32 = 52;
+/// IPv4 (or IPv6) and TCP headers with timestamps: what an MTU leaves for a segment's data.
+const HEADERS_V4: u32 = 52;
+const HEADERS_V6: u32 = 72;
 
 /// One route of the main table, as far as the advice needs it.
 #[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
@@ -68,24 +69,41 @@ pub struct Route {
     pub initrwnd: Option<u32>,
     /// Whether it is an IPv6 route.
     pub ipv6: bool,
+    /// Attributes a command rebuilt from the fields above would lose: other metrics (a locked
+    /// MTU, `advmss`, `congctl`, …), flags (`onlink`), a shared nexthop (`nhid`), several
+    /// (`nexthops`), or an expiry (a router's advertisement). No command is suggested for it.
+    pub more: bool,
 }
 
 impl Route {
-    /// A unicast route out of a real interface: the kind a transfer's connections take.
+    /// A unicast route out of a real interface (or several): the kind a transfer's connections
+    /// take.
     fn carries_transfers(&self) -> bool {
-        self.dev.as_deref().is_some_and(|d| d != "lo")
+        self.dev.as_deref() != Some("lo")
             && !self.dst.starts_with("fe80:")
             && !self.dst.starts_with("ff")
     }
 
-    /// The `ip route change` that keeps this route and sets both initial windows to `window`.
-    pub fn change_command(&self, window: u32) -> String {
-        let mut c = String::from(if self.ipv6 {
-            "ip -6 route change "
+    fn is_default(&self) -> bool {
+        self.dst == "default" || self.dst == "0.0.0.0/0" || self.dst == "::/0"
+    }
+
+    /// The command that sets both initial windows to `window` on this route's paths, or `None`
+    /// when one rebuilt from what is parsed would lose attributes ([`Route::more`]). For a
+    /// default route, which also leads to the Internet at large, it adds a route of its own
+    /// for a peer (`PEER` stands for its address or prefix); otherwise an `ip route change`
+    /// that repeats the route's gateway, device, protocol, scope, source, metric and MTU.
+    pub fn change_command(&self, window: u32) -> Option<String> {
+        if self.more {
+            return None;
+        }
+        let ip = if self.ipv6 { "ip -6 route" } else { "ip route" };
+        let mut c = if self.is_default() {
+            format!("{ip} add PEER")
         } else {
-            "ip route change "
-        });
-        c.push_str(&self.dst);
+            format!("{ip} change {}", self.dst)
+        };
+        let default = self.is_default();
         let mut add = |k: &str, v: Option<String>| {
             if let Some(v) = v {
                 c.push_str(&format!(" {k} {v}"));
@@ -93,13 +111,15 @@ impl Route {
         };
         add("via", self.gateway.clone());
         add("dev", self.dev.clone());
-        add("proto", self.protocol.clone());
-        add("scope", self.scope.clone());
+        if !default {
+            add("proto", self.protocol.clone());
+            add("scope", self.scope.clone());
+            add("metric", self.metric.map(|m| m.to_string()));
+        }
         add("src", self.prefsrc.clone());
-        add("metric", self.metric.map(|m| m.to_string()));
         add("mtu", self.mtu.map(|m| m.to_string()));
         c.push_str(&format!(" initcwnd {window} initrwnd {window}"));
-        c
+        Some(c)
     }
 }
 
@@ -128,6 +148,24 @@ pub fn parse_ip_routes(text: &str, ipv6: bool) -> Result<Vec<Route>, String> {
                 .find_map(|m| m.get(k).and_then(|x| x.as_u64()))
         };
         let small = |k: &str| metric_of(k).and_then(|x| u32::try_from(x).ok());
+        let other_metrics = e
+            .get("metrics")
+            .and_then(|m| m.as_array())
+            .is_some_and(|m| {
+                m.iter()
+                    .filter_map(|x| x.as_object())
+                    .flat_map(|o| o.keys())
+                    .any(|k| !matches!(k.as_str(), "mtu" | "initcwnd" | "initrwnd"))
+            });
+        let flags = e
+            .get("flags")
+            .and_then(|f| f.as_array())
+            .is_some_and(|f| !f.is_empty());
+        let more = other_metrics
+            || flags
+            || ["nhid", "nexthops", "expires", "encap", "via"]
+                .iter()
+                .any(|k| e.get(k).is_some());
         out.push(Route {
             dst,
             gateway: s("gateway"),
@@ -140,6 +178,7 @@ pub fn parse_ip_routes(text: &str, ipv6: bool) -> Result<Vec<Route>, String> {
             initcwnd: small("initcwnd"),
             initrwnd: small("initrwnd"),
             ipv6,
+            more,
         });
     }
     Ok(out)
@@ -168,10 +207,12 @@ pub fn read_routes() -> Result<Vec<Route>, String> {
                 String::from_utf8_lossy(&out.stderr).trim()
             ));
         }
-        all.extend(parse_ip_routes(
-            &String::from_utf8_lossy(&out.stdout),
-            ipv6,
-        )?);
+        match parse_ip_routes(&String::from_utf8_lossy(&out.stdout), ipv6) {
+            Ok(routes) => all.extend(routes),
+            // IPv4 is what a transfer node's peers are mostly reached by: keep its routes.
+            Err(_) if ipv6 => {}
+            Err(e) => return Err(e),
+        }
     }
     Ok(all)
 }
@@ -205,17 +246,15 @@ pub fn route_advice(
     let small: Vec<&Route> = routes
         .iter()
         .filter(|r| r.carries_transfers())
-        .filter(|r| {
-            r.initcwnd.unwrap_or(KERNEL_INITIAL_WINDOW) < SUGGESTED_INITIAL_WINDOW
-                || r.initrwnd.is_some_and(|w| w < SUGGESTED_INITIAL_WINDOW)
-        })
+        .filter(|r| r.initcwnd.unwrap_or(KERNEL_INITIAL_WINDOW) < SUGGESTED_INITIAL_WINDOW)
         .collect();
     let first = small.first()?;
     let mtu = first
         .mtu
         .or_else(|| first.dev.as_deref().and_then(&mtu_of))
         .unwrap_or(1500);
-    let mss = mtu.saturating_sub(HEADERS).max(536);
+    let headers = if first.ipv6 { HEADERS_V6 } else { HEADERS_V4 };
+    let mss = mtu.saturating_sub(headers).max(536);
     let bdp = bdp_bytes(inp.target_mbps, inp.rtt_ms);
     let initial = first.initcwnd.unwrap_or(KERNEL_INITIAL_WINDOW);
     let streams = starting_streams(inp.rtt_ms);
@@ -227,19 +266,26 @@ pub fn route_advice(
     let secs = |n: u32| f64::from(n) * inp.rtt_ms / 1000.0;
     let commands: Vec<String> = small
         .iter()
+        .filter_map(|r| r.change_command(SUGGESTED_INITIAL_WINDOW))
         .take(3)
-        .map(|r| r.change_command(SUGGESTED_INITIAL_WINDOW))
         .collect();
-    let more = match small.len() {
-        n if n > 3 => format!(" (and {} more)", n - 3),
-        _ => String::new(),
+    let how = if commands.is_empty() {
+        format!(
+            "add `initcwnd {SUGGESTED_INITIAL_WINDOW} initrwnd {SUGGESTED_INITIAL_WINDOW}` to \
+             those routes' attributes"
+        )
+    } else if commands.iter().any(|c| c.contains(" add PEER ")) {
+        format!("{} (PEER: the other node's address)", commands.join("; "))
+    } else {
+        commands.join("; ")
     };
     Some(format!(
         "route {} starts every connection at {initial} segments of {} (initcwnd{}): at {} ms \
          the {streams} streams ferry starts with need {now} round trips ({:.1} s) of slow start to \
          fill {} ({} in flight), {then} ({:.1} s) from {SUGGESTED_INITIAL_WINDOW}; on routes \
-         to other transfer nodes (not to the Internet at large): {}{more}; measured on a \
-         1 Gbit/s path at 100 ms, a 1 GiB put went from 9.30 to 9.18 s",
+         to other transfer nodes (not to the Internet at large): {how} (and in the network \
+         configuration, which a reboot or a network manager would otherwise undo); measured \
+         on a 1 Gbit/s path at 100 ms, a 1 GiB put went from 9.30 to 9.18 s",
         first.dst,
         bytes(u64::from(mss)),
         if first.initcwnd.is_some() {
@@ -252,7 +298,6 @@ pub fn route_advice(
         crate::tcp::rate(inp.target_mbps),
         bytes(bdp),
         secs(then),
-        commands.join("; "),
     ))
 }
 
@@ -306,14 +351,38 @@ mod tests {
     fn the_command_keeps_the_route() {
         let r = parse_ip_routes(BED, false).unwrap();
         assert_eq!(
-            r[0].change_command(40),
-            "ip route change 10.77.0.0/24 dev fnm0 proto kernel scope link src 10.77.0.1 \
-             initcwnd 40 initrwnd 40"
+            r[0].change_command(40).as_deref(),
+            Some(
+                "ip route change 10.77.0.0/24 dev fnm0 proto kernel scope link src 10.77.0.1 \
+                 initcwnd 40 initrwnd 40"
+            )
         );
+        // A default route also leads to the Internet: a route of its own per peer instead.
+        let h = parse_ip_routes(HOST, false).unwrap();
+        assert_eq!(
+            h[0].change_command(40).as_deref(),
+            Some("ip route add PEER via 192.0.2.1 dev eth0 initcwnd 40 initrwnd 40")
+        );
+        // A route with what the command would not repeat gets none: an MTU lock and a
+        // congestion control, onlink, a shared nexthop, several, an advertised expiry.
+        for more in [
+            r#"[{"dst":"10.1.0.0/16","gateway":"10.0.0.1","dev":"d0","flags":[],"metrics":[{"mtu":1400,"lock":["mtu"],"congestion":"bbr"}]}]"#,
+            r#"[{"dst":"10.1.0.0/16","gateway":"10.0.0.1","dev":"d0","flags":["onlink"]}]"#,
+            r#"[{"dst":"10.1.0.0/16","nhid":7,"gateway":"10.0.0.1","dev":"d0","flags":[]}]"#,
+            r#"[{"dst":"default","flags":[],"nexthops":[{"gateway":"10.0.0.1","dev":"d0","weight":1,"flags":[]}]}]"#,
+            r#"[{"dst":"2001:db8:1::/64","gateway":"fe80::1","dev":"d0","protocol":"ra","metric":1024,"expires":299,"flags":[]}]"#,
+        ] {
+            let r = parse_ip_routes(more, more.contains("2001")).unwrap();
+            assert!(r[0].more, "{more}");
+            assert_eq!(r[0].change_command(40), None, "{more}");
+        }
         let v6 = parse_ip_routes(V6, true).unwrap();
         assert_eq!(
-            v6[1].change_command(40),
-            "ip -6 route change 2001:db8::/64 dev eth0 proto ra metric 100 initcwnd 40 initrwnd 40"
+            v6[1].change_command(40).as_deref(),
+            Some(
+                "ip -6 route change 2001:db8::/64 dev eth0 proto ra metric 100 initcwnd 40 \
+                 initrwnd 40"
+            )
         );
     }
 
@@ -349,10 +418,24 @@ mod tests {
         );
         assert!(a.contains("5 (0.5 s) from 40"), "{a}");
         assert!(
-            a.contains("ip route change default via 192.0.2.1 dev eth0 initcwnd 40 initrwnd 40"),
+            a.contains("ip route add PEER via 192.0.2.1 dev eth0 initcwnd 40 initrwnd 40"),
             "{a}"
         );
         assert!(a.contains("ip route change 192.0.2.0/24 dev eth0"), "{a}");
+        assert!(a.contains("a reboot"), "{a}");
+        assert!(a.contains("(PEER: the other node's address)"), "{a}");
+        // Routes whose every command would lose attributes: said in words.
+        let multipath = parse_ip_routes(
+            r#"[{"dst":"default","flags":[],"nexthops":[{"gateway":"10.0.0.1","dev":"d0","weight":1,"flags":[]}]}]"#,
+            false,
+        )
+        .unwrap();
+        let a = route_advice(&multipath, &at(50.0, 10_000.0), |_| None).expect("advice");
+        assert!(a.contains("the 8 streams ferry starts with"), "{a}");
+        assert!(
+            a.contains("add `initcwnd 40 initrwnd 40` to those routes' attributes"),
+            "{a}"
+        );
     }
 
     #[test]
