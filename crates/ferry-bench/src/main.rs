@@ -138,6 +138,11 @@ struct Cli {
     /// row says so. Peers that pay round trips per file need this on trees at high RTT.
     #[arg(long, default_value_t = 900)]
     max_run_secs: u64,
+    /// Start the bed's connections at N segments: both hosts' route gets `initcwnd N initrwnd
+    /// N`, a transfer node's own setting (what `ferry probe host` advises on long paths), not
+    /// the issue's default conditions. Default: the kernel's 10.
+    #[arg(long, value_name = "N")]
+    initial_window: Option<u32>,
     /// Print each peer command.
     #[arg(short, long)]
     verbose: bool,
@@ -155,6 +160,9 @@ struct Meta {
     runs: u32,
     peers: Vec<(String, bool, String, String)>,
     notes: Vec<String>,
+    /// `--initial-window`: the bed's routes' initcwnd/initrwnd (None: the kernel's).
+    #[serde(default)]
+    initial_window: Option<u32>,
 }
 
 fn now_secs() -> u64 {
@@ -440,6 +448,13 @@ fn write_outputs(out: &Path, rows: &[report::Row], meta: &Meta) -> Result<()> {
         let _ = writeln!(s, "- {k}: `{v}`");
     }
     let _ = writeln!(s, "- storage: {}", meta.storage);
+    if let Some(w) = meta.initial_window {
+        let _ = writeln!(
+            s,
+            "- the bed's routes: `initcwnd {w} initrwnd {w}` on both hosts (`--initial-window`; \
+             the kernel's default is 10)"
+        );
+    }
     let _ = writeln!(
         s,
         "\nMbit/s = bytes × 8 / (wall time of the client + a syncfs of the destination right \
@@ -451,10 +466,17 @@ fn write_outputs(out: &Path, rows: &[report::Row], meta: &Meta) -> Result<()> {
          recorded case is not alone in meeting a cold server and destination. iperf3: \
          receiver's goodput, the first seconds (slow start) not counted.\n"
     );
-    let _ = writeln!(
-        s,
-        "## Targets (ferry defaults, put, 1 Gbit/s, default regime)\n"
-    );
+    let _ = match meta.initial_window {
+        None => writeln!(
+            s,
+            "## Targets (ferry defaults, put, 1 Gbit/s, default regime)\n"
+        ),
+        Some(w) => writeln!(
+            s,
+            "## Targets (ferry defaults, put, 1 Gbit/s, default regime; routes' initial window \
+             {w}, not the kernel's 10)\n"
+        ),
+    };
     let _ = writeln!(s, "{}", report::targets_markdown(&checks));
     let auto = report::auto_table(&meds);
     if !auto.is_empty() {
@@ -650,6 +672,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
         warmup: !cli.no_warmup,
         verbose: cli.verbose,
         max_run: std::time::Duration::from_secs(cli.max_run_secs.max(1)),
+        initial_window: cli.initial_window,
     };
     let command = std::env::args().collect::<Vec<_>>().join(" ");
     let mut meta = Meta {
@@ -658,6 +681,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
         machine: machine(),
         storage,
         runs: plan.runs,
+        initial_window: cli.initial_window,
         ..Default::default()
     };
     meta.machine

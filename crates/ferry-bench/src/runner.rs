@@ -55,6 +55,9 @@ pub struct Options {
     pub verbose: bool,
     /// Longest a single run may take; a case that times out is not run again.
     pub max_run: Duration,
+    /// The bed's routes start connections at this many segments (`ferry-netem up
+    /// --initial-window`); None: the kernel's 10.
+    pub initial_window: Option<u32>,
 }
 
 /// Streams of the warm-up transfer: ferry's fixed default, so no profile is written.
@@ -534,6 +537,7 @@ impl<'a> Runner<'a> {
             mtu: 9000,
             regime: link.regime,
             queue_bytes: None,
+            initial_window: opts.initial_window,
         })?;
         for n in bed.notes() {
             let n = format!("bed {}: {n}", link.label());

@@ -386,6 +386,7 @@ fn bed_config(rtt_ms: u64, rate_bps: Option<u64>, loss: f64) -> BedConfig {
         mtu: 9000,
         regime: Regime::Default,
         queue_bytes: None,
+        initial_window: None,
     }
 }
 

@@ -26,6 +26,8 @@ pub const CLIENT_ADDR: Ipv4Addr = Ipv4Addr::new(10, 77, 0, 1);
 pub const SERVER_ADDR: Ipv4Addr = Ipv4Addr::new(10, 77, 0, 2);
 /// Prefix length of the point-to-point subnet.
 pub const PREFIX_LEN: u8 = 24;
+/// The largest `initial_window` a bed accepts (segments): far above what anyone sets.
+pub const MAX_INITIAL_WINDOW: u32 = 1024;
 /// Name of the TUN device inside each namespace.
 pub const DEVICE: &str = "fnm0";
 /// 100 MiB, the "tuned" buffer size.
@@ -88,6 +90,12 @@ pub struct BedConfig {
     /// Drop-tail limit on bytes waiting for serialisation, per direction.
     /// None = one bandwidth-delay product (at least 64 MTU-sized packets).
     pub queue_bytes: Option<u64>,
+    /// `initcwnd` and `initrwnd` (segments) of both hosts' route over the link,
+    /// as an administrator would set them on a transfer node's routes to its
+    /// peers; None = the kernel's (10 segments). A host's setting, like the
+    /// regime: it lets a benchmark show what it changes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub initial_window: Option<u32>,
 }
 
 impl Default for BedConfig {
@@ -99,6 +107,7 @@ impl Default for BedConfig {
             mtu: 9000,
             regime: Regime::Default,
             queue_bytes: None,
+            initial_window: None,
         }
     }
 }
@@ -440,6 +449,11 @@ impl TestBed {
         if config.rate_bps == Some(0) {
             bail!("rate 0: use None for unlimited");
         }
+        if let Some(w) = config.initial_window {
+            if !(1..=MAX_INITIAL_WINDOW).contains(&w) {
+                bail!("initial window must be in 1..={MAX_INITIAL_WINDOW} segments, got {w}");
+            }
+        }
         reap_stale();
         let name = opts.name.clone().unwrap_or_else(|| {
             format!(
@@ -514,6 +528,31 @@ impl TestBed {
                 "1000",
                 "up",
             ])?;
+            if let Some(w) = config.initial_window {
+                // `change` replaces the route the address created: repeat what it had.
+                let mask = u32::MAX << (32 - u32::from(PREFIX_LEN));
+                let net = Ipv4Addr::from(u32::from(addr) & mask);
+                let w = w.to_string();
+                ip(&[
+                    "-n",
+                    &ns,
+                    "route",
+                    "change",
+                    &format!("{net}/{PREFIX_LEN}"),
+                    "dev",
+                    DEVICE,
+                    "proto",
+                    "kernel",
+                    "scope",
+                    "link",
+                    "src",
+                    &addr.to_string(),
+                    "initcwnd",
+                    &w,
+                    "initrwnd",
+                    &w,
+                ])?;
+            }
             Ok((Netns { name: ns, file }, tun))
         };
         let (client, ctun) = make(Host::Client)?;

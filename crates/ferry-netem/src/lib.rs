@@ -21,6 +21,7 @@
 //!     mtu: 9000,
 //!     regime: Regime::Default,
 //!     queue_bytes: None,
+//!     initial_window: None,
 //! })
 //! .unwrap();
 //! let out = bed

@@ -108,6 +108,10 @@ struct UpArgs {
     mtu: u32,
     #[arg(long, value_enum, default_value_t = Regime::Default)]
     regime: Regime,
+    /// Set both hosts' route over the link to start connections at N segments (initcwnd and
+    /// initrwnd), as an administrator may on a transfer node; default: the kernel's 10.
+    #[arg(long, value_name = "N")]
+    initial_window: Option<u32>,
     /// Seed of the loss PRNG.
     #[arg(long)]
     seed: Option<u64>,
@@ -138,6 +142,7 @@ impl UpArgs {
                 .map(parse_bytes)
                 .transpose()
                 .map_err(e)?,
+            initial_window: self.initial_window,
         };
         let opts = BedOptions {
             name: Some(self.name.clone()),

@@ -46,6 +46,7 @@ fn cfg(rtt_ms: u64) -> BedConfig {
         mtu: 9000,
         regime: Regime::Default,
         queue_bytes: None,
+        initial_window: None,
     }
 }
 
@@ -590,7 +591,22 @@ fn cli_up_exec_blackhole_down() {
                 .output();
         }
     }
-    let out = run(&["up", "--name", &name, "--rtt", "20ms", "--rate", "100mbit"]);
+    // An initial window out of range is refused before anything is created.
+    assert!(!run(&["up", "--name", &name, "--initial-window", "0"])
+        .status
+        .success());
+    assert!(!netns_exists(&format!("{name}-c")));
+    let out = run(&[
+        "up",
+        "--name",
+        &name,
+        "--rtt",
+        "20ms",
+        "--rate",
+        "100mbit",
+        "--initial-window",
+        "40",
+    ]);
     let _down = Down(bin, &name);
     assert!(
         out.status.success(),
@@ -599,7 +615,22 @@ fn cli_up_exec_blackhole_down() {
     );
     let state: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(state["server"]["addr"], "10.77.0.2");
+    assert_eq!(state["config"]["initial_window"], 40);
     assert!(netns_exists(&format!("{name}-c")) && netns_exists(&format!("{name}-s")));
+    // Both hosts' route over the link starts connections at 40 segments, and keeps its
+    // source address (a `route change` that forgot it would drop it).
+    for (host, src) in [("c", "10.77.0.1"), ("s", "10.77.0.2")] {
+        let out = Command::new("ip")
+            .args(["-n", &format!("{name}-{host}"), "-j", "route", "show"])
+            .output()
+            .unwrap();
+        let routes: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let r = &routes[0];
+        assert_eq!(r["dst"], "10.77.0.0/24", "{routes}");
+        assert_eq!(r["prefsrc"], src, "{routes}");
+        assert_eq!(r["metrics"][0]["initcwnd"], 40, "{routes}");
+        assert_eq!(r["metrics"][0]["initrwnd"], 40, "{routes}");
+    }
 
     // A second `up` of the same name fails cleanly.
     assert!(!run(&["up", "--name", &name]).status.success());
