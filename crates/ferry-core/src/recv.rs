@@ -198,8 +198,8 @@ struct Writing {
 
 impl Writing {
     /// The temporary file, created (exclusively: the name is this session's) on first use.
-    /// A file that fails before any of it arrived leaves nothing to remove; `remove_temp`
-    /// finds no such name then.
+    /// A file that fails or is aborted before any of it arrived has nothing to remove, and
+    /// `fail` and `abort` remove only a file that was made.
     fn file(&mut self) -> std::io::Result<Arc<File>> {
         if let Some(f) = &self.file {
             return Ok(f.clone());
@@ -1369,14 +1369,14 @@ fn remove_temp(dir: &OwnedFd, temp: &str, journal: Option<&JournalFile>) {
 /// Advances the in-order digest of a file no other thread can reach yet (a resumed copy
 /// being opened) over what was written ahead of its cursor.
 fn catch_up(w: &mut Writing) -> std::io::Result<()> {
-    let (Some(end), Some(h)) = (w.written.run_end(w.cursor), w.hasher.as_mut()) else {
+    let (Some(end), Some(h), Some(file)) = (
+        w.written.run_end(w.cursor),
+        w.hasher.as_mut(),
+        w.file.as_ref(),
+    ) else {
         return Ok(());
     };
-    let file = w
-        .file
-        .clone()
-        .ok_or_else(|| std::io::Error::other("no file"))?;
-    hash_back(&file, h, w.cursor, end)?;
+    hash_back(file, h, w.cursor, end)?;
     w.cursor = end;
     Ok(())
 }

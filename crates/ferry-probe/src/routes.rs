@@ -11,7 +11,9 @@
 //! (iproute2) is how this probe asks, and without it the advice is skipped with a note.
 
 use std::process::Command;
+use std::time::Duration;
 
+use ferry_core::tune::TunerConfig;
 use serde::Serialize;
 
 use crate::tcp::{bdp_bytes, AdviceInputs};
@@ -26,22 +28,18 @@ pub const SUGGESTED_INITIAL_WINDOW: u32 = 40;
 /// Below this round-trip time slow start is over in a few milliseconds: no advice.
 const ADVISE_FROM_RTT_MS: f64 = 20.0;
 
-/// The streams an auto-tuned transfer starts with when nothing is remembered (ferry-net's
-/// `DEFAULT_STREAMS`).
-const DEFAULT_STREAMS: u64 = 4;
-
-/// Streams a transfer of ferry's starts with at `rtt_ms`, the count the advice's round trips
-/// are computed for: the default, times the round trip in 25 ms steps from two steps on, at
-/// most four times (`ferry_core::tune::TunerConfig::wide_start`).
+/// Streams a transfer of ferry's starts with at `rtt_ms` when nothing is remembered, the count
+/// the advice's round trips are computed for: the tuner's own wide start
+/// ([`TunerConfig::wide_start`]). An RTT that is not a finite number of milliseconds counts as
+/// none; one beyond 1,000 s as 1,000 s.
 pub fn starting_streams(rtt_ms: f64) -> u64 {
-    let step = ferry_core::tune::WIDE_START_RTT_STEP.as_secs_f64() * 1000.0;
-    let steps = (rtt_ms / step).floor().clamp(0.0, 1e6) as u32;
-    let factor = steps.min(ferry_core::tune::WIDE_START_MAX_FACTOR);
-    if factor >= 2 {
-        DEFAULT_STREAMS * u64::from(factor)
+    let ms = if rtt_ms.is_finite() {
+        rtt_ms.clamp(0.0, 1e6)
     } else {
-        DEFAULT_STREAMS
-    }
+        0.0
+    };
+    let rtt = Duration::from_secs_f64(ms / 1000.0);
+    u64::from(TunerConfig::streams_for_rtt(rtt).wide_start(rtt).start)
 }
 
 /// IPv4 (or IPv6) and TCP headers with timestamps: what an MTU leaves for a segment's data.
@@ -98,12 +96,12 @@ impl Route {
             return None;
         }
         let ip = if self.ipv6 { "ip -6 route" } else { "ip route" };
-        let mut c = if self.is_default() {
+        let default = self.is_default();
+        let mut c = if default {
             format!("{ip} add PEER")
         } else {
             format!("{ip} change {}", self.dst)
         };
-        let default = self.is_default();
         let mut add = |k: &str, v: Option<String>| {
             if let Some(v) = v {
                 c.push_str(&format!(" {k} {v}"));
