@@ -182,12 +182,40 @@ pub fn parse_ip_routes(text: &str, ipv6: bool) -> Result<Vec<Route>, String> {
     Ok(out)
 }
 
+/// Where iproute2's `ip` lives when it is not in `PATH`: Debian installs it in /usr/sbin (and
+/// /sbin, merged or not), which a non-root user's `PATH` does not hold, though reading routes
+/// needs no privilege.
+const IP_DIRS: [&str; 4] = ["/usr/sbin", "/sbin", "/usr/bin", "/bin"];
+
+/// The `ip` to run: the first executable file of that name in `path` (a `PATH` value), else in
+/// [`IP_DIRS`]; `None` if there is none. `is_file` is asked about each candidate.
+fn find_ip(
+    path: Option<&std::ffi::OsStr>,
+    is_file: impl Fn(&std::path::Path) -> bool,
+) -> Option<std::path::PathBuf> {
+    let listed = path.map(|p| std::env::split_paths(p).collect::<Vec<_>>());
+    listed
+        .into_iter()
+        .flatten()
+        .chain(IP_DIRS.iter().map(std::path::PathBuf::from))
+        .filter(|d| d.is_absolute())
+        .map(|d| d.join("ip"))
+        .find(|c| is_file(c))
+}
+
+fn is_executable(p: &std::path::Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+}
+
 /// The main table's IPv4 and IPv6 routes, from `ip -j route show` (iproute2). `Err` says why
 /// not (no `ip`, or output that does not parse).
 pub fn read_routes() -> Result<Vec<Route>, String> {
+    let ip = find_ip(std::env::var_os("PATH").as_deref(), is_executable)
+        .ok_or_else(|| format!("no `ip` (iproute2) in PATH or in {}", IP_DIRS.join(", ")))?;
     let mut all = Vec::new();
     for ipv6 in [false, true] {
-        let mut c = Command::new("ip");
+        let mut c = Command::new(&ip);
         if ipv6 {
             c.arg("-6");
         }
@@ -451,5 +479,37 @@ mod tests {
         assert_eq!(route_advice(&lo, &at(100.0, 10_000.0), |_| None), None);
         // A path a first flight already fills needs no larger one.
         assert_eq!(route_advice(&host, &at(20.0, 10.0), |_| None), None);
+    }
+
+    #[test]
+    fn ip_is_found_outside_a_users_path() {
+        use std::path::{Path, PathBuf};
+        let at =
+            |have: &'static [&'static str]| move |p: &Path| have.iter().any(|h| p == Path::new(h));
+        // A non-root Debian user: PATH without the sbin directories, `ip` in /usr/sbin.
+        let user = std::ffi::OsString::from("/usr/local/bin:/usr/bin:/bin");
+        assert_eq!(
+            find_ip(Some(&user), at(&["/usr/sbin/ip"])),
+            Some(PathBuf::from("/usr/sbin/ip"))
+        );
+        // PATH comes first, in its order; relative entries are not trusted.
+        let mine = std::ffi::OsString::from("rel:/opt/iproute/bin:/usr/bin");
+        assert_eq!(
+            find_ip(
+                Some(&mine),
+                at(&[
+                    "rel/ip",
+                    "/usr/bin/ip",
+                    "/opt/iproute/bin/ip",
+                    "/usr/sbin/ip"
+                ])
+            ),
+            Some(PathBuf::from("/opt/iproute/bin/ip"))
+        );
+        assert_eq!(
+            find_ip(None, at(&["/sbin/ip"])),
+            Some(PathBuf::from("/sbin/ip"))
+        );
+        assert_eq!(find_ip(Some(&user), at(&[])), None);
     }
 }
