@@ -275,7 +275,7 @@ fn put_json_prints_exactly_one_document() {
         assert!(u64_field(tcp, "sndbuf") > 0 && u64_field(tcp, "snd_cwnd") > 0);
     }
     assert!(total >= 5 * MIB, "streams carried the data: {total}");
-    // Bytes per interval as the server acknowledged them (TLS records included, so a little
+    // Bytes per interval as they reached the server (TLS records included, so a little
     // more than the frames), complete intervals only: on loopback there may be none.
     let timeline = &v["timeline"];
     assert_eq!(u64_field(timeline, "interval_ms"), 250, "{timeline}");

@@ -956,12 +956,12 @@ fn one_percent_loss_at_50ms_tree_arrives_identical() {
         stats.client_to_server.drop_loss > 0,
         "the bed did drop packets"
     );
-    // The timeline counts what TCP had acknowledged per 250 ms: all of the data but the last,
-    // partial interval, and not more than the data plus TLS and framing. That interval is a
-    // quarter second of the link and a late sample (25 ms apart); under loss the count also
-    // lags the link, as an acknowledgment that fills a hole acknowledges at once all that
-    // arrived past it (intervals of 38 MB, 1.2 Gbit/s, were seen after ones of 20 MB). One
-    // more interval of the link covers a hole whose retransmission was lost too.
+    // The timeline counts what reached the server per 250 ms (acknowledged, or selectively
+    // acknowledged past a hole): all of the data but the last, partial interval, and not more
+    // than the data plus TLS and framing. That interval is a quarter second of the link and a
+    // late sample (25 ms apart). One more interval of the link is allowed for the holes still
+    // open at the last sample: when the count was the cumulative acknowledgment alone, it
+    // lagged by whole intervals under this loss (38 MB, 1.2 Gbit/s, after 20 MB).
     if u64_of(&v, "attempts") == 1 {
         let acked: u64 = v["timeline"]["bytes"]
             .as_array()

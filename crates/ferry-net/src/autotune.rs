@@ -371,12 +371,16 @@ pub struct ThreadStep {
     pub verdict: &'static str,
 }
 
-/// Payload bytes the peer acknowledged, summed over the data connections.
-pub(crate) fn acked(infos: &[Option<TcpInfo>]) -> u64 {
+/// Payload bytes that reached the peer ([`TcpInfo::delivered`]), summed over the data
+/// connections: the timeline's count. `bytes_acked` alone stalls while a hole is repaired and
+/// then jumps: under 1% loss at 50 ms the timeline read 20 MB per 250 ms, then 38 MB (1.2
+/// Gbit/s on a 1 Gbit/s link), and under the queue's drops at 100 ms on 64 connections 6.5 MB,
+/// then 34 (the link carries 31).
+pub(crate) fn delivered(infos: &[Option<TcpInfo>]) -> u64 {
     infos
         .iter()
         .flatten()
-        .map(|i| i.bytes_acked)
+        .map(TcpInfo::delivered)
         .fold(0, u64::saturating_add)
 }
 

@@ -33,7 +33,9 @@ use tokio::sync::{mpsc, watch, OwnedSemaphorePermit};
 use tokio::task::JoinSet;
 
 pub(crate) use crate::autotune::StreamPlan;
-use crate::autotune::{acked, LoadMeter, StreamControl, ThreadControl, ThreadReport, SAMPLE_EVERY};
+use crate::autotune::{
+    delivered, LoadMeter, StreamControl, ThreadControl, ThreadReport, SAMPLE_EVERY,
+};
 use crate::conn::{read_frame, send, write_frame};
 use crate::endgame::{Conn, Endgame, History};
 use crate::error::SessionError;
@@ -512,7 +514,7 @@ pub(crate) async fn drive_sender(
                 }
                 let now = t0.elapsed();
                 if timeline.due(now) {
-                    timeline.record(now, acked(&infos));
+                    timeline.record(now, delivered(&infos));
                 }
             }
             e = &mut dog => break Err(e),

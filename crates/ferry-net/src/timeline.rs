@@ -14,8 +14,9 @@ pub(crate) const TIMELINE_INTERVAL: Duration = Duration::from_millis(250);
 /// so a transfer of any length costs at most this many numbers.
 pub(crate) const MAX_INTERVALS: usize = 2400;
 
-/// Payload bytes per interval since the data phase started (the sender counts what TCP had
-/// acknowledged; a receiver what its writers had written).
+/// Payload bytes per interval since the data phase started (the sender counts what TCP says
+/// reached the peer, acknowledged or selectively acknowledged; a receiver what its writers
+/// had written).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct Timeline {
     pub interval_ms: u32,
