@@ -466,17 +466,14 @@ fn write_outputs(out: &Path, rows: &[report::Row], meta: &Meta) -> Result<()> {
          recorded case is not alone in meeting a cold server and destination. iperf3: \
          receiver's goodput, the first seconds (slow start) not counted.\n"
     );
-    let _ = match meta.initial_window {
-        None => writeln!(
-            s,
-            "## Targets (ferry defaults, put, 1 Gbit/s, default regime)\n"
-        ),
-        Some(w) => writeln!(
-            s,
-            "## Targets (ferry defaults, put, 1 Gbit/s, default regime; routes' initial window \
-             {w}, not the kernel's 10)\n"
-        ),
-    };
+    let routes = meta
+        .initial_window
+        .map(|w| format!("; routes' initial window {w}, not the kernel's 10"))
+        .unwrap_or_default();
+    let _ = writeln!(
+        s,
+        "## Targets (ferry defaults, put, 1 Gbit/s, default regime{routes})\n"
+    );
     let _ = writeln!(s, "{}", report::targets_markdown(&checks));
     let auto = report::auto_table(&meds);
     if !auto.is_empty() {

@@ -680,11 +680,7 @@ impl StreamControl {
         let (Some(tuner), Some(room)) = (self.tuner.as_mut(), self.room.as_mut()) else {
             return;
         };
-        let delivered = infos
-            .iter()
-            .flatten()
-            .map(TcpInfo::delivered)
-            .fold(0u64, u64::saturating_add);
+        let delivered = delivered(infos);
         room.tick(infos, active);
         // `None` (nothing counted, or held by the windows only part of the time) lets the
         // tuner search both ways; in either case the last measurement's evidence is stale.

@@ -2,8 +2,9 @@
 //!
 //! - [`host::probe_host`]: CPUs, sockets and NUMA nodes; NICs with speed, NUMA node and IRQs, and
 //!   IRQ-affinity conflicts; TCP settings with concrete advice; per-core speed of the digests
-//!   ferry computes and of AES-256-GCM; the routes' initial windows (`ip -j route`). It never fails: whatever it cannot read is listed in
-//!   [`host::HostReport::unreadable`].
+//!   ferry computes and of AES-256-GCM; the routes' initial windows (`ip -j route`). It never
+//!   fails: whatever it cannot read is listed in [`host::HostReport::unreadable`] (routes it
+//!   cannot read, in its notes).
 //! - [`disk::probe_disk`]: read and write throughput of a file system against threads, request
 //!   size, issue order and buffered or direct I/O; small-file create rate; fdatasync latency; and
 //!   the thread count and request size to use for reading and for writing. Bounded in bytes and

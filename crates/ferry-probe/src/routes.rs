@@ -182,9 +182,10 @@ pub fn parse_ip_routes(text: &str, ipv6: bool) -> Result<Vec<Route>, String> {
     Ok(out)
 }
 
-/// Where iproute2's `ip` lives when it is not in `PATH`: Debian installs it in /usr/sbin (and
-/// /sbin, merged or not), which a non-root user's `PATH` does not hold, though reading routes
-/// needs no privilege.
+/// Where iproute2's `ip` may live when it is not in `PATH`: some systems install it only in an
+/// sbin directory, which a non-root user's `PATH` need not hold, though reading routes needs no
+/// privilege. (Debian 12 also installs /bin/ip, which every `PATH` has.) The same list as
+/// `ferry_netem::find_in_path`, which the probe does not depend on.
 const IP_DIRS: [&str; 4] = ["/usr/sbin", "/sbin", "/usr/bin", "/bin"];
 
 /// The `ip` to run: the first executable file of that name in `path` (a `PATH` value), else in
@@ -486,7 +487,8 @@ mod tests {
         use std::path::{Path, PathBuf};
         let at =
             |have: &'static [&'static str]| move |p: &Path| have.iter().any(|h| p == Path::new(h));
-        // A non-root Debian user: PATH without the sbin directories, `ip` in /usr/sbin.
+        // A user whose PATH lacks the sbin directories, on a system with `ip` only in
+        // /usr/sbin.
         let user = std::ffi::OsString::from("/usr/local/bin:/usr/bin:/bin");
         assert_eq!(
             find_ip(Some(&user), at(&["/usr/sbin/ip"])),
