@@ -721,11 +721,14 @@ fn killed_client_leaves_only_temp_files_which_expire() {
             .all(|n| n.starts_with(".ferry-") && (n.ends_with(".part") || n.ends_with(".journal")))
     };
 
+    // Its stderr goes to a file, so a put that ends early (a full disk, a refused login) says
+    // why instead of being taken for one that was too fast.
+    let err_path = sb.path("put.err");
     let mut client = ChildGuard(Some(
         put_cmd()
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
+            .stderr(fs::File::create(&err_path).unwrap())
             .spawn()
             .unwrap(),
     ));
@@ -737,10 +740,13 @@ fn killed_client_leaves_only_temp_files_which_expire() {
         }) || client.child().try_wait().unwrap().is_some()
     });
     assert!(mid, "the transfer never started");
-    assert!(
-        client.child().try_wait().unwrap().is_none(),
-        "the put finished before it could be interrupted; make the file bigger"
-    );
+    if let Some(status) = client.child().try_wait().unwrap() {
+        panic!(
+            "the put ended ({status}) before it could be interrupted (if it succeeded, make the \
+             file bigger); its stderr:\n{}",
+            fs::read_to_string(&err_path).unwrap_or_default()
+        );
+    }
     client.child().kill().unwrap();
     client
         .wait_for(Duration::from_secs(5))
@@ -807,6 +813,7 @@ fn stalled_client_session_ends_after_idle_timeout() {
         Some(&sb.path("token")),
         &["--idle-timeout", "5"],
     );
+    let err_path = sb.path("put.err");
     let mut client = ChildGuard(Some(
         sb.client(&s.token)
             .args(["put", "--block-size", "1M", "--streams", "2"])
@@ -814,7 +821,7 @@ fn stalled_client_session_ends_after_idle_timeout() {
             .arg(s.remote("/large.bin"))
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
+            .stderr(fs::File::create(&err_path).unwrap())
             .spawn()
             .unwrap(),
     ));
@@ -825,6 +832,12 @@ fn stalled_client_session_ends_after_idle_timeout() {
         }) || client.child().try_wait().unwrap().is_some()
     });
     assert!(mid, "the transfer never started");
+    if let Some(status) = client.child().try_wait().unwrap() {
+        panic!(
+            "the put ended ({status}) before it could be stopped; its stderr:\n{}",
+            fs::read_to_string(&err_path).unwrap_or_default()
+        );
+    }
     let stop = std::process::Command::new("kill")
         .args(["-STOP", &client.pid().to_string()])
         .status()
