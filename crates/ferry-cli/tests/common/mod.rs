@@ -29,6 +29,18 @@ impl ChildGuard {
         self.0.as_ref().expect("child already reaped").id()
     }
 
+    /// Fails the test if the child has already exited, with its status and the stderr it
+    /// wrote to `stderr` (a file): a test that must interrupt a transfer cannot tell a put that
+    /// was too fast from one that failed (a full disk, a refused login) otherwise.
+    pub fn assert_running(&mut self, stderr: &std::path::Path, before: &str) {
+        if let Some(status) = self.child().try_wait().expect("try_wait") {
+            panic!(
+                "the child ended ({status}) before it could be {before}; its stderr:\n{}",
+                std::fs::read_to_string(stderr).unwrap_or_default()
+            );
+        }
+    }
+
     /// Waits (bounded) for the child to exit on its own.
     pub fn wait_for(&mut self, timeout: Duration) -> Option<ExitStatus> {
         let deadline = Instant::now() + timeout;
