@@ -143,6 +143,12 @@ struct Cli {
     /// the issue's default conditions. Default: the kernel's 10.
     #[arg(long, value_name = "N")]
     initial_window: Option<u32>,
+    /// Enable TCP Fast Open on both bed hosts (`net.ipv4.tcp_fastopen=3`), a transfer node's own
+    /// setting (what `ferry probe host` advises on long paths), not the issue's default
+    /// conditions: ferry's connections then carry their TLS hello in the SYN. Default: the
+    /// kernel's (client side only, so no connection does).
+    #[arg(long)]
+    tcp_fastopen: bool,
     /// Print each peer command.
     #[arg(short, long)]
     verbose: bool,
@@ -163,6 +169,9 @@ struct Meta {
     /// `--initial-window`: the bed's routes' initcwnd/initrwnd (None: the kernel's).
     #[serde(default)]
     initial_window: Option<u32>,
+    /// `--tcp-fastopen`: both bed hosts allow TCP Fast Open.
+    #[serde(default)]
+    fast_open: bool,
 }
 
 fn now_secs() -> u64 {
@@ -455,6 +464,13 @@ fn write_outputs(out: &Path, rows: &[report::Row], meta: &Meta) -> Result<()> {
              the kernel's default is 10)"
         );
     }
+    if meta.fast_open {
+        let _ = writeln!(
+            s,
+            "- the bed's hosts: `net.ipv4.tcp_fastopen=3` on both (`--tcp-fastopen`; the \
+             kernel's default, 1, lets no connection carry data in its SYN)"
+        );
+    }
     let _ = writeln!(
         s,
         "\nMbit/s = bytes × 8 / (wall time of the client + a syncfs of the destination right \
@@ -466,10 +482,13 @@ fn write_outputs(out: &Path, rows: &[report::Row], meta: &Meta) -> Result<()> {
          recorded case is not alone in meeting a cold server and destination. iperf3: \
          receiver's goodput, the first seconds (slow start) not counted.\n"
     );
-    let routes = meta
+    let mut routes = meta
         .initial_window
         .map(|w| format!("; routes' initial window {w}, not the kernel's 10"))
         .unwrap_or_default();
+    if meta.fast_open {
+        routes.push_str("; TCP Fast Open on both hosts");
+    }
     let _ = writeln!(
         s,
         "## Targets (ferry defaults, put, 1 Gbit/s, default regime{routes})\n"
@@ -670,6 +689,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
         verbose: cli.verbose,
         max_run: std::time::Duration::from_secs(cli.max_run_secs.max(1)),
         initial_window: cli.initial_window,
+        fast_open: cli.tcp_fastopen,
     };
     let command = std::env::args().collect::<Vec<_>>().join(" ");
     let mut meta = Meta {
@@ -679,6 +699,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
         storage,
         runs: plan.runs,
         initial_window: cli.initial_window,
+        fast_open: cli.tcp_fastopen,
         ..Default::default()
     };
     meta.machine

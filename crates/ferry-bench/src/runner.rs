@@ -58,6 +58,8 @@ pub struct Options {
     /// The bed's routes start connections at this many segments (`ferry-netem up
     /// --initial-window`); None: the kernel's 10.
     pub initial_window: Option<u32>,
+    /// Both bed hosts allow TCP Fast Open (`ferry-netem up --tcp-fastopen`).
+    pub fast_open: bool,
 }
 
 /// Streams of the warm-up transfer: ferry's fixed default, so no profile is written.
@@ -538,6 +540,7 @@ impl<'a> Runner<'a> {
             regime: link.regime,
             queue_bytes: None,
             initial_window: opts.initial_window,
+            fast_open: opts.fast_open,
         })?;
         for n in bed.notes() {
             let n = format!("bed {}: {n}", link.label());

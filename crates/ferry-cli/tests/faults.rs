@@ -2,7 +2,8 @@
 //! faults a data transfer node meets in practice — a server killed with SIGKILL, connections
 //! black-holed or reset in the middle of a transfer (on the ferry-netem WAN bed), random loss on
 //! a long path, a destination file system that fills up, a source file that changes while it is
-//! sent, and 32 clients at once against one server.
+//! sent, 32 clients at once against one server, and a server host that stops allowing TCP Fast
+//! Open while a client still holds its cookies.
 //!
 //! Every process is a child killed on drop, every wait is bounded, beds and mounts are torn down
 //! on drop (also on panic). The tests run one at a time (a shared lock): they move hundreds of
@@ -387,6 +388,7 @@ fn bed_config(rtt_ms: u64, rate_bps: Option<u64>, loss: f64) -> BedConfig {
         regime: Regime::Default,
         queue_bytes: None,
         initial_window: None,
+        fast_open: false,
     }
 }
 
@@ -1444,4 +1446,101 @@ fn probe_net_on_the_bed_sees_the_rtt_and_the_rate() {
     )
     .unwrap();
     assert!(profiles[endpoint.as_str()]["streams"].as_u64().unwrap() >= 1);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 7. hosts that allow TCP Fast Open, and one that stops allowing it
+
+/// Whether each data connection of a put opened with its TLS hello in the SYN.
+fn fast_opened(v: &Value) -> Vec<bool> {
+    v["streams"]
+        .as_array()
+        .expect("streams in the report")
+        .iter()
+        .map(|s| s["tcp"]["fast_open"].as_bool().expect("tcp.fast_open"))
+        .collect()
+}
+
+/// On a 20 ms bed whose hosts allow TCP Fast Open (`net.ipv4.tcp_fastopen=3`), the second put
+/// opens every data connection with data in its SYN: the first put's control connection
+/// fetched the server's cookie (its data connections, dialled after the control handshake on
+/// first contact, may already have used it).
+/// When the server's host then turns it off (the kernel's default, 1), the client still holds
+/// cookies and sends data in its SYNs, which the server's kernel ignores: the put must not
+/// notice beyond the round trip it no longer saves. Every put arrives byte-identical.
+#[test]
+fn fast_open_saves_the_syn_round_trip_and_falls_back_when_refused() {
+    let _serial = serial();
+    let test = "fast_open_saves_the_syn_round_trip_and_falls_back_when_refused";
+    let config = BedConfig {
+        fast_open: true,
+        ..bed_config(20, Some(1_000_000_000), 0.0)
+    };
+    let Some(bed) = bed_or_skip(test, config) else {
+        return;
+    };
+    let sb = Sandbox::new();
+    let root = sb.mkdir("root");
+    let file = sb.path("src/fo.bin");
+    write_pattern(&file, 8 * MIB + 333, 801);
+    let want = file_b3(&file);
+    let srv = Serve::start(&sb, &root, &bed_listen(&bed), Some(&bed), &[]);
+    let put = |dest: &str| -> Value {
+        let mut cmd = sb.client(&srv.token);
+        cmd.args(["put", "--json", "--streams", "4"])
+            .arg(&file)
+            .arg(srv.remote(dest));
+        let out = run(
+            bed.enter(Host::Client, &mut cmd).unwrap(),
+            Duration::from_secs(60),
+        );
+        assert_code(&out, 0);
+        assert_eq!(
+            file_b3(&root.join(dest.trim_start_matches('/'))),
+            want,
+            "{dest}"
+        );
+        one_json(&out.stdout)
+    };
+    let sysctl = |host: Host, value: &str| {
+        let out = bed
+            .command(host, "sysctl")
+            .args(["-n", "net.ipv4.tcp_fastopen"])
+            .output()
+            .expect("running sysctl");
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout).trim(),
+            value,
+            "{host:?}"
+        );
+    };
+    sysctl(Host::Client, "3");
+    sysctl(Host::Server, "3");
+
+    let first = put("/a.bin");
+    eprintln!(
+        "first put (cookies fetched): fast open {:?}",
+        fast_opened(&first)
+    );
+    let second = put("/b.bin");
+    let opened = fast_opened(&second);
+    eprintln!("second put: fast open {opened:?}");
+    assert!(
+        !opened.is_empty() && opened.iter().all(|&o| o),
+        "every data connection of the second put should open with data in its SYN: {opened:?}"
+    );
+
+    let off = bed
+        .command(Host::Server, "sysctl")
+        .args(["-q", "-w", "net.ipv4.tcp_fastopen=1"])
+        .status()
+        .expect("running sysctl");
+    assert!(off.success());
+    let third = put("/c.bin");
+    let opened = fast_opened(&third);
+    eprintln!("server's Fast Open off: fast open {opened:?}");
+    assert!(
+        opened.iter().all(|&o| !o),
+        "a server host without Fast Open accepts no data in SYNs: {opened:?}"
+    );
 }

@@ -343,11 +343,15 @@ async fn resolve(server: &str) -> Result<SocketAddr, SessionError> {
 }
 
 /// `data`: a data connection, whose receive window starts larger (`tcp::open_receive_window`).
+/// `fast_open`: the connection's first write may ride in its SYN (`tcp::fast_open`); only for
+/// TLS, whose first write goes through [`Recorder`], which waits out the one case where such
+/// a write reports the connection still in progress.
 async fn dial(
     addr: SocketAddr,
     window: u32,
     timeout: Duration,
     data: bool,
+    fast_open: bool,
 ) -> Result<TcpStream, SessionError> {
     let socket = if addr.is_ipv4() {
         TcpSocket::new_v4()?
@@ -362,6 +366,10 @@ async fn dial(
     if data {
         // Before connect too: the SYN's window is the first one the server may fill.
         crate::tcp::open_dial_window(std::os::fd::AsFd::as_fd(&socket));
+    }
+    if fast_open && crate::tcp::fast_open() {
+        // Refused where the kernel's client side is off: the connection opens as usual.
+        let _ = crate::tcp::allow_fast_open_connect(std::os::fd::AsFd::as_fd(&socket));
     }
     let stream = tokio::time::timeout(timeout, socket.connect(addr))
         .await
@@ -536,7 +544,7 @@ async fn secure_control(
         },
     };
     let Some((pin, known)) = trust else {
-        let tcp = dial(addr, 0, cfg.connect_timeout, false).await?;
+        let tcp = dial(addr, 0, cfg.connect_timeout, false, false).await?;
         // After the control connection is up, so the server sees it first.
         ready_for_data(addr, None);
         return Ok((Stream::Plain(tcp), None, addr));
@@ -549,7 +557,7 @@ async fn secure_control(
     if pin.is_some() {
         ready_for_data(addr, Some(DataTls::Soon(built_rx)));
     }
-    let (tcp, tls) = tokio::join!(dial(addr, 0, cfg.connect_timeout, false), async {
+    let (tcp, tls) = tokio::join!(dial(addr, 0, cfg.connect_timeout, false, true), async {
         ClientTls::new(pin).map(Arc::new)
     });
     let (tcp, tls) = (tcp?, tls?);
@@ -916,7 +924,14 @@ impl DataDial {
     }
 
     async fn run(self) -> Result<(u16, Stream), SessionError> {
-        let tcp = dial(self.addr, self.window, self.timeout, true).await?;
+        let tcp = dial(
+            self.addr,
+            self.window,
+            self.timeout,
+            true,
+            self.tls.is_some(),
+        )
+        .await?;
         let mut s = match self.tls {
             None => Stream::Plain(tcp),
             Some(tls) => {

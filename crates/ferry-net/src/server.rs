@@ -192,6 +192,10 @@ impl Server {
         socket.set_reuseaddr(true)?;
         socket.bind(addr)?;
         crate::tcp::open_listen_window(&socket);
+        if crate::tcp::fast_open() {
+            // Inert unless the host allows server-side Fast Open (DESIGN.md, "TCP").
+            let _ = crate::tcp::allow_fast_open_listen(std::os::fd::AsFd::as_fd(&socket));
+        }
         let listener = socket.listen(4096)?;
         let connections = Arc::new(Semaphore::new(config.max_connections));
         Ok(Self {

@@ -87,13 +87,48 @@ impl AsyncRead for Recorder {
     }
 }
 
+/// Whether a write failed only because a TCP Fast Open connection is still being set up.
+///
+/// A client socket with `TCP_FASTOPEN_CONNECT` and a cached cookie "connects" at once and
+/// sends its SYN with the first write. When the kernel cannot put any of that write into the
+/// SYN (it sends a plain SYN instead, e.g. short of memory), the write takes nothing and fails
+/// with `EINPROGRESS` (linux `tcp_sendmsg_fastopen`), which is no failure: the bytes are to be
+/// written once the handshake completes. Later writes before then see `EAGAIN`, as usual.
+fn still_connecting(e: &io::Error) -> bool {
+    e.raw_os_error() == Some(libc::EINPROGRESS)
+}
+
+/// Writes with `write`, waiting for the connection first when it is still being set up (see
+/// [`still_connecting`]). Bounded: a kernel that kept answering so is an error.
+fn write_when_connected(
+    s: &mut TcpStream,
+    cx: &mut Context<'_>,
+    mut write: impl FnMut(Pin<&mut TcpStream>, &mut Context<'_>) -> Poll<io::Result<usize>>,
+) -> Poll<io::Result<usize>> {
+    let mut tries = 0;
+    loop {
+        match write(Pin::new(s), cx) {
+            Poll::Ready(Err(e)) if still_connecting(&e) && tries < 3 => {
+                tries += 1;
+                // The failed write found the socket writable: forget that, so the wait
+                // registers for the next writable edge, the handshake's end.
+                let _ = s.try_io(tokio::io::Interest::WRITABLE, || {
+                    Err::<(), _>(io::ErrorKind::WouldBlock.into())
+                });
+                std::task::ready!(s.poll_write_ready(cx))?;
+            }
+            r => return r,
+        }
+    }
+}
+
 impl AsyncWrite for Recorder {
     fn poll_write(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
+        write_when_connected(&mut self.get_mut().inner, cx, |s, cx| s.poll_write(cx, buf))
     }
 
     fn poll_write_vectored(
@@ -101,7 +136,9 @@ impl AsyncWrite for Recorder {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
+        write_when_connected(&mut self.get_mut().inner, cx, |s, cx| {
+            s.poll_write_vectored(cx, bufs)
+        })
     }
 
     fn is_write_vectored(&self) -> bool {

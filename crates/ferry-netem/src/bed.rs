@@ -96,6 +96,11 @@ pub struct BedConfig {
     /// regime: it lets a benchmark show what it changes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub initial_window: Option<u32>,
+    /// TCP Fast Open on both hosts (`net.ipv4.tcp_fastopen=3`, client and server), as an
+    /// administrator may enable it on transfer nodes; false = the kernel's (client only, so
+    /// no connection opens with data). A host's setting, like `initial_window`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub fast_open: bool,
 }
 
 impl Default for BedConfig {
@@ -108,6 +113,7 @@ impl Default for BedConfig {
             regime: Regime::Default,
             queue_bytes: None,
             initial_window: None,
+            fast_open: false,
         }
     }
 }
@@ -474,7 +480,10 @@ impl TestBed {
             guard.0.push(ns.clone());
             let file = File::open(format!("/run/netns/{ns}"))
                 .with_context(|| format!("opening netns {ns}"))?;
-            let sysctls = regime_sysctls(config.regime);
+            let mut sysctls = regime_sysctls(config.regime);
+            if config.fast_open {
+                sysctls.push(("net.ipv4.tcp_fastopen".into(), "3".into()));
+            }
             let (tun, sys_notes) = run_in_fd(
                 file.as_raw_fd(),
                 || -> io::Result<(OwnedFd, Vec<String>)> {

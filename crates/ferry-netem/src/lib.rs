@@ -22,6 +22,7 @@
 //!     regime: Regime::Default,
 //!     queue_bytes: None,
 //!     initial_window: None,
+//!     fast_open: false,
 //! })
 //! .unwrap();
 //! let out = bed

@@ -112,6 +112,10 @@ struct UpArgs {
     /// initrwnd), as an administrator may on a transfer node; default: the kernel's 10.
     #[arg(long, value_name = "N")]
     initial_window: Option<u32>,
+    /// Enable TCP Fast Open on both hosts (net.ipv4.tcp_fastopen=3), as an administrator may
+    /// on transfer nodes; default: the kernel's (client side only).
+    #[arg(long)]
+    tcp_fastopen: bool,
     /// Seed of the loss PRNG.
     #[arg(long)]
     seed: Option<u64>,
@@ -143,6 +147,7 @@ impl UpArgs {
                 .transpose()
                 .map_err(e)?,
             initial_window: self.initial_window,
+            fast_open: self.tcp_fastopen,
         };
         let opts = BedOptions {
             name: Some(self.name.clone()),

@@ -47,6 +47,7 @@ fn cfg(rtt_ms: u64) -> BedConfig {
         regime: Regime::Default,
         queue_bytes: None,
         initial_window: None,
+        fast_open: false,
     }
 }
 
@@ -606,6 +607,7 @@ fn cli_up_exec_blackhole_down() {
         "100mbit",
         "--initial-window",
         "40",
+        "--tcp-fastopen",
     ]);
     let _down = Down(bin, &name);
     assert!(
@@ -616,6 +618,7 @@ fn cli_up_exec_blackhole_down() {
     let state: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(state["server"]["addr"], "10.77.0.2");
     assert_eq!(state["config"]["initial_window"], 40);
+    assert_eq!(state["config"]["fast_open"], true);
     assert!(netns_exists(&format!("{name}-c")) && netns_exists(&format!("{name}-s")));
     // Both hosts' route over the link starts connections at 40 segments, and keeps its
     // source address (a `route change` that forgot it would drop it).
@@ -630,6 +633,13 @@ fn cli_up_exec_blackhole_down() {
         assert_eq!(r["prefsrc"], src, "{routes}");
         assert_eq!(r["metrics"][0]["initcwnd"], 40, "{routes}");
         assert_eq!(r["metrics"][0]["initrwnd"], 40, "{routes}");
+        // Both hosts allow TCP Fast Open, client and server side.
+        let out = Command::new("ip")
+            .args(["netns", "exec", &format!("{name}-{host}")])
+            .args(["cat", "/proc/sys/net/ipv4/tcp_fastopen"])
+            .output()
+            .unwrap();
+        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "3", "{host}");
     }
 
     // A second `up` of the same name fails cleanly.

@@ -748,6 +748,15 @@ impl HostReport {
             onoff(t.moderate_rcvbuf),
             onoff(t.slow_start_after_idle)
         );
+        if let Some(fo) = t.fastopen {
+            let side = |bit: u32| if fo & bit != 0 { "on" } else { "off" };
+            let _ = writeln!(
+                s,
+                "  TCP Fast Open      client {}, server {} (net.ipv4.tcp_fastopen={fo})",
+                side(1),
+                side(2)
+            );
+        }
         if let Some([_, _, max]) = t.tcp_wmem {
             if max > 0 {
                 let _ = writeln!(

@@ -29,6 +29,9 @@ pub struct TcpSettings {
     pub slow_start_after_idle: Option<bool>,
     /// `net.core.default_qdisc`.
     pub default_qdisc: Option<String>,
+    /// `net.ipv4.tcp_fastopen`: bit 1 lets this host's clients send data in a SYN, bit 2 lets
+    /// its listeners accept it (TCP Fast Open, RFC 7413; Linux's default is 1, client only).
+    pub fastopen: Option<u32>,
 }
 
 /// The `/proc/sys` files [`TcpSettings`] is read from, as `(field, path)`.
@@ -56,6 +59,7 @@ pub const TCP_FILES: &[(&str, &str)] = &[
         "/proc/sys/net/ipv4/tcp_slow_start_after_idle",
     ),
     ("default_qdisc", "/proc/sys/net/core/default_qdisc"),
+    ("fastopen", "/proc/sys/net/ipv4/tcp_fastopen"),
 ];
 
 /// Parses a `tcp_rmem`/`tcp_wmem` value (`"4096\t131072\t6291456"`).
@@ -92,6 +96,7 @@ impl TcpSettings {
             "moderate_rcvbuf" => self.moderate_rcvbuf = flag(),
             "slow_start_after_idle" => self.slow_start_after_idle = flag(),
             "default_qdisc" => self.default_qdisc = Some(t.to_string()),
+            "fastopen" => self.fastopen = t.parse().ok(),
             _ => return false,
         }
         match field {
@@ -102,6 +107,7 @@ impl TcpSettings {
             "window_scaling" => self.window_scaling.is_some(),
             "moderate_rcvbuf" => self.moderate_rcvbuf.is_some(),
             "slow_start_after_idle" => self.slow_start_after_idle.is_some(),
+            "fastopen" => self.fastopen.is_some(),
             _ => true,
         }
     }
@@ -244,6 +250,34 @@ pub fn tcp_advice(t: &TcpSettings, inp: &AdviceInputs) -> Vec<String> {
                 .to_string(),
         );
     }
+
+    // Fast Open saves each connection the round trip of its SYN before TLS: worth saying from
+    // the RTTs ferry's wide start is for, where it is ~1% of a 1 GiB transfer and more of a
+    // short one (BENCHMARKS.md, "TCP Fast Open").
+    if let Some(fo) = t.fastopen {
+        if rtt >= 20.0 && fo & 3 != 3 {
+            let missing = match (fo & 1 != 0, fo & 2 != 0) {
+                (true, false) => {
+                    "its listeners refuse data in a SYN (bit 2 unset), so every ferry connection \
+                     to a server here"
+                }
+                (false, true) => {
+                    "its clients send no data in a SYN (bit 1 unset), so every ferry connection \
+                     from a client here"
+                }
+                _ => "it is off both ways, so every ferry connection to or from this host",
+            };
+            out.push(format!(
+                "TCP Fast Open (net.ipv4.tcp_fastopen={fo}): {missing} \
+                 waits a round trip ({}) for its SYN before TLS starts; \
+                 sysctl -w net.ipv4.tcp_fastopen={} on transfer nodes lets a client's TLS hello \
+                 ride in the SYN once it holds the server's cookie (ferry uses it where both \
+                 ends allow it; FERRY_TCP_FASTOPEN=0 turns it off)",
+                ms(rtt),
+                fo | 3
+            ));
+        }
+    }
     out
 }
 
@@ -264,7 +298,53 @@ mod tests {
         assert!(t.set("moderate_rcvbuf", "1\n"));
         assert!(t.set("slow_start_after_idle", "0\n"));
         assert!(t.set("default_qdisc", "fq_codel\n"));
+        assert!(t.set("fastopen", "1\n"));
         t
+    }
+
+    #[test]
+    fn advice_on_fast_open_names_the_missing_side() {
+        let inp = AdviceInputs {
+            rtt_ms: 100.0,
+            target_mbps: 1000.0,
+        };
+        let fo = |t: &TcpSettings| {
+            tcp_advice(t, &inp)
+                .into_iter()
+                .filter(|a| a.starts_with("TCP Fast Open"))
+                .collect::<Vec<_>>()
+        };
+        let mut t = linux_defaults();
+        let a = fo(&t);
+        assert_eq!(a.len(), 1, "{a:?}");
+        assert!(
+            a[0].contains("tcp_fastopen=1): its listeners refuse"),
+            "{}",
+            a[0]
+        );
+        assert!(
+            a[0].contains("sysctl -w net.ipv4.tcp_fastopen=3"),
+            "{}",
+            a[0]
+        );
+        assert!(a[0].contains("(100 ms)"), "{}", a[0]);
+        // Other bits (0x400: no cookie needed) are kept in the suggestion.
+        assert!(t.set("fastopen", "1026"));
+        assert!(fo(&t)[0].contains("tcp_fastopen=1027 on"), "{:?}", fo(&t));
+        assert!(t.set("fastopen", "0"));
+        assert!(fo(&t)[0].contains("off both ways"), "{:?}", fo(&t));
+        assert!(t.set("fastopen", "3"));
+        assert!(fo(&t).is_empty());
+        // A short path has little to save.
+        assert!(t.set("fastopen", "1"));
+        let near = AdviceInputs {
+            rtt_ms: 1.0,
+            target_mbps: 1000.0,
+        };
+        assert!(!tcp_advice(&t, &near)
+            .iter()
+            .any(|a| a.starts_with("TCP Fast Open")));
+        assert!(!TcpSettings::default().set("fastopen", "on"));
     }
 
     #[test]
@@ -338,6 +418,7 @@ mod tests {
         t.set("core_rmem_max", "268435456");
         t.set("core_wmem_max", "268435456");
         t.set("congestion_control", "bbr");
+        t.set("fastopen", "3");
         let inp = AdviceInputs {
             rtt_ms: 100.0,
             target_mbps: 10_000.0,
