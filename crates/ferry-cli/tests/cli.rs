@@ -76,6 +76,39 @@ fn serve_token_file_is_created_0600_and_reused() {
     assert_code(&out, 0);
 }
 
+/// A server whose host refuses TCP Fast Open says so at start, with the setting that allows
+/// it; one whose host allows it says nothing about it.
+#[test]
+fn serve_says_when_its_host_refuses_fast_open() {
+    let sb = Sandbox::new();
+    let root = sb.mkdir("root");
+    let s = Server::start(&sb, &root, None, &[]);
+    // Served once, the server has written everything it says at start.
+    assert_code(
+        &run(
+            sb.client(&s.token).arg("ls").arg(s.remote("/")),
+            CMD_TIMEOUT,
+        ),
+        0,
+    );
+    let err = s.stderr();
+    let setting: u32 = fs::read_to_string("/proc/sys/net/ipv4/tcp_fastopen")
+        .expect("reading net.ipv4.tcp_fastopen")
+        .trim()
+        .parse()
+        .unwrap();
+    let note = err.lines().find(|l| l.contains("TCP Fast Open"));
+    if setting & 2 == 0 {
+        let note = note.unwrap_or_else(|| panic!("tcp_fastopen={setting}, no note:\n{err}"));
+        assert!(
+            note.contains(&format!("sysctl -w net.ipv4.tcp_fastopen={}", setting | 3)),
+            "{note}"
+        );
+    } else {
+        assert!(note.is_none(), "tcp_fastopen={setting} allows it:\n{err}");
+    }
+}
+
 #[test]
 fn serve_without_token_file_uses_state_dir_and_shows_token_once() {
     let sb = Sandbox::new();

@@ -161,6 +161,14 @@ pub async fn run(args: ServeArgs, quiet: bool) -> Result<ExitCode> {
     let local = server.local_addr()?;
     if !quiet {
         eprintln!("ferry: serving {} on {local}", root.display());
+        if let Some(v) = ferry_net::tcp::server_fast_open_refused() {
+            eprintln!(
+                "ferry: note: this host refuses TCP Fast Open (net.ipv4.tcp_fastopen={v}), so \
+                 every client connection waits a round trip for its SYN before TLS; \
+                 `sysctl -w net.ipv4.tcp_fastopen={}` lets it start in the SYN",
+                v | 3
+            );
+        }
     }
     let report = server.scan_partials();
     if !quiet && (report.kept_files > 0 || report.removed_files > 0) {
