@@ -385,6 +385,9 @@ async fn secure(
     timeout: Duration,
     on_change: impl FnOnce(String, String) -> SessionError,
 ) -> Result<Stream, SessionError> {
+    // A Fast Open connection "connects" at once and sends its SYN with the ClientHello, so a
+    // server that does not answer shows up here: keep a handle to tell the user which it was.
+    let socket = std::os::fd::AsFd::as_fd(&tcp).try_clone_to_owned().ok();
     let handshake = tls
         .connector()
         .connect(ClientTls::server_name(), Recorder::new(tcp))
@@ -412,6 +415,11 @@ async fn secure(
             } else {
                 Err(SessionError::Io(e))
             }
+        }
+        Err(_)
+            if socket.is_some_and(|s| crate::tcp::still_opening(std::os::fd::AsFd::as_fd(&s))) =>
+        {
+            Err(SessionError::Timeout("connecting to the server"))
         }
         Err(_) => Err(SessionError::Timeout("waiting for the TLS handshake")),
     }

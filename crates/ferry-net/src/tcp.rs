@@ -161,6 +161,14 @@ pub(crate) fn allow_fast_open_listen(sock: BorrowedFd<'_>) -> std::io::Result<()
     set_int(sock, libc::IPPROTO_TCP, libc::TCP_FASTOPEN, FAST_OPEN_QUEUE)
 }
 
+/// Whether a client connection is still waiting for its SYN to be answered (`TCP_SYN_SENT`):
+/// with Fast Open, `connect` returns before that, so a server that never answers is noticed
+/// later, and this tells an unreachable server from a slow handshake.
+pub(crate) fn still_opening(sock: BorrowedFd<'_>) -> bool {
+    // linux/tcp_states.h: TCP_SYN_SENT = 2.
+    raw_tcp_info(sock).is_some_and(|(info, _)| info.tcpi_state == 2)
+}
+
 /// `TCPI_OPT_SYN_DATA` (linux/tcp.h): the connection's SYN carried data the peer accepted.
 const TCPI_OPT_SYN_DATA: u8 = 32;
 
