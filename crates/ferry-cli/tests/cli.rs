@@ -92,11 +92,13 @@ fn serve_says_when_its_host_refuses_fast_open() {
         0,
     );
     let err = s.stderr();
-    let setting: u32 = fs::read_to_string("/proc/sys/net/ipv4/tcp_fastopen")
-        .expect("reading net.ipv4.tcp_fastopen")
-        .trim()
-        .parse()
-        .unwrap();
+    let Some(setting) = fs::read_to_string("/proc/sys/net/ipv4/tcp_fastopen")
+        .ok()
+        .and_then(|t| t.trim().parse::<u32>().ok())
+    else {
+        eprintln!("SKIPPED: net.ipv4.tcp_fastopen cannot be read here");
+        return;
+    };
     let note = err.lines().find(|l| l.contains("TCP Fast Open"));
     if setting & 2 == 0 {
         let note = note.unwrap_or_else(|| panic!("tcp_fastopen={setting}, no note:\n{err}"));

@@ -1451,6 +1451,25 @@ fn probe_net_on_the_bed_sees_the_rtt_and_the_rate() {
 // ---------------------------------------------------------------------------------------------
 // 7. hosts that allow TCP Fast Open, and one that stops allowing it
 
+/// The client host's count of SYNs whose data the server did not acknowledge
+/// (`TcpExt: TCPFastOpenActiveFail` in its `/proc/net/netstat`).
+fn client_fast_open_refused(bed: &TestBed) -> u64 {
+    let out = bed
+        .command(Host::Client, "cat")
+        .arg("/proc/net/netstat")
+        .output()
+        .expect("reading /proc/net/netstat");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut ext = text.lines().filter(|l| l.starts_with("TcpExt:"));
+    let (names, values) = (ext.next().unwrap_or(""), ext.next().unwrap_or(""));
+    names
+        .split_whitespace()
+        .zip(values.split_whitespace())
+        .find(|(n, _)| *n == "TCPFastOpenActiveFail")
+        .and_then(|(_, v)| v.parse().ok())
+        .unwrap_or_else(|| panic!("no TCPFastOpenActiveFail in /proc/net/netstat:\n{text}"))
+}
+
 /// Whether each data connection of a put opened with its TLS hello in the SYN.
 fn fast_opened(v: &Value) -> Vec<bool> {
     v["streams"]
@@ -1536,11 +1555,21 @@ fn fast_open_saves_the_syn_round_trip_and_falls_back_when_refused() {
         .status()
         .expect("running sysctl");
     assert!(off.success());
+    let refused_before = client_fast_open_refused(&bed);
     let third = put("/c.bin");
     let opened = fast_opened(&third);
-    eprintln!("server's Fast Open off: fast open {opened:?}");
+    let refused = client_fast_open_refused(&bed) - refused_before;
+    eprintln!(
+        "server's Fast Open off: fast open {opened:?}, SYNs whose data was refused {refused}"
+    );
     assert!(
-        opened.iter().all(|&o| !o),
+        !opened.is_empty() && opened.iter().all(|&o| !o),
         "a server host without Fast Open accepts no data in SYNs: {opened:?}"
+    );
+    // The client did send its hellos in SYNs (it holds cookies), and the server ignored them.
+    assert!(
+        refused >= opened.len() as u64,
+        "{refused} refused SYNs with data for {} data connections",
+        opened.len()
     );
 }

@@ -98,27 +98,17 @@ fn still_connecting(e: &io::Error) -> bool {
     e.raw_os_error() == Some(libc::EINPROGRESS)
 }
 
-/// Writes with `write`, waiting for the connection first when it is still being set up (see
-/// [`still_connecting`]). Bounded: a kernel that kept answering so is an error.
+/// Writes with `write`, once more when the first attempt found the connection still being set
+/// up (see [`still_connecting`]). The kernel has sent its plain SYN by then and answers the
+/// next write with `EAGAIN`, on which tokio's own write clears the socket's readiness and
+/// registers the task, so the wake-up comes with the handshake's end. Clearing readiness here
+/// instead could lose that wake-up if the SYN-ACK arrived between the two calls.
 fn write_when_connected(
-    s: &mut TcpStream,
-    cx: &mut Context<'_>,
-    mut write: impl FnMut(Pin<&mut TcpStream>, &mut Context<'_>) -> Poll<io::Result<usize>>,
+    mut write: impl FnMut() -> Poll<io::Result<usize>>,
 ) -> Poll<io::Result<usize>> {
-    let mut tries = 0;
-    loop {
-        match write(Pin::new(s), cx) {
-            Poll::Ready(Err(e)) if still_connecting(&e) && tries < 3 => {
-                tries += 1;
-                // The failed write found the socket writable: forget that, so the wait
-                // registers for the next writable edge, the handshake's end.
-                let _ = s.try_io(tokio::io::Interest::WRITABLE, || {
-                    Err::<(), _>(io::ErrorKind::WouldBlock.into())
-                });
-                std::task::ready!(s.poll_write_ready(cx))?;
-            }
-            r => return r,
-        }
+    match write() {
+        Poll::Ready(Err(e)) if still_connecting(&e) => write(),
+        r => r,
     }
 }
 
@@ -128,7 +118,8 @@ impl AsyncWrite for Recorder {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        write_when_connected(&mut self.get_mut().inner, cx, |s, cx| s.poll_write(cx, buf))
+        let inner = &mut self.get_mut().inner;
+        write_when_connected(|| Pin::new(&mut *inner).poll_write(cx, buf))
     }
 
     fn poll_write_vectored(
@@ -136,9 +127,8 @@ impl AsyncWrite for Recorder {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        write_when_connected(&mut self.get_mut().inner, cx, |s, cx| {
-            s.poll_write_vectored(cx, bufs)
-        })
+        let inner = &mut self.get_mut().inner;
+        write_when_connected(|| Pin::new(&mut *inner).poll_write_vectored(cx, bufs))
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -209,5 +199,62 @@ impl AsyncWrite for Stream {
             Self::Plain(s) => Pin::new(s).poll_shutdown(cx),
             Self::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn replies(
+        mut r: Vec<Poll<io::Result<usize>>>,
+    ) -> (
+        impl FnMut() -> Poll<io::Result<usize>>,
+        std::rc::Rc<std::cell::Cell<usize>>,
+    ) {
+        let calls = std::rc::Rc::new(std::cell::Cell::new(0));
+        let seen = calls.clone();
+        r.reverse();
+        let write = move || {
+            seen.set(seen.get() + 1);
+            r.pop().expect("no more writes expected")
+        };
+        (write, calls)
+    }
+
+    fn in_progress() -> Poll<io::Result<usize>> {
+        Poll::Ready(Err(io::Error::from_raw_os_error(libc::EINPROGRESS)))
+    }
+
+    /// A Fast Open write that took nothing is written again at once: the kernel answers that
+    /// one `EAGAIN` (tokio's `Pending`) until the handshake ends, or takes the bytes.
+    #[test]
+    fn a_write_that_found_the_connection_opening_is_made_again() {
+        let (w, calls) = replies(vec![in_progress(), Poll::Pending]);
+        assert!(write_when_connected(w).is_pending());
+        assert_eq!(calls.get(), 2);
+
+        let (w, _) = replies(vec![in_progress(), Poll::Ready(Ok(517))]);
+        assert!(matches!(write_when_connected(w), Poll::Ready(Ok(517))));
+    }
+
+    /// Only once: a kernel that answered so again is an error, not a loop; and every other
+    /// outcome passes through untouched.
+    #[test]
+    fn only_the_first_in_progress_is_forgiven() {
+        let (w, calls) = replies(vec![in_progress(), in_progress()]);
+        match write_when_connected(w) {
+            Poll::Ready(Err(e)) => assert!(still_connecting(&e)),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(calls.get(), 2);
+
+        let refused = || Poll::Ready(Err(io::Error::from(io::ErrorKind::ConnectionRefused)));
+        let (w, calls) = replies(vec![refused()]);
+        assert!(matches!(write_when_connected(w), Poll::Ready(Err(_))));
+        assert_eq!(calls.get(), 1);
+        let (w, calls) = replies(vec![Poll::Ready(Ok(3))]);
+        assert!(matches!(write_when_connected(w), Poll::Ready(Ok(3))));
+        assert_eq!(calls.get(), 1);
     }
 }

@@ -106,9 +106,9 @@ pub(crate) fn start_unconnected_window(sock: BorrowedFd<'_>, bytes: u32) -> std:
     set_int(sock, libc::IPPROTO_TCP, libc::TCP_WINDOW_CLAMP, 0)
 }
 
-/// Pending Fast Open connections a listener holds (`TCP_FASTOPEN`'s queue): connections whose
-/// SYN carried data and whose handshake has not completed. Beyond it the kernel falls back to
-/// the ordinary handshake, so this bounds what spoofed SYNs with stolen cookies can make the
+/// Pending Fast Open connections a listener holds (`TCP_FASTOPEN`'s queue, which the kernel caps
+/// at `net.core.somaxconn`): connections whose SYN carried data and whose handshake has not
+/// completed. Beyond it the kernel falls back to the ordinary handshake, so this bounds what spoofed SYNs with stolen cookies can make the
 /// server work on, not how many clients it serves.
 pub const FAST_OPEN_QUEUE: i32 = 256;
 
@@ -458,17 +458,22 @@ mod tests {
         assert!(!fast_open_from(Some(" 0\n")));
     }
 
-    /// A listener given Fast Open holds its queue length, whatever the host allows (the
-    /// kernel checks `net.ipv4.tcp_fastopen` when a SYN arrives); a client socket takes
+    /// A listener given Fast Open holds its queue length, capped by the kernel at
+    /// `net.core.somaxconn`, whatever the host allows (the kernel checks
+    /// `net.ipv4.tcp_fastopen` when a SYN arrives); a client socket takes
     /// `TCP_FASTOPEN_CONNECT` where the host's client side is on (Linux's default).
     #[test]
     fn fast_open_options_reach_the_sockets() {
         let listener = tokio::net::TcpSocket::new_v4().unwrap();
         allow_fast_open_listen(listener.as_fd()).unwrap();
         let sock = SockRef::from(&listener);
+        let somaxconn = std::fs::read_to_string("/proc/sys/net/core/somaxconn")
+            .ok()
+            .and_then(|t| t.trim().parse::<i32>().ok())
+            .unwrap_or(i32::MAX);
         assert_eq!(
             get_int(&sock, libc::IPPROTO_TCP, libc::TCP_FASTOPEN),
-            FAST_OPEN_QUEUE
+            FAST_OPEN_QUEUE.min(somaxconn)
         );
         let client = tokio::net::TcpSocket::new_v4().unwrap();
         let client_side = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_fastopen")

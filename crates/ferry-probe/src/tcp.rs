@@ -328,7 +328,8 @@ mod tests {
             a[0]
         );
         assert!(a[0].contains("(100 ms)"), "{}", a[0]);
-        // Other bits (0x400: no cookie needed) are kept in the suggestion.
+        // Other bits (0x400: every listener, without the socket option) are kept in the
+        // suggestion.
         assert!(t.set("fastopen", "1026"));
         assert!(fo(&t)[0].contains("tcp_fastopen=1027 on"), "{:?}", fo(&t));
         assert!(t.set("fastopen", "0"));

@@ -174,6 +174,7 @@ impl Sandbox {
             "FERRY_LOG",
             "FERRY_STATE_DIR",
             "FERRY_NO_PROGRESS",
+            "FERRY_TCP_FASTOPEN",
             "XDG_STATE_HOME",
             "RUST_LOG",
         ] {
