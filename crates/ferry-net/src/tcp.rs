@@ -108,8 +108,9 @@ pub(crate) fn start_unconnected_window(sock: BorrowedFd<'_>, bytes: u32) -> std:
 
 /// Pending Fast Open connections a listener holds (`TCP_FASTOPEN`'s queue, which the kernel caps
 /// at `net.core.somaxconn`): connections whose SYN carried data and whose handshake has not
-/// completed. Beyond it the kernel falls back to the ordinary handshake, so this bounds what spoofed SYNs with stolen cookies can make the
-/// server work on, not how many clients it serves.
+/// completed. Beyond it the kernel falls back to the ordinary handshake, so this bounds what
+/// spoofed SYNs with stolen cookies can make the server work on, not how many clients it
+/// serves.
 pub const FAST_OPEN_QUEUE: i32 = 256;
 
 /// Whether ferry asks for TCP Fast Open (RFC 7413): unless `FERRY_TCP_FASTOPEN=0`.
