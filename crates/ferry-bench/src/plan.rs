@@ -477,12 +477,12 @@ pub fn plan(spec: &Spec) -> Plan {
                 };
                 for &direction in &spec.directions {
                     if spec.iperf3 {
-                        for &s in spec.streams.iter().filter(|&&s| s > 0) {
+                        for s in iperf_streams(spec) {
                             push_unique(
                                 &mut lp.iperf,
                                 IperfPoint {
                                     direction,
-                                    streams: s.max(1),
+                                    streams: s,
                                     bytes: None,
                                 },
                             );
@@ -546,6 +546,18 @@ pub fn plan(spec: &Spec) -> Plan {
     }
 }
 
+/// The stream counts iperf3 runs at: ferry's fixed counts, so that each point has its ceiling
+/// beside it; when ferry runs only with its own choice (`--streams 0`), 1, 2, 4 and 8, since a
+/// table without a ceiling could not say how far from the path's rate any tool is.
+fn iperf_streams(spec: &Spec) -> Vec<u16> {
+    let fixed: Vec<u16> = spec.streams.iter().copied().filter(|&s| s > 0).collect();
+    if fixed.is_empty() {
+        vec![1, 2, 4, 8]
+    } else {
+        fixed
+    }
+}
+
 /// The target links and cases: ferry with its defaults (no --streams, no --block-size), put,
 /// 1 Gbit/s, default regime: 1 GiB at RTT 0/50/100; at 100 ms also the 10,000 × 10 KiB tree and
 /// one file of the same bytes. iperf3 on each of those links, so the ceiling is known.
@@ -568,11 +580,7 @@ fn add_targets(links: &mut Vec<LinkPlan>, spec: &Spec) {
             }
         };
         let lp = &mut links[idx];
-        let mut iperf_streams: Vec<u16> = spec.streams.iter().copied().filter(|&s| s > 0).collect();
-        if iperf_streams.is_empty() {
-            iperf_streams = vec![1, 2, 4, 8];
-        }
-        for s in iperf_streams {
+        for s in iperf_streams(spec) {
             for bytes in [None, Some(TARGET_FILE.bytes())] {
                 push_unique(
                     &mut lp.iperf,
@@ -863,6 +871,39 @@ mod tests {
         assert!(l100.cases.iter().any(|c| c.dataset == TARGET_TREE_FILE));
         // the added link has only the target cases
         assert_eq!(l100.cases.len(), 3);
+    }
+
+    #[test]
+    fn ferry_defaults_alone_still_get_a_ceiling() {
+        // `--streams 0` (ferry's own choice only) once planned no iperf3 point at all, and a
+        // get sweep's tables came out without a ceiling.
+        let mut s = Spec::quick();
+        s.streams = vec![0];
+        s.directions = vec![Direction::Put, Direction::Get];
+        let p = plan(&s);
+        for l in &p.links {
+            for d in [Direction::Put, Direction::Get] {
+                let counts: Vec<u16> = l
+                    .iperf
+                    .iter()
+                    .filter(|i| i.direction == d && i.bytes.is_none())
+                    .map(|i| i.streams)
+                    .collect();
+                assert_eq!(counts, vec![1, 2, 4, 8], "{:?} {d:?}", l.link);
+            }
+        }
+        // fixed counts are the ceiling's counts, as before
+        s.streams = vec![0, 3, 16];
+        let p = plan(&s);
+        for l in &p.links {
+            let counts: Vec<u16> = l
+                .iperf
+                .iter()
+                .filter(|i| i.direction == Direction::Get)
+                .map(|i| i.streams)
+                .collect();
+            assert_eq!(counts, vec![3, 16], "{:?}", l.link);
+        }
     }
 
     #[test]
