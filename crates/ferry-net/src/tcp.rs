@@ -132,22 +132,6 @@ fn fast_open_from(var: Option<&str>) -> bool {
     var.map(str::trim) != Some("0")
 }
 
-/// `net.ipv4.tcp_fastopen` of this host (its network namespace) when it keeps a listener
-/// from accepting data in a SYN (bit 2 unset) while ferry would use it: what a server says at
-/// start, so an administrator learns that clients pay a round trip more than they need.
-/// None when the setting allows it, ferry's use is switched off, or it cannot be read.
-pub fn server_fast_open_refused() -> Option<u32> {
-    if !fast_open() {
-        return None;
-    }
-    let v: u32 = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_fastopen")
-        .ok()?
-        .trim()
-        .parse()
-        .ok()?;
-    (v & 2 == 0).then_some(v)
-}
-
 /// Lets a client socket send its first write in the SYN (`TCP_FASTOPEN_CONNECT`), before
 /// `connect`. With a cookie cached for the server, `connect` then returns at once and the
 /// SYN leaves with the first write; without one it connects as usual and asks for a cookie.

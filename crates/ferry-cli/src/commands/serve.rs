@@ -161,7 +161,9 @@ pub async fn run(args: ServeArgs, quiet: bool) -> Result<ExitCode> {
     let local = server.local_addr()?;
     if !quiet {
         eprintln!("ferry: serving {} on {local}", root.display());
-        if let Some(v) = ferry_net::tcp::server_fast_open_refused() {
+        // The host's setting as `probe host` reads it; only worth saying while ferry uses it.
+        let fast_open = ferry_probe::net::local_tcp_settings().fastopen;
+        if let Some(v) = fast_open.filter(|v| v & 2 == 0 && ferry_net::tcp::fast_open()) {
             eprintln!(
                 "ferry: note: this host refuses TCP Fast Open (net.ipv4.tcp_fastopen={v}), so \
                  every client connection waits a round trip for its SYN before TLS; \
