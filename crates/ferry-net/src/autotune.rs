@@ -204,6 +204,9 @@ pub(crate) struct StreamPlan {
     /// The sending process ends with the session (a client's put): once its last block is
     /// queued it gives its idle memory back while the last bytes cross (`buf::drain`).
     pub(crate) drain_at_end: bool,
+    /// The receiver takes `Tuned` before `Complete` (`Capabilities::EARLY_TUNED`): it goes
+    /// out as soon as every block is on a connection, and again after `Complete`.
+    pub(crate) early_tuned: bool,
 }
 
 impl StreamPlan {
@@ -216,6 +219,7 @@ impl StreamPlan {
             settled_start: false,
             stall: None,
             drain_at_end: false,
+            early_tuned: false,
         }
     }
 
@@ -1044,6 +1048,7 @@ mod tests {
             settled_start: false,
             stall: None,
             drain_at_end: false,
+            early_tuned: false,
         };
         assert_eq!(fixed.queue_len(8), 16);
         let auto = StreamPlan {

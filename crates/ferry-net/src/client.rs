@@ -1177,6 +1177,7 @@ async fn get_once(
         rx,
         writers,
         limits(cfg, &opts),
+        true,
     )
     .await?;
     let (summary, streams, tuned) = (out.summary, out.streams, out.tuned);

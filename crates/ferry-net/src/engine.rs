@@ -8,11 +8,16 @@
 //!     │── Block/Dir/Symlink/FileFailed ─▶ (any data connection)
 //!     │── Sent{totals} ─────────────────▶ (control; as soon as the walk is over)
 //!     │◀─ Resend / Skipped / FileFailed ─ (control; whenever they happen)
+//!     │── Tuned{report} ────────────────▶ (control; with EARLY_TUNED, once every block is
+//!     │                                     on a connection)
 //!     │◀─ Complete{summary} ──────────── (control; once every entry is resolved)
+//!     │── Tuned{report} ────────────────▶ (control)
 //!     └─ closes data connections
 //! ```
 //! Nothing is acknowledged per file: the sender never waits, and the receiver's only
-//! obligation is the final `Complete`.
+//! obligation is the final `Complete`. A receiving client that has a `Tuned` when it sends
+//! `Complete` leaves at once (`drive_receiver`'s `leave_early`); its resets are not failures
+//! if `Complete` follows ([`ENDING_GRACE`]).
 
 use std::collections::HashMap;
 use std::os::fd::AsFd;
@@ -51,6 +56,11 @@ const FLUSH_LINGER: Duration = Duration::from_micros(500);
 /// by then the receiver has every block, so anything still being written is a copy nobody
 /// needs, and a connection that cannot take it at once is a slow one (`endgame`).
 const RESET_AFTER: Duration = Duration::from_millis(20);
+
+/// How long a sender that reported early waits for `Complete` after a data connection failed
+/// (at least four round trips): the receiver may have closed it having stored everything, and
+/// `Complete` may come later than the reset, or after a retransmission.
+const ENDING_GRACE: Duration = Duration::from_secs(2);
 
 /// One data connection through its handshake: its index, and on a server its connection-cap
 /// permit; or why one could not join (a client's dial or `Hello` failed).
@@ -367,6 +377,12 @@ pub(crate) async fn drive_sender(
     let totals = sender.totals();
     let mut sent = false;
     let mut drained = false;
+    // `Tuned` sent ahead of `Complete` (`StreamPlan::early_tuned`).
+    let mut reported = false;
+    // A data connection's failure after it, held for the grace (below).
+    let mut ending: Option<SessionError> = None;
+    let grace = tokio::time::sleep(Duration::ZERO);
+    tokio::pin!(grace);
     let mut remote_errors = Vec::new();
     let mut tick = tokio::time::interval(SAMPLE_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -474,7 +490,26 @@ pub(crate) async fn drive_sender(
                 Some(Err(e)) => break Err(e),
                 None => break Err(SessionError::Closed("control")),
             },
+            _ = &mut grace, if ending.is_some() => {
+                break Err(ending.take().expect("checked by the guard"));
+            }
             Some(joined) = streams.join_next_with_id() => {
+                let joined = match joined {
+                    // After the early `Tuned`, a receiver with everything stored may close its
+                    // data connections as soon as it has sent `Complete`, and a block still on
+                    // its way then resets one here, perhaps before `Complete` is read. A
+                    // failure is final only if the session does not end well within the grace.
+                    Ok((_, (_, Err(e)))) if reported => {
+                        if ending.is_none() {
+                            let wait = (rtt * 4).max(ENDING_GRACE);
+                            grace.as_mut().reset(tokio::time::Instant::now() + wait);
+                            tracing::debug!(error = %e, "sender: a data connection ended after the early report");
+                        }
+                        ending.get_or_insert(e);
+                        continue;
+                    }
+                    j => j,
+                };
                 // Dialled beyond what the server grants: refused by it (`not_granted`, or a
                 // reset that destroyed it), or stopped here once `Ready` said so. What it
                 // carried goes again on connection 0, which every grant includes. A connection
@@ -506,6 +541,18 @@ pub(crate) async fn drive_sender(
                 if armed && plan.drain_at_end && !drained {
                     drained = true;
                     tokio::task::spawn_blocking(ferry_core::buf::drain);
+                }
+                if armed && plan.early_tuned && !reported {
+                    // Every block is on a connection: the tuner has nothing left to decide,
+                    // and the report overtakes the last blocks, which sit in the data
+                    // connections' send buffers. The receiver then has it by the time it
+                    // sends `Complete` and need not wait for the one sent after.
+                    reported = true;
+                    let mut load = meter.load();
+                    load.threads = u16::try_from(readers.threads()).unwrap_or(u16::MAX);
+                    if let Err(e) = send(&mut ctrl_w, &Frame::Tuned(gate.report(load))).await {
+                        break Err(e.into());
+                    }
                 }
                 let copies =
                     endgame_tick(&mut endgame, &histories, &infos, gate.active(), rtt, armed);
@@ -921,6 +968,12 @@ async fn send_frames(
 /// Runs the receiving end until every announced entry is resolved, then sends `Complete`.
 /// Returns the summary (with this end's load), the streams, and what the sender's tuner
 /// reported (`None` if the sender closed without saying).
+///
+/// `leave_early`: once `Complete` is sent and the sender's `Tuned` is in, return without
+/// waiting for the sender to close the data connections (a round trip). A client's `get` does:
+/// its files are stored, and the sender holds a failed connection against the session only
+/// if `Complete` does not follow. A server waits, so that a sending client never has its
+/// connections reset under it.
 pub(crate) async fn drive_receiver(
     control: Stream,
     joins: Joins,
@@ -928,6 +981,7 @@ pub(crate) async fn drive_receiver(
     control_out: flume::Receiver<Frame>,
     writers: Writers,
     limits: Limits,
+    leave_early: bool,
 ) -> Result<ReceiverOutcome, SessionError> {
     let activity = Activity::new();
     let mut meter = LoadMeter::start();
@@ -988,9 +1042,19 @@ pub(crate) async fn drive_receiver(
               i: usize,
               s: Stream| {
             let (tx, act, offers) = (tx.clone(), act.clone(), offers.clone());
-            streams.spawn(async move { (i, recv_stream(s, tx, act, max, offers).await) });
+            let live = LiveStream {
+                index: i,
+                sock: s.tcp().as_fd().try_clone_to_owned().ok(),
+                bytes: Arc::default(),
+            };
+            let bytes = live.bytes.clone();
+            streams.spawn(async move { (i, recv_stream(s, tx, act, max, offers, bytes).await) });
+            live
         }
     };
+    // What each connection has carried, for a report without waiting for its end.
+    let mut live: Vec<LiveStream> = Vec::new();
+    let mut tuned = None;
     let mut joins = joins;
     // The control loop keeps a sender for offers; it is dropped before the writers are joined.
     let offers_tx = to_writers;
@@ -1006,7 +1070,7 @@ pub(crate) async fn drive_receiver(
         tokio::select! {
             j = joins.next(), if !joins.complete() => match j {
                 Ok((index, s)) => {
-                    spawn_stream(&mut streams, index, s);
+                    live.push(spawn_stream(&mut streams, index, s));
                     activity.touch();
                 }
                 Err(e) => break Err(e),
@@ -1020,6 +1084,8 @@ pub(crate) async fn drive_receiver(
                         break Err(SessionError::Protocol("receiver workers stopped".into()));
                     }
                 }
+                // A sender whose receiver said `EARLY_TUNED` reports ahead of `Complete`.
+                Some(Ok(Frame::Tuned(t))) => tuned = Some(t),
                 Some(Ok(Frame::Error { code, message })) => break Err(SessionError::Remote { code, message }),
                 Some(Ok(other)) => break Err(SessionError::Protocol(format!("unexpected {:?} on control", other.frame_type()))),
                 Some(Err(e)) => break Err(e),
@@ -1058,7 +1124,6 @@ pub(crate) async fn drive_receiver(
     };
     drop(spawn_stream);
     let mut reports: Vec<(usize, StreamReport)> = Vec::new();
-    let mut tuned = None;
     let outcome = match result {
         Ok(()) => {
             tracing::debug!("receiver: all resolved");
@@ -1087,6 +1152,17 @@ pub(crate) async fn drive_receiver(
             tokio::pin!(deadline);
             let mut control_open = true;
             loop {
+                if leave_early && tuned.is_some() {
+                    // The connections still open report what they carried so far: every
+                    // byte the session needed.
+                    for l in &live {
+                        if !reports.iter().any(|(i, _)| *i == l.index) {
+                            reports.push((l.index, l.report()));
+                        }
+                    }
+                    tracing::debug!("receiver: leaving without waiting for the sender to close");
+                    break;
+                }
                 tokio::select! {
                     j = streams.join_next() => match j {
                         Some(Ok((i, Ok(r)))) => reports.push((i, r)),
@@ -1154,6 +1230,24 @@ pub(crate) async fn drive_receiver(
         writers: writer_tuner.report(),
         timeline,
     })
+}
+
+/// A receiving connection seen from outside its task: its socket (a duplicate, for
+/// `TCP_INFO`) and the block bytes it has carried.
+struct LiveStream {
+    index: usize,
+    sock: Option<std::os::fd::OwnedFd>,
+    bytes: Arc<AtomicU64>,
+}
+
+impl LiveStream {
+    fn report(&self) -> StreamReport {
+        StreamReport {
+            bytes: self.bytes.load(Ordering::Relaxed),
+            tcp: self.sock.as_ref().and_then(|s| tcp_info_fd(s.as_fd())),
+            ..StreamReport::default()
+        }
+    }
 }
 
 /// What the receiving end brings home.
@@ -1224,6 +1318,7 @@ async fn recv_stream(
     activity: Activity,
     max_frame: u32,
     offers: Offers,
+    counted: Arc<AtomicU64>,
 ) -> Result<StreamReport, SessionError> {
     let mut r = BufReader::with_capacity(256 << 10, stream);
     let mut bytes = 0u64;
@@ -1237,6 +1332,7 @@ async fn recv_stream(
         match &frame {
             Frame::Block(b) => {
                 bytes += b.data.len() as u64;
+                counted.store(bytes, Ordering::Relaxed);
                 offers.wait(b.file.id).await?;
             }
             Frame::FileFailed { file, .. } => offers.wait(*file).await?,

@@ -403,7 +403,7 @@ async fn refuse_plainly(stream: TcpStream, frame: &Frame) {
 
 /// Reads the first frame of a connection, which must be a small `Hello`. The sans-I/O parser
 /// in `ferry_proto::handshake` (fuzzed) decides; nothing larger than `MAX_HELLO` is read.
-async fn read_hello(stream: &mut Stream) -> Result<Role, SessionError> {
+async fn read_hello(stream: &mut Stream) -> Result<(Role, Capabilities), SessionError> {
     let refused = |e: handshake::HandshakeError| {
         let e = ferry_proto::ProtocolError::from(e);
         SessionError::Remote {
@@ -416,9 +416,9 @@ async fn read_hello(stream: &mut Stream) -> Result<Role, SessionError> {
     let len = handshake::check_hello_header(&head).map_err(refused)?;
     let mut payload = vec![0u8; len];
     stream.read_exact(&mut payload).await?;
-    Ok(handshake::parse_hello(&head, &payload)
-        .map_err(refused)?
-        .role)
+    let hello = handshake::parse_hello(&head, &payload).map_err(refused)?;
+    let caps = hello.session_capabilities();
+    Ok((hello.role, caps))
 }
 
 async fn handle(
@@ -434,8 +434,8 @@ async fn handle(
     let mut stream = tokio::time::timeout_at(deadline, transport(&shared, tcp))
         .await
         .map_err(|_| SessionError::Timeout("waiting for the TLS handshake"))??;
-    let role = match tokio::time::timeout_at(deadline, read_hello(&mut stream)).await {
-        Ok(Ok(role)) => role,
+    let (role, caps) = match tokio::time::timeout_at(deadline, read_hello(&mut stream)).await {
+        Ok(Ok(hello)) => hello,
         Ok(Err(e)) => {
             let _ = send(&mut stream, &e.to_frame()).await;
             linger(&mut stream).await;
@@ -460,7 +460,7 @@ async fn handle(
                     return Err(SessionError::Remote { code, message });
                 }
             };
-            control_session(&shared, stream, grant, session, secret).await
+            control_session(&shared, stream, grant, session, secret, caps).await
         }
         Role::Data {
             session,
@@ -672,10 +672,11 @@ async fn control_session(
     grant: Grant,
     session: SessionId,
     secret: [u8; 32],
+    caps: Capabilities,
 ) -> Result<(), SessionError> {
     let _active = ActiveSession::enter(shared);
     // Errors before the transfer starts are reported here; the engines report their own.
-    let work = match prepare(shared, &mut stream, &grant, session, secret).await {
+    let work = match prepare(shared, &mut stream, &grant, session, secret, caps).await {
         Ok(w) => w,
         Err(e) => {
             if !matches!(e, SessionError::Io(_) | SessionError::Closed(_)) {
@@ -700,7 +701,8 @@ async fn control_session(
             let limits = Limits::new(idle, block_size);
             // Registered while it runs (closed to joins once all have joined), so that a
             // connection dialled beyond the grant is refused at once.
-            let outcome = drive_receiver(stream, joins, receiver, control, writers, limits).await;
+            let outcome =
+                drive_receiver(stream, joins, receiver, control, writers, limits, false).await;
             drop(pending);
             let summary = outcome?.summary;
             info!(files = summary.files, bytes = summary.bytes, "put complete");
@@ -736,6 +738,7 @@ async fn prepare<'a>(
     grant: &Grant,
     session: SessionId,
     secret: [u8; 32],
+    caps: Capabilities,
 ) -> Result<Work<'a>, SessionError> {
     welcome(stream, session, secret).await?;
     let request = tokio::time::timeout(
@@ -805,6 +808,7 @@ async fn prepare<'a>(
             // client that answers them meanwhile has its decisions here when they have.
             let plan = StreamPlan {
                 tune_storage: shared.config.tune_storage,
+                early_tuned: caps.has(Capabilities::EARLY_TUNED),
                 ..StreamPlan::from_opts(&opts)
             };
             let (tx, frames) = frame_queue(&plan, opts.streams);

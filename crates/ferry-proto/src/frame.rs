@@ -174,10 +174,15 @@ pub struct Capabilities(pub u64);
 impl Capabilities {
     /// Receiver can ask for a block again (`Resend`).
     pub const RESEND: u64 = 1 << 0;
+    /// Receiver takes `Tuned` before `Complete` (and a later one in its place). A sender
+    /// whose peer has it reports its tuner as soon as every block is on a connection, so that
+    /// a receiving client can leave once it has sent `Complete` instead of waiting a round
+    /// trip for the report: a `get` over 100 ms ended 0.1 s after its files were stored.
+    pub const EARLY_TUNED: u64 = 1 << 1;
 
     /// Everything this build supports.
     pub const fn ours() -> Self {
-        Self(Self::RESEND)
+        Self(Self::RESEND | Self::EARLY_TUNED)
     }
 
     pub fn intersect(self, other: Self) -> Self {
