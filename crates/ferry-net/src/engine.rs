@@ -1044,7 +1044,13 @@ pub(crate) async fn drive_receiver(
             let (tx, act, offers) = (tx.clone(), act.clone(), offers.clone());
             let live = LiveStream {
                 index: i,
-                sock: s.tcp().as_fd().try_clone_to_owned().ok(),
+                // Only an end that leaves early reads a connection from outside its task: a
+                // server keeps to one descriptor per connection.
+                sock: if leave_early {
+                    s.tcp().as_fd().try_clone_to_owned().ok()
+                } else {
+                    None
+                },
                 bytes: Arc::default(),
             };
             let bytes = live.bytes.clone();
