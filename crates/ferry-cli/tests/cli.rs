@@ -111,6 +111,90 @@ fn serve_says_when_its_host_refuses_fast_open() {
     }
 }
 
+/// `ferry serve` under a low soft limit on open files (1024 is usual) raises it to the hard
+/// limit, and warns when even the hard limit is below what its connection cap may need.
+#[test]
+fn serve_raises_its_open_file_limit() {
+    // SAFETY: getrlimit only writes the struct it is given.
+    let own = unsafe {
+        let mut l: libc::rlimit = std::mem::zeroed();
+        libc::getrlimit(libc::RLIMIT_NOFILE, &mut l);
+        l
+    };
+    if own.rlim_max < 1024 {
+        eprintln!("SKIPPED: this process may not open 1024 files");
+        return;
+    }
+    let hard = own.rlim_max.min(4096);
+    let limited = |soft: u64, hard: u64| {
+        move |cmd: &mut std::process::Command| {
+            use std::os::unix::process::CommandExt;
+            // SAFETY: setrlimit is async-signal-safe; the closure allocates nothing.
+            unsafe {
+                cmd.pre_exec(move || {
+                    let l = libc::rlimit {
+                        rlim_cur: soft,
+                        rlim_max: hard,
+                    };
+                    if libc::setrlimit(libc::RLIMIT_NOFILE, &l) == 0 {
+                        Ok(())
+                    } else {
+                        Err(std::io::Error::last_os_error())
+                    }
+                });
+            }
+        }
+    };
+    let sb = Sandbox::new();
+    let root = sb.mkdir("root");
+    // Room for the cap under the hard limit: raised, and nothing said.
+    let s = Server::start_with(
+        &sb,
+        &root,
+        None,
+        &["--max-connections", "100"],
+        limited(256, hard),
+    );
+    assert_eq!(open_files(s.guard.pid()), (hard, hard));
+    assert!(!s.stderr().contains("open files"), "{}", s.stderr());
+    drop(s);
+    // A hard limit below what 512 connections may need (3 each): raised as far as it goes,
+    // and the operator is told what to change.
+    let s = Server::start_with(
+        &sb,
+        &root,
+        None,
+        &["--max-connections", "512"],
+        limited(256, 1024),
+    );
+    assert_eq!(open_files(s.guard.pid()), (1024, 1024));
+    let err = s.stderr();
+    let warning = err
+        .lines()
+        .find(|l| l.contains("limit on open files"))
+        .unwrap_or_else(|| panic!("no warning:\n{err}"));
+    assert!(
+        warning.contains("is 1024, below the 1600")
+            && warning.contains("--max-connections 512")
+            && warning.contains("LimitNOFILE="),
+        "{warning}"
+    );
+}
+
+/// The soft and hard limits on open files of process `pid`, from `/proc/PID/limits`.
+fn open_files(pid: u32) -> (u64, u64) {
+    let limits = fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
+    let line = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .unwrap_or_else(|| panic!("{limits}"));
+    let n: Vec<u64> = line
+        .split_whitespace()
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    (n[0], n[1])
+}
+
 #[test]
 fn serve_without_token_file_uses_state_dir_and_shows_token_once() {
     let sb = Sandbox::new();

@@ -155,6 +155,9 @@ pub async fn run(args: ServeArgs, quiet: bool) -> Result<ExitCode> {
              served without encryption; their data and tokens can be read on the path"
         );
     }
+    if let Some(warning) = raise_open_files(config.max_connections) {
+        eprintln!("ferry: warning: {warning}");
+    }
     let server = Server::bind(addr, config)
         .await
         .with_context(|| format!("cannot listen on {addr}"))?;
@@ -188,6 +191,48 @@ pub async fn run(args: ServeArgs, quiet: bool) -> Result<ExitCode> {
         eprintln!("ferry: stopped");
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Descriptors one connection may hold at once: its socket, the duplicate that a sending
+/// session keeps of it (for `TCP_INFO`, and to reset it at the end), and its share of the
+/// files the session's readers or writers have open.
+const FILES_PER_CONNECTION: u64 = 3;
+
+/// Descriptors beyond the connections: the listener, the runtime, the state and log files.
+const FILES_SPARE: u64 = 64;
+
+/// The highest soft limit asked for when the hard one is unlimited (Linux's default
+/// `fs.nr_open`, above which the kernel refuses it).
+const FILES_CEILING: u64 = 1 << 20;
+
+/// Raises the soft limit on open files to the hard one. The usual soft limit is 1024 (shells,
+/// systemd units), which a server at its default cap of 512 connections can exceed on gets
+/// alone (two descriptors per data connection), and a refused `accept` drops clients that
+/// the cap would admit. Returns a warning when even the hard limit is below what
+/// `max_connections` may need.
+fn raise_open_files(max_connections: usize) -> Option<String> {
+    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+    let limit = getrlimit(Resource::Nofile);
+    let hard = limit.maximum.unwrap_or(FILES_CEILING);
+    let mut soft = limit.current.unwrap_or(u64::MAX);
+    if soft < hard {
+        let raised = Rlimit {
+            current: Some(hard),
+            maximum: limit.maximum,
+        };
+        if setrlimit(Resource::Nofile, raised).is_ok() {
+            soft = hard;
+        }
+    }
+    let need = max_connections as u64 * FILES_PER_CONNECTION + FILES_SPARE;
+    (soft < need).then(|| {
+        format!(
+            "the limit on open files is {soft}, below the {need} that --max-connections \
+             {max_connections} may need ({FILES_PER_CONNECTION} per connection): raise it \
+             (`LimitNOFILE=` in a systemd unit, `ulimit -Hn` in a shell) or lower \
+             --max-connections"
+        )
+    })
 }
 
 async fn lookup(listen: &str) -> Result<std::net::SocketAddr> {
@@ -224,6 +269,9 @@ async fn oneshot(args: ServeArgs) -> Result<ExitCode> {
     config.idle_timeout = Duration::from_secs(args.idle_timeout.max(5));
     let listen = args.listen.clone().unwrap_or_else(|| "0.0.0.0:0".into());
     let addr = lookup(&listen).await?;
+    if let Some(warning) = raise_open_files(config.max_connections) {
+        eprintln!("ferry: warning: {warning}");
+    }
     let server = Server::bind(addr, config)
         .await
         .with_context(|| format!("cannot listen on {addr}"))?;

@@ -215,6 +215,17 @@ impl Server {
     /// waits (≤ 5 s) for its "serving ... on ADDR" line. Without a token file the server uses
     /// the sandbox's `FERRY_STATE_DIR`.
     pub fn start(sb: &Sandbox, root: &Path, token_file: Option<&Path>, extra: &[&str]) -> Self {
+        Self::start_with(sb, root, token_file, extra, |_| {})
+    }
+
+    /// [`Server::start`], with `prepare` applied to the command before it is spawned.
+    pub fn start_with(
+        sb: &Sandbox,
+        root: &Path,
+        token_file: Option<&Path>,
+        extra: &[&str],
+        prepare: impl Fn(&mut Command),
+    ) -> Self {
         for attempt in 0..3 {
             let port = free_port();
             let n = SERVER_SEQ.fetch_add(1, Ordering::Relaxed);
@@ -233,6 +244,7 @@ impl Server {
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
                 .stderr(log);
+            prepare(&mut cmd);
             let mut guard = ChildGuard(Some(cmd.spawn().expect("spawning ferry serve")));
             let deadline = Instant::now() + Duration::from_secs(5);
             let want = format!("on 127.0.0.1:{port}");
