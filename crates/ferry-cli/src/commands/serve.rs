@@ -194,7 +194,7 @@ pub async fn run(args: ServeArgs, quiet: bool) -> Result<ExitCode> {
 /// Descriptors one connection may hold at once. A get's data connection holds three on the
 /// server: its socket and the duplicates that the stream tuner and the connection's task keep
 /// of it, for `TCP_INFO` and to reset it at the end (a 16-stream get of 256 MiB on loopback
-/// peaked at 49 sockets above the idle server's, for 17 connections; a put at 33).
+/// peaked at 49 sockets above the idle server's, for 17 connections; a put at 17).
 const FILES_PER_CONNECTION: u64 = 3;
 
 /// Descriptors beyond the connections: the listener, the runtime, the state and log files,
