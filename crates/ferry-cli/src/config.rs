@@ -304,6 +304,7 @@ pub fn control_config(
         force_streams: None,
         stall_stream: None,
         drain_at_end: false,
+        helpers: 0,
     })
 }
 
@@ -351,6 +352,20 @@ pub fn apply_profile(cfg: &mut ClientConfig, profiles: &crate::profiles::Profile
         cfg.opts.auto_start = n;
         cfg.start_from = ferry_net::StartFrom::Probe;
     }
+}
+
+/// Opens ramp helpers for an auto-tuned put over a path an earlier transfer to the same
+/// server measured (`ferry_net::ramp_helpers`); the first transfer to a server opens none.
+pub fn apply_ramp_helpers(cfg: &mut ClientConfig, profiles: &crate::profiles::Profiles, key: &str) {
+    if !cfg.opts.is_auto() || cfg.force_streams.is_some() {
+        return;
+    }
+    let Some(p) = profiles.load_path(key) else {
+        return;
+    };
+    let n = ferry_net::ramp_helpers(Duration::from_micros(p.rtt_us), p.bytes_per_s);
+    cfg.helpers = n;
+    cfg.opts.streams = cfg.opts.streams.saturating_add(n);
 }
 
 /// Turns transfer arguments into a client configuration for `remote`.
@@ -433,6 +448,7 @@ pub fn client_config(args: &TransferArgs, remote: &Remote) -> Result<ClientConfi
         force_streams: None,
         stall_stream: None,
         drain_at_end: false,
+        helpers: 0,
     })
 }
 

@@ -29,10 +29,47 @@ pub struct Entry {
     pub updated: u64,
 }
 
+/// What the last large transfer to one server measured of the path: how many ramp helpers a
+/// put opens (`ferry_net::ramp_helpers`) depends on it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PathEntry {
+    /// The data connections' smallest round-trip time, microseconds.
+    pub rtt_us: u64,
+    /// Payload bytes over the transfer's wall time: what the path carried, set-up included.
+    pub bytes_per_s: u64,
+    /// Seconds since the Unix epoch.
+    pub updated: u64,
+}
+
 #[derive(Debug, Default, Serialize, Deserialize)]
 struct ProfileFile {
     version: u32,
     endpoints: BTreeMap<String, Entry>,
+    /// Absent from files written before it was kept.
+    #[serde(default)]
+    paths: BTreeMap<String, PathEntry>,
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// Keeps at most [`MAX_ENTRIES`] in `map`, forgetting the least recently updated but never
+/// `keep`.
+fn evict<T>(map: &mut BTreeMap<String, T>, keep: &str, updated: impl Fn(&T) -> u64) {
+    while map.len() > MAX_ENTRIES {
+        let oldest = map
+            .iter()
+            .filter(|(k, _)| k.as_str() != keep)
+            .min_by_key(|(k, e)| (updated(e), (*k).clone()))
+            .map(|(k, _)| k.clone());
+        match oldest {
+            Some(k) => map.remove(&k),
+            None => break,
+        };
+    }
 }
 
 /// The profile store in one directory.
@@ -74,15 +111,11 @@ impl Profiles {
 
     /// Remembers `streams` for `endpoint`, now.
     pub fn save(&self, endpoint: &str, streams: u32, settled: bool) -> Result<()> {
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs());
-        self.save_at(endpoint, streams, settled, now)
+        self.save_at(endpoint, streams, settled, unix_now())
     }
 
     fn save_at(&self, endpoint: &str, streams: u32, settled: bool, now: u64) -> Result<()> {
         let mut file = self.read();
-        file.version = 1;
         file.endpoints.insert(
             endpoint.to_owned(),
             Entry {
@@ -91,18 +124,36 @@ impl Profiles {
                 updated: now,
             },
         );
-        while file.endpoints.len() > MAX_ENTRIES {
-            let oldest = file
-                .endpoints
-                .iter()
-                .filter(|(k, _)| k.as_str() != endpoint)
-                .min_by_key(|(k, e)| (e.updated, (*k).clone()))
-                .map(|(k, _)| k.clone());
-            match oldest {
-                Some(k) => file.endpoints.remove(&k),
-                None => break,
-            };
-        }
+        evict(&mut file.endpoints, endpoint, |e| e.updated);
+        self.write(file)
+    }
+
+    /// What was last measured of the path to `endpoint`.
+    pub fn load_path(&self, endpoint: &str) -> Option<PathEntry> {
+        self.read().paths.get(endpoint).copied()
+    }
+
+    /// Remembers the path to `endpoint`, now.
+    pub fn save_path(&self, endpoint: &str, rtt_us: u64, bytes_per_s: u64) -> Result<()> {
+        self.save_path_at(endpoint, rtt_us, bytes_per_s, unix_now())
+    }
+
+    fn save_path_at(&self, endpoint: &str, rtt_us: u64, bytes_per_s: u64, now: u64) -> Result<()> {
+        let mut file = self.read();
+        file.paths.insert(
+            endpoint.to_owned(),
+            PathEntry {
+                rtt_us,
+                bytes_per_s,
+                updated: now,
+            },
+        );
+        evict(&mut file.paths, endpoint, |e| e.updated);
+        self.write(file)
+    }
+
+    fn write(&self, mut file: ProfileFile) -> Result<()> {
+        file.version = 1;
         ferry_probe::store::write_atomically(
             &self.dir,
             FILE_NAME,
@@ -159,6 +210,39 @@ mod tests {
         assert_eq!(p.load("h10:7070").unwrap().streams, 5);
         assert_eq!(p.load("h11:7070"), None);
         assert_eq!(p.read().endpoints.len(), MAX_ENTRIES);
+    }
+
+    #[test]
+    fn paths_are_kept_beside_the_stream_counts() {
+        let d = tempfile::tempdir().unwrap();
+        let p = Profiles::new(d.path());
+        // A file from before paths were kept still loads, and keeps its streams.
+        std::fs::write(
+            p.path(),
+            br#"{"version":1,"endpoints":{"dtn2:7070":{"streams":8,"settled":true,"updated":5}}}"#,
+        )
+        .unwrap();
+        assert_eq!(p.load_path("dtn2:7070"), None);
+        p.save_path_at("dtn2:7070", 100_000, 115_000_000, 6)
+            .unwrap();
+        let e = p.load_path("dtn2:7070").unwrap();
+        assert_eq!(
+            (e.rtt_us, e.bytes_per_s, e.updated),
+            (100_000, 115_000_000, 6)
+        );
+        assert_eq!(p.load("dtn2:7070").unwrap().streams, 8);
+        // And a stream count saved later leaves the path alone.
+        p.save_at("dtn2:7070", 16, false, 7).unwrap();
+        assert_eq!(p.load_path("dtn2:7070").unwrap().rtt_us, 100_000);
+        // Bounded like the stream counts, oldest first.
+        for i in 0..MAX_ENTRIES + 3 {
+            p.save_path_at(&format!("h{i}:7070"), 1, 1, 100 + i as u64)
+                .unwrap();
+        }
+        assert_eq!(p.read().paths.len(), MAX_ENTRIES);
+        assert_eq!(p.load_path("dtn2:7070"), None, "the oldest went first");
+        assert_eq!(p.load_path("h0:7070"), None);
+        assert!(p.load_path("h3:7070").is_some());
     }
 
     #[test]

@@ -1147,6 +1147,89 @@ fn probe_host_and_disk_report_json_and_leave_nothing_behind() {
 // ---------------------------------------------------------------------------------------------
 // auto-tuned streams
 
+/// A put over a path an earlier transfer measured as long and fast opens ramp helpers: extra
+/// connections that carry two blocks each at the start and park. The path is remembered from
+/// large transfers only, and fixed streams or a short path open none.
+#[test]
+fn a_put_over_a_remembered_long_path_opens_ramp_helpers() {
+    let sb = Sandbox::new();
+    let root = sb.mkdir("root");
+    let (small, large) = (sb.path("src/small.bin"), sb.path("src/large.bin"));
+    write_pattern(&small, 6 * MIB, 21);
+    write_pattern(&large, 64 * MIB, 22);
+    let s = Server::start(&sb, &root, Some(&sb.path("token")), &[]);
+    let server = s.remote("/").trim_end_matches(":/").to_owned();
+    let put = |file: &Path, options: &[&str]| {
+        let out = run(
+            sb.client(&s.token)
+                .args(["put", "--json", "--overwrite", "--block-size", "256K"])
+                .args(options)
+                .arg(file)
+                .arg(s.remote("/")),
+            CMD_TIMEOUT,
+        );
+        assert_code(&out, 0);
+        one_json(&out.stdout)
+    };
+    let profiles = sb.state_dir().join("profiles.json");
+    let paths = || -> Value {
+        fs::read(&profiles).map_or(Value::Null, |b| {
+            serde_json::from_slice::<Value>(&b).unwrap()["paths"][&server].clone()
+        })
+    };
+
+    // Nothing remembered: no helpers. A small transfer remembers no path.
+    let v = put(&small, &[]);
+    assert_eq!(u64_field(&v["tuning"], "ramp_helpers"), 0, "{v}");
+    assert_eq!(u64_field(&v["tuning"], "connections"), 16, "{v}");
+    assert!(paths().is_null(), "{}", paths());
+    // A large one does: loopback's round trip (below the helpers' 20 ms) and its rate.
+    let v = put(&large, &[]);
+    assert_eq!(u64_field(&v["tuning"], "ramp_helpers"), 0, "{v}");
+    let p = paths();
+    assert!(
+        (1..20_000).contains(&u64_field(&p, "rtt_us")) && u64_field(&p, "bytes_per_s") > 0,
+        "{p}"
+    );
+    assert_eq!(file_b3(&root.join("large.bin")), file_b3(&large));
+    // On loopback that path opens no helpers.
+    let v = put(&small, &[]);
+    assert_eq!(u64_field(&v["tuning"], "ramp_helpers"), 0, "{v}");
+
+    // The same server remembered at 100 ms and 1 Gbit/s: the most helpers, beyond the 16
+    // connections the tuner may use. Each carries at most two blocks and none of them is
+    // ever counted among the streams carrying data.
+    let mut file: Value = serde_json::from_slice(&fs::read(&profiles).unwrap()).unwrap();
+    file["paths"][&server] =
+        serde_json::json!({"rtt_us": 100_000, "bytes_per_s": 125_000_000, "updated": 1});
+    fs::write(&profiles, serde_json::to_vec(&file).unwrap()).unwrap();
+    // New content, so that the server stores it rather than finding it complete.
+    write_pattern(&large, 64 * MIB, 23);
+    let v = put(&large, &[]);
+    assert_eq!(u64_field(&v, "bytes"), 64 * MIB, "{v}");
+    let t = &v["tuning"];
+    let helpers = u64_field(t, "ramp_helpers");
+    assert!((1..=40).contains(&helpers), "{v}");
+    assert_eq!(u64_field(t, "connections"), 16 + helpers, "{v}");
+    assert!(u64_field(t, "streams") <= 16, "{v}");
+    let streams = v["streams"].as_array().unwrap();
+    assert_eq!(streams.len() as u64, 16 + helpers, "{v}");
+    // A 256 KiB block is about 256.2 KiB on the wire (frame header, path, digests).
+    for (i, st) in streams.iter().enumerate().skip(16) {
+        let bytes = u64_field(st, "bytes");
+        assert!(
+            bytes <= 2 * 260 * 1024,
+            "helper {i} carried {bytes} bytes: {v}"
+        );
+        assert_eq!(u64_field(st, "resent"), 0, "helper {i} took copies: {v}");
+    }
+    assert_eq!(file_b3(&root.join("large.bin")), file_b3(&large));
+    // Fixed streams open exactly what they say.
+    let v = put(&small, &["--streams", "4"]);
+    assert_eq!(u64_field(&v["tuning"], "ramp_helpers"), 0, "{v}");
+    assert_eq!(u64_field(&v["tuning"], "connections"), 4, "{v}");
+}
+
 #[test]
 fn put_streams_auto_reports_tuning_and_starts_from_a_profile() {
     let sb = Sandbox::new();

@@ -57,6 +57,37 @@ pub const DEFAULT_STREAMS: u16 = 4;
 /// windows, and beyond that the 2-core hosts we measured on lose more to contention than they gain.
 pub const AUTO_MAX_STREAMS: u16 = 16;
 
+/// The most ramp helpers a put opens: with the 16 streams of a wide start, 56 connections,
+/// what an idle server's clamp grants an auto-tuned session at its default cap of 512 (an
+/// eighth of its free connection slots). A server that grants fewer refuses the rest, and the
+/// blocks they carried go again on granted connections.
+pub const MAX_RAMP_HELPERS: u16 = 40;
+
+/// Round trips below which a put opens no ramp helpers: slow start is over in a few tens of
+/// milliseconds there, and each helper is one more TCP and TLS handshake.
+const RAMP_MIN_RTT: Duration = Duration::from_millis(20);
+
+/// Ramp helpers for a put over a path remembered with this round-trip time and rate.
+///
+/// Why: a connection opens at the kernel's initial window of 10 segments and doubles per round
+/// trip, so 16 streams need about four round trips to fill a 1 Gbit/s path at 100 ms, and that
+/// ramp cost 0.2 s of line rate in a 9.2 s put of 1 GiB (docs/DESIGN.md). More connections fill
+/// it sooner, but held to the end they lose it again: BBR paces each of many connections at a
+/// small share, and their last blocks straggle (BENCHMARKS.md, "A wider start"). Helpers are
+/// connections that carry only their first flights' worth, two blocks, and then park: the
+/// ramp is shorter and the end is that of 16. Their bytes (about 1 MiB each at most) stay
+/// within what the path carries in four round trips, the length of the ramp they fill, so a
+/// slow or short path gets few or none. The rate is what an earlier transfer to the same
+/// server achieved, so the first transfer to a server opens none.
+pub fn ramp_helpers(rtt: Duration, bytes_per_s: u64) -> u16 {
+    if rtt < RAMP_MIN_RTT {
+        return 0;
+    }
+    let four_round_trips = bytes_per_s as f64 * rtt.as_secs_f64() * 4.0;
+    let n = (four_round_trips / f64::from(1u32 << 20)).floor();
+    n.clamp(0.0, f64::from(MAX_RAMP_HELPERS)) as u16
+}
+
 /// The walk has found enough to tell a tree of small files from bulk data once it has this many
 /// files (or it ended, or this much time passed).
 const SHAPE_FILES: u64 = 64;
@@ -207,6 +238,9 @@ pub(crate) struct StreamPlan {
     /// The receiver takes `Tuned` before `Complete` (`Capabilities::EARLY_TUNED`): it goes
     /// out as soon as every block is on a connection, and again after `Complete`.
     pub(crate) early_tuned: bool,
+    /// Ramp helpers: the last `helpers` data connections carry two blocks each at the start
+    /// and then park for the session, outside the tuner's count ([`ramp_helpers`]).
+    pub(crate) helpers: u16,
 }
 
 impl StreamPlan {
@@ -220,6 +254,7 @@ impl StreamPlan {
             stall: None,
             drain_at_end: false,
             early_tuned: false,
+            helpers: 0,
         }
     }
 
@@ -599,7 +634,8 @@ impl StreamControl {
         data: &[Stream],
         rtt: Duration,
     ) -> (Self, watch::Receiver<u32>) {
-        let max = data.len().max(1) as u32;
+        // Ramp helpers are not the tuner's to use.
+        let max = data.len().saturating_sub(usize::from(plan.helpers)).max(1) as u32;
         let auto = plan.auto_start > 0;
         let start = match plan.force {
             Some(n) => n.clamp(1, max),
@@ -801,6 +837,25 @@ mod tests {
             blocked_permille: blocked,
             threads: 0,
         }
+    }
+
+    #[test]
+    fn ramp_helpers_fill_four_round_trips_of_the_path() {
+        let ms = Duration::from_millis;
+        let gbit = 125_000_000 / 8 * 8; // 1 Gbit/s in bytes per second
+                                        // The bed's 1 Gbit/s at 100 ms: 50 MB in four round trips, more than the cap.
+        assert_eq!(ramp_helpers(ms(100), gbit), MAX_RAMP_HELPERS);
+        // At 50 ms, 25 MB: 23 helpers of 1 MiB.
+        assert_eq!(ramp_helpers(ms(50), gbit), 23);
+        // A slow path gets few, a short one none, an unknown rate none.
+        assert_eq!(ramp_helpers(ms(100), gbit / 10), 4);
+        assert_eq!(ramp_helpers(ms(19), gbit), 0);
+        assert_eq!(ramp_helpers(ms(100), 0), 0);
+        // No overflow at absurd rates or round trips.
+        assert_eq!(
+            ramp_helpers(Duration::from_secs(3600), u64::MAX),
+            MAX_RAMP_HELPERS
+        );
     }
 
     #[test]
@@ -1049,6 +1104,7 @@ mod tests {
             stall: None,
             drain_at_end: false,
             early_tuned: false,
+            helpers: 0,
         };
         assert_eq!(fixed.queue_len(8), 16);
         let auto = StreamPlan {

@@ -74,6 +74,10 @@ pub struct ClientConfig {
     /// its exit (`ferry_core::buf::drain`). Not for a process that goes on, or that hosts a
     /// server: it stops the block-buffer pool for the whole process.
     pub drain_at_end: bool,
+    /// Ramp helpers a put opens beyond `opts.streams`'s tuned connections (already counted in
+    /// `opts.streams`): each carries two blocks at the start, then parks
+    /// ([`crate::ramp_helpers`]). 0 for a get and for fixed streams.
+    pub helpers: u16,
 }
 
 /// Where an auto-tuned transfer's first stream count came from.
@@ -97,8 +101,11 @@ pub struct Tuning {
     pub mode: &'static str,
     /// Streams carrying data at the end: the setting the tuner holds (fixed: all of them).
     pub streams: u32,
-    /// Data connections opened (with auto, the most the tuner may use).
+    /// Data connections opened (with auto, the most the tuner may use, plus ramp helpers).
     pub connections: u32,
+    /// Ramp helpers among them: granted connections that carried two blocks at the start and
+    /// then parked (`ferry_net::ramp_helpers`; a put over a remembered long path).
+    pub ramp_helpers: u32,
     /// Streams carrying data at the start.
     pub start: u32,
     /// `profile`, `probe`, `default`, `test`, or `fixed`.
@@ -219,6 +226,10 @@ impl Tuning {
         (readers, writers): (Pool, Pool),
     ) -> Self {
         let connections = connections as u32;
+        let mains = u32::from(cfg.opts.streams.saturating_sub(cfg.helpers));
+        let ramp_helpers = connections
+            .saturating_sub(mains)
+            .min(u32::from(cfg.helpers));
         let auto = opts.is_auto();
         let sender = tuned.map(|t| t.sender);
         let streams = match tuned {
@@ -256,6 +267,7 @@ impl Tuning {
             mode: if auto { "auto" } else { "fixed" },
             streams,
             connections,
+            ramp_helpers,
             start,
             start_from,
             settled: tuned.is_some_and(|t| t.has(TuneReport::SETTLED)),
@@ -1075,6 +1087,7 @@ async fn put_once(
         tune_storage: cfg.tune_storage,
         settled_start: cfg.start_from == StartFrom::Profile { settled: true },
         drain_at_end: cfg.drain_at_end,
+        helpers: cfg.helpers,
         ..asked
     };
     let same_host = addr.ip().is_loopback();

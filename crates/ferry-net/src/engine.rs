@@ -62,6 +62,12 @@ const RESET_AFTER: Duration = Duration::from_millis(20);
 /// `Complete` may come later than the reset, or after a retransmission.
 const ENDING_GRACE: Duration = Duration::from_secs(2);
 
+/// Blocks a ramp helper carries before it parks for good (`StreamPlan::helpers`): the first
+/// blocks of a transfer are cut to 256 and 512 KiB, so two are what a connection opening
+/// from the kernel's 10 segments sends in its first three round trips at MTU 9000. One each
+/// won less, three or more ended no sooner (BENCHMARKS.md, "Ramp helpers").
+const HELPER_BLOCKS: u32 = 2;
+
 /// One data connection through its handshake: its index, and on a server its connection-cap
 /// permit; or why one could not join (a client's dial or `Hello` failed).
 pub(crate) type Joined = Result<(u16, Stream, Option<OwnedSemaphorePermit>), SessionError>;
@@ -344,7 +350,10 @@ pub(crate) async fn drive_sender(
         data.iter().map(|_| flume::unbounded::<Frame>()).unzip();
     let stall_took = plan.stall.map(|_| watch::channel(false));
     let mut tasks = Vec::with_capacity(data.len());
+    // The helpers are the last connections, beyond what the tuner may use.
+    let mains = data.len().saturating_sub(usize::from(plan.helpers));
     for (i, s) in data.into_iter().enumerate() {
+        let helper = i >= mains;
         let queues = Queues {
             frames: frames.clone(),
             copies: copies_rx[i].clone(),
@@ -360,7 +369,7 @@ pub(crate) async fn drive_sender(
         let task = streams.spawn(async move {
             (
                 i,
-                send_stream(i, s, queues, stop, active, act, rep, welcome, stall).await,
+                send_stream(i, s, queues, stop, active, act, rep, welcome, stall, helper).await,
             )
         });
         tasks.push(task);
@@ -704,6 +713,7 @@ async fn send_stream(
     reporter: Arc<dyn Reporter>,
     welcome: Option<Duration>,
     stall: StallHook,
+    helper: bool,
 ) -> Result<StreamReport, SessionError> {
     let sock = stream.tcp().as_fd().try_clone_to_owned().ok();
     let counts = Arc::new(Counts::default());
@@ -717,7 +727,7 @@ async fn send_stream(
             let result = {
                 let body = send_frames(
                     index, &mut w, queues, stop, active, welcomed, activity, reporter, &counts,
-                    stall,
+                    stall, helper,
                 );
                 tokio::pin!(body);
                 match welcome {
@@ -854,7 +864,8 @@ enum StallHook {
 
 /// Pulls frames from the shared queue and writes them until told to stop. Stream `index`
 /// takes frames only while `index < active`; otherwise it flushes and parks without touching
-/// the queue, so the tuner decides how many connections carry data. With the queue empty it
+/// the queue, so the tuner decides how many connections carry data. A ramp `helper` takes
+/// [`HELPER_BLOCKS`] blocks whatever the gate says, then parks until the session ends. With the queue empty it
 /// also takes the endgame's copies of blocks that another connection holds. Each frame is
 /// recorded in the connection's history before it is written. `stall`: a test hook.
 #[allow(clippy::too_many_arguments)]
@@ -869,6 +880,7 @@ async fn send_frames(
     reporter: Arc<dyn Reporter>,
     counts: &Counts,
     stall: StallHook,
+    helper: bool,
 ) -> Result<(), SessionError> {
     let Queues {
         frames,
@@ -881,9 +893,20 @@ async fn send_frames(
     }
     let mut scratch = BytesMut::with_capacity(8 << 10);
     let is_active = move |n: &u32| index < *n as usize;
-    let mut gated = true;
+    // A helper ignores the tuner's gate: it carries its blocks from the start, then parks.
+    let mut gated = !helper;
+    let mut blocks = 0u32;
     loop {
-        if !is_active(&active.borrow()) {
+        if helper && blocks >= HELPER_BLOCKS {
+            // A helper's part is done: it drains what it holds and takes nothing more, not
+            // even the endgame's copies (it is never counted active), so it cannot be the
+            // slow connection at the end.
+            w.flush().await?;
+            lock(&history).wait();
+            let _ = stop.wait_for(|s| *s).await;
+            break;
+        }
+        if !helper && !is_active(&active.borrow()) {
             w.flush().await?;
             lock(&history).wait();
             tokio::select! {
@@ -950,6 +973,7 @@ async fn send_frames(
         counts.bytes.fetch_add(n as u64, Ordering::Relaxed);
         activity.touch();
         if let Frame::Block(b) = &frame {
+            blocks += 1;
             if copy {
                 counts
                     .resent

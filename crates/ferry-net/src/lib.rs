@@ -17,8 +17,8 @@ mod timeline;
 pub mod tls;
 
 pub use autotune::{
-    bottleneck, ThreadReport, ThreadStep, AUTO_MAX_STORAGE_THREADS, AUTO_MAX_STREAMS,
-    DEFAULT_STORAGE_THREADS, DEFAULT_STREAMS,
+    bottleneck, ramp_helpers, ThreadReport, ThreadStep, AUTO_MAX_STORAGE_THREADS, AUTO_MAX_STREAMS,
+    DEFAULT_STORAGE_THREADS, DEFAULT_STREAMS, MAX_RAMP_HELPERS,
 };
 pub use client::{ClientConfig, Pool, Security, StartFrom, TransferReport, Tuning};
 pub use engine::StreamReport;

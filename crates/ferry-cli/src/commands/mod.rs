@@ -13,7 +13,7 @@ use anyhow::{Context, Result};
 use ferry_net::{SessionError, TransferReport};
 
 use crate::args::{Cli, Command, GetArgs, LsArgs, PutArgs, TransferArgs};
-use crate::config::{apply_disk_profile, apply_profile, client_config, Remote};
+use crate::config::{apply_disk_profile, apply_profile, apply_ramp_helpers, client_config, Remote};
 use crate::profiles::Profiles;
 
 use crate::progress::{human_bytes, Progress};
@@ -55,6 +55,9 @@ async fn put(args: PutArgs, quiet: bool) -> Result<ExitCode> {
     cfg.drain_at_end = true;
     warn_fixed_window(&cfg, quiet);
     let profile = profile_for(&mut cfg, &remote);
+    if let Some((profiles, key)) = &profile {
+        apply_ramp_helpers(&mut cfg, profiles, key);
+    }
     let sources: Vec<PathBuf> = sources.iter().map(PathBuf::from).collect();
     if let (Ok(dir), Some(first)) = (serve::state_dir(), sources.first()) {
         apply_disk_profile(&mut cfg, &dir, first, true);
@@ -116,8 +119,18 @@ fn remember(
     let (Ok(report), Some((profiles, key))) = (result, profile) else {
         return;
     };
+    if !report.is_success() {
+        return;
+    }
+    if let Some((rtt_us, bytes_per_s)) = path_measured(report) {
+        if let Err(e) = profiles.save_path(&key, rtt_us, bytes_per_s) {
+            if !quiet {
+                eprintln!("warning: cannot save the path profile: {e:#}");
+            }
+        }
+    }
     let t = &report.tuning;
-    if !report.is_success() || !t.worth_remembering() {
+    if !t.worth_remembering() {
         return;
     }
     if let Err(e) = profiles.save(&key, t.streams, t.settled) {
@@ -125,6 +138,28 @@ fn remember(
             eprintln!("warning: cannot save the stream profile: {e:#}");
         }
     }
+}
+
+/// Bytes below which a transfer says too little about the path's rate to size the next put's
+/// ramp helpers: most of it would be set-up and slow start.
+const PATH_MIN_BYTES: u64 = 64 << 20;
+
+/// The round trip (the data connections' smallest) and the rate (payload over wall time) of a
+/// transfer large enough to tell, for the next put's ramp helpers.
+fn path_measured(report: &TransferReport) -> Option<(u64, u64)> {
+    if report.bytes < PATH_MIN_BYTES || report.seconds <= 0.0 {
+        return None;
+    }
+    let rtt_us = report
+        .streams
+        .iter()
+        .filter_map(|s| s.tcp.as_ref().map(|t| t.min_rtt_us))
+        .filter(|&r| r > 0)
+        .min()?;
+    Some((
+        u64::from(rtt_us),
+        (report.bytes as f64 / report.seconds) as u64,
+    ))
 }
 
 /// For `USER@HOST:PATH`: starts `ferry serve --oneshot` over ssh and points `cfg` at it, pinned

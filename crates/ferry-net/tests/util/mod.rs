@@ -127,6 +127,7 @@ pub fn client_config(server: String) -> ClientConfig {
         force_streams: None,
         stall_stream: None,
         drain_at_end: false,
+        helpers: 0,
     }
 }
 
