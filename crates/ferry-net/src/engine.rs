@@ -865,9 +865,10 @@ enum StallHook {
 /// Pulls frames from the shared queue and writes them until told to stop. Stream `index`
 /// takes frames only while `index < active`; otherwise it flushes and parks without touching
 /// the queue, so the tuner decides how many connections carry data. A ramp `helper` takes
-/// [`HELPER_BLOCKS`] blocks whatever the gate says, then parks until the session ends. With the queue empty it
-/// also takes the endgame's copies of blocks that another connection holds. Each frame is
-/// recorded in the connection's history before it is written. `stall`: a test hook.
+/// [`HELPER_BLOCKS`] blocks whatever the gate says, then parks until the session ends. With
+/// the queue empty a stream also takes the endgame's copies of blocks that another connection
+/// holds. Each frame is recorded in the connection's history before it is written. `stall`: a
+/// test hook.
 #[allow(clippy::too_many_arguments)]
 async fn send_frames(
     index: usize,

@@ -60,6 +60,22 @@ impl Timeline {
         self.counted = self.counted.max(total);
     }
 
+    /// The rate the transfer held in its better intervals, in bytes per second: the upper
+    /// quartile of its intervals. It says what the path carried once the transfer was going,
+    /// which a short transfer's average (slow start and set-up included) understates; a
+    /// quartile rather than the best, because a late sample moves one interval's bytes into
+    /// the next (`record`) and makes one interval twice what was carried. `None` with fewer
+    /// than four intervals.
+    pub fn held_rate(&self) -> Option<u64> {
+        if self.bytes.len() < 4 {
+            return None;
+        }
+        let mut sorted = self.bytes.clone();
+        sorted.sort_unstable();
+        let upper = sorted[sorted.len() * 3 / 4];
+        Some((upper as f64 * 1000.0 / f64::from(self.interval_ms.max(1))) as u64)
+    }
+
     /// Appends one interval; a full timeline then merges in pairs (the count is even, so the
     /// merged intervals end exactly where the old ones did).
     fn push(&mut self, n: u64) {
@@ -92,6 +108,20 @@ mod tests {
         t.record(ms(1010), 700);
         assert_eq!(t.bytes, vec![100, 200, 0, 400]);
         assert_eq!(t.bytes.iter().sum::<u64>(), 700);
+    }
+
+    #[test]
+    fn the_held_rate_is_the_upper_quartile() {
+        let mut t = Timeline::new();
+        assert_eq!(t.held_rate(), None);
+        t.bytes = vec![10, 40, 100];
+        assert_eq!(t.held_rate(), None, "three intervals say too little");
+        // Slow start, then 100 per 250 ms, with a late sample's 0 and 200 in the middle:
+        // neither the ramp nor the doubled interval is the answer.
+        t.bytes = vec![10, 40, 100, 100, 0, 200, 100, 100];
+        assert_eq!(t.held_rate(), Some(400));
+        t.interval_ms = 1000;
+        assert_eq!(t.held_rate(), Some(100));
     }
 
     #[test]

@@ -245,7 +245,8 @@ pub struct TransferOpts {
     /// 0: `streams` is fixed, every data connection carries data. n >= 1: the stream count is
     /// tuned during the transfer: `streams` is the most data connections (all are opened at
     /// the start) and the sending side starts with n of them carrying data, n clamped to
-    /// `streams`.
+    /// `streams`. A putting client may keep some of them out of its tuning (ramp helpers,
+    /// docs/DESIGN.md); the receiver treats every connection alike.
     pub auto_start: u16,
 }
 
