@@ -354,7 +354,7 @@ pub fn apply_profile(cfg: &mut ClientConfig, profiles: &crate::profiles::Profile
     }
 }
 
-/// Opens ramp helpers for an auto-tuned put over a path an earlier transfer to the same
+/// Opens ramp helpers for an auto-tuned transfer over a path an earlier transfer to the same
 /// server measured (`ferry_net::ramp_helpers`); the first transfer to a server opens none.
 pub fn apply_ramp_helpers(cfg: &mut ClientConfig, profiles: &crate::profiles::Profiles, key: &str) {
     if !cfg.opts.is_auto() || cfg.force_streams.is_some() {

@@ -1147,11 +1147,11 @@ fn probe_host_and_disk_report_json_and_leave_nothing_behind() {
 // ---------------------------------------------------------------------------------------------
 // auto-tuned streams
 
-/// A put over a path an earlier transfer measured as long and fast opens ramp helpers: extra
-/// connections that carry two blocks each at the start and park. The path is remembered from
-/// large transfers only, and fixed streams or a short path open none.
+/// A put or get over a path an earlier transfer measured as long and fast opens ramp helpers:
+/// extra connections that carry two blocks each at the start and park. The path is remembered
+/// from large transfers only, and fixed streams or a short path open none.
 #[test]
-fn a_put_over_a_remembered_long_path_opens_ramp_helpers() {
+fn a_transfer_over_a_remembered_long_path_opens_ramp_helpers() {
     let sb = Sandbox::new();
     let root = sb.mkdir("root");
     let (small, large) = (sb.path("src/small.bin"), sb.path("src/large.bin"));
@@ -1199,10 +1199,13 @@ fn a_put_over_a_remembered_long_path_opens_ramp_helpers() {
     // The same server remembered at 100 ms and 1 Gbit/s: the most helpers, beyond the 16
     // connections the tuner may use. Each carries at most two blocks and none of them is
     // ever counted among the streams carrying data.
-    let mut file: Value = serde_json::from_slice(&fs::read(&profiles).unwrap()).unwrap();
-    file["paths"][&server] =
-        serde_json::json!({"rtt_us": 100_000, "bytes_per_s": 125_000_000, "updated": 1});
-    fs::write(&profiles, serde_json::to_vec(&file).unwrap()).unwrap();
+    let remember_a_long_path = || {
+        let mut file: Value = serde_json::from_slice(&fs::read(&profiles).unwrap()).unwrap();
+        file["paths"][&server] =
+            serde_json::json!({"rtt_us": 100_000, "bytes_per_s": 125_000_000, "updated": 1});
+        fs::write(&profiles, serde_json::to_vec(&file).unwrap()).unwrap();
+    };
+    remember_a_long_path();
     // New content, so that the server stores it rather than finding it complete.
     write_pattern(&large, 64 * MIB, 23);
     let v = put(&large, &[]);
@@ -1215,6 +1218,7 @@ fn a_put_over_a_remembered_long_path_opens_ramp_helpers() {
     let streams = v["streams"].as_array().unwrap();
     assert_eq!(streams.len() as u64, 16 + helpers, "{v}");
     // A 256 KiB block is about 256.2 KiB on the wire (frame header, path, digests).
+    let mut carried = 0;
     for (i, st) in streams.iter().enumerate().skip(16) {
         let bytes = u64_field(st, "bytes");
         assert!(
@@ -1222,8 +1226,45 @@ fn a_put_over_a_remembered_long_path_opens_ramp_helpers() {
             "helper {i} carried {bytes} bytes: {v}"
         );
         assert_eq!(u64_field(st, "resent"), 0, "helper {i} took copies: {v}");
+        carried += bytes;
     }
+    assert!(carried > 0, "{v}");
     assert_eq!(file_b3(&root.join("large.bin")), file_b3(&large));
+
+    // A get over the same path (that put remembered loopback's again): the server, sending,
+    // keeps the connections beyond 16 as helpers (the client says so with
+    // `Capabilities::RAMP_HELPERS`).
+    assert!(u64_field(&paths(), "rtt_us") < 20_000, "{}", paths());
+    remember_a_long_path();
+    let back = sb.mkdir("back");
+    let out = run(
+        sb.client(&s.token)
+            .args(["get", "--json", "--block-size", "256K"])
+            .arg(s.remote("/large.bin"))
+            .arg(&back),
+        CMD_TIMEOUT,
+    );
+    assert_code(&out, 0);
+    let v = one_json(&out.stdout);
+    let t = &v["tuning"];
+    let helpers = u64_field(t, "ramp_helpers");
+    assert!((1..=40).contains(&helpers), "{v}");
+    assert_eq!(u64_field(t, "connections"), 16 + helpers, "{v}");
+    assert!(u64_field(t, "streams") <= 16, "{v}");
+    let mut carried = 0;
+    for (i, st) in v["streams"].as_array().unwrap().iter().enumerate().skip(16) {
+        let bytes = u64_field(st, "bytes");
+        assert!(
+            bytes <= 2 * 260 * 1024,
+            "helper {i} carried {bytes} bytes: {v}"
+        );
+        carried += bytes;
+    }
+    // Helpers carry blocks whatever the tuner's count, which on loopback starts at 4: a
+    // server that took them for tuned connections would have left them idle.
+    assert!(carried > 0, "{v}");
+    assert_eq!(file_b3(&back.join("large.bin")), file_b3(&large));
+
     // Fixed streams open exactly what they say.
     let v = put(&small, &["--streams", "4"]);
     assert_eq!(u64_field(&v["tuning"], "ramp_helpers"), 0, "{v}");

@@ -57,17 +57,20 @@ pub const DEFAULT_STREAMS: u16 = 4;
 /// windows, and beyond that the 2-core hosts we measured on lose more to contention than they gain.
 pub const AUTO_MAX_STREAMS: u16 = 16;
 
-/// The most ramp helpers a put opens: with the 16 streams of a wide start, 56 connections,
+// A sending server takes an auto-tuned get's connections beyond this count as ramp helpers.
+const _: () = assert!(AUTO_MAX_STREAMS == ferry_proto::RAMP_HELPERS_FROM);
+
+/// The most ramp helpers a transfer opens: with the 16 streams of a wide start, 56 connections,
 /// what an idle server's clamp grants an auto-tuned session at its default cap of 512 (an
 /// eighth of its free connection slots). A server that grants fewer refuses the rest, and the
 /// blocks they carried go again on granted connections.
 pub const MAX_RAMP_HELPERS: u16 = 40;
 
-/// Round trips below which a put opens no ramp helpers: slow start is over in a few tens of
+/// Round trips below which a transfer opens no ramp helpers: slow start is over in a few tens of
 /// milliseconds there, and each helper is one more TCP and TLS handshake.
 const RAMP_MIN_RTT: Duration = Duration::from_millis(20);
 
-/// Ramp helpers for a put over a path remembered with this round-trip time and rate.
+/// Ramp helpers for a transfer over a path remembered with this round-trip time and rate.
 ///
 /// Why: a connection opens at the kernel's initial window of 10 segments and doubles per round
 /// trip, so 16 streams need about four round trips to fill a 1 Gbit/s path at 100 ms, and that
@@ -239,7 +242,8 @@ pub(crate) struct StreamPlan {
     /// out as soon as every block is on a connection, and again after `Complete`.
     pub(crate) early_tuned: bool,
     /// Ramp helpers: the last `helpers` data connections carry two blocks each at the start
-    /// and then park for the session, outside the tuner's count ([`ramp_helpers`]).
+    /// and then park for the session, outside the tuner's count ([`ramp_helpers`]): a put's
+    /// client decides, a get's server takes them from the client (`RAMP_HELPERS`).
     pub(crate) helpers: u16,
 }
 

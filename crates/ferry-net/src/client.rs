@@ -74,9 +74,10 @@ pub struct ClientConfig {
     /// its exit (`ferry_core::buf::drain`). Not for a process that goes on, or that hosts a
     /// server: it stops the block-buffer pool for the whole process.
     pub drain_at_end: bool,
-    /// Ramp helpers a put opens beyond `opts.streams`'s tuned connections (already counted in
-    /// `opts.streams`): each carries two blocks at the start, then parks
-    /// ([`crate::ramp_helpers`]). 0 for a get and for fixed streams.
+    /// Ramp helpers opened beyond the tuned connections (already counted in `opts.streams`, so
+    /// from index [`ferry_proto::RAMP_HELPERS_FROM`] on): each carries two blocks at the start,
+    /// then parks ([`crate::ramp_helpers`]); on a get the server does that, told by
+    /// `Capabilities::RAMP_HELPERS`. 0 with fixed streams.
     pub helpers: u16,
 }
 
@@ -104,7 +105,7 @@ pub struct Tuning {
     /// Data connections opened (with auto, the most the tuner may use, plus ramp helpers).
     pub connections: u32,
     /// Ramp helpers among them: granted connections that carried two blocks at the start and
-    /// then parked (`ferry_net::ramp_helpers`; a put over a remembered long path).
+    /// then parked (`ferry_net::ramp_helpers`; over a remembered long path).
     pub ramp_helpers: u32,
     /// Streams carrying data at the start.
     pub start: u32,

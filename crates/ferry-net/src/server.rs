@@ -809,6 +809,7 @@ async fn prepare<'a>(
             let plan = StreamPlan {
                 tune_storage: shared.config.tune_storage,
                 early_tuned: caps.has(Capabilities::EARLY_TUNED),
+                helpers: ramp_helpers_asked(caps, &opts),
                 ..StreamPlan::from_opts(&opts)
             };
             let (tx, frames) = frame_queue(&plan, opts.streams);
@@ -876,6 +877,16 @@ fn denied(grant: &Grant, what: &str, path: &str) -> SessionError {
             grant.name
         ),
     }
+}
+
+/// The ramp helpers among a get's granted connections: those beyond the 16 an auto-tuned
+/// client tunes, when the client says it means them so (`Capabilities::RAMP_HELPERS`). A client
+/// without the bit has every connection tuned, as before.
+fn ramp_helpers_asked(caps: Capabilities, opts: &TransferOpts) -> u16 {
+    if !opts.is_auto() || !caps.has(Capabilities::RAMP_HELPERS) {
+        return 0;
+    }
+    opts.streams.saturating_sub(ferry_proto::RAMP_HELPERS_FROM)
 }
 
 /// Lowers what a client asked for to what this server allows, keeping memory bounded.

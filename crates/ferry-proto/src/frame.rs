@@ -167,6 +167,10 @@ pub struct SessionId(pub u64);
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct FileId(pub u64);
 
+/// With [`Capabilities::RAMP_HELPERS`], the data connections of an auto-tuned session from
+/// this index on are ramp helpers (the most an auto-tuned client tunes).
+pub const RAMP_HELPERS_FROM: u16 = 16;
+
 /// Capability bits exchanged in `Hello`/`Welcome`; the session uses the intersection.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct Capabilities(pub u64);
@@ -179,10 +183,15 @@ impl Capabilities {
     /// a receiving client can leave once it has sent `Complete` instead of waiting a round
     /// trip for the report: a `get` over 100 ms ended 0.1 s after its files were stored.
     pub const EARLY_TUNED: u64 = 1 << 1;
+    /// In an auto-tuned session the client's data connections beyond the first 16
+    /// ([`RAMP_HELPERS_FROM`]) are ramp helpers: a sending server lets each carry two blocks at
+    /// the start and then parks it, and never counts it among the streams it tunes (the
+    /// client opens them only for a path it has measured as long and fast; docs/DESIGN.md).
+    pub const RAMP_HELPERS: u64 = 1 << 2;
 
     /// Everything this build supports.
     pub const fn ours() -> Self {
-        Self(Self::RESEND | Self::EARLY_TUNED)
+        Self(Self::RESEND | Self::EARLY_TUNED | Self::RAMP_HELPERS)
     }
 
     pub fn intersect(self, other: Self) -> Self {
@@ -245,8 +254,9 @@ pub struct TransferOpts {
     /// 0: `streams` is fixed, every data connection carries data. n >= 1: the stream count is
     /// tuned during the transfer: `streams` is the most data connections (all are opened at
     /// the start) and the sending side starts with n of them carrying data, n clamped to
-    /// `streams`. A putting client may keep some of them out of its tuning (ramp helpers,
-    /// docs/DESIGN.md); the receiver treats every connection alike.
+    /// `streams`. With [`Capabilities::RAMP_HELPERS`] the connections from
+    /// [`RAMP_HELPERS_FROM`] on are ramp helpers, outside the tuning; the receiver treats every
+    /// connection alike.
     pub auto_start: u16,
 }
 

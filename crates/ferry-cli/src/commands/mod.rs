@@ -80,6 +80,9 @@ async fn get(args: GetArgs, quiet: bool) -> Result<ExitCode> {
     let mut cfg = client_config(&args.transfer, &remote).map_err(usage)?;
     warn_fixed_window(&cfg, quiet);
     let profile = profile_for(&mut cfg, &remote);
+    if let Some((profiles, key)) = &profile {
+        apply_ramp_helpers(&mut cfg, profiles, key);
+    }
     if let Ok(dir) = serve::state_dir() {
         apply_disk_profile(&mut cfg, &dir, &args.dest, false);
     }
@@ -140,12 +143,12 @@ fn remember(
     }
 }
 
-/// Bytes below which a transfer says too little about the path's rate to size the next put's
+/// Bytes below which a transfer says too little about the path's rate to size the next transfer's
 /// ramp helpers: most of it would be set-up and slow start.
 const PATH_MIN_BYTES: u64 = 64 << 20;
 
 /// The round trip (the data connections' smallest) and the rate of a transfer large enough to
-/// tell, for the next put's ramp helpers. The rate is what the transfer held in its better
+/// tell, for the next transfer's ramp helpers. The rate is what the transfer held in its better
 /// intervals (`Timeline::held_rate`), or its average (payload over wall time) where that is
 /// higher or the timeline too short: a 100 MB put at 100 ms on the bed averages 80 MB/s over
 /// a path that carries 118.
