@@ -80,8 +80,9 @@ const RAMP_MIN_RTT: Duration = Duration::from_millis(20);
 /// connections that carry only their first flights' worth, two blocks, and then park: the
 /// ramp is shorter and the end is that of 16. Their bytes (about 1 MiB each at most) stay
 /// within what the path carries in four round trips, the length of the ramp they fill, so a
-/// slow or short path gets few or none. The rate is what an earlier transfer to the same
-/// server achieved, so the first transfer to a server opens none.
+/// slow or short path gets few or none. The round trip and rate are what an earlier transfer
+/// to the same server measured and held (the client's `profiles.json`), so the first transfer
+/// to a server opens none.
 pub fn ramp_helpers(rtt: Duration, bytes_per_s: u64) -> u16 {
     if rtt < RAMP_MIN_RTT {
         return 0;
