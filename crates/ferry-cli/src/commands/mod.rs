@@ -55,9 +55,7 @@ async fn put(args: PutArgs, quiet: bool) -> Result<ExitCode> {
     cfg.drain_at_end = true;
     warn_fixed_window(&cfg, quiet);
     let profile = profile_for(&mut cfg, &remote);
-    if let Some((profiles, key)) = &profile {
-        apply_ramp_helpers(&mut cfg, profiles, key);
-    }
+    ramp_helpers_for(&mut cfg, &remote, &profile);
     let sources: Vec<PathBuf> = sources.iter().map(PathBuf::from).collect();
     if let (Ok(dir), Some(first)) = (serve::state_dir(), sources.first()) {
         apply_disk_profile(&mut cfg, &dir, first, true);
@@ -80,9 +78,7 @@ async fn get(args: GetArgs, quiet: bool) -> Result<ExitCode> {
     let mut cfg = client_config(&args.transfer, &remote).map_err(usage)?;
     warn_fixed_window(&cfg, quiet);
     let profile = profile_for(&mut cfg, &remote);
-    if let Some((profiles, key)) = &profile {
-        apply_ramp_helpers(&mut cfg, profiles, key);
-    }
+    ramp_helpers_for(&mut cfg, &remote, &profile);
     if let Ok(dir) = serve::state_dir() {
         apply_disk_profile(&mut cfg, &dir, &args.dest, false);
     }
@@ -111,6 +107,19 @@ fn profile_for(cfg: &mut ferry_net::ClientConfig, remote: &Remote) -> Option<(Pr
     };
     apply_profile(cfg, &profiles, &key);
     Some((profiles, key))
+}
+
+/// Ramp helpers for a transfer to a daemon over a remembered long path. Not for an ssh-started
+/// `serve --oneshot`: it caps itself at 128 connections, of which an auto-tuned session is
+/// granted an eighth (about 15), so helpers would only be refused after their handshakes.
+fn ramp_helpers_for(
+    cfg: &mut ferry_net::ClientConfig,
+    remote: &Remote,
+    profile: &Option<(Profiles, String)>,
+) {
+    if let (Some((profiles, key)), None) = (profile, remote.ssh_target()) {
+        apply_ramp_helpers(cfg, profiles, key);
+    }
 }
 
 /// Saves what the tuner settled on for the next transfer to the same server.
