@@ -30,12 +30,13 @@ pub struct Entry {
 }
 
 /// What the last large transfer to one server measured of the path: how many ramp helpers a
-/// put opens (`ferry_net::ramp_helpers`) depends on it.
+/// transfer opens (`ferry_net::ramp_helpers`) depends on it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PathEntry {
     /// The data connections' smallest round-trip time, microseconds.
     pub rtt_us: u64,
-    /// Payload bytes over the transfer's wall time: what the path carried, set-up included.
+    /// Payload bytes per second the transfer held (`Timeline::held_rate`, or its average if
+    /// higher): what the path carried once the transfer was going.
     pub bytes_per_s: u64,
     /// Seconds since the Unix epoch.
     pub updated: u64,
@@ -56,13 +57,14 @@ fn unix_now() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
-/// Keeps at most [`MAX_ENTRIES`] in `map`, forgetting the least recently updated but never
-/// `keep`.
-fn evict<T>(map: &mut BTreeMap<String, T>, keep: &str, updated: impl Fn(&T) -> u64) {
+/// Sets `key` to `entry` and keeps at most [`MAX_ENTRIES`] in `map`, forgetting the least
+/// recently updated others.
+fn insert_bounded<T>(map: &mut BTreeMap<String, T>, key: &str, entry: T, updated: fn(&T) -> u64) {
+    map.insert(key.to_owned(), entry);
     while map.len() > MAX_ENTRIES {
         let oldest = map
             .iter()
-            .filter(|(k, _)| k.as_str() != keep)
+            .filter(|(k, _)| k.as_str() != key)
             .min_by_key(|(k, e)| (updated(e), (*k).clone()))
             .map(|(k, _)| k.clone());
         match oldest {
@@ -109,47 +111,61 @@ impl Profiles {
         self.read().endpoints.get(endpoint).copied()
     }
 
-    /// Remembers `streams` for `endpoint`, now.
-    pub fn save(&self, endpoint: &str, streams: u32, settled: bool) -> Result<()> {
-        self.save_at(endpoint, streams, settled, unix_now())
-    }
-
-    fn save_at(&self, endpoint: &str, streams: u32, settled: bool, now: u64) -> Result<()> {
-        let mut file = self.read();
-        file.endpoints.insert(
-            endpoint.to_owned(),
-            Entry {
-                streams,
-                settled,
-                updated: now,
-            },
-        );
-        evict(&mut file.endpoints, endpoint, |e| e.updated);
-        self.write(file)
-    }
-
     /// What was last measured of the path to `endpoint`.
     pub fn load_path(&self, endpoint: &str) -> Option<PathEntry> {
         self.read().paths.get(endpoint).copied()
     }
 
-    /// Remembers the path to `endpoint`, now.
-    pub fn save_path(&self, endpoint: &str, rtt_us: u64, bytes_per_s: u64) -> Result<()> {
-        self.save_path_at(endpoint, rtt_us, bytes_per_s, unix_now())
+    /// Remembers, now, what one transfer to `endpoint` taught: the stream count its tuner
+    /// held (and whether it settled), the path it measured (round trip, rate), or both, in
+    /// one replacement of the file. Nothing to remember writes nothing.
+    pub fn remember(
+        &self,
+        endpoint: &str,
+        streams: Option<(u32, bool)>,
+        path: Option<(u64, u64)>,
+    ) -> Result<()> {
+        self.remember_at(endpoint, streams, path, unix_now())
     }
 
-    fn save_path_at(&self, endpoint: &str, rtt_us: u64, bytes_per_s: u64, now: u64) -> Result<()> {
+    fn remember_at(
+        &self,
+        endpoint: &str,
+        streams: Option<(u32, bool)>,
+        path: Option<(u64, u64)>,
+        now: u64,
+    ) -> Result<()> {
+        if streams.is_none() && path.is_none() {
+            return Ok(());
+        }
         let mut file = self.read();
-        file.paths.insert(
-            endpoint.to_owned(),
-            PathEntry {
+        if let Some((streams, settled)) = streams {
+            let entry = Entry {
+                streams,
+                settled,
+                updated: now,
+            };
+            insert_bounded(&mut file.endpoints, endpoint, entry, |e| e.updated);
+        }
+        if let Some((rtt_us, bytes_per_s)) = path {
+            let entry = PathEntry {
                 rtt_us,
                 bytes_per_s,
                 updated: now,
-            },
-        );
-        evict(&mut file.paths, endpoint, |e| e.updated);
+            };
+            insert_bounded(&mut file.paths, endpoint, entry, |e| e.updated);
+        }
         self.write(file)
+    }
+
+    #[cfg(test)]
+    fn save_at(&self, endpoint: &str, streams: u32, settled: bool, now: u64) -> Result<()> {
+        self.remember_at(endpoint, Some((streams, settled)), None, now)
+    }
+
+    #[cfg(test)]
+    fn save_path_at(&self, endpoint: &str, rtt_us: u64, bytes_per_s: u64, now: u64) -> Result<()> {
+        self.remember_at(endpoint, None, Some((rtt_us, bytes_per_s)), now)
     }
 
     fn write(&self, mut file: ProfileFile) -> Result<()> {

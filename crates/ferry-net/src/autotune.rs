@@ -847,8 +847,8 @@ mod tests {
     #[test]
     fn ramp_helpers_fill_four_round_trips_of_the_path() {
         let ms = Duration::from_millis;
-        let gbit = 125_000_000 / 8 * 8; // 1 Gbit/s in bytes per second
-                                        // The bed's 1 Gbit/s at 100 ms: 50 MB in four round trips, more than the cap.
+        let gbit = 125_000_000; // 1 Gbit/s in bytes per second
+                                // The bed's 1 Gbit/s at 100 ms: 50 MB in four round trips, more than the cap.
         assert_eq!(ramp_helpers(ms(100), gbit), MAX_RAMP_HELPERS);
         // At 50 ms, 25 MB: 23 helpers of 1 MiB.
         assert_eq!(ramp_helpers(ms(50), gbit), 23);

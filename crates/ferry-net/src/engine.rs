@@ -63,9 +63,9 @@ const RESET_AFTER: Duration = Duration::from_millis(20);
 const ENDING_GRACE: Duration = Duration::from_secs(2);
 
 /// Blocks a ramp helper carries before it parks for good (`StreamPlan::helpers`): the first
-/// blocks of a transfer are cut to 256 and 512 KiB, so two are what a connection opening
-/// from the kernel's 10 segments sends in its first three round trips at MTU 9000. One each
-/// won less, three or more ended no sooner (BENCHMARKS.md, "Ramp helpers").
+/// blocks of a transfer are cut to 256 and 512 KiB, so two are about what a connection opening
+/// from the kernel's 10 segments sends in its first three round trips at MTU 9000. One or
+/// three each won less, four or more nothing (BENCHMARKS.md, "Ramp helpers").
 const HELPER_BLOCKS: u32 = 2;
 
 /// One data connection through its handshake: its index, and on a server its connection-cap

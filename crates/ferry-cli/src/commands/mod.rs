@@ -122,7 +122,8 @@ fn ramp_helpers_for(
     }
 }
 
-/// Saves what the tuner settled on for the next transfer to the same server.
+/// Saves what the tuner settled on and what the path measured, for the next transfer to the
+/// same server.
 fn remember(
     result: &Result<TransferReport, SessionError>,
     profile: Option<(Profiles, String)>,
@@ -134,20 +135,11 @@ fn remember(
     if !report.is_success() {
         return;
     }
-    if let Some((rtt_us, bytes_per_s)) = path_measured(report) {
-        if let Err(e) = profiles.save_path(&key, rtt_us, bytes_per_s) {
-            if !quiet {
-                eprintln!("warning: cannot save the path profile: {e:#}");
-            }
-        }
-    }
     let t = &report.tuning;
-    if !t.worth_remembering() {
-        return;
-    }
-    if let Err(e) = profiles.save(&key, t.streams, t.settled) {
+    let streams = t.worth_remembering().then_some((t.streams, t.settled));
+    if let Err(e) = profiles.remember(&key, streams, path_measured(report)) {
         if !quiet {
-            eprintln!("warning: cannot save the stream profile: {e:#}");
+            eprintln!("warning: cannot save the server's profile: {e:#}");
         }
     }
 }
