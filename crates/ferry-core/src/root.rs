@@ -111,6 +111,47 @@ impl Root {
         })
     }
 
+    /// Opens `prefix` (a token's scope) as a new root, refusing a symlink anywhere in it
+    /// (`RESOLVE_NO_SYMLINKS`): a client that may write somewhere could otherwise plant a link
+    /// where another scope begins and move that scope. With `create`, a missing prefix is made
+    /// first (`mkdir -p`, as a put to it would). Every path of an operation is then resolved
+    /// beneath this directory, so a symlink inside the scope cannot lead out of it.
+    pub fn scope(&self, prefix: &str, create: bool) -> Result<Self, FsError> {
+        validate_rel(prefix)?;
+        if prefix.is_empty() {
+            return self.subroot("");
+        }
+        let open = || {
+            rfs::openat2(
+                &self.fd,
+                prefix,
+                OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+                Mode::empty(),
+                RESOLVE | ResolveFlags::NO_SYMLINKS,
+            )
+        };
+        let fd = match open() {
+            Err(rustix::io::Errno::NOENT) if create => {
+                self.create_dir_all(prefix)?;
+                open()
+            }
+            r => r,
+        }
+        .map_err(|e| match e {
+            rustix::io::Errno::LOOP => FsError::io(
+                prefix,
+                std::io::Error::other(
+                    "a symlink in a token's scope: scopes must be real directories",
+                ),
+            ),
+            e => FsError::io(prefix, e),
+        })?;
+        Ok(Self {
+            fd,
+            path: self.path.join(prefix),
+        })
+    }
+
     /// Opens a directory beneath the root (the root itself for `""`).
     pub fn open_dir(&self, rel: &str) -> Result<OwnedFd, FsError> {
         validate_rel(rel)?;
@@ -231,9 +272,20 @@ impl Root {
         }
     }
 
-    /// Sets mode and mtime of a directory or a file (following nothing at the last component).
+    /// Sets mode and mtime of a directory. A final symlink is not followed (`O_NOFOLLOW`): a
+    /// link that stands where the sender had a directory is refused, never the directory it
+    /// points to changed.
     pub fn set_dir_meta(&self, rel: &str, mode: u32, mtime_ns: i64) -> Result<(), FsError> {
-        let fd = self.open_dir(rel)?;
+        validate_rel(rel)?;
+        let p = if rel.is_empty() { "." } else { rel };
+        let fd = rfs::openat2(
+            &self.fd,
+            p,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+            RESOLVE,
+        )
+        .map_err(|e| FsError::io(rel, e))?;
         rfs::fchmod(&fd, Mode::from_raw_mode(mode & 0o7777)).map_err(|e| FsError::io(rel, e))?;
         rfs::futimens(&fd, &timestamps(mtime_ns)).map_err(|e| FsError::io(rel, e))?;
         Ok(())
