@@ -132,7 +132,26 @@ impl Root {
         };
         let fd = match open() {
             Err(rustix::io::Errno::NOENT) if create => {
-                self.create_dir_all(prefix)?;
+                // Made one component at a time from parents opened without following any link,
+                // so a missing scope is never created somewhere a link points to.
+                for (i, _) in prefix
+                    .match_indices('/')
+                    .chain(std::iter::once((prefix.len(), "")))
+                {
+                    let (parent, name) = split_parent(&prefix[..i]);
+                    let dir = rfs::openat2(
+                        &self.fd,
+                        if parent.is_empty() { "." } else { parent },
+                        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+                        Mode::empty(),
+                        RESOLVE | ResolveFlags::NO_SYMLINKS,
+                    )
+                    .map_err(|e| FsError::io(parent, e))?;
+                    match rfs::mkdirat(&dir, name, Mode::from_raw_mode(0o755)) {
+                        Ok(()) | Err(rustix::io::Errno::EXIST) => {}
+                        Err(e) => return Err(FsError::io(&prefix[..i], e)),
+                    }
+                }
                 open()
             }
             r => r,
@@ -472,6 +491,39 @@ mod tests {
         assert_eq!((st.st_nlink, st.st_size), (0, 100_000));
         close_later(vec![old, link]);
         close_later(Vec::new());
+    }
+
+    #[test]
+    fn a_scope_is_a_real_directory_and_confines_beneath_itself() {
+        let outer = tempfile::tempdir().unwrap();
+        let root_dir = outer.path().join("root");
+        std::fs::create_dir_all(root_dir.join("priv")).unwrap();
+        std::fs::create_dir_all(root_dir.join("in")).unwrap();
+        std::os::unix::fs::symlink("../priv", root_dir.join("in/esc")).unwrap();
+        std::os::unix::fs::symlink("priv", root_dir.join("lnk")).unwrap();
+        let root = Root::open(&root_dir).unwrap();
+        // A missing scope is made when asked, component by component.
+        root.scope("new/a/b", true).unwrap();
+        assert!(root_dir.join("new/a/b").is_dir());
+        assert!(root.scope("absent", false).is_err());
+        // No link anywhere in the prefix, and nothing made through one.
+        let e = root.scope("lnk", false).unwrap_err().to_string();
+        assert!(e.contains("symlink"), "{e}");
+        assert!(root.scope("lnk/x", true).is_err());
+        assert!(root.scope("in/esc/x", true).is_err());
+        assert!(!root_dir.join("priv/x").exists());
+        // Beneath the scope, a link out of it is refused.
+        let scope = root.scope("in", false).unwrap();
+        assert!(scope.create_dir_all("esc/y").is_err());
+        assert!(scope.read_dir("esc").is_err());
+        assert!(!root_dir.join("priv/y").exists());
+        // Directory metadata is never set through a final link.
+        assert!(root.set_dir_meta("lnk", 0o700, 0).is_err());
+        let mode = std::fs::metadata(root_dir.join("priv")).unwrap();
+        assert_ne!(
+            std::os::unix::fs::PermissionsExt::mode(&mode.permissions()) & 0o777,
+            0o700
+        );
     }
 
     #[test]
