@@ -54,8 +54,8 @@ pub struct ServerConfig {
     pub max_connections: usize,
     /// Connections from one address (IPv6: one /64) that have not authenticated yet, that is
     /// not logged in or not joined to their session: more are refused with `BUSY`, so that
-    /// one address cannot fill `max_connections` with connections that never log in. Keep it
-    /// above `max_streams + 1`, what one client dials at once.
+    /// one address cannot fill `max_connections` with connections that never log in. Never
+    /// below `max_streams + 1`, what one client dials at once (`Server::bind` raises it).
     pub max_unauthenticated_per_address: usize,
     /// How long a data connection waits for a session that no control connection has named:
     /// a client dials its data connections alongside its control connection, so one may say
@@ -216,7 +216,10 @@ impl Server {
         }
         let listener = socket.listen(4096)?;
         let connections = Arc::new(Semaphore::new(config.max_connections));
-        let unproven = PerAddress::new(config.max_unauthenticated_per_address);
+        // A client dials its control connection and every data connection together: a cap
+        // below that would refuse one of its own connections.
+        let one_client = usize::from(config.max_streams) + 1;
+        let unproven = PerAddress::new(config.max_unauthenticated_per_address.max(one_client));
         Ok(Self {
             listener,
             shared: Arc::new(Shared {

@@ -111,6 +111,36 @@ async fn one_address_cannot_take_every_connection_slot() {
     server.stop().await;
 }
 
+/// A cap set below what one client dials at once (its control connection and every data
+/// connection, together) is raised to fit it: the server's own clients are never refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cap_below_one_clients_connections_is_raised_to_fit_them() {
+    let server = TestServer::start_with(|c| {
+        c.max_unauthenticated_per_address = 1;
+        c.max_streams = 4;
+    })
+    .await;
+    let src = tempfile::tempdir().unwrap();
+    let file = src.path().join("four.bin");
+    let content = bytes(300_000, 4);
+    write(&file, &content);
+    let mut cfg = server.client();
+    cfg.opts.streams = 4;
+    for round in 0..3 {
+        let r = ferry_net::client::put(
+            &cfg,
+            std::slice::from_ref(&file),
+            &format!("/r{round}/"),
+            reporter(),
+        )
+        .await
+        .unwrap();
+        assert!(r.is_success(), "{:?}", r.errors);
+        assert_eq!(r.streams.len(), 4);
+    }
+    server.stop().await;
+}
+
 /// A data `Hello` for a session no control connection has named is refused after the grace
 /// (3 s by default), not held until the handshake deadline.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
