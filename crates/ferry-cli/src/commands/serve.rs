@@ -140,6 +140,7 @@ pub async fn run(args: ServeArgs, quiet: bool) -> Result<ExitCode> {
     }
     config.max_connections = args.max_connections.max(1);
     config.max_streams = args.max_streams.max(1);
+    config.max_unauthenticated_per_address = args.max_unauthenticated;
     config.idle_timeout = Duration::from_secs(args.idle_timeout.max(5));
     config.partial_max_age = crate::config::parse_duration(&args.partial_max_age).map_err(usage)?;
     // Sessions start their readers and writers where `ferry probe disk` found the root's file
