@@ -9,7 +9,8 @@
 //! on drop (also on panic). The tests run one at a time (a shared lock): they move hundreds of
 //! MiB and measure timings on a 2-core machine, where running them side by side would make both
 //! the numbers and the wall time worse. Each prints what it measured (`--nocapture` shows it).
-//! Tests that need root, network namespaces or `mount` say why and pass when they cannot run.
+//! Tests that need root, network namespaces or `mount` say why and return when they cannot run,
+//! or fail when `CI` is set (`ferry_netem::needs`).
 
 mod common;
 
@@ -23,7 +24,7 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use common::*;
-use ferry_netem::{BedConfig, Host, Regime, TestBed};
+use ferry_netem::{needs, BedConfig, Host, Regime, TestBed};
 use serde_json::Value;
 
 const MIB: u64 = 1 << 20;
@@ -370,12 +371,9 @@ fn received(dir: &Path, name: &str) -> u64 {
     }
 }
 
-/// A netem bed, or None (after saying why) when this machine cannot run one.
+/// A netem bed, or None (after saying why; a failure under CI) when this machine cannot run one.
 fn bed_or_skip(test: &str, config: BedConfig) -> Option<TestBed> {
-    if let Err(why) = ferry_netem::can_run() {
-        eprintln!("SKIPPED {test}: {why}");
-        return None;
-    }
+    needs(test, ferry_netem::can_run())?;
     Some(TestBed::up(config).unwrap_or_else(|e| panic!("{test}: bed did not come up: {e:#}")))
 }
 
@@ -416,7 +414,7 @@ impl Tmpfs {
             .map_err(|e| format!("cannot run mount: {e}"))?;
         if !out.status.success() {
             return Err(format!(
-                "mount -t tmpfs failed ({}): {}",
+                "mounting a tmpfs needs root: mount -t tmpfs failed ({}): {}",
                 out.status,
                 String::from_utf8_lossy(&out.stderr).trim()
             ));
@@ -791,10 +789,12 @@ fn reset_connections_mid_transfer_reconnects_and_resumes() {
     let Some(bed) = bed_or_skip(test, bed_config(20, Some(200_000_000), 0.0)) else {
         return;
     };
-    if ferry_netem::find_in_path("ss").is_none() {
-        eprintln!("SKIPPED {test}: no `ss` (iproute2) in PATH");
+    let Some(_) = needs(
+        test,
+        ferry_netem::find_in_path("ss").ok_or("no `ss` (iproute2) in PATH"),
+    ) else {
         return;
-    }
+    };
     let sb = Sandbox::new();
     let root = sb.mkdir("root");
     let file = sb.path("src/big.bin");
@@ -827,14 +827,18 @@ fn reset_connections_mid_transfer_reconnects_and_resumes() {
         .output()
         .expect("running ss");
     let still = String::from_utf8_lossy(&still.stdout).lines().count();
-    if !kill.status.success() || killed == 0 || kstderr.contains("not supported") {
-        eprintln!(
-            "SKIPPED {test}: `ss -K` did not destroy any socket (kernel without \
-             CONFIG_INET_DIAG_DESTROY?): status {}, stdout {kstdout:?}, stderr {kstderr:?}",
+    let destroyed = if !kill.status.success() || killed == 0 || kstderr.contains("not supported") {
+        Err(format!(
+            "`ss -K` did not destroy any socket (kernel without CONFIG_INET_DIAG_DESTROY?): \
+             status {}, stdout {kstdout:?}, stderr {kstderr:?}",
             kill.status
-        );
+        ))
+    } else {
+        Ok(())
+    };
+    let Some(()) = needs(test, destroyed) else {
         return;
-    }
+    };
     // Before the client's first retry (1 s): what the server holds after the reset.
     std::thread::sleep(Duration::from_millis(500));
     let left = leftovers(&root);
@@ -992,16 +996,13 @@ fn destination_full_fails_clearly_then_succeeds_with_space() {
     let _serial = serial();
     let test = "destination_full_fails_clearly_then_succeeds_with_space";
     let sb = Sandbox::new();
-    let mnt = match Tmpfs::mount(&sb.path("small"), "96m") {
-        Ok(m) => m,
-        Err(why) => {
-            eprintln!("SKIPPED {test}: needs root to mount a tmpfs: {why}");
-            return;
-        }
+    let Some(mnt) = needs(test, Tmpfs::mount(&sb.path("small"), "96m")) else {
+        return;
     };
     let root = mnt.0.clone();
+    let size = 150 * MIB;
     let file = sb.path("src/big.bin");
-    write_pattern(&file, 150 * MIB, 404);
+    write_pattern(&file, size, 404);
     let listen = format!("127.0.0.1:{}", free_port());
     let srv = Serve::start(&sb, &root, &listen, None, &[]);
     let put = || {
