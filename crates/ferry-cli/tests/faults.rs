@@ -33,8 +33,10 @@ static SERIAL: Mutex<()> = Mutex::new(());
 
 /// Held for the whole of a test: these tests run one at a time, across threads (`cargo test`)
 /// and across processes (`cargo nextest` runs each test in its own process), through a mutex
-/// and an advisory lock on a file in the temp dir. A panicking test does not block the others
-/// (poisoning is ignored; the file lock goes with the process's fd).
+/// and an advisory lock on this test binary itself, which every one of those processes runs
+/// and which exists anyway: a lock file of its own would be left behind in the temp dir. A
+/// panicking test does not block the others (poisoning is ignored; the file lock goes with the
+/// process's fd).
 struct Serial {
     _file: Option<fs::File>,
     _guard: MutexGuard<'static, ()>,
@@ -43,13 +45,9 @@ struct Serial {
 fn serial() -> Serial {
     use std::os::fd::AsRawFd;
     let guard = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let path = std::env::temp_dir().join("ferry-cli-faults-tests.lock");
-    let file = fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&path)
-        .ok();
+    let path = std::env::current_exe().expect("the test binary's path");
+    // Read-only: an executable being run cannot be opened for writing, and flock needs neither.
+    let file = fs::File::open(&path).ok();
     if let Some(f) = &file {
         // Bounded: after 2 minutes go ahead rather than wait on (the numbers may then suffer),
         // well before nextest's own limit (3 minutes) would end a test still waiting.
@@ -70,6 +68,35 @@ fn serial() -> Serial {
         _file: file,
         _guard: guard,
     }
+}
+
+/// The lock that keeps these tests apart leaves nothing in the temp dir (it once left
+/// `ferry-cli-faults-tests.lock` there after every run) and still excludes another process.
+#[test]
+fn serial_lock_leaves_no_file_and_excludes_other_processes() {
+    use std::os::unix::fs::MetadataExt;
+    let held = serial();
+    let exe = std::env::current_exe().unwrap();
+    let locked = held
+        ._file
+        .as_ref()
+        .expect("the lock is held")
+        .metadata()
+        .unwrap();
+    let exe_meta = fs::metadata(&exe).unwrap();
+    assert_eq!(
+        (locked.dev(), locked.ino()),
+        (exe_meta.dev(), exe_meta.ino()),
+        "the lock is held on a file of its own, which would stay behind"
+    );
+    // Another process (flock(1)) cannot take the lock while this test holds it.
+    let other = Command::new("flock")
+        .args(["-n", "-s"])
+        .arg(&exe)
+        .arg("true")
+        .status()
+        .expect("running flock(1)");
+    assert!(!other.success(), "another process took the lock");
 }
 
 // ---------------------------------------------------------------------------------------------
