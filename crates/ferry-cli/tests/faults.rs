@@ -458,6 +458,19 @@ impl Tmpfs {
         assert!(st.success(), "remount size={size} failed");
     }
 
+    /// Bytes an unprivileged writer may still use (statvfs `f_bavail` via `stat -f`), the
+    /// figure the server's offer-time check reads.
+    fn available(&self) -> u64 {
+        let out = Command::new("stat")
+            .args(["-f", "-c", "%S %a"])
+            .arg(&self.0)
+            .output()
+            .expect("running stat -f");
+        let t = String::from_utf8_lossy(&out.stdout);
+        let v: Vec<u64> = t.split_whitespace().map(|x| x.parse().unwrap()).collect();
+        v[0] * v[1]
+    }
+
     /// Bytes in use on the file system (statvfs via `stat -f`).
     fn used(&self) -> u64 {
         let out = Command::new("stat")
@@ -1015,9 +1028,10 @@ fn one_percent_loss_at_50ms_tree_arrives_identical() {
 // ---------------------------------------------------------------------------------------------
 // 4. the destination file system fills up
 
-/// The server's root is a 96 MiB tmpfs; a 150 MiB put fails with a clear error, leaves
-/// nothing under a final name and gives the space back. After the file system grows to
-/// 400 MiB, the same put completes byte-identical.
+/// The server's root is a 96 MiB tmpfs; a 150 MiB put is refused when it is offered, with the
+/// numbers, before a byte is written: nothing is created on the destination. After the file
+/// system grows to 400 MiB, the same put completes byte-identical. (The disk filling while a
+/// file is written is the next test.)
 #[test]
 fn destination_full_fails_clearly_then_succeeds_with_space() {
     let _serial = serial();
@@ -1040,44 +1054,36 @@ fn destination_full_fails_clearly_then_succeeds_with_space() {
         c
     };
 
-    let t = Instant::now();
+    let used_before = mnt.used();
+    let available_before = mnt.available();
     let out = run(&mut put(), Duration::from_secs(60));
-    let failed_after = t.elapsed();
-    let names_after = names(&root);
-    let used_at_exit = mnt.used();
-    // The temporary file is unlinked when the file fails, but its blocks are freed only when
-    // the session's last handle on it closes, a moment after the client has its answer.
-    let t = Instant::now();
-    let freed = wait_until(Duration::from_secs(10), || mnt.used() < 4 * MIB);
-    let freed_after = t.elapsed();
-    let used = mnt.used();
-    eprintln!(
-        "enospc: put failed after {failed_after:?}; root holds {names_after:?}, {:.1} MiB used \
-         when the client exited, {:.1} MiB {freed_after:?} later; client said:\n{}",
-        mib(used_at_exit),
-        mib(used),
-        out.stderr.trim()
-    );
+    eprintln!("enospc at the offer: client said:\n{}", out.stderr.trim());
     assert_code(&out, 1);
+    // The offer-time check, with its numbers: the file's size and what the file system had.
+    let want =
+        format!("big.bin: no space: the file is {size} bytes, the destination file system has ");
+    let line = out
+        .stderr
+        .lines()
+        .find(|l| l.contains(&want))
+        .unwrap_or_else(|| panic!("no offer-time refusal ({want}...):\n{out:?}"));
+    let available: u64 = line[line.find(&want).unwrap() + want.len()..]
+        .split(' ')
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no byte count in {line:?}"));
+    assert_eq!(available, available_before, "{line}");
     assert!(
-        out.stderr.contains("No space left") || out.stderr.contains("space"),
-        "the error says the destination is full:\n{out:?}"
+        line.ends_with(&format!("{available} bytes available")),
+        "{line}"
     );
-    assert!(
-        !root.join("big.bin").exists(),
-        "no file under its final name"
+    // Refused before a byte was written: nothing at all was created.
+    assert_eq!(
+        names(&root),
+        Vec::<String>::new(),
+        "created on a refused offer"
     );
-    assert!(
-        names_after.iter().all(|n| n.starts_with(".ferry-")),
-        "nothing partial under a final name: {names_after:?}"
-    );
-    // A file that failed on a write error is not worth resuming: its temporary file goes.
-    assert!(
-        freed,
-        "the failed file's space was given back: {:.1} MiB still used by {:?} after 10 s",
-        mib(used),
-        names(&root)
-    );
+    assert_eq!(mnt.used(), used_before, "space used by a refused offer");
 
     mnt.resize("400m");
     let out = run(&mut put(), Duration::from_secs(60));
@@ -1092,6 +1098,162 @@ fn destination_full_fails_clearly_then_succeeds_with_space() {
         "enospc: after remount size=400m the put completed: {}",
         out.stderr.trim()
     );
+    drop(srv); // before the unmount
+}
+
+/// Fills what is left of a file system with one file, written until `ENOSPC`; returns its
+/// size. Real writes, not a sparse length: tmpfs charges only the pages written.
+fn fill(path: &Path) -> u64 {
+    use std::io::Write;
+    let mut f = fs::File::create(path).unwrap();
+    let chunk = vec![0x5au8; 1 << 20];
+    let mut written = 0u64;
+    // Bounded: a file system larger than 64 GiB is not what this is for.
+    while written < 64 << 30 {
+        match f.write(&chunk) {
+            Ok(0) => break,
+            Ok(n) => written += n as u64,
+            Err(e) if e.raw_os_error() == Some(libc::ENOSPC) => break,
+            Err(e) => panic!("filling {}: {e}", path.display()),
+        }
+    }
+    written
+}
+
+/// The offer fits, then something else takes the space while the file is being written: on a
+/// 320 MiB tmpfs, a put of a tree (a small file, then a 200 MiB one) is stopped (SIGSTOP)
+/// once the small file is in place and the large one's temporary file exists; a filler file
+/// takes every free byte; the put continues. It fails on the large file with the write's own
+/// error (no space left on device, naming the file), nothing appears under a final name but
+/// the small file, and the large file's partial copy is removed, giving its space back. Once
+/// the filler is gone, the same put completes: the small file is skipped as complete and the
+/// tree is byte-identical.
+#[test]
+fn destination_fills_while_writing_fails_clearly_then_resumes_with_space() {
+    let _serial = serial();
+    let test = "destination_fills_while_writing_fails_clearly_then_resumes_with_space";
+    let sb = Sandbox::new();
+    let Some(mnt) = needs(test, Tmpfs::mount(&sb.path("small"), "320m")) else {
+        return;
+    };
+    let root = mnt.0.clone();
+    let dest = root.join("tree");
+    let src = sb.path("src/tree");
+    let (small, big) = (src.join("a-small.bin"), src.join("z-big.bin"));
+    write_pattern(&small, MIB, 406);
+    write_pattern(&big, 200 * MIB, 407);
+    let listen = format!("127.0.0.1:{}", free_port());
+    let srv = Serve::start(&sb, &root, &listen, None, &[]);
+    let put = || {
+        let mut c = sb.client(&srv.token);
+        c.args([
+            "put",
+            "--retry-for",
+            "0",
+            "--streams",
+            "1",
+            "--block-size",
+            "1M",
+            "--json",
+        ])
+        .arg(&src)
+        .arg(srv.remote("/"));
+        c
+    };
+
+    let mut c = spawn_bg(&sb, put(), None);
+    let writing = wait_until(Duration::from_secs(30), || {
+        (dest.join("a-small.bin").exists() && leftovers(&dest).part.is_some()) || !c.running()
+    });
+    // SIGSTOP: the put can send nothing more until the disk is full.
+    let stop = Command::new("kill")
+        .args(["-STOP", &c.guard.pid().to_string()])
+        .status()
+        .unwrap();
+    assert!(stop.success());
+    assert!(
+        writing && c.running(),
+        "the put was not caught writing: {}",
+        c.stderr()
+    );
+    let before = received(&dest, "z-big.bin");
+    let filler = sb.path("small/filler");
+    let filled = fill(&filler);
+    let cont = Command::new("kill")
+        .args(["-CONT", &c.guard.pid().to_string()])
+        .status()
+        .unwrap();
+    assert!(cont.success());
+    let out = c.wait(Duration::from_secs(60));
+    let t = Instant::now();
+    // The failed file's temporary file is removed when it fails; its blocks are freed when the
+    // session's last handle on it closes, a moment after the client has its answer.
+    let given_back = wait_until(Duration::from_secs(10), || {
+        names(&dest).iter().all(|n| !n.starts_with(".ferry-")) && mnt.used() <= filled + 2 * MIB
+    });
+    eprintln!(
+        "enospc while writing: {:.1} MiB of the large file written when the filler took \
+         {:.1} MiB; put exit {:?}; space given back {given_back} after {:?}: {:.1} MiB used, \
+         root {:?}; client said:\n{}",
+        mib(before),
+        mib(filled),
+        out.code(),
+        t.elapsed(),
+        mib(mnt.used()),
+        names(&dest),
+        out.stderr.trim()
+    );
+    assert!(
+        before < 200 * MIB,
+        "the large file was complete before the disk filled"
+    );
+    assert_code(&out, 1);
+    let v = one_json(&out.stdout);
+    // One file stored, one failed, with the write's own error: the file and the full disk.
+    assert_eq!((u64_of(&v, "files"), u64_of(&v, "failed")), (1, 1), "{v}");
+    assert_eq!(
+        v["errors"],
+        serde_json::json!(["writing tree/z-big.bin: No space left on device (os error 28)"]),
+        "{v}"
+    );
+    let errors: Vec<&str> = out
+        .stderr
+        .lines()
+        .filter(|l| l.starts_with("error: "))
+        .collect();
+    assert_eq!(
+        errors,
+        ["error: writing tree/z-big.bin: No space left on device (os error 28)"],
+        "{}",
+        out.stderr
+    );
+    assert!(
+        !dest.join("z-big.bin").exists(),
+        "a file under its final name"
+    );
+    assert_eq!(
+        names(&dest),
+        ["a-small.bin"],
+        "leftovers of the failed file"
+    );
+    assert!(
+        given_back,
+        "the failed file's space was not given back: {:.1} MiB used, the filler holds {:.1} MiB",
+        mib(mnt.used()),
+        mib(filled)
+    );
+
+    fs::remove_file(&filler).unwrap();
+    let out = run(&mut put(), Duration::from_secs(60));
+    assert_code(&out, 0);
+    let v = one_json(&out.stdout);
+    assert_eq!(
+        u64_of(&v, "skipped"),
+        1,
+        "the complete small file is skipped: {v}"
+    );
+    assert_eq!(tree_digest(&dest), tree_digest(&src), "byte-identical");
+    assert_eq!(names(&dest), ["a-small.bin", "z-big.bin"]);
     drop(srv); // before the unmount
 }
 
