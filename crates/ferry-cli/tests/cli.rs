@@ -985,10 +985,25 @@ fn stalled_client_session_ends_after_idle_timeout() {
     assert!(busy.stderr.contains("another transfer"), "{busy:?}");
     std::thread::sleep(Duration::from_secs(6).saturating_sub(stopped_at.elapsed()));
     let waited = stopped_at.elapsed();
-    let out = run(&mut retry("0"), Duration::from_secs(40));
-    assert!(!final_path.exists() || out.code() == Some(0));
+    let out = run(retry("0").arg("--json"), Duration::from_secs(40));
     assert_code(&out, 0);
     assert_eq!(file_b3(&final_path), file_b3(&file));
+    // It resumed from the stalled session's partial copy (16 MiB or more), not from nothing.
+    let v: serde_json::Value = serde_json::from_str(&out.stdout).expect("one JSON document");
+    let sent: u64 = v["streams"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["bytes"].as_u64().unwrap())
+        .sum();
+    eprintln!(
+        "the put after the idle timeout sent {sent} bytes of {}",
+        300 * MIB
+    );
+    assert!(
+        sent + 8 * MIB <= 300 * MIB,
+        "the put after the idle timeout resent nearly everything: {sent} bytes"
+    );
     assert!(
         waited >= Duration::from_secs(4),
         "resumed after {waited:?}, before the 5 s idle timeout"
