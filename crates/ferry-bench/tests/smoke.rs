@@ -1,5 +1,6 @@
 //! A tiny sweep on the emulated bed: RTT 0 and 20 ms, one 10 MiB file, streams 1 and 2, one run,
-//! ferry only. Skips (and says why) without root / TUN / `ip`, or without a `ferry` binary.
+//! ferry only. Without root / TUN / `ip`, or without a `ferry` binary, it says why and returns,
+//! or fails when `CI` is set (`ferry_netem::needs`).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -34,18 +35,24 @@ fn dry_run_prints_the_plan() {
 
 #[test]
 fn tiny_sweep_on_the_bed() {
-    if let Err(why) = ferry_netem::can_run() {
-        eprintln!("skipping tiny_sweep_on_the_bed: {why}");
-        return;
-    }
-    let Some(ferry) = ferry_bin() else {
-        eprintln!(
-            "skipping tiny_sweep_on_the_bed: no ferry binary in target/debug or target/release \
-             (run `cargo build -p ferry-cli` first, or set FERRY_BIN)"
-        );
+    let test = "tiny_sweep_on_the_bed";
+    let Some(()) = ferry_netem::needs(test, ferry_netem::can_run()) else {
         return;
     };
-    let iperf = ferry_netem::find_in_path("iperf3").is_some();
+    let Some(ferry) = ferry_netem::needs(
+        test,
+        ferry_bin().ok_or(
+            "no ferry binary in target/debug or target/release \
+             (run `cargo build -p ferry-cli` first, or set FERRY_BIN)",
+        ),
+    ) else {
+        return;
+    };
+    let iperf = ferry_netem::needs(
+        test,
+        ferry_netem::find_in_path("iperf3").ok_or("iperf3 not installed: its rows not checked"),
+    )
+    .is_some();
     let t = tempfile::tempdir().unwrap();
     let out_dir = t.path().join("out");
     let out = bench()
@@ -117,13 +124,14 @@ fn tiny_sweep_on_the_bed() {
         "{summary}"
     );
 
-    if ferry_bench_font_available() {
+    let font = ferry_bench_font_available()
+        .then_some(())
+        .ok_or("no TTF font (fonts-dejavu-core): plots not checked");
+    if ferry_netem::needs(test, font).is_some() {
         let png = out_dir.join("plots/ferry-put-1gbit-block16MiB.png");
         let bytes = std::fs::read(&png).unwrap_or_else(|e| panic!("{}: {e}\n{err}", png.display()));
         assert!(bytes.starts_with(b"\x89PNG\r\n\x1a\n"));
         assert!(bytes.len() > 5000);
-    } else {
-        eprintln!("no TTF font (fonts-dejavu-core): plots not checked");
     }
 }
 

@@ -9,7 +9,8 @@
 //! on drop (also on panic). The tests run one at a time (a shared lock): they move hundreds of
 //! MiB and measure timings on a 2-core machine, where running them side by side would make both
 //! the numbers and the wall time worse. Each prints what it measured (`--nocapture` shows it).
-//! Tests that need root, network namespaces or `mount` say why and pass when they cannot run.
+//! Tests that need root, network namespaces or `mount` say why and return when they cannot run,
+//! or fail when `CI` is set (`ferry_netem::needs`).
 
 mod common;
 
@@ -23,7 +24,7 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use common::*;
-use ferry_netem::{BedConfig, Host, Regime, TestBed};
+use ferry_netem::{needs, BedConfig, Host, Regime, TestBed};
 use serde_json::Value;
 
 const MIB: u64 = 1 << 20;
@@ -32,8 +33,10 @@ static SERIAL: Mutex<()> = Mutex::new(());
 
 /// Held for the whole of a test: these tests run one at a time, across threads (`cargo test`)
 /// and across processes (`cargo nextest` runs each test in its own process), through a mutex
-/// and an advisory lock on a file in the temp dir. A panicking test does not block the others
-/// (poisoning is ignored; the file lock goes with the process's fd).
+/// and an advisory lock on this test binary itself, which every one of those processes runs
+/// and which exists anyway: a lock file of its own would be left behind in the temp dir. A
+/// panicking test does not block the others (poisoning is ignored; the file lock goes with the
+/// process's fd).
 struct Serial {
     _file: Option<fs::File>,
     _guard: MutexGuard<'static, ()>,
@@ -42,13 +45,9 @@ struct Serial {
 fn serial() -> Serial {
     use std::os::fd::AsRawFd;
     let guard = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let path = std::env::temp_dir().join("ferry-cli-faults-tests.lock");
-    let file = fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&path)
-        .ok();
+    let path = std::env::current_exe().expect("the test binary's path");
+    // Read-only: an executable being run cannot be opened for writing, and flock needs neither.
+    let file = fs::File::open(&path).ok();
     if let Some(f) = &file {
         // Bounded: after 2 minutes go ahead rather than wait on (the numbers may then suffer),
         // well before nextest's own limit (3 minutes) would end a test still waiting.
@@ -69,6 +68,35 @@ fn serial() -> Serial {
         _file: file,
         _guard: guard,
     }
+}
+
+/// The lock that keeps these tests apart leaves nothing in the temp dir (it once left
+/// `ferry-cli-faults-tests.lock` there after every run) and still excludes another process.
+#[test]
+fn serial_lock_leaves_no_file_and_excludes_other_processes() {
+    use std::os::unix::fs::MetadataExt;
+    let held = serial();
+    let exe = std::env::current_exe().unwrap();
+    let locked = held
+        ._file
+        .as_ref()
+        .expect("the lock is held")
+        .metadata()
+        .unwrap();
+    let exe_meta = fs::metadata(&exe).unwrap();
+    assert_eq!(
+        (locked.dev(), locked.ino()),
+        (exe_meta.dev(), exe_meta.ino()),
+        "the lock is held on a file of its own, which would stay behind"
+    );
+    // Another process (flock(1)) cannot take the lock while this test holds it.
+    let other = Command::new("flock")
+        .args(["-n", "-s"])
+        .arg(&exe)
+        .arg("true")
+        .status()
+        .expect("running flock(1)");
+    assert!(!other.success(), "another process took the lock");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -370,12 +398,9 @@ fn received(dir: &Path, name: &str) -> u64 {
     }
 }
 
-/// A netem bed, or None (after saying why) when this machine cannot run one.
+/// A netem bed, or None (after saying why; a failure under CI) when this machine cannot run one.
 fn bed_or_skip(test: &str, config: BedConfig) -> Option<TestBed> {
-    if let Err(why) = ferry_netem::can_run() {
-        eprintln!("SKIPPED {test}: {why}");
-        return None;
-    }
+    needs(test, ferry_netem::can_run())?;
     Some(TestBed::up(config).unwrap_or_else(|e| panic!("{test}: bed did not come up: {e:#}")))
 }
 
@@ -416,7 +441,7 @@ impl Tmpfs {
             .map_err(|e| format!("cannot run mount: {e}"))?;
         if !out.status.success() {
             return Err(format!(
-                "mount -t tmpfs failed ({}): {}",
+                "mounting a tmpfs needs root: mount -t tmpfs failed ({}): {}",
                 out.status,
                 String::from_utf8_lossy(&out.stderr).trim()
             ));
@@ -431,6 +456,19 @@ impl Tmpfs {
             .status()
             .expect("running mount");
         assert!(st.success(), "remount size={size} failed");
+    }
+
+    /// Bytes an unprivileged writer may still use (statvfs `f_bavail` via `stat -f`), the
+    /// figure the server's offer-time check reads.
+    fn available(&self) -> u64 {
+        let out = Command::new("stat")
+            .args(["-f", "-c", "%S %a"])
+            .arg(&self.0)
+            .output()
+            .expect("running stat -f");
+        let t = String::from_utf8_lossy(&out.stdout);
+        let v: Vec<u64> = t.split_whitespace().map(|x| x.parse().unwrap()).collect();
+        v[0] * v[1]
     }
 
     /// Bytes in use on the file system (statvfs via `stat -f`).
@@ -791,10 +829,12 @@ fn reset_connections_mid_transfer_reconnects_and_resumes() {
     let Some(bed) = bed_or_skip(test, bed_config(20, Some(200_000_000), 0.0)) else {
         return;
     };
-    if ferry_netem::find_in_path("ss").is_none() {
-        eprintln!("SKIPPED {test}: no `ss` (iproute2) in PATH");
+    let Some(_) = needs(
+        test,
+        ferry_netem::find_in_path("ss").ok_or("no `ss` (iproute2) in PATH"),
+    ) else {
         return;
-    }
+    };
     let sb = Sandbox::new();
     let root = sb.mkdir("root");
     let file = sb.path("src/big.bin");
@@ -827,14 +867,18 @@ fn reset_connections_mid_transfer_reconnects_and_resumes() {
         .output()
         .expect("running ss");
     let still = String::from_utf8_lossy(&still.stdout).lines().count();
-    if !kill.status.success() || killed == 0 || kstderr.contains("not supported") {
-        eprintln!(
-            "SKIPPED {test}: `ss -K` did not destroy any socket (kernel without \
-             CONFIG_INET_DIAG_DESTROY?): status {}, stdout {kstdout:?}, stderr {kstderr:?}",
+    let destroyed = if !kill.status.success() || killed == 0 || kstderr.contains("not supported") {
+        Err(format!(
+            "`ss -K` did not destroy any socket (kernel without CONFIG_INET_DIAG_DESTROY?): \
+             status {}, stdout {kstdout:?}, stderr {kstderr:?}",
             kill.status
-        );
+        ))
+    } else {
+        Ok(())
+    };
+    let Some(()) = needs(test, destroyed) else {
         return;
-    }
+    };
     // Before the client's first retry (1 s): what the server holds after the reset.
     std::thread::sleep(Duration::from_millis(500));
     let left = leftovers(&root);
@@ -984,24 +1028,22 @@ fn one_percent_loss_at_50ms_tree_arrives_identical() {
 // ---------------------------------------------------------------------------------------------
 // 4. the destination file system fills up
 
-/// The server's root is a 96 MiB tmpfs; a 150 MiB put fails with a clear error, leaves
-/// nothing under a final name and gives the space back. After the file system grows to
-/// 400 MiB, the same put completes byte-identical.
+/// The server's root is a 96 MiB tmpfs; a 150 MiB put is refused when it is offered, with the
+/// numbers, before a byte is written: nothing is created on the destination. After the file
+/// system grows to 400 MiB, the same put completes byte-identical. (The disk filling while a
+/// file is written is the next test.)
 #[test]
 fn destination_full_fails_clearly_then_succeeds_with_space() {
     let _serial = serial();
     let test = "destination_full_fails_clearly_then_succeeds_with_space";
     let sb = Sandbox::new();
-    let mnt = match Tmpfs::mount(&sb.path("small"), "96m") {
-        Ok(m) => m,
-        Err(why) => {
-            eprintln!("SKIPPED {test}: needs root to mount a tmpfs: {why}");
-            return;
-        }
+    let Some(mnt) = needs(test, Tmpfs::mount(&sb.path("small"), "96m")) else {
+        return;
     };
     let root = mnt.0.clone();
+    let size = 150 * MIB;
     let file = sb.path("src/big.bin");
-    write_pattern(&file, 150 * MIB, 404);
+    write_pattern(&file, size, 404);
     let listen = format!("127.0.0.1:{}", free_port());
     let srv = Serve::start(&sb, &root, &listen, None, &[]);
     let put = || {
@@ -1012,44 +1054,36 @@ fn destination_full_fails_clearly_then_succeeds_with_space() {
         c
     };
 
-    let t = Instant::now();
+    let used_before = mnt.used();
+    let available_before = mnt.available();
     let out = run(&mut put(), Duration::from_secs(60));
-    let failed_after = t.elapsed();
-    let names_after = names(&root);
-    let used_at_exit = mnt.used();
-    // The temporary file is unlinked when the file fails, but its blocks are freed only when
-    // the session's last handle on it closes, a moment after the client has its answer.
-    let t = Instant::now();
-    let freed = wait_until(Duration::from_secs(10), || mnt.used() < 4 * MIB);
-    let freed_after = t.elapsed();
-    let used = mnt.used();
-    eprintln!(
-        "enospc: put failed after {failed_after:?}; root holds {names_after:?}, {:.1} MiB used \
-         when the client exited, {:.1} MiB {freed_after:?} later; client said:\n{}",
-        mib(used_at_exit),
-        mib(used),
-        out.stderr.trim()
-    );
+    eprintln!("enospc at the offer: client said:\n{}", out.stderr.trim());
     assert_code(&out, 1);
+    // The offer-time check, with its numbers: the file's size and what the file system had.
+    let want =
+        format!("big.bin: no space: the file is {size} bytes, the destination file system has ");
+    let line = out
+        .stderr
+        .lines()
+        .find(|l| l.contains(&want))
+        .unwrap_or_else(|| panic!("no offer-time refusal ({want}...):\n{out:?}"));
+    let available: u64 = line[line.find(&want).unwrap() + want.len()..]
+        .split(' ')
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no byte count in {line:?}"));
+    assert_eq!(available, available_before, "{line}");
     assert!(
-        out.stderr.contains("No space left") || out.stderr.contains("space"),
-        "the error says the destination is full:\n{out:?}"
+        line.ends_with(&format!("{available} bytes available")),
+        "{line}"
     );
-    assert!(
-        !root.join("big.bin").exists(),
-        "no file under its final name"
+    // Refused before a byte was written: nothing at all was created.
+    assert_eq!(
+        names(&root),
+        Vec::<String>::new(),
+        "created on a refused offer"
     );
-    assert!(
-        names_after.iter().all(|n| n.starts_with(".ferry-")),
-        "nothing partial under a final name: {names_after:?}"
-    );
-    // A file that failed on a write error is not worth resuming: its temporary file goes.
-    assert!(
-        freed,
-        "the failed file's space was given back: {:.1} MiB still used by {:?} after 10 s",
-        mib(used),
-        names(&root)
-    );
+    assert_eq!(mnt.used(), used_before, "space used by a refused offer");
 
     mnt.resize("400m");
     let out = run(&mut put(), Duration::from_secs(60));
@@ -1064,6 +1098,162 @@ fn destination_full_fails_clearly_then_succeeds_with_space() {
         "enospc: after remount size=400m the put completed: {}",
         out.stderr.trim()
     );
+    drop(srv); // before the unmount
+}
+
+/// Fills what is left of a file system with one file, written until `ENOSPC`; returns its
+/// size. Real writes, not a sparse length: tmpfs charges only the pages written.
+fn fill(path: &Path) -> u64 {
+    use std::io::Write;
+    let mut f = fs::File::create(path).unwrap();
+    let chunk = vec![0x5au8; 1 << 20];
+    let mut written = 0u64;
+    // Bounded: a file system larger than 64 GiB is not what this is for.
+    while written < 64 << 30 {
+        match f.write(&chunk) {
+            Ok(0) => break,
+            Ok(n) => written += n as u64,
+            Err(e) if e.raw_os_error() == Some(libc::ENOSPC) => break,
+            Err(e) => panic!("filling {}: {e}", path.display()),
+        }
+    }
+    written
+}
+
+/// The offer fits, then something else takes the space while the file is being written: on a
+/// 320 MiB tmpfs, a put of a tree (a small file, then a 200 MiB one) is stopped (SIGSTOP)
+/// once the small file is in place and the large one's temporary file exists; a filler file
+/// takes every free byte; the put continues. It fails on the large file with the write's own
+/// error (no space left on device, naming the file), nothing appears under a final name but
+/// the small file, and the large file's partial copy is removed, giving its space back. Once
+/// the filler is gone, the same put completes: the small file is skipped as complete and the
+/// tree is byte-identical.
+#[test]
+fn destination_fills_while_writing_fails_clearly_then_resumes_with_space() {
+    let _serial = serial();
+    let test = "destination_fills_while_writing_fails_clearly_then_resumes_with_space";
+    let sb = Sandbox::new();
+    let Some(mnt) = needs(test, Tmpfs::mount(&sb.path("small"), "320m")) else {
+        return;
+    };
+    let root = mnt.0.clone();
+    let dest = root.join("tree");
+    let src = sb.path("src/tree");
+    let (small, big) = (src.join("a-small.bin"), src.join("z-big.bin"));
+    write_pattern(&small, MIB, 406);
+    write_pattern(&big, 200 * MIB, 407);
+    let listen = format!("127.0.0.1:{}", free_port());
+    let srv = Serve::start(&sb, &root, &listen, None, &[]);
+    let put = || {
+        let mut c = sb.client(&srv.token);
+        c.args([
+            "put",
+            "--retry-for",
+            "0",
+            "--streams",
+            "1",
+            "--block-size",
+            "1M",
+            "--json",
+        ])
+        .arg(&src)
+        .arg(srv.remote("/"));
+        c
+    };
+
+    let mut c = spawn_bg(&sb, put(), None);
+    let writing = wait_until(Duration::from_secs(30), || {
+        (dest.join("a-small.bin").exists() && leftovers(&dest).part.is_some()) || !c.running()
+    });
+    // SIGSTOP: the put can send nothing more until the disk is full.
+    let stop = Command::new("kill")
+        .args(["-STOP", &c.guard.pid().to_string()])
+        .status()
+        .unwrap();
+    assert!(stop.success());
+    assert!(
+        writing && c.running(),
+        "the put was not caught writing: {}",
+        c.stderr()
+    );
+    let before = received(&dest, "z-big.bin");
+    let filler = sb.path("small/filler");
+    let filled = fill(&filler);
+    let cont = Command::new("kill")
+        .args(["-CONT", &c.guard.pid().to_string()])
+        .status()
+        .unwrap();
+    assert!(cont.success());
+    let out = c.wait(Duration::from_secs(60));
+    let t = Instant::now();
+    // The failed file's temporary file is removed when it fails; its blocks are freed when the
+    // session's last handle on it closes, a moment after the client has its answer.
+    let given_back = wait_until(Duration::from_secs(10), || {
+        names(&dest).iter().all(|n| !n.starts_with(".ferry-")) && mnt.used() <= filled + 2 * MIB
+    });
+    eprintln!(
+        "enospc while writing: {:.1} MiB of the large file written when the filler took \
+         {:.1} MiB; put exit {:?}; space given back {given_back} after {:?}: {:.1} MiB used, \
+         root {:?}; client said:\n{}",
+        mib(before),
+        mib(filled),
+        out.code(),
+        t.elapsed(),
+        mib(mnt.used()),
+        names(&dest),
+        out.stderr.trim()
+    );
+    assert!(
+        before < 200 * MIB,
+        "the large file was complete before the disk filled"
+    );
+    assert_code(&out, 1);
+    let v = one_json(&out.stdout);
+    // One file stored, one failed, with the write's own error: the file and the full disk.
+    assert_eq!((u64_of(&v, "files"), u64_of(&v, "failed")), (1, 1), "{v}");
+    assert_eq!(
+        v["errors"],
+        serde_json::json!(["writing tree/z-big.bin: No space left on device (os error 28)"]),
+        "{v}"
+    );
+    let errors: Vec<&str> = out
+        .stderr
+        .lines()
+        .filter(|l| l.starts_with("error: "))
+        .collect();
+    assert_eq!(
+        errors,
+        ["error: writing tree/z-big.bin: No space left on device (os error 28)"],
+        "{}",
+        out.stderr
+    );
+    assert!(
+        !dest.join("z-big.bin").exists(),
+        "a file under its final name"
+    );
+    assert_eq!(
+        names(&dest),
+        ["a-small.bin"],
+        "leftovers of the failed file"
+    );
+    assert!(
+        given_back,
+        "the failed file's space was not given back: {:.1} MiB used, the filler holds {:.1} MiB",
+        mib(mnt.used()),
+        mib(filled)
+    );
+
+    fs::remove_file(&filler).unwrap();
+    let out = run(&mut put(), Duration::from_secs(60));
+    assert_code(&out, 0);
+    let v = one_json(&out.stdout);
+    assert_eq!(
+        u64_of(&v, "skipped"),
+        1,
+        "the complete small file is skipped: {v}"
+    );
+    assert_eq!(tree_digest(&dest), tree_digest(&src), "byte-identical");
+    assert_eq!(names(&dest), ["a-small.bin", "z-big.bin"]);
     drop(srv); // before the unmount
 }
 

@@ -45,11 +45,11 @@ fn user() -> String {
 }
 
 impl Sshd {
-    fn start(sb: &Sandbox) -> Option<Self> {
-        if !have("/usr/sbin/sshd") || !have("ssh") || !have("ssh-keygen") {
-            eprintln!("SKIP: sshd/ssh/ssh-keygen not installed (scripts/deps.sh installs them)");
-            return None;
-        }
+    fn start(sb: &Sandbox, test: &str) -> Option<Self> {
+        let tools = (have("/usr/sbin/sshd") && have("ssh") && have("ssh-keygen"))
+            .then_some(())
+            .ok_or("sshd/ssh/ssh-keygen not installed (scripts/deps.sh installs them)");
+        ferry_netem::needs(test, tools)?;
         let dir = sb.mkdir("sshd");
         let host_key = dir.join("host_ed25519");
         let key = dir.join("client_ed25519");
@@ -126,7 +126,7 @@ fn oneshots_running(bin: &str) -> usize {
 #[test]
 fn put_and_get_over_an_ssh_started_session() {
     let sb = Sandbox::new();
-    let Some(sshd) = Sshd::start(&sb) else {
+    let Some(sshd) = Sshd::start(&sb, "put_and_get_over_an_ssh_started_session") else {
         return;
     };
     let bin = env!("CARGO_BIN_EXE_ferry");

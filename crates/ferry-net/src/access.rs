@@ -14,8 +14,9 @@
 //! Only the SHA-256 of a token is stored. Tokens are 192 random bits made by `ferry token
 //! add`, so a fast hash is enough: there is nothing to brute-force that a password hash's cost
 //! would protect (that cost is for low-entropy passwords). The server re-reads the file when
-//! its modification time changes, so `ferry token revoke` takes effect at the next login
-//! without a restart.
+//! anything `stat` says of it changes (inode, size, modification or change time to the
+//! nanosecond), and always within a second of a change, so `ferry token revoke` takes effect
+//! at the next login without a restart.
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -216,11 +217,58 @@ impl AccessList {
 #[derive(Debug)]
 pub enum Access {
     Fixed(Arc<AccessList>),
-    /// A token file, re-read when its modification time changes.
+    /// A token file, re-read when anything `stat` says about it changes.
     File {
         path: PathBuf,
-        cache: Mutex<Option<(SystemTime, Arc<AccessList>)>>,
+        cache: Mutex<Option<(FileStamp, Arc<AccessList>)>>,
     },
+}
+
+/// What `stat` says of the token file: a revoke must be seen at the next login, and comparing
+/// the modification time alone missed one written within the same timestamp tick (file
+/// systems stamp with a clock that advances every few milliseconds). `ferry token` replaces the
+/// file (a new inode); an editor may rewrite it in place (size, ctime).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FileStamp {
+    dev: u64,
+    ino: u64,
+    size: u64,
+    mtime: (i64, i64),
+    ctime: (i64, i64),
+    /// Read so soon after the last change (the same second) that a rewrite in place, of the
+    /// same size and within the same tick, would leave every field above as it is: such a
+    /// reading is never trusted, and the file is read again at the next login.
+    racy: bool,
+}
+
+impl FileStamp {
+    fn of(meta: &std::fs::Metadata, now: SystemTime) -> Self {
+        use std::os::unix::fs::MetadataExt;
+        let changed = SystemTime::UNIX_EPOCH
+            + Duration::new(
+                u64::try_from(meta.ctime()).unwrap_or(0),
+                u32::try_from(meta.ctime_nsec()).unwrap_or(0),
+            );
+        Self {
+            dev: meta.dev(),
+            ino: meta.ino(),
+            size: meta.size(),
+            mtime: (meta.mtime(), meta.mtime_nsec()),
+            ctime: (meta.ctime(), meta.ctime_nsec()),
+            // A clock set back (now before the change) counts as racy too.
+            racy: !matches!(now.duration_since(changed), Ok(d) if d >= Self::SETTLE),
+        }
+    }
+
+    /// Far more than any file system's timestamp tick.
+    const SETTLE: Duration = Duration::from_secs(1);
+
+    /// Whether a list read with stamp `self` still stands for a file that now has `now`.
+    fn still_valid(&self, now: &Self) -> bool {
+        !self.racy
+            && (self.dev, self.ino, self.size, self.mtime, self.ctime)
+                == (now.dev, now.ino, now.size, now.mtime, now.ctime)
+    }
 }
 
 impl Access {
@@ -238,21 +286,22 @@ impl Access {
         match self {
             Self::Fixed(l) => Ok(l.clone()),
             Self::File { path, cache } => {
-                let mtime =
-                    std::fs::metadata(path)
-                        .and_then(|m| m.modified())
-                        .map_err(|source| AccessError::Io {
-                            path: path.clone(),
-                            source,
-                        })?;
+                let stamp = std::fs::metadata(path)
+                    .map(|m| FileStamp::of(&m, SystemTime::now()))
+                    .map_err(|source| AccessError::Io {
+                        path: path.clone(),
+                        source,
+                    })?;
                 let mut c = cache.lock().unwrap_or_else(|e| e.into_inner());
-                if let Some((t, list)) = c.as_ref() {
-                    if *t == mtime {
+                if let Some((seen, list)) = c.as_ref() {
+                    if seen.still_valid(&stamp) {
                         return Ok(list.clone());
                     }
                 }
+                // Stamped before reading: a change during the read shows as a new stamp next
+                // time, never as an old stamp on new contents.
                 let list = Arc::new(AccessList::from_file(&load(path)?)?);
-                *c = Some((mtime, list.clone()));
+                *c = Some((stamp, list.clone()));
                 Ok(list)
             }
         }
@@ -530,22 +579,112 @@ mod tests {
         assert!(alice.may_read("a/b") && !alice.may_read("b") && !alice.may_write("a"));
         assert_eq!(list.authenticate(&t2).unwrap().name, "bob");
         assert!(list.authenticate("nope").is_none());
-        // Revocation is seen without a restart (mtime changes; force it in case the clock is
-        // coarse).
+        // Revocation is seen at once, without a restart.
         revoke_token(&path, "alice").unwrap();
-        let later = SystemTime::now() + Duration::from_secs(5);
-        std::fs::File::options()
-            .write(true)
-            .open(&path)
-            .unwrap()
-            .set_modified(later)
-            .unwrap();
         assert!(access.current().unwrap().authenticate(&t1).is_none());
         assert!(access.current().unwrap().authenticate(&t2).is_some());
         assert!(matches!(
             revoke_token(&path, "alice"),
             Err(AccessError::NoSuchToken(_))
         ));
+    }
+
+    /// A revoke within the same timestamp tick as the reading before it: the file's
+    /// modification time is put back to exactly what the server saw (as a coarse clock would
+    /// leave it), and the revoke is still seen, by the file's new inode.
+    #[test]
+    fn revoke_in_the_same_tick_is_seen() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tokens.toml");
+        let t1 = add_token(&path, "alice", vec![], vec![], false).unwrap();
+        let t2 = add_token(&path, "bob", vec![], vec![], false).unwrap();
+        let access = Access::file(&path);
+        assert!(access.current().unwrap().authenticate(&t1).is_some());
+        let seen = std::fs::metadata(&path).unwrap().modified().unwrap();
+        revoke_token(&path, "alice").unwrap();
+        std::fs::File::options()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_modified(seen)
+            .unwrap();
+        assert_eq!(std::fs::metadata(&path).unwrap().modified().unwrap(), seen);
+        let list = access.current().unwrap();
+        assert!(
+            list.authenticate(&t1).is_none(),
+            "revoked token still works"
+        );
+        assert!(list.authenticate(&t2).is_some());
+    }
+
+    /// An edit in place that keeps the size (another token's hash in its place) is seen too,
+    /// also when the modification time is put back.
+    #[test]
+    fn edit_in_place_of_the_same_size_is_seen() {
+        use std::io::{Seek, Write};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tokens.toml");
+        let t1 = add_token(&path, "alice", vec![], vec![], false).unwrap();
+        let access = Access::file(&path);
+        assert!(access.current().unwrap().authenticate(&t1).is_some());
+        let meta = std::fs::metadata(&path).unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        let other = ferry_core::digest::hex(&hash_token("another token"));
+        let edited = text.replace(&ferry_core::digest::hex(&hash_token(&t1)), &other);
+        assert_eq!(edited.len(), text.len());
+        let mut f = std::fs::File::options().write(true).open(&path).unwrap();
+        f.rewind().unwrap();
+        f.write_all(edited.as_bytes()).unwrap();
+        f.set_modified(meta.modified().unwrap()).unwrap();
+        drop(f);
+        let list = access.current().unwrap();
+        assert!(list.authenticate(&t1).is_none(), "the edit was not seen");
+        assert!(list.authenticate("another token").is_some());
+    }
+
+    /// The stamp's fields each count, and a reading taken within a second of the file's last
+    /// change is never trusted: an edit in the same tick would leave the stamp as it was.
+    #[test]
+    fn stamps_compare_every_field_and_distrust_fresh_readings() {
+        let settled = FileStamp {
+            dev: 1,
+            ino: 2,
+            size: 3,
+            mtime: (4, 5),
+            ctime: (6, 7),
+            racy: false,
+        };
+        assert!(settled.still_valid(&settled));
+        for changed in [
+            FileStamp { dev: 9, ..settled },
+            FileStamp { ino: 9, ..settled },
+            FileStamp { size: 9, ..settled },
+            FileStamp {
+                mtime: (4, 9),
+                ..settled
+            },
+            FileStamp {
+                ctime: (6, 9),
+                ..settled
+            },
+        ] {
+            assert!(!settled.still_valid(&changed), "{changed:?}");
+        }
+        let fresh = FileStamp {
+            racy: true,
+            ..settled
+        };
+        assert!(!fresh.still_valid(&settled));
+
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        std::fs::write(&path, b"x").unwrap();
+        let meta = std::fs::metadata(&path).unwrap();
+        let now = SystemTime::now();
+        assert!(FileStamp::of(&meta, now).racy);
+        assert!(!FileStamp::of(&meta, now + Duration::from_secs(2)).racy);
+        // A clock set back before the change: not trusted either.
+        assert!(FileStamp::of(&meta, now - Duration::from_secs(3600)).racy);
     }
 
     #[test]

@@ -10,10 +10,10 @@
 //! use ferry_netem::{can_run, BedConfig, Host, Regime, TestBed};
 //! use std::time::Duration;
 //!
-//! if let Err(why) = can_run() {
-//!     eprintln!("skipping: {why}");
+//! // Without root, TUN or `ip`: says why and returns, or fails when `CI` is set.
+//! let Some(()) = ferry_netem::needs("example", can_run()) else {
 //!     return;
-//! }
+//! };
 //! let bed = TestBed::up(BedConfig {
 //!     rtt: Duration::from_millis(50),
 //!     rate_bps: Some(1_000_000_000),
@@ -38,6 +38,7 @@
 
 mod bed;
 pub mod forward;
+mod needs;
 pub mod sched;
 
 use std::time::Duration;
@@ -48,6 +49,7 @@ pub use bed::{
     PREFIX_LEN, SERVER_ADDR, TUNED_BUF,
 };
 pub use forward::DirStats;
+pub use needs::{in_ci, needs, MARKER_DIR_ENV};
 
 /// Puts the calling thread under SCHED_FIFO at `priority` (1..=99), or
 /// back to normal scheduling with 0. Tests that time round trips through a

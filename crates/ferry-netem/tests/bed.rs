@@ -1,7 +1,8 @@
 //! Integration tests of the emulator. They need root, /dev/net/tun and
 //! `ip` (and iperf3 / ping for some): without them each test prints why
-//! and returns. They run one at a time (a shared lock) because they measure
-//! timing and throughput on a 2-core machine.
+//! and returns, or fails when `CI` is set (`ferry_netem::needs`). They run
+//! one at a time (a shared lock) because they measure timing and throughput
+//! on a 2-core machine.
 
 use std::collections::HashSet;
 use std::net::{SocketAddr, UdpSocket};
@@ -11,18 +12,22 @@ use std::time::{Duration, Instant};
 
 use std::os::unix::process::CommandExt;
 
-use ferry_netem::{can_run, find_in_path, set_thread_realtime, BedConfig, Host, Regime, TestBed};
+use ferry_netem::{
+    can_run, find_in_path, needs, set_thread_realtime, BedConfig, Host, Regime, TestBed,
+};
 
 static LOCK: Mutex<()> = Mutex::new(());
 
-/// Takes the global lock, or returns None (after saying why) when this
-/// machine cannot run a bed.
+/// Takes the global lock, or returns None (after saying why; a failure under
+/// CI) when this machine cannot run a bed.
 fn setup(test: &str) -> Option<MutexGuard<'static, ()>> {
-    if let Err(why) = can_run() {
-        eprintln!("skipping {test}: {why}");
-        return None;
-    }
+    needs(test, can_run())?;
     Some(LOCK.lock().unwrap_or_else(|e| e.into_inner()))
+}
+
+/// The path of `tool`, or the reason it is missing, for [`needs`].
+fn tool(tool: &str) -> Result<std::path::PathBuf, String> {
+    find_in_path(tool).ok_or_else(|| format!("{tool} not installed (scripts/netem-deps.sh)"))
 }
 
 fn netns_exists(name: &str) -> bool {
@@ -224,8 +229,8 @@ fn rtt_is_within_1ms() {
         (median(&rtts), rtts[0])
     });
 
-    // The kernel's view: ping (when installed), as the issue suggests.
-    if find_in_path("ping").is_some() {
+    // The kernel's view: ping, as the issue suggests.
+    if needs("rtt_is_within_1ms", tool("ping")).is_some() {
         check_rtt("ping avg at rtt 50 ms", &bed, 50.0, || {
             let mut cmd = bed.command(Host::Client, "ping");
             cmd.args(["-c", "5", "-i", "0.2", "-q", &bed.server_addr().to_string()]);
@@ -257,7 +262,7 @@ fn rtt_is_within_1ms() {
             (nums[1], nums[0])
         });
     } else {
-        eprintln!("ping not installed (scripts/netem-deps.sh): checked with UDP echoes only");
+        eprintln!("checked with UDP echoes only");
     }
 
     // At run time, down to 0: the bed itself adds little.
@@ -281,12 +286,9 @@ fn rate_cap_is_held_within_5pct() {
     let Some(_g) = setup("rate_cap_is_held_within_5pct") else {
         return;
     };
-    if find_in_path("iperf3").is_none() {
-        eprintln!(
-            "skipping rate_cap_is_held_within_5pct: iperf3 not installed (scripts/netem-deps.sh)"
-        );
+    let Some(_) = needs("rate_cap_is_held_within_5pct", tool("iperf3")) else {
         return;
-    }
+    };
     let rate = 200_000_000u64;
     let mtu = 9000u32;
     let bed = TestBed::up(BedConfig {
@@ -574,6 +576,7 @@ fn cli_up_exec_blackhole_down() {
     let Some(_g) = setup("cli_up_exec_blackhole_down") else {
         return;
     };
+    let ping = needs("cli_up_exec_blackhole_down", tool("ping")).is_some();
     let bin = env!("CARGO_BIN_EXE_ferry-netem");
     let name = format!("fnmcli{}", std::process::id());
     let run = |args: &[&str]| {
@@ -647,7 +650,7 @@ fn cli_up_exec_blackhole_down() {
 
     // Reachability through the bed, driven with the CLI's own commands.
     let probe = |expect: bool| {
-        let out = if find_in_path("ping").is_some() {
+        let out = if ping {
             run(&[
                 "exec",
                 "--name",

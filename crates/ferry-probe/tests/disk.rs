@@ -95,8 +95,8 @@ fn quick_probe_measures_and_cleans_up() {
 #[test]
 fn tmpfs_keeps_its_pages_cached() {
     let shm = Path::new("/dev/shm");
-    let Ok(dir) = tempfile::tempdir_in(shm) else {
-        eprintln!("no writable /dev/shm: skipped");
+    let dir = tempfile::tempdir_in(shm).map_err(|e| format!("no writable /dev/shm: {e}"));
+    let Some(dir) = ferry_netem::needs("tmpfs_keeps_its_pages_cached", dir) else {
         return;
     };
     let fs_is_tmpfs = std::fs::read_to_string("/proc/self/mountinfo")
