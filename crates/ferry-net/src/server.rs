@@ -753,7 +753,9 @@ async fn prepare<'a>(
             if !grant.may_read(&rel) {
                 return Err(denied(grant, "list", &path));
             }
-            list(shared, stream, &rel).await?;
+            list(shared, stream, &rel)
+                .await
+                .map_err(|e| as_requested(e, &path))?;
             Ok(Work::Done)
         }
         Frame::PutRequest {
@@ -765,7 +767,9 @@ async fn prepare<'a>(
             if !grant.may_write(&rel) {
                 return Err(denied(grant, "write to", &dest));
             }
-            let dest = resolve_dest(&shared.root, &dest, rel, sources)?;
+            let asked = dest.clone();
+            let dest = resolve_dest(&shared.root, &dest, rel, sources)
+                .map_err(|e| as_requested(e, &asked))?;
             let opts = clamp(shared, opts);
             // Creating the destination may fail (not a directory, outside the root): find out
             // before any data connection is opened, and tell the client why.
@@ -776,7 +780,8 @@ async fn prepare<'a>(
                 tag: session.0,
                 block_size: opts.block_size,
             };
-            let receiver = Receiver::new(dest, config, tx, Arc::new(NoReporter))?;
+            let receiver = Receiver::new(dest, config, tx, Arc::new(NoReporter))
+                .map_err(|e| as_requested(e.into(), &asked))?;
             let (joins, pending) = announce(shared, stream, session, secret, &opts).await?;
             Ok(Work::Put {
                 receiver,
@@ -791,7 +796,10 @@ async fn prepare<'a>(
             if !grant.may_read(&rel) {
                 return Err(denied(grant, "read", &src));
             }
-            shared.root.lstat(&rel)?;
+            shared
+                .root
+                .lstat(&rel)
+                .map_err(|e| as_requested(e.into(), &src))?;
             let name = path::split_parent(&rel).1;
             let name = if name.is_empty() {
                 "root".to_owned()
@@ -866,6 +874,21 @@ fn resolve(shared: &Shared, raw: &str) -> Result<String, SessionError> {
         Ok(rel)
     } else {
         Ok(path::join(&shared.config.base, &rel))
+    }
+}
+
+/// A failure to find or open the path a request named, named as the client wrote it: the file
+/// system names the component it stopped at (`no` for `/no/such`), which the client never typed.
+fn as_requested(e: SessionError, raw: &str) -> SessionError {
+    match e {
+        SessionError::Fs(FsError::Io { cause, .. }) => SessionError::Fs(FsError::Io {
+            path: raw.to_owned(),
+            cause,
+        }),
+        SessionError::Fs(FsError::Escapes { .. }) => SessionError::Fs(FsError::Escapes {
+            path: raw.to_owned(),
+        }),
+        other => other,
     }
 }
 
