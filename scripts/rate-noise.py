@@ -5,7 +5,7 @@ Runs CMD (a transfer), polls `ss -ti` for its connections every 20 ms, and print
 coefficient of variation of the rate over consecutive windows of 0.25-1 s (from 2.5 s in to
 1 s before the end) counted two ways: `tcpi_bytes_acked` alone, and acked plus SACKed
 segments x MSS (what ferry's tuner counts, `TcpInfo::delivered`). Run it where the
-transfer's client runs, e.g. on the bed (BENCHMARKS.md, "Auto-tuning against fixed settings"):
+transfer's client runs, e.g. on the bed (docs/bench/NOTEBOOK.md, "Auto-tuning against fixed settings"):
 
   ferry-netem exec --name fp client -- python3 scripts/rate-noise.py 10.77.0.2 7070 -- \
       ferry put /dev/shm/fp/src/big 10.77.0.2:7070:/ --streams 8

@@ -1,6 +1,6 @@
 //! ferry-bench: ferry's throughput against streams, RTT, TCP regime, file size and block size on
 //! the emulated WAN bed (or against a real `ferry serve`), with iperf3 as the ceiling and the
-//! peer tools Debian packages (rsync, scp, XRootD, GridFTP) side by side. See BENCHMARKS.md.
+//! peer tools Debian packages (rsync, scp, XRootD, GridFTP) side by side. See docs/bench/NOTEBOOK.md.
 
 mod data;
 mod iperf;

@@ -287,6 +287,10 @@ pub struct ServeArgs {
     /// (what `ferry put FILES USER@HOST:PATH` runs on the remote host).
     #[arg(long, conflicts_with_all = ["tokens", "token_file"])]
     pub oneshot: bool,
+    /// Store setuid, setgid and world-writable bits as clients send them (cleared by default,
+    /// as `cp` does without --preserve).
+    #[arg(long)]
+    pub keep_modes: bool,
 }
 
 /// Options shared by put and get.
@@ -362,6 +366,13 @@ pub struct GetArgs {
     pub remote: String,
     /// Local destination (a directory, or a new name).
     pub dest: PathBuf,
+    /// Refuse symlinks whose target is absolute or climbs out of the tree being fetched: the
+    /// server chooses what its links point to (SECURITY.md).
+    #[arg(long)]
+    pub safe_links: bool,
+    /// Keep setuid, setgid and world-writable bits as the server has them (cleared by default).
+    #[arg(long)]
+    pub keep_modes: bool,
     #[command(flatten)]
     pub transfer: TransferArgs,
 }

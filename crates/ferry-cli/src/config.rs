@@ -339,6 +339,8 @@ pub fn control_config(
         stall_stream: None,
         drain_at_end: false,
         helpers: 0,
+        modes: Default::default(),
+        links: Default::default(),
     })
 }
 
@@ -485,6 +487,8 @@ pub fn client_config(args: &TransferArgs, remote: &Remote) -> Result<ClientConfi
         stall_stream: None,
         drain_at_end: false,
         helpers: 0,
+        modes: Default::default(),
+        links: Default::default(),
     })
 }
 

@@ -34,7 +34,7 @@ pub fn release() {
 /// Why: the kernel frees a process's pages inside its exit, and a client that moved 1 GiB held
 /// ~280 MB (blocks in flight, the pool, the allocator's free lists): 22 ms of `exit_group`
 /// after the last `Complete` had arrived. Done while the last bytes cross the network it
-/// costs no wait (exit 3–13 ms; BENCHMARKS.md, "The first window"). Buffers taken later
+/// costs no wait (exit 3–13 ms; docs/bench/NOTEBOOK.md, "The first window"). Buffers taken later
 /// still work, unpooled; a server never calls this.
 pub fn drain() {
     {

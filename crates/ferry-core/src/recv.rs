@@ -88,6 +88,81 @@ pub struct ReceiverConfig {
     /// The session's block size: files larger than one block are journaled for resume, and a
     /// partial copy is resumed only if it was written with the same block size.
     pub block_size: u32,
+    /// Which permission bits are stored.
+    pub modes: Modes,
+    /// Which symlinks are made.
+    pub links: Links,
+}
+
+/// Which symlinks a receiver makes. A link is stored as its target string and never followed
+/// by ferry out of its root, but a program that later reads the tree follows it: a `get` from
+/// an untrusted server can plant `x -> /etc/passwd`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Links {
+    /// Every link is made as sent (the default, like `cp -r` and `rsync -l`).
+    #[default]
+    Any,
+    /// A link whose target is absolute or climbs out of the transfer's top entry is refused
+    /// (`--safe-links`).
+    InTree,
+}
+
+impl Links {
+    /// Whether a link at wire path `path` pointing at `target` is made.
+    pub fn allows(self, path: &str, target: &str) -> bool {
+        match self {
+            Links::Any => true,
+            Links::InTree => stays_in_tree(path, target),
+        }
+    }
+}
+
+/// Whether `target`, read from the directory of the link at `path` (a wire path whose first
+/// component is the transfer's top entry), stays inside that top entry.
+pub fn stays_in_tree(path: &str, target: &str) -> bool {
+    if target.starts_with('/') {
+        return false;
+    }
+    let parent = split_parent(path).0;
+    let mut depth = parent.split('/').filter(|c| !c.is_empty()).count() as i64 - 1;
+    if depth < 0 {
+        // A link at the top is the whole transfer: any relative target is beside it.
+        return false;
+    }
+    for c in target.split('/') {
+        match c {
+            "" | "." => {}
+            ".." => {
+                depth -= 1;
+                if depth < 0 {
+                    return false;
+                }
+            }
+            _ => depth += 1,
+        }
+    }
+    true
+}
+
+/// Which of a sender's permission bits a receiver stores. A peer chooses the modes of what it
+/// sends; the receiving host's owner chooses whether setuid, setgid and world-writable bits
+/// survive, as `cp` keeps them only with `--preserve`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Modes {
+    /// Setuid, setgid and the world-writable bit are cleared (the default).
+    #[default]
+    Safe,
+    /// Every permission bit is kept as sent.
+    Keep,
+}
+
+impl Modes {
+    pub fn apply(self, mode: u32) -> u32 {
+        match self {
+            Modes::Safe => mode & 0o7777 & !0o6002,
+            Modes::Keep => mode & 0o7777,
+        }
+    }
 }
 
 /// A problem that ends the whole transfer, not just one file.
@@ -144,6 +219,33 @@ impl Ranges {
         (end - start).saturating_sub(covered)
     }
 
+    /// The parts of `[start, end)` not yet in the set, in order.
+    fn gaps(&self, start: u64, end: u64) -> Vec<(u64, u64)> {
+        let mut out = Vec::new();
+        let mut at = start;
+        // The range that holds `start`, if any, then every one that begins inside.
+        let first = self.0.range(..=start).next_back().map(|(&s, &e)| (s, e));
+        for (s, e) in first
+            .into_iter()
+            .chain(self.0.range(start + 1..end).map(|(&s, &e)| (s, e)))
+        {
+            if e <= at {
+                continue;
+            }
+            if s > at {
+                out.push((at, s.min(end)));
+            }
+            at = at.max(e);
+            if at >= end {
+                break;
+            }
+        }
+        if at < end {
+            out.push((at, end));
+        }
+        out
+    }
+
     fn contains(&self, start: u64, end: u64) -> bool {
         self.0
             .range(..=start)
@@ -194,6 +296,31 @@ struct Writing {
     /// is: a copy of a block (the sender's endgame) written after the file was finalized would
     /// reset the mtime just set and, for a non-root receiver, clear setuid/setgid bits.
     inflight: u32,
+    /// The byte ranges those writes hold: a block overlapping them (or what is written) writes
+    /// only its other bytes, so every byte of the file is written once and the digest is of
+    /// the bytes stored, whatever a peer sends over them.
+    reserved: Vec<(u64, u64)>,
+}
+
+/// The parts of `[start, end)` that neither `written` nor any of `reserved` covers.
+fn free_parts(written: &Ranges, reserved: &[(u64, u64)], start: u64, end: u64) -> Vec<(u64, u64)> {
+    let mut parts = written.gaps(start, end);
+    for &(rs, re) in reserved {
+        parts = parts
+            .into_iter()
+            .flat_map(|(s, e)| {
+                if re <= s || rs >= e {
+                    vec![(s, e)]
+                } else {
+                    [(s, rs.max(s)), (re.min(e), e)]
+                        .into_iter()
+                        .filter(|(a, b)| a < b)
+                        .collect()
+                }
+            })
+            .collect();
+    }
+    parts
 }
 
 impl Writing {
@@ -505,13 +632,20 @@ impl Receiver {
         if let Some(d) = block.file_digest.clone() {
             w.expected = Some(d);
         }
-        if w.written.contains(block.offset, block.offset + len) && len > 0 {
-            // Already here: after a resume, the last block comes again for its file digest even
-            // when the receiver has it, and it may be the last block to arrive (or the only one,
-            // when the partial copy was whole). It completes the file then.
+        let end = block.offset + len;
+        let parts = free_parts(&w.written, &w.reserved, block.offset, end);
+        if parts.is_empty() && len > 0 {
+            // Already here (or being written by another copy): after a resume, the last block
+            // comes again for its file digest even when the receiver has it, and it may be the
+            // last block to arrive (or the only one, when the partial copy was whole). It
+            // completes the file then.
             self.advance(&entry, slot, None);
             return Ok(());
         }
+        // A block that overlaps bytes already written, or being written, writes only its own:
+        // an honest copy carries the same bytes there, and a peer that sends others cannot
+        // make the stored bytes differ from the ones digested.
+        let whole = parts.len() <= 1 && parts.first().is_none_or(|&p| p == (block.offset, end));
         let file = match w.file() {
             Ok(f) => f,
             Err(e) => {
@@ -523,19 +657,32 @@ impl Receiver {
         };
         let tree = w.tree.is_some();
         w.inflight += 1;
+        w.reserved.extend_from_slice(&parts);
         // Write (and hash, in tree mode) without holding the slot, so other blocks of the same
         // file proceed in parallel.
         drop(slot);
-        let write = file.write_all_at(&block.data, block.offset);
-        let pieces = match write {
-            Ok(()) if tree => Blake3Tree::pieces(entry.meta.size, block.offset, &block.data),
-            _ => Vec::new(),
-        };
+        let mut pieces = Vec::new();
+        let mut write = Ok(());
+        for &(s, e) in &parts {
+            let data = &block.data[(s - block.offset) as usize..(e - block.offset) as usize];
+            write = file.write_all_at(data, s);
+            if write.is_err() {
+                break;
+            }
+            if tree {
+                pieces.extend(Blake3Tree::pieces(entry.meta.size, s, data));
+            }
+        }
         let mut slot = lock(&entry.slot);
         let Slot::Writing(w) = &mut *slot else {
             return Ok(());
         };
         w.inflight -= 1;
+        for p in &parts {
+            if let Some(i) = w.reserved.iter().position(|r| r == p) {
+                w.reserved.swap_remove(i);
+            }
+        }
         if let Err(e) = write {
             let msg = format!("writing {}: {e}", entry.meta.path);
             let code = FsError::io(&entry.meta.path, e).code();
@@ -550,9 +697,19 @@ impl Receiver {
         }
         // A copy of a block can arrive on two connections (the sender's endgame) and both may
         // be written before either is recorded: the second counts for nothing.
-        let new = w.written.uncovered(block.offset, block.offset + len);
-        w.written.insert(block.offset, block.offset + len);
+        let mut new = 0;
+        for &(s, e) in &parts {
+            new += w.written.uncovered(s, e);
+            w.written.insert(s, e);
+        }
         if new == 0 && len > 0 {
+            self.advance(&entry, slot, None);
+            return Ok(());
+        }
+        if !whole {
+            // Hashed from what was stored, read back; not journaled (a record claims the
+            // block's digest for all its bytes): after a crash it is sent again.
+            self.reporter.on_bytes(new);
             self.advance(&entry, slot, None);
             return Ok(());
         }
@@ -988,6 +1145,7 @@ impl Receiver {
             expected: None,
             journal,
             inflight: 0,
+            reserved: Vec::new(),
         };
         if meta.size <= u64::from(self.config.block_size) {
             // Created with its first block (`Writing::file`).
@@ -1192,7 +1350,13 @@ impl Receiver {
     }
 
     fn handle_symlink(&self, path: &str, target: &str, mtime_ns: i64) {
-        if let Err(msg) = self.make_symlink(path, target, mtime_ns) {
+        if !self.config.links.allows(path, target) {
+            self.entry_failed(
+                path,
+                ErrorCode::PERMISSION,
+                format!("symlink {path} -> {target}: leaves the tree, not made (--safe-links)"),
+            );
+        } else if let Err(msg) = self.make_symlink(path, target, mtime_ns) {
             self.entry_failed(path, ErrorCode::IO, msg);
         }
         self.counters.symlinks.fetch_add(1, Ordering::Relaxed);
@@ -1221,7 +1385,19 @@ impl Receiver {
             .map_err(|e| format!("symlink {path}: {e}"))?;
         let (dir_rel, name) = split_parent(&rel);
         let err = |e: &dyn std::fmt::Display| format!("symlink {rel}: {e}");
-        if self.dest.root.lstat(&rel).is_ok() {
+        let dir = self.dir(dir_rel).map_err(|e| err(&e))?;
+        if let Ok(have) = root::lstat_in(&dir, name) {
+            if have.kind == root::Kind::Symlink
+                && link_target(&dir, name).as_deref() == Some(target)
+            {
+                // The same link (a re-run): complete, whatever the policy. Its own mtime is
+                // brought in line so the copy is the same tree; failing that costs nothing.
+                if have.mtime_ns != mtime_ns {
+                    let _ = root::set_link_mtime(&dir, name, mtime_ns);
+                }
+                self.counters.skipped.fetch_add(1, Ordering::Relaxed);
+                return Ok(());
+            }
             match self.config.existing {
                 ExistingPolicy::Skip => {
                     self.counters.skipped.fetch_add(1, Ordering::Relaxed);
@@ -1233,7 +1409,6 @@ impl Receiver {
                 ExistingPolicy::Overwrite => {}
             }
         }
-        let dir = self.dir(dir_rel).map_err(|e| err(&e))?;
         let n = self.next_temp.fetch_add(1, Ordering::Relaxed);
         let temp = format!(".ferry-{:016x}-l{n}.part", self.config.tag);
         root::symlink_in(&dir, &temp, target).map_err(|e| err(&e))?;
@@ -1276,7 +1451,8 @@ impl Receiver {
         dirs.sort_by_key(|(rel, _, _)| std::cmp::Reverse(rel.matches('/').count()));
         let mut synced = HashSet::new();
         for (rel, mode, mtime) in &dirs {
-            if let Err(e) = self.dest.root.set_dir_meta(rel, *mode, *mtime) {
+            let mode = self.config.modes.apply(*mode);
+            if let Err(e) = self.dest.root.set_dir_meta(rel, mode, *mtime) {
                 self.error(format!("directory {rel}: {e}"));
             }
             let (parent, _) = split_parent(rel);
@@ -1358,6 +1534,15 @@ fn journal_name(name: &str) -> String {
         ".ferry-{:016x}.journal",
         xxhash_rust::xxh3::xxh3_64(name.as_bytes())
     )
+}
+
+/// The target of symlink `name` in `dir`, if it is one with a UTF-8 target (the only kind
+/// the wire carries, so the only kind that can equal an offered one).
+fn link_target(dir: &OwnedFd, name: &str) -> Option<String> {
+    rustix::fs::readlinkat(dir, name, Vec::new())
+        .ok()?
+        .into_string()
+        .ok()
 }
 
 /// Removes a temporary file and its journal.
@@ -1478,7 +1663,8 @@ impl Receiver {
     fn finalize_batch(&self, batch: Vec<FinalizeJob>) {
         let mut ok = Vec::with_capacity(batch.len());
         for job in batch {
-            match root::set_file_meta(&job.file, job.meta.mode, job.meta.mtime_ns) {
+            let mode = self.config.modes.apply(job.meta.mode);
+            match root::set_file_meta(&job.file, mode, job.meta.mtime_ns) {
                 Ok(()) => ok.push(job),
                 Err(e) => self.finalize_failed(
                     &job,
@@ -1573,6 +1759,28 @@ mod tests {
     use super::*;
 
     #[test]
+    fn safe_links_stay_inside_the_top_entry() {
+        assert!(stays_in_tree("tree/link", "a/b"));
+        assert!(stays_in_tree("tree/a/link", "../b"));
+        assert!(stays_in_tree("tree/a/link", "./../a/./c"));
+        assert!(!stays_in_tree("tree/link", "../x"));
+        assert!(!stays_in_tree("tree/a/link", "../../x"));
+        assert!(!stays_in_tree("tree/a/link", "../b/../../x"));
+        assert!(!stays_in_tree("tree/link", "/etc/passwd"));
+        assert!(!stays_in_tree("link", "x"));
+        assert!(Links::Any.allows("link", "/etc/passwd"));
+    }
+
+    #[test]
+    fn safe_modes_clear_setuid_setgid_and_world_write() {
+        assert_eq!(Modes::Safe.apply(0o107777), 0o1775);
+        assert_eq!(Modes::Safe.apply(0o106777), 0o775);
+        assert_eq!(Modes::Safe.apply(0o4755), 0o755);
+        assert_eq!(Modes::Safe.apply(0o644), 0o644);
+        assert_eq!(Modes::Keep.apply(0o106777), 0o6777);
+    }
+
+    #[test]
     fn ranges_merge_and_report_runs() {
         let mut r = Ranges::default();
         assert!(r.insert(10, 20));
@@ -1618,6 +1826,8 @@ mod tests {
             checksum,
             tag: 7,
             block_size: 1 << 20,
+            modes: Modes::default(),
+            links: Links::default(),
         };
         let (tx, rx) = flume::unbounded();
         let r = Receiver::new(dest, config, tx, reporter).unwrap();
@@ -1933,6 +2143,85 @@ mod tests {
         assert_eq!((summary.files, summary.failed), (1, 1), "{summary:?}");
         assert_eq!(std::fs::read(dir.path().join("in/f.bin")).unwrap(), data);
         assert_eq!(names("in"), ["f.bin"], "nothing else left behind");
+    }
+
+    #[test]
+    fn gaps_and_free_parts() {
+        let mut r = Ranges::default();
+        r.insert(10, 20);
+        r.insert(30, 40);
+        assert_eq!(r.gaps(0, 50), [(0, 10), (20, 30), (40, 50)]);
+        assert_eq!(r.gaps(15, 35), [(20, 30)]);
+        assert_eq!(r.gaps(12, 18), []);
+        assert_eq!(r.gaps(40, 45), [(40, 45)]);
+        assert_eq!(
+            free_parts(&r, &[(0, 5), (22, 25)], 0, 50),
+            [(5, 10), (20, 22), (25, 30), (40, 50)]
+        );
+        assert_eq!(free_parts(&r, &[(0, 50)], 0, 50), []);
+    }
+
+    /// Two blocks that overlap with different bytes there: the stored file is the bytes that
+    /// were digested, never a mix the digest did not see. Bytes 0..n/3*2 come as `A`, then
+    /// n/3..n as `B`: the receiver keeps the first writer's bytes, so only a digest of
+    /// A × 2n/3 + B × n/3 verifies, and the file on disk is exactly that.
+    #[test]
+    fn overlapping_blocks_store_the_verified_bytes() {
+        // In-order digests (small files) and tree digests (larger ones).
+        for size in [6144u64, 300_000] {
+            let (a_end, b_start) = (size / 3 * 2, size / 3);
+            let frame = |offset: u64, end: u64, byte: u8, digest: Option<Vec<u8>>| {
+                let data = Bytes::from(vec![byte; (end - offset) as usize]);
+                Frame::Block(Block {
+                    file: FileMeta {
+                        id: FileId(1),
+                        path: "f.bin".into(),
+                        size,
+                        mode: 0o644,
+                        mtime_ns: 0,
+                    },
+                    offset,
+                    digest: block_digest(&data),
+                    file_digest: digest.map(Bytes::from),
+                    early: false,
+                    data,
+                })
+            };
+            let mut verified = vec![b'A'; a_end as usize];
+            verified.resize(size as usize, b'B');
+            let mut mixed = vec![b'A'; b_start as usize];
+            mixed.resize(size as usize, b'B');
+            for (claimed, completes) in [(&verified, true), (&mixed, false)] {
+                let dir = tempfile::tempdir().unwrap();
+                let (r, rx) = receiver(dir.path());
+                r.handle(offer(1, "f.bin", size)).unwrap();
+                assert_eq!(decision(&rx), Decision::Send);
+                r.expect(1, 0, 0);
+                r.handle(frame(0, a_end, b'A', None)).unwrap();
+                let digest = blake3::hash(claimed).as_bytes().to_vec();
+                r.handle(frame(b_start, size, b'B', Some(digest))).unwrap();
+                let is_failure = |f: Frame| matches!(f, Frame::FileFailed { .. });
+                if completes {
+                    r.done()
+                        .recv_timeout(std::time::Duration::from_secs(5))
+                        .expect("the file resolves");
+                    r.finish();
+                    assert!(!rx.try_iter().any(is_failure), "size {size}");
+                    let stored = std::fs::read(dir.path().join("in/f.bin")).ok();
+                    assert_eq!(stored.as_deref(), Some(&verified[..]), "size {size}");
+                } else {
+                    let failed = rx
+                        .recv_timeout(std::time::Duration::from_secs(5))
+                        .is_ok_and(is_failure);
+                    let stored = std::fs::read(dir.path().join("in/f.bin")).ok();
+                    assert!(
+                        failed,
+                        "size {size}: a digest of bytes not stored must fail"
+                    );
+                    assert_eq!(stored, None, "size {size}: nothing under the final name");
+                }
+            }
+        }
     }
 
     /// `size` bytes of a pattern (`i * step % 251`), and their BLAKE3 file digest.

@@ -111,6 +111,66 @@ impl Root {
         })
     }
 
+    /// Opens `prefix` (a token's scope) as a new root, refusing a symlink anywhere in it
+    /// (`RESOLVE_NO_SYMLINKS`): a client that may write somewhere could otherwise plant a link
+    /// where another scope begins and move that scope. With `create`, a missing prefix is made
+    /// first (`mkdir -p`, as a put to it would). Every path of an operation is then resolved
+    /// beneath this directory, so a symlink inside the scope cannot lead out of it.
+    pub fn scope(&self, prefix: &str, create: bool) -> Result<Self, FsError> {
+        validate_rel(prefix)?;
+        if prefix.is_empty() {
+            return self.subroot("");
+        }
+        let open = || {
+            rfs::openat2(
+                &self.fd,
+                prefix,
+                OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+                Mode::empty(),
+                RESOLVE | ResolveFlags::NO_SYMLINKS,
+            )
+        };
+        let fd = match open() {
+            Err(rustix::io::Errno::NOENT) if create => {
+                // Made one component at a time from parents opened without following any link,
+                // so a missing scope is never created somewhere a link points to.
+                for (i, _) in prefix
+                    .match_indices('/')
+                    .chain(std::iter::once((prefix.len(), "")))
+                {
+                    let (parent, name) = split_parent(&prefix[..i]);
+                    let dir = rfs::openat2(
+                        &self.fd,
+                        if parent.is_empty() { "." } else { parent },
+                        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+                        Mode::empty(),
+                        RESOLVE | ResolveFlags::NO_SYMLINKS,
+                    )
+                    .map_err(|e| FsError::io(parent, e))?;
+                    match rfs::mkdirat(&dir, name, Mode::from_raw_mode(0o755)) {
+                        Ok(()) | Err(rustix::io::Errno::EXIST) => {}
+                        Err(e) => return Err(FsError::io(&prefix[..i], e)),
+                    }
+                }
+                open()
+            }
+            r => r,
+        }
+        .map_err(|e| match e {
+            rustix::io::Errno::LOOP => FsError::io(
+                prefix,
+                std::io::Error::other(
+                    "a symlink in a token's scope: scopes must be real directories",
+                ),
+            ),
+            e => FsError::io(prefix, e),
+        })?;
+        Ok(Self {
+            fd,
+            path: self.path.join(prefix),
+        })
+    }
+
     /// Opens a directory beneath the root (the root itself for `""`).
     pub fn open_dir(&self, rel: &str) -> Result<OwnedFd, FsError> {
         validate_rel(rel)?;
@@ -231,9 +291,20 @@ impl Root {
         }
     }
 
-    /// Sets mode and mtime of a directory or a file (following nothing at the last component).
+    /// Sets mode and mtime of a directory. A final symlink is not followed (`O_NOFOLLOW`): a
+    /// link that stands where the sender had a directory is refused, never the directory it
+    /// points to changed.
     pub fn set_dir_meta(&self, rel: &str, mode: u32, mtime_ns: i64) -> Result<(), FsError> {
-        let fd = self.open_dir(rel)?;
+        validate_rel(rel)?;
+        let p = if rel.is_empty() { "." } else { rel };
+        let fd = rfs::openat2(
+            &self.fd,
+            p,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+            RESOLVE,
+        )
+        .map_err(|e| FsError::io(rel, e))?;
         rfs::fchmod(&fd, Mode::from_raw_mode(mode & 0o7777)).map_err(|e| FsError::io(rel, e))?;
         rfs::futimens(&fd, &timestamps(mtime_ns)).map_err(|e| FsError::io(rel, e))?;
         Ok(())
@@ -420,6 +491,39 @@ mod tests {
         assert_eq!((st.st_nlink, st.st_size), (0, 100_000));
         close_later(vec![old, link]);
         close_later(Vec::new());
+    }
+
+    #[test]
+    fn a_scope_is_a_real_directory_and_confines_beneath_itself() {
+        let outer = tempfile::tempdir().unwrap();
+        let root_dir = outer.path().join("root");
+        std::fs::create_dir_all(root_dir.join("priv")).unwrap();
+        std::fs::create_dir_all(root_dir.join("in")).unwrap();
+        std::os::unix::fs::symlink("../priv", root_dir.join("in/esc")).unwrap();
+        std::os::unix::fs::symlink("priv", root_dir.join("lnk")).unwrap();
+        let root = Root::open(&root_dir).unwrap();
+        // A missing scope is made when asked, component by component.
+        root.scope("new/a/b", true).unwrap();
+        assert!(root_dir.join("new/a/b").is_dir());
+        assert!(root.scope("absent", false).is_err());
+        // No link anywhere in the prefix, and nothing made through one.
+        let e = root.scope("lnk", false).unwrap_err().to_string();
+        assert!(e.contains("symlink"), "{e}");
+        assert!(root.scope("lnk/x", true).is_err());
+        assert!(root.scope("in/esc/x", true).is_err());
+        assert!(!root_dir.join("priv/x").exists());
+        // Beneath the scope, a link out of it is refused.
+        let scope = root.scope("in", false).unwrap();
+        assert!(scope.create_dir_all("esc/y").is_err());
+        assert!(scope.read_dir("esc").is_err());
+        assert!(!root_dir.join("priv/y").exists());
+        // Directory metadata is never set through a final link.
+        assert!(root.set_dir_meta("lnk", 0o700, 0).is_err());
+        let mode = std::fs::metadata(root_dir.join("priv")).unwrap();
+        assert_ne!(
+            std::os::unix::fs::PermissionsExt::mode(&mode.permissions()) & 0o777,
+            0o700
+        );
     }
 
     #[test]

@@ -9,7 +9,7 @@
 //!
 //! The search is a hill climb on measured throughput: the best setting is not predictable from
 //! the path alone (window caps, CPU contention, storage and cross traffic all move it; see
-//! BENCHMARKS.md), but throughput against concurrency is close to unimodal, so probing
+//! docs/bench/NOTEBOOK.md), but throughput against concurrency is close to unimodal, so probing
 //! neighbours and keeping only clear gains finds the top in a handful of steps.
 
 pub mod sim;
@@ -196,7 +196,7 @@ impl TunerConfig {
     /// parked holds one small file, not a block, and the send buffer holds at most 1 MiB that
     /// has not gone out (`TCP_NOTSENT_LOWAT`, ferry-net's `tcp::NOTSENT_LOWAT`; without that
     /// limit 16 streams lost 19% to 8 at 50 ms, with it 3%). At short round trips the ramp is
-    /// free and the extra streams only cost CPU. Measured on the bed: BENCHMARKS.md,
+    /// free and the extra streams only cost CPU. Measured on the bed: docs/bench/NOTEBOOK.md,
     /// "Auto-tuning against fixed settings". A longer tree is measured and tuned from there
     /// like any transfer, the default included.
     pub fn for_tiny_files(mut self, rtt: Duration) -> Self {

@@ -126,6 +126,34 @@ impl Grant {
     pub fn may_write(&self, rel: &str) -> bool {
         self.write.iter().any(|p| under(rel, p))
     }
+
+    /// The read prefix that covers `rel` (the widest, when several do): the directory its
+    /// operation is confined beneath.
+    pub fn read_scope(&self, rel: &str) -> Option<&str> {
+        widest(&self.read, rel)
+    }
+
+    /// The write prefix that covers `rel` (the widest, when several do).
+    pub fn write_scope(&self, rel: &str) -> Option<&str> {
+        widest(&self.write, rel)
+    }
+}
+
+fn widest<'a>(prefixes: &'a [String], rel: &str) -> Option<&'a str> {
+    prefixes
+        .iter()
+        .filter(|p| under(rel, p))
+        .min_by_key(|p| p.len())
+        .map(String::as_str)
+}
+
+/// `rel` (covered by `prefix`) as a path inside `prefix`.
+pub fn inside<'a>(rel: &'a str, prefix: &str) -> &'a str {
+    if prefix.is_empty() {
+        rel
+    } else {
+        rel[prefix.len()..].trim_start_matches('/')
+    }
 }
 
 /// Whether `rel` is `prefix` or inside it, by whole path components (`/data2` is not in `/data`).
@@ -333,14 +361,17 @@ pub fn revoke_token(path: &Path, name: &str) -> Result<(), AccessError> {
     save(path, &file)
 }
 
-/// Slows down guessing from one address: after [`LoginBrake::FREE`] failures in a row, each
-/// further attempt must wait twice as long as the last (1 s, 2 s, … up to 5 min), and attempts
-/// inside the wait are refused without even checking the token, so opening many connections
-/// in parallel does not help. A success clears the address; quiet addresses are forgotten.
-/// Time is passed in, so the policy is tested without sleeping.
+/// Slows down guessing: after [`LoginBrake::FREE`] failures from one address, or
+/// [`LoginBrake::FREE_NET`] from its network (IPv4 /24, IPv6 /64, so that rotating source
+/// addresses does not help), each further attempt must wait twice as long as the last (1 s,
+/// 2 s, … up to 5 min), and attempts inside the wait are refused without even checking the
+/// token, so opening many connections in parallel does not help either. A successful login
+/// clears nothing: a client holding one valid token must not earn free guesses at others.
+/// Quiet entries are forgotten. Time is passed in, so the policy is tested without sleeping.
 #[derive(Debug, Default)]
 pub struct LoginBrake {
     by_addr: HashMap<IpAddr, Failures>,
+    by_net: HashMap<IpAddr, Failures>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -349,61 +380,93 @@ struct Failures {
     last: Instant,
 }
 
+/// The network an address is counted in as well: its /24 (IPv4) or /64 (IPv6).
+pub fn network_of(addr: IpAddr) -> IpAddr {
+    match addr {
+        IpAddr::V4(a) => {
+            let [x, y, z, _] = a.octets();
+            IpAddr::from([x, y, z, 0])
+        }
+        IpAddr::V6(a) => match a.to_ipv4_mapped() {
+            Some(v4) => network_of(IpAddr::V4(v4)),
+            None => IpAddr::V6(std::net::Ipv6Addr::from(
+                u128::from(a) & !((1u128 << 64) - 1),
+            )),
+        },
+    }
+}
+
 impl LoginBrake {
-    /// Failures allowed before waits start: enough for a user fixing a typo.
+    /// Failures allowed from one address before waits start: enough for a user fixing a typo.
     pub const FREE: u32 = 5;
+    /// Failures allowed from one network (a site's hosts behind one /24 or /64 together).
+    pub const FREE_NET: u32 = 20;
     const MAX_WAIT: Duration = Duration::from_secs(300);
     const FORGET: Duration = Duration::from_secs(3600);
-    /// Addresses remembered at most; beyond that the oldest are dropped, so a flood from many
-    /// addresses cannot grow the table without bound.
+    /// Entries remembered at most per table; beyond that the oldest are dropped, so a flood
+    /// from many addresses cannot grow the tables without bound.
     const MAX_ADDRS: usize = 10_000;
 
-    fn wait_for(count: u32) -> Duration {
-        if count < Self::FREE {
+    fn wait_for(count: u32, free: u32) -> Duration {
+        if count < free {
             return Duration::ZERO;
         }
-        let exp = (count - Self::FREE).min(16);
+        let exp = (count - free).min(16);
         Duration::from_secs(1u64 << exp).min(Self::MAX_WAIT)
+    }
+
+    fn wait_in(
+        table: &mut HashMap<IpAddr, Failures>,
+        key: IpAddr,
+        free: u32,
+        now: Instant,
+    ) -> Duration {
+        let Some(f) = table.get(&key).copied() else {
+            return Duration::ZERO;
+        };
+        if now.saturating_duration_since(f.last) > Self::FORGET {
+            table.remove(&key);
+            return Duration::ZERO;
+        }
+        (f.last + Self::wait_for(f.count, free)).saturating_duration_since(now)
     }
 
     /// `Err(wait)` if `addr` must wait before its next attempt.
     pub fn check(&mut self, addr: IpAddr, now: Instant) -> Result<(), Duration> {
-        let Some(f) = self.by_addr.get(&addr).copied() else {
-            return Ok(());
-        };
-        if now.saturating_duration_since(f.last) > Self::FORGET {
-            self.by_addr.remove(&addr);
-            return Ok(());
-        }
-        let until = f.last + Self::wait_for(f.count);
-        if now < until {
-            Err(until - now)
-        } else {
+        let wait = Self::wait_in(&mut self.by_addr, addr, Self::FREE, now).max(Self::wait_in(
+            &mut self.by_net,
+            network_of(addr),
+            Self::FREE_NET,
+            now,
+        ));
+        if wait.is_zero() {
             Ok(())
+        } else {
+            Err(wait)
         }
     }
 
     pub fn failed(&mut self, addr: IpAddr, now: Instant) {
-        if self.by_addr.len() >= Self::MAX_ADDRS && !self.by_addr.contains_key(&addr) {
-            self.by_addr
-                .retain(|_, f| now.saturating_duration_since(f.last) <= Self::FORGET);
-            if self.by_addr.len() >= Self::MAX_ADDRS {
-                if let Some(oldest) = self.by_addr.iter().min_by_key(|(_, f)| f.last) {
+        Self::count(&mut self.by_addr, addr, now);
+        Self::count(&mut self.by_net, network_of(addr), now);
+    }
+
+    fn count(table: &mut HashMap<IpAddr, Failures>, key: IpAddr, now: Instant) {
+        if table.len() >= Self::MAX_ADDRS && !table.contains_key(&key) {
+            table.retain(|_, f| now.saturating_duration_since(f.last) <= Self::FORGET);
+            if table.len() >= Self::MAX_ADDRS {
+                if let Some(oldest) = table.iter().min_by_key(|(_, f)| f.last) {
                     let k = *oldest.0;
-                    self.by_addr.remove(&k);
+                    table.remove(&k);
                 }
             }
         }
-        let f = self.by_addr.entry(addr).or_insert(Failures {
+        let f = table.entry(key).or_insert(Failures {
             count: 0,
             last: now,
         });
         f.count = f.count.saturating_add(1);
         f.last = now;
-    }
-
-    pub fn succeeded(&mut self, addr: IpAddr) {
-        self.by_addr.remove(&addr);
     }
 }
 
@@ -517,11 +580,37 @@ mod tests {
             t += Duration::from_millis(1);
         }
         assert!(b.check(ip, t).unwrap_err() <= Duration::from_secs(300));
-        // A long quiet period forgets; a success clears at once.
+        // A long quiet period forgets.
         assert!(b.check(ip, t + Duration::from_secs(7200)).is_ok());
-        b.failed(other, t);
-        b.succeeded(other);
-        assert!(b.check(other, t).is_ok());
+    }
+
+    #[test]
+    fn login_brake_counts_networks_too() {
+        let v6 = |n: u128| IpAddr::V6(std::net::Ipv6Addr::from(n));
+        let mut b = LoginBrake::default();
+        let t0 = Instant::now();
+        // Rotating addresses inside one /24 is braked once the network has failed enough.
+        for i in 0..LoginBrake::FREE_NET {
+            let ip = IpAddr::from([127, 0, 0, (i + 1) as u8]);
+            assert!(b.check(ip, t0).is_ok(), "attempt {i} is free");
+            b.failed(ip, t0);
+        }
+        assert!(b.check(IpAddr::from([127, 0, 0, 200]), t0).is_err());
+        assert!(b.check(IpAddr::from([127, 0, 1, 1]), t0).is_ok());
+        // IPv6: the /64 counts; another /64 does not.
+        for i in 0..LoginBrake::FREE_NET {
+            let ip = v6(0x2001_0db8_0000_0001_0000_0000_0000_0000u128 + u128::from(i));
+            b.failed(ip, t0);
+        }
+        let same = v6(0x2001_0db8_0000_0001_ffff_0000_0000_0001u128);
+        let other = v6(0x2001_0db8_0000_0002_0000_0000_0000_0001u128);
+        assert!(b.check(same, t0).is_err());
+        assert!(b.check(other, t0).is_ok());
+        // An IPv4-mapped address is its IPv4 network.
+        assert_eq!(
+            network_of("::ffff:127.0.0.9".parse().unwrap()),
+            IpAddr::from([127, 0, 0, 0])
+        );
     }
 
     #[test]
@@ -535,5 +624,6 @@ mod tests {
             );
         }
         assert!(b.by_addr.len() <= LoginBrake::MAX_ADDRS);
+        assert!(b.by_net.len() <= LoginBrake::MAX_ADDRS);
     }
 }

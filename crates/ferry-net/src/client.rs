@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ferry_core::recv::{Destination, Receiver, ReceiverConfig};
+use ferry_core::recv::{Destination, Links, Modes, Receiver, ReceiverConfig};
 use ferry_core::send::{DigestCache, Sender, SenderConfig, Source};
 use ferry_core::{digest, FsError, Reporter, Root};
 use ferry_proto::{
@@ -79,6 +79,10 @@ pub struct ClientConfig {
     /// then parks ([`crate::ramp_helpers`]); on a get the server does that, told by
     /// `Capabilities::RAMP_HELPERS`. 0 with fixed streams.
     pub helpers: u16,
+    /// Which permission bits a get stores (setuid, setgid and world-write cleared by default).
+    pub modes: Modes,
+    /// Which symlinks a get makes (`--safe-links`: none that leave the tree).
+    pub links: Links,
 }
 
 /// Where an auto-tuned transfer's first stream count came from.
@@ -1239,6 +1243,8 @@ async fn get_once(
         checksum: opts.checksum,
         tag: c.session.0,
         block_size: opts.block_size,
+        modes: cfg.modes,
+        links: cfg.links,
     };
     let receiver = Receiver::new(destination, config, tx, reporter)?;
     let same_host = c.addr.ip().is_loopback();

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use ferry_core::recv::{Destination, Receiver, ReceiverConfig};
+use ferry_core::recv::{Destination, Links, Modes, Receiver, ReceiverConfig};
 use ferry_core::root::Kind;
 use ferry_core::send::{Sender, SenderConfig, Source};
 use ferry_core::{path, FsError, NoReporter, Root};
@@ -25,7 +25,7 @@ use tokio::task::JoinSet;
 use tokio_rustls::TlsAcceptor;
 use tracing::{debug, info, warn};
 
-use crate::access::{Access, AccessList, Grant, LoginBrake};
+use crate::access::{self, Access, AccessList, Grant, LoginBrake};
 use crate::conn::{expect_frame, send};
 use crate::engine::{
     drive_receiver, drive_sender, frame_queue, Joined, Joins, Limits, StreamPlan, Writers,
@@ -67,6 +67,8 @@ pub struct ServerConfig {
     pub partial_max_age: Duration,
     /// How often the root is scanned for such leftovers.
     pub partial_scan_interval: Duration,
+    /// Which permission bits a put stores (setuid, setgid and world-write cleared by default).
+    pub modes: Modes,
 }
 
 impl ServerConfig {
@@ -92,6 +94,7 @@ impl ServerConfig {
             tune_storage: true,
             partial_max_age: Duration::from_secs(24 * 3600),
             partial_scan_interval: Duration::from_secs(3600),
+            modes: Modes::default(),
         }
     }
 }
@@ -605,11 +608,7 @@ async fn login(shared: &Shared, peer: SocketAddr, token: &str) -> Result<Grant, 
     };
     match list.authenticate(token) {
         Some(g) => {
-            shared
-                .brake
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .succeeded(ip);
+            // Failures stay counted: a success with one token must not buy guesses at others.
             info!(%peer, token = %g.name, "login");
             Ok(g)
         }
@@ -750,12 +749,14 @@ async fn prepare<'a>(
     match request {
         Frame::ListRequest { path } => {
             let rel = resolve(shared, &path)?;
-            if !grant.may_read(&rel) {
+            let Some(prefix) = grant.read_scope(&rel) else {
                 return Err(denied(grant, "list", &path));
-            }
-            list(shared, stream, &rel)
-                .await
-                .map_err(|e| as_requested(e, &path))?;
+            };
+            let listed = async {
+                let scope = shared.root.scope(prefix, false)?;
+                list(&scope, stream, access::inside(&rel, prefix)).await
+            };
+            listed.await.map_err(|e| as_requested(e, &path))?;
             Ok(Work::Done)
         }
         Frame::PutRequest {
@@ -764,11 +765,20 @@ async fn prepare<'a>(
             opts,
         } => {
             let rel = resolve(shared, &dest)?;
-            if !grant.may_write(&rel) {
+            let Some(prefix) = grant.write_scope(&rel) else {
                 return Err(denied(grant, "write to", &dest));
-            }
+            };
+            // Everything the put touches is resolved beneath its scope's directory, so a
+            // symlink stored inside the scope cannot lead a write out of it.
             let asked = dest.clone();
-            let dest = resolve_dest(&shared.root, &dest, rel, sources)
+            let dest = shared
+                .root
+                .scope(prefix, true)
+                .map_err(SessionError::from)
+                .and_then(|scope| {
+                    let inner = access::inside(&rel, prefix).to_owned();
+                    resolve_dest(&scope, &dest, inner, sources)
+                })
                 .map_err(|e| as_requested(e, &asked))?;
             let opts = clamp(shared, opts);
             // Creating the destination may fail (not a directory, outside the root): find out
@@ -779,6 +789,10 @@ async fn prepare<'a>(
                 checksum: opts.checksum,
                 tag: session.0,
                 block_size: opts.block_size,
+                modes: shared.config.modes,
+                // What a stored link points to is the writer's business: the server itself
+                // never follows one out of the scope it was written in.
+                links: Links::Any,
             };
             let receiver = Receiver::new(dest, config, tx, Arc::new(NoReporter))
                 .map_err(|e| as_requested(e.into(), &asked))?;
@@ -793,12 +807,14 @@ async fn prepare<'a>(
         }
         Frame::GetRequest { src, opts } => {
             let rel = resolve(shared, &src)?;
-            if !grant.may_read(&rel) {
+            let Some(prefix) = grant.read_scope(&rel) else {
                 return Err(denied(grant, "read", &src));
-            }
-            shared
+            };
+            let inner = access::inside(&rel, prefix).to_owned();
+            let scope = shared
                 .root
-                .lstat(&rel)
+                .scope(prefix, false)
+                .and_then(|scope| scope.lstat(&inner).map(|_| scope))
                 .map_err(|e| as_requested(e.into(), &src))?;
             let name = path::split_parent(&rel).1;
             let name = if name.is_empty() {
@@ -807,8 +823,8 @@ async fn prepare<'a>(
                 name.to_owned()
             };
             let source = Source {
-                root: shared.root.subroot("")?,
-                rel,
+                root: scope,
+                rel: inner,
                 name,
             };
             let opts = clamp(shared, opts);
@@ -1077,9 +1093,9 @@ fn resolve_dest(
     Ok(dest)
 }
 
-async fn list(shared: &Shared, stream: &mut Stream, rel: &str) -> Result<(), SessionError> {
+async fn list(root: &Root, stream: &mut Stream, rel: &str) -> Result<(), SessionError> {
     let rel = rel.to_owned();
-    let meta = shared.root.lstat(&rel)?;
+    let meta = root.lstat(&rel)?;
     let entry = |name: String, m: ferry_core::root::Meta| ListEntry {
         name,
         kind: match m.kind {
@@ -1094,8 +1110,8 @@ async fn list(shared: &Shared, stream: &mut Stream, rel: &str) -> Result<(), Ses
     };
     let mut entries = Vec::new();
     if meta.kind == Kind::Dir {
-        for (name, _) in shared.root.read_dir(&rel)?.entries {
-            if let Ok(m) = shared.root.lstat(&path::join(&rel, &name)) {
+        for (name, _) in root.read_dir(&rel)?.entries {
+            if let Ok(m) = root.lstat(&path::join(&rel, &name)) {
                 entries.push(entry(name, m));
             }
         }

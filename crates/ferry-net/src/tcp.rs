@@ -65,7 +65,7 @@ pub fn rcvbuf_start() -> u32 {
 /// ([`RCVBUF_START`]) comes after the client's first flight has left. With the kernel's
 /// 128 KiB buffer that window is 7 segments at MTU 9000, below a sender's initial 10, and the
 /// slow start of every connection began 30% short (TCP_INFO: ~92 ms `rwnd_limited` per
-/// connection at 100 ms RTT, none with this start; BENCHMARKS.md, "The first window").
+/// connection at 100 ms RTT, none with this start; docs/bench/NOTEBOOK.md, "The first window").
 /// Why not more: this is what a client that has not authenticated can make the server's
 /// kernel hold unread, per connection: a buffer of twice the window, 512 KiB instead of 128,
 /// for at most the handshake timeout once accepted, on every connection the server has not

@@ -142,8 +142,10 @@ impl Identity {
     }
 
     /// Loads `server-key.pem` and `server-cert.pem` from `dir`, creating both on first start.
-    /// The key file is created 0600 with `create_new`, so two servers starting at once cannot
-    /// end up with different keys on disk than in memory. Returns whether it was created now.
+    /// Two servers starting at once on one state directory take turns on its lock file
+    /// (`.lock`, `flock`), so the second reads what the first wrote; each file is written under
+    /// a temporary name and renamed, so a crash never leaves half a key or certificate.
+    /// Returns whether it was created now.
     pub fn load_or_create(dir: &Path) -> Result<(Self, bool), TlsError> {
         let key_path = dir.join("server-key.pem");
         let cert_path = dir.join("server-cert.pem");
@@ -151,6 +153,8 @@ impl Identity {
             let path = path.to_owned();
             move |source| TlsError::Io { path, source }
         };
+        std::fs::create_dir_all(dir).map_err(io(dir))?;
+        let _lock = lock_dir(dir).map_err(io(&dir.join(".lock")))?;
         if key_path.exists() || cert_path.exists() {
             let key = PrivateKeyDer::from_pem_file(&key_path).map_err(|e| TlsError::BadPem {
                 path: key_path.clone(),
@@ -167,21 +171,27 @@ impl Identity {
             id.server_config()?;
             return Ok((id, false));
         }
-        std::fs::create_dir_all(dir).map_err(io(dir))?;
         let ck = rcgen::generate_simple_self_signed(vec![CERT_NAME.to_owned()])
             .map_err(|e| TlsError::Generate(e.to_string()))?;
         let write = |path: &Path, mode: u32, text: &str| -> Result<(), TlsError> {
+            let temp = path.with_extension("pem.tmp");
+            let _ = std::fs::remove_file(&temp);
             let mut f = std::fs::OpenOptions::new()
                 .write(true)
                 .create_new(true)
                 .mode(mode)
-                .open(path)
-                .map_err(io(path))?;
-            f.write_all(text.as_bytes()).map_err(io(path))?;
-            f.sync_all().map_err(io(path))
+                .open(&temp)
+                .map_err(io(&temp))?;
+            f.write_all(text.as_bytes()).map_err(io(&temp))?;
+            f.sync_all().map_err(io(&temp))?;
+            std::fs::rename(&temp, path).map_err(io(path))
         };
-        write(&key_path, 0o600, &ck.signing_key.serialize_pem())?;
+        // The certificate first: a key alone is what marks an identity as made.
         write(&cert_path, 0o644, &ck.cert.pem())?;
+        write(&key_path, 0o600, &ck.signing_key.serialize_pem())?;
+        if let Ok(d) = std::fs::File::open(dir) {
+            let _ = d.sync_all();
+        }
         let id = Self {
             cert: ck.cert.der().clone(),
             key: PrivateKeyDer::try_from(ck.signing_key.serialize_der())
@@ -193,7 +203,32 @@ impl Identity {
     pub fn fingerprint(&self) -> Fingerprint {
         Fingerprint::of(&self.cert)
     }
+}
 
+/// Holds an exclusive `flock` on `dir/.lock` until dropped (blocking while another process or
+/// thread holds it).
+pub fn lock_dir(dir: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::fd::AsRawFd;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .open(dir.join(".lock"))?;
+    loop {
+        // SAFETY: flock on a descriptor this function owns; no memory is passed.
+        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) } == 0 {
+            return Ok(f);
+        }
+        let e = std::io::Error::last_os_error();
+        if e.kind() != std::io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
+impl Identity {
     pub(crate) fn server_config(&self) -> Result<Arc<rustls::ServerConfig>, TlsError> {
         let mut cfg = rustls::ServerConfig::builder_with_provider(provider())
             .with_protocol_versions(&[&rustls::version::TLS13])?
@@ -453,6 +488,28 @@ mod tests {
             .permissions()
             .mode();
         assert_eq!(mode & 0o077, 0, "the key must not be readable by others");
+    }
+
+    /// Servers starting together on a fresh state directory: every one gets the same key, none
+    /// reads a half-written file (before the lock, one of two failed on the certificate).
+    #[test]
+    fn servers_starting_together_share_one_identity() {
+        for _ in 0..5 {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("state");
+            let prints: Vec<_> = std::thread::scope(|s| {
+                let hs: Vec<_> = (0..8)
+                    .map(|_| {
+                        s.spawn(|| Identity::load_or_create(&path).map(|(id, _)| id.fingerprint()))
+                    })
+                    .collect();
+                hs.into_iter().map(|h| h.join().unwrap()).collect()
+            });
+            let first = prints[0].as_ref().unwrap().to_string();
+            for p in &prints {
+                assert_eq!(p.as_ref().unwrap().to_string(), first);
+            }
+        }
     }
 
     #[test]

@@ -76,6 +76,12 @@ async fn get(args: GetArgs, quiet: bool) -> Result<ExitCode> {
         .context("the first argument of get is the source, HOST[:PORT]:PATH")
         .map_err(usage)?;
     let mut cfg = client_config(&args.transfer, &remote).map_err(usage)?;
+    if args.safe_links {
+        cfg.links = ferry_core::recv::Links::InTree;
+    }
+    if args.keep_modes {
+        cfg.modes = ferry_core::recv::Modes::Keep;
+    }
     warn_fixed_window(&cfg, quiet);
     let profile = profile_for(&mut cfg, &remote);
     ramp_helpers_for(&mut cfg, &remote, &profile);

@@ -90,6 +90,11 @@ pub async fn run(args: ServeArgs, quiet: bool) -> Result<ExitCode> {
             .tokens
             .clone()
             .unwrap_or_else(|| state.join("tokens.toml"));
+        // Two servers starting together on one state directory make one first token, not two.
+        std::fs::create_dir_all(&state)
+            .with_context(|| format!("creating the state directory {}", state.display()))?;
+        let _lock = ferry_net::tls::lock_dir(&state)
+            .with_context(|| format!("locking the state directory {}", state.display()))?;
         let file = access::load(&path).map_err(|e| usage(e.into()))?;
         if file.tokens.is_empty() {
             let token = access::add_token(&path, "default", vec![], vec![], false)
@@ -130,6 +135,9 @@ pub async fn run(args: ServeArgs, quiet: bool) -> Result<ExitCode> {
     config.access = Arc::new(access);
     config.tls = Some(identity);
     config.allow_plaintext = args.allow_plaintext;
+    if args.keep_modes {
+        config.modes = ferry_core::recv::Modes::Keep;
+    }
     config.max_connections = args.max_connections.max(1);
     config.max_streams = args.max_streams.max(1);
     config.idle_timeout = crate::config::parse_duration(&args.idle_timeout)

@@ -1,7 +1,7 @@
 //! A simulated path for testing and benchmarking the tuner without a network.
 //!
 //! The model is deliberately small: it has exactly the effects that move the best stream count
-//! in BENCHMARKS.md, and nothing else. Throughput with `n` streams is the least of
+//! in docs/bench/NOTEBOOK.md, and nothing else. Throughput with `n` streams is the least of
 //!
 //! - the bottleneck link, `link`;
 //! - the window cap, `n × window / rtt` (one stream cannot have more than its send buffer in

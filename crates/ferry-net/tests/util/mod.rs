@@ -128,6 +128,8 @@ pub fn client_config(server: String) -> ClientConfig {
         stall_stream: None,
         drain_at_end: false,
         helpers: 0,
+        modes: Default::default(),
+        links: Default::default(),
     }
 }
 
