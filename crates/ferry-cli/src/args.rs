@@ -266,6 +266,10 @@ pub struct ServeArgs {
     /// Most data connections one session may open.
     #[arg(long, default_value_t = 64)]
     pub max_streams: u16,
+    /// Connections from one address (IPv6: one /64) that have not logged in or joined their
+    /// session; more are refused as busy. Never below --max-streams + 1, what one client dials.
+    #[arg(long, default_value_t = 128)]
+    pub max_unauthenticated: usize,
     /// End a session after this long without traffic (e.g. 120s, 2m; a plain number is
     /// seconds; at least 5s).
     #[arg(long, default_value = "120s", value_name = "DURATION")]

@@ -178,7 +178,29 @@ pub enum RecvError {
         "peer sent a block of {len} bytes for file {file:?}; this session's block size is {max}"
     )]
     BlockTooLarge { file: FileId, len: u64, max: u32 },
+    #[error(
+        "peer offered more files ahead of their data than a session may hold ({files} files, \
+         {bytes} bytes of paths; at most {MAX_OPEN_OFFERS} files and {MAX_OPEN_OFFER_BYTES} bytes)"
+    )]
+    TooManyOffers { files: u64, bytes: u64 },
 }
+
+/// Offered files a receiver holds at once that are not stored, skipped or failed yet. A sender
+/// offers at most about 16,600 files ahead of its data (its walk queue, one offer batch, the
+/// files its readers hold): this is four times that, so a peer that offers without sending
+/// cannot make a session hold paths without bound (issue 35: 120,064 offers with 3 KB paths
+/// took a server from 193 to 833 MB).
+pub const MAX_OPEN_OFFERS: u64 = 65_536;
+
+/// Bytes the open offers of a session may charge: each its path plus [`OFFER_COST`]. 16,640
+/// offers with paths of the longest kind (4,096 bytes) charge 72 MB.
+pub const MAX_OPEN_OFFER_BYTES: u64 = 96 << 20;
+
+/// What an open offer costs beyond its path: its entry and its writing state.
+pub const OFFER_COST: u64 = 256;
+
+/// Error messages a receiver keeps for its report; more are counted, not kept.
+pub const MAX_KEPT_ERRORS: usize = 1_000;
 
 /// Merged set of byte ranges `[start, end)` written so far.
 #[derive(Default, Debug)]
@@ -363,6 +385,20 @@ struct FileEntry {
     slot: Mutex<Slot>,
 }
 
+/// The entry of a resolved file: its state and metadata without the path.
+fn shed_entry(meta: &FileMeta, slot: Slot) -> FileEntry {
+    FileEntry {
+        meta: FileMeta {
+            id: meta.id,
+            path: String::new(),
+            size: meta.size,
+            mode: meta.mode,
+            mtime_ns: meta.mtime_ns,
+        },
+        slot: Mutex::new(slot),
+    }
+}
+
 struct FinalizeJob {
     file: Arc<File>,
     dir: Arc<OwnedFd>,
@@ -402,8 +438,14 @@ pub struct Receiver {
     finalizer: Mutex<Option<JoinHandle<()>>>,
     counters: Counters,
     errors: Mutex<Vec<String>>,
+    /// Errors beyond [`MAX_KEPT_ERRORS`], counted only.
+    errors_dropped: AtomicU64,
+    /// What the open offers charge (see [`MAX_OPEN_OFFER_BYTES`]).
+    open_offer_bytes: AtomicU64,
     /// Path and digest of every stored file; spelled in hex only if asked for (`manifest`).
     manifest: Mutex<Vec<(String, Vec<u8>)>>,
+    /// Whether `manifest` is kept: a server has no use for it (see `forget_manifest`).
+    keep_manifest: AtomicBool,
     complete: AtomicBool,
     /// Numbers temporary names of symlinks, which several writer threads create at once.
     next_temp: AtomicU64,
@@ -491,7 +533,10 @@ impl Receiver {
                 bad_blocks: AtomicU64::new(0),
             },
             errors: Mutex::default(),
+            errors_dropped: AtomicU64::new(0),
+            open_offer_bytes: AtomicU64::new(0),
             manifest: Mutex::default(),
+            keep_manifest: AtomicBool::new(true),
             complete: AtomicBool::new(false),
             next_temp: AtomicU64::new(0),
             stopped: AtomicBool::new(false),
@@ -558,10 +603,7 @@ impl Receiver {
                 self.sender_gave_up(file, &message);
                 Ok(())
             }
-            Frame::Offer { entries } => {
-                self.handle_offer(entries);
-                Ok(())
-            }
+            Frame::Offer { entries } => self.handle_offer(entries),
             Frame::Skipped { file } => self.confirm_present(file),
             _ => Err(RecvError::UnexpectedFrame),
         }
@@ -569,7 +611,14 @@ impl Receiver {
 
     fn error(&self, msg: String) {
         self.reporter.on_file_failed(&msg);
-        lock(&self.errors).push(msg);
+        let mut errors = lock(&self.errors);
+        // A peer can make every file fail (bad names, say): the messages, which carry its
+        // paths, must not grow without bound.
+        if errors.len() < MAX_KEPT_ERRORS {
+            errors.push(msg);
+        } else {
+            self.errors_dropped.fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     fn handle_block(&self, block: Block) -> Result<(), RecvError> {
@@ -870,8 +919,10 @@ impl Receiver {
         }
     }
 
-    /// Answers a batch of offers with one `Decisions` frame per batch.
-    fn handle_offer(&self, entries: Vec<OfferEntry>) {
+    /// Answers a batch of offers with one `Decisions` frame per batch. Fails the session when
+    /// the files offered and still open would exceed what a session may hold
+    /// ([`MAX_OPEN_OFFERS`], [`MAX_OPEN_OFFER_BYTES`]).
+    fn handle_offer(&self, entries: Vec<OfferEntry>) -> Result<(), RecvError> {
         let started = std::time::Instant::now();
         let offered = entries.len();
         let mut out = Vec::with_capacity(entries.len());
@@ -887,13 +938,31 @@ impl Receiver {
             if lock(&self.files).contains_key(&meta.id) {
                 continue; // offered twice: the first answer stands
             }
+            let charge = meta.path.len() as u64 + OFFER_COST;
+            let (open, bytes) = (
+                self.files_open(),
+                self.open_offer_bytes.load(Ordering::Acquire),
+            );
+            if open >= MAX_OPEN_OFFERS || bytes + charge > MAX_OPEN_OFFER_BYTES {
+                if !out.is_empty() {
+                    let _ = self.control.send(Frame::Decisions { entries: out });
+                }
+                return Err(RecvError::TooManyOffers { files: open, bytes });
+            }
             let (slot, decision) = self.decide(&meta, &mut space);
             let resolved = matches!(slot, Slot::Skipped | Slot::Failed);
-            let entry = Arc::new(FileEntry {
-                meta: meta.clone(),
-                slot: Mutex::new(slot),
-            });
-            lock(&self.files).insert(meta.id, entry);
+            // A file resolved at once keeps no path (see `shed`); an open one is charged
+            // until it resolves.
+            let entry = if resolved {
+                shed_entry(&meta, slot)
+            } else {
+                self.open_offer_bytes.fetch_add(charge, Ordering::AcqRel);
+                FileEntry {
+                    meta: meta.clone(),
+                    slot: Mutex::new(slot),
+                }
+            };
+            lock(&self.files).insert(meta.id, Arc::new(entry));
             match &decision {
                 Decision::Skip => {
                     self.counters.skipped.fetch_add(1, Ordering::Relaxed);
@@ -905,7 +974,7 @@ impl Receiver {
                 _ => {}
             }
             if resolved {
-                self.resolved();
+                self.resolved(meta.id);
             }
             out.push(FileDecision {
                 file: meta.id,
@@ -922,6 +991,7 @@ impl Receiver {
         if !out.is_empty() {
             let _ = self.control.send(Frame::Decisions { entries: out });
         }
+        Ok(())
     }
 
     /// What to ask of one offered file, and the state the file starts in.
@@ -1082,7 +1152,7 @@ impl Receiver {
             drop(slot);
             self.counters.skipped.fetch_add(1, Ordering::Relaxed);
             self.reporter.on_file_done();
-            self.resolved();
+            self.resolved(id);
         }
         Ok(())
     }
@@ -1094,13 +1164,14 @@ impl Receiver {
         lock(&self.files).contains_key(&id)
     }
 
-    /// The file a block belongs to; it must have been offered, with the same metadata.
+    /// The file a block belongs to; it must have been offered, with the same metadata (a
+    /// resolved file's entry keeps no path to compare: the block is dropped anyway).
     fn lookup(&self, meta: &FileMeta) -> Result<Arc<FileEntry>, RecvError> {
         let entry = lock(&self.files)
             .get(&meta.id)
             .cloned()
             .ok_or(RecvError::Unoffered(meta.id))?;
-        if entry.meta != *meta {
+        if !entry.meta.path.is_empty() && entry.meta != *meta {
             return Err(RecvError::Inconsistent(meta.id));
         }
         Ok(entry)
@@ -1303,7 +1374,7 @@ impl Receiver {
                 message: msg,
             });
         }
-        self.resolved();
+        self.resolved(id);
     }
 
     /// The sender could not read a file: drop what arrived of it.
@@ -1421,9 +1492,34 @@ impl Receiver {
         Ok(())
     }
 
-    fn resolved(&self) {
+    fn resolved(&self, id: FileId) {
+        self.shed(id);
         self.counters.resolved_files.fetch_add(1, Ordering::AcqRel);
         self.check_complete();
+    }
+
+    /// Replaces a resolved file's entry with one that keeps no path, and gives back what its
+    /// offer charged: a session of many files holds about a hundred bytes for each it is done
+    /// with, whatever the length of its path. Late frames for it need only its state.
+    fn shed(&self, id: FileId) {
+        let mut files = lock(&self.files);
+        let Some(entry) = files.get(&id) else {
+            return;
+        };
+        if entry.meta.path.is_empty() {
+            return; // shed already, or never had a path
+        }
+        let slot = match &*lock(&entry.slot) {
+            Slot::Done => Slot::Done,
+            Slot::Skipped => Slot::Skipped,
+            Slot::Failed => Slot::Failed,
+            _ => return,
+        };
+        let charge = entry.meta.path.len() as u64 + OFFER_COST;
+        let shed = shed_entry(&entry.meta, slot);
+        files.insert(id, Arc::new(shed));
+        drop(files);
+        self.open_offer_bytes.fetch_sub(charge, Ordering::AcqRel);
     }
 
     fn check_complete(&self) {
@@ -1500,7 +1596,18 @@ impl Receiver {
     }
 
     pub fn errors(&self) -> Vec<String> {
-        lock(&self.errors).clone()
+        let mut errors = lock(&self.errors).clone();
+        let dropped = self.errors_dropped.load(Ordering::Relaxed);
+        if dropped > 0 {
+            errors.push(format!("… and {dropped} more errors"));
+        }
+        errors
+    }
+
+    /// Keeps no manifest: a server, which never reports one, would hold a path for every file
+    /// a session stores (see [`MAX_OPEN_OFFERS`] for what else a session holds per file).
+    pub fn forget_manifest(&self) {
+        self.keep_manifest.store(false, Ordering::Relaxed);
     }
 
     /// `(path under the root, hex digest)` of every stored file, for `--manifest`.
@@ -1714,13 +1821,15 @@ impl Receiver {
                     let c = &self.counters;
                     c.files_done.fetch_add(1, Ordering::Relaxed);
                     c.bytes_done.fetch_add(job.meta.size, Ordering::Relaxed);
-                    let path = join(&job.dir_rel, &job.name);
-                    lock(&self.manifest).push((path, job.digest));
+                    if self.keep_manifest.load(Ordering::Relaxed) {
+                        let path = join(&job.dir_rel, &job.name);
+                        lock(&self.manifest).push((path, job.digest));
+                    }
                     if let Some(e) = lock(&self.files).get(&job.meta.id) {
                         *lock(&e.slot) = Slot::Done;
                     }
                     self.reporter.on_file_done();
-                    self.resolved();
+                    self.resolved(job.meta.id);
                 }
                 Err(e) => {
                     let msg = format!(
@@ -1750,7 +1859,7 @@ impl Receiver {
             code,
             message: msg,
         });
-        self.resolved();
+        self.resolved(job.meta.id);
     }
 }
 

@@ -214,7 +214,8 @@ impl Root {
         let fd = rfs::openat2(
             &self.fd,
             rel,
-            OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            // NONBLOCK: a FIFO swapped in would otherwise block the open until a writer came.
+            OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
             Mode::empty(),
             RESOLVE,
         )

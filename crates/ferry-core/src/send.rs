@@ -721,9 +721,41 @@ fn walk_sources(shared: &Shared, jobs: &flume::Sender<Job>, offers: &mut Offers<
                         Err(e) => shared.error(format!("skipped symlink {wire}: {e}")),
                     }
                 }
-                Kind::Other => shared.error(format!(
-                    "skipped {wire}: not a regular file, directory or symlink"
-                )),
+                Kind::Other => {
+                    // Offered and failed at once, so the receiver counts it and says why: left
+                    // to this end's log, a get of a FIFO ended "0 files" with success.
+                    let id = FileId(next_id);
+                    next_id += 1;
+                    totals.files += 1;
+                    let what = if name.is_empty() {
+                        "not a regular file"
+                    } else {
+                        special_kind(&parent, &name)
+                    };
+                    let record = FileRecord {
+                        dir: parent,
+                        name,
+                        meta: FileMeta {
+                            id,
+                            path: wire,
+                            size: 0,
+                            mode: meta.mode,
+                            mtime_ns: meta.mtime_ns,
+                        },
+                        final_digest: Mutex::new(None),
+                        digest: Mutex::new(None),
+                    };
+                    // Out now: the failure that follows waits at the receiver for its offer.
+                    offers.add(&record.meta);
+                    offers.flush();
+                    let msg = format!(
+                        "skipped {}: {what}, not a regular file, directory or symlink",
+                        record.meta.path
+                    );
+                    if !shared.fail_file(&record, ErrorCode::IO, msg) {
+                        return totals;
+                    }
+                }
             }
         }
     }
@@ -731,12 +763,53 @@ fn walk_sources(shared: &Shared, jobs: &flume::Sender<Job>, offers: &mut Offers<
 }
 
 /// Opens a source file and checks it is still the regular file the walk saw.
+///
+/// `O_NONBLOCK`, because the name may no longer be that file: opening a FIFO swapped in
+/// after the walk would wait for a writer, and held a reader thread (eight of them in
+/// issue 35) until someone came. Regular files ignore the flag. What was opened is checked on
+/// the descriptor, so a swap after the open changes nothing either.
 fn open_checked(record: &FileRecord) -> Result<(File, Meta), FsError> {
-    let fd = root::open_in(&record.dir, &record.name, OFlags::RDONLY, 0)
-        .map_err(|e| FsError::io(&record.meta.path, e))?;
+    let path = &record.meta.path;
+    let fd = root::open_in(
+        &record.dir,
+        &record.name,
+        OFlags::RDONLY | OFlags::NONBLOCK,
+        0,
+    )
+    .map_err(|e| FsError::io(path, e))?;
     let file = File::from(fd);
-    let st = rustix::fs::fstat(&file).map_err(|e| FsError::io(&record.meta.path, e))?;
+    let st = rustix::fs::fstat(&file).map_err(|e| FsError::io(path, e))?;
+    let kind = rustix::fs::FileType::from_raw_mode(st.st_mode);
+    if kind != rustix::fs::FileType::RegularFile {
+        let why = format!(
+            "is {} now, not the regular file it was when listed",
+            describe_type(kind)
+        );
+        return Err(FsError::io(path, std::io::Error::other(why)));
+    }
     Ok((file, Meta::from_stat(&st)))
+}
+
+/// What a special file is, in words: `lstat` of `name` in `dir`.
+fn special_kind(dir: &OwnedFd, name: &str) -> &'static str {
+    match rustix::fs::statat(dir, name, rustix::fs::AtFlags::SYMLINK_NOFOLLOW) {
+        Ok(st) => describe_type(rustix::fs::FileType::from_raw_mode(st.st_mode)),
+        Err(_) => "not a regular file",
+    }
+}
+
+fn describe_type(kind: rustix::fs::FileType) -> &'static str {
+    use rustix::fs::FileType as T;
+    match kind {
+        T::RegularFile => "a regular file",
+        T::Directory => "a directory",
+        T::Symlink => "a symlink",
+        T::Fifo => "a FIFO",
+        T::Socket => "a socket",
+        T::CharacterDevice => "a character device",
+        T::BlockDevice => "a block device",
+        T::Unknown => "of an unknown type",
+    }
 }
 
 /// Reads one file in order and queues its blocks. Returns false when the transfer is over.
@@ -1138,6 +1211,49 @@ mod tests {
     use super::*;
 
     const MIB: u64 = 1 << 20;
+
+    /// A FIFO where the walk saw a regular file (swapped in between): opening it must not
+    /// wait for a writer, and the error names what it is now. Before `O_NONBLOCK` the open
+    /// blocked until someone opened the FIFO for writing.
+    #[test]
+    fn a_fifo_swapped_in_after_the_walk_is_refused_without_blocking() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("f");
+        let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+        let fd = rustix::fs::open(
+            dir.path(),
+            OFlags::RDONLY | OFlags::DIRECTORY,
+            rustix::fs::Mode::empty(),
+        )
+        .unwrap();
+        let record = FileRecord {
+            dir: Arc::new(fd),
+            name: "f".into(),
+            meta: FileMeta {
+                id: FileId(0),
+                path: "t/f".into(),
+                size: 10,
+                mode: 0o644,
+                mtime_ns: 0,
+            },
+            final_digest: Mutex::new(None),
+            digest: Mutex::new(None),
+        };
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(open_checked(&record).map(|_| ()).map_err(|e| e.to_string()));
+        });
+        let got = rx.recv_timeout(std::time::Duration::from_secs(5));
+        if got.is_err() {
+            // Release the blocked open so the thread ends, then fail.
+            let _ = std::fs::OpenOptions::new().write(true).open(&fifo);
+            panic!("opening a FIFO blocked the reader");
+        }
+        let err = got.unwrap().expect_err("a FIFO is not read");
+        assert!(err.contains("t/f") && err.contains("FIFO"), "{err}");
+    }
 
     /// Blocks of one file of `size` sent alone over `streams` connections.
     fn blocks(size: u64, block: u64, streams: u64) -> Vec<u64> {

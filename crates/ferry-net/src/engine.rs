@@ -1021,10 +1021,13 @@ pub(crate) async fn drive_receiver(
     // Told each time a writer has answered an offer: a data connection holds an early block
     // of a file not offered yet until then (see `Offers::wait`).
     let offered = Arc::new(tokio::sync::Notify::new());
+    // Offers handed to the writers and not answered yet (see `Offers::wait`).
+    let deciding = Arc::new(AtomicU64::new(0));
     let mut writer_threads = Vec::new();
     for i in 0..writers.gate.max() {
         let (rx, receiver, fatal) = (from_streams.clone(), receiver.clone(), fatal_tx.clone());
         let (gate, written, offered) = (writers.gate.clone(), written.clone(), offered.clone());
+        let deciding = deciding.clone();
         let t = std::thread::Builder::new()
             .name(format!("ferry-write-{i}"))
             .spawn(move || {
@@ -1036,7 +1039,11 @@ pub(crate) async fn drive_receiver(
                         _ => 0,
                     };
                     let offer = matches!(frame, Frame::Offer { .. });
-                    if let Err(e) = receiver.handle(frame) {
+                    let handled = receiver.handle(frame);
+                    if offer {
+                        deciding.fetch_sub(1, Ordering::AcqRel);
+                    }
+                    if let Err(e) = handled {
                         let _ = fatal.try_send(e.to_string());
                         return;
                     }
@@ -1061,6 +1068,7 @@ pub(crate) async fn drive_receiver(
         let offers = Offers {
             receiver: receiver.clone(),
             offered,
+            deciding: deciding.clone(),
             limit: limits.idle,
         };
         move |streams: &mut JoinSet<(usize, Result<StreamReport, SessionError>)>,
@@ -1111,6 +1119,9 @@ pub(crate) async fn drive_receiver(
                 // Deciding may read files (digests, resume checks): a writer thread does it;
                 // `Skipped` answers a decision, in the order of the decisions.
                 Some(Ok(offer @ (Frame::Offer { .. } | Frame::Skipped { .. }))) => {
+                    if matches!(offer, Frame::Offer { .. }) {
+                        deciding.fetch_add(1, Ordering::AcqRel);
+                    }
                     if offers_tx.send_async(offer).await.is_err() {
                         break Err(SessionError::Protocol("receiver workers stopped".into()));
                     }
@@ -1304,26 +1315,44 @@ impl Drop for AbortOnDrop {
     }
 }
 
+/// How long a frame that came ahead of its file's offer is held while the receiver has no
+/// offer left to answer: the offer is then still on its way (a sender flushes offers within
+/// milliseconds, and sends them before the data), or it never comes.
+const OFFER_GRACE: Duration = Duration::from_secs(5);
+
 /// What a receiving connection needs to hold a frame back until its file's offer is answered.
 #[derive(Clone)]
 struct Offers {
     receiver: Arc<Receiver>,
     offered: Arc<tokio::sync::Notify>,
+    /// Offer frames handed to the writers and not answered yet.
+    deciding: Arc<AtomicU64>,
     limit: Duration,
 }
 
 impl Offers {
     /// Returns once the offer of `id` has been answered. A sender sends a file's first blocks
     /// before it has the decision (`Block::early`), so they can overtake the offer, which
-    /// travels on the control connection; held here, on the connection's task, they cost no
-    /// memory beyond the one frame and leave the writers free to answer the offer. A file
-    /// never offered within `limit` is the peer's error.
-    async fn wait(&self, id: FileId) -> Result<(), SessionError> {
+    /// travels on the control connection; held here, on the connection's task, they leave
+    /// the writers free to answer the offer.
+    ///
+    /// Held only as long as that can be what happens (issue 35: a 64 MiB block of a file never
+    /// offered was held for the idle timeout, 120 s, in every session that sent one): a frame
+    /// that is not early was sent after its decision, so its file must be known already; an
+    /// early one waits while offers are being answered (one may be its own: deciding reads
+    /// files, a re-run's digests) and for [`OFFER_GRACE`] after, never beyond `limit`.
+    async fn wait(&self, id: FileId, early: bool) -> Result<(), SessionError> {
         // Nearly always: no waiter registered for the block of a file already answered.
         if self.receiver.offered(id) {
             return Ok(());
         }
+        let never =
+            || SessionError::Protocol(format!("data of file {} that was never offered", id.0));
+        if !early {
+            return Err(never());
+        }
         let deadline = tokio::time::Instant::now() + self.limit;
+        let mut grace = tokio::time::Instant::now() + OFFER_GRACE;
         loop {
             let answered = self.offered.notified();
             tokio::pin!(answered);
@@ -1332,12 +1361,14 @@ impl Offers {
             if self.receiver.offered(id) {
                 return Ok(());
             }
-            if tokio::time::timeout_at(deadline, answered).await.is_err() {
-                return Err(SessionError::Protocol(format!(
-                    "data of file {} that was never offered",
-                    id.0
-                )));
+            let now = tokio::time::Instant::now();
+            if self.deciding.load(Ordering::Acquire) > 0 {
+                grace = now + OFFER_GRACE;
             }
+            if now >= deadline || now >= grace {
+                return Err(never());
+            }
+            let _ = tokio::time::timeout_at(grace.min(deadline), answered).await;
         }
     }
 }
@@ -1364,9 +1395,10 @@ async fn recv_stream(
             Frame::Block(b) => {
                 bytes += b.data.len() as u64;
                 counted.store(bytes, Ordering::Relaxed);
-                offers.wait(b.file.id).await?;
+                offers.wait(b.file.id, b.early).await?;
             }
-            Frame::FileFailed { file, .. } => offers.wait(*file).await?,
+            // A reader may fail a file before its offer has left the sender's batch.
+            Frame::FileFailed { file, .. } => offers.wait(*file, true).await?,
             Frame::Dir { .. } | Frame::Symlink { .. } => {}
             other => {
                 return Err(SessionError::Protocol(format!(

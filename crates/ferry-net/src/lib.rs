@@ -3,6 +3,7 @@
 //! connections, all on one server port.
 
 pub mod access;
+mod admission;
 mod autotune;
 pub mod client;
 mod conn;

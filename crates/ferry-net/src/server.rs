@@ -26,6 +26,7 @@ use tokio_rustls::TlsAcceptor;
 use tracing::{debug, info, warn};
 
 use crate::access::{self, Access, AccessList, Grant, LoginBrake};
+use crate::admission::{PerAddress, Unproven};
 use crate::conn::{expect_frame, send};
 use crate::engine::{
     drive_receiver, drive_sender, frame_queue, Joined, Joins, Limits, StreamPlan, Writers,
@@ -51,6 +52,16 @@ pub struct ServerConfig {
     pub base: String,
     /// Connections open at once (control and data together); more are refused with `BUSY`.
     pub max_connections: usize,
+    /// Connections from one address (IPv6: one /64) that have not authenticated yet, that is
+    /// not logged in or not joined to their session: more are refused with `BUSY`, so that
+    /// one address cannot fill `max_connections` with connections that never log in. Never
+    /// below `max_streams + 1`, what one client dials at once (`Server::bind` raises it).
+    pub max_unauthenticated_per_address: usize,
+    /// How long a data connection waits for a session that no control connection has named:
+    /// a client dials its data connections alongside its control connection, so one may say
+    /// its `Hello` first, but not by long. A session named by a control connection still
+    /// logging in or preparing is waited for up to `handshake_timeout`.
+    pub unknown_session_grace: Duration,
     pub max_streams: u16,
     /// Upper bound on a session's buffered block data: streams × block size is lowered to fit.
     pub session_memory: u64,
@@ -84,6 +95,8 @@ impl ServerConfig {
             allow_plaintext: false,
             base: String::new(),
             max_connections: 512,
+            max_unauthenticated_per_address: 128,
+            unknown_session_grace: Duration::from_secs(3),
             max_streams: 64,
             session_memory: 1 << 30,
             handshake_timeout: Duration::from_secs(10),
@@ -119,6 +132,11 @@ pub(crate) struct Shared {
     /// When the last session ended (or the server started), for `serve --oneshot`'s exit.
     last_session_end: Mutex<Instant>,
     pending: Mutex<HashMap<SessionId, Pending>>,
+    /// Sessions named by a control connection's `Hello` that is still open, by how many: its
+    /// data connections are waited for while it logs in and prepares (see `find_session`).
+    opening: Mutex<HashMap<SessionId, usize>>,
+    /// Connections not authenticated yet, per address.
+    unproven: Arc<PerAddress>,
     /// Told whenever a session opens to its data connections: a client sends their `Hello`
     /// alongside its control `Hello`, so one may arrive before its session is registered.
     registered: tokio::sync::Notify,
@@ -201,6 +219,10 @@ impl Server {
         }
         let listener = socket.listen(4096)?;
         let connections = Arc::new(Semaphore::new(config.max_connections));
+        // A client dials its control connection and every data connection together: a cap
+        // below that would refuse one of its own connections.
+        let one_client = usize::from(config.max_streams) + 1;
+        let unproven = PerAddress::new(config.max_unauthenticated_per_address.max(one_client));
         Ok(Self {
             listener,
             shared: Arc::new(Shared {
@@ -211,6 +233,8 @@ impl Server {
                 connections,
                 last_session_end: Mutex::new(Instant::now()),
                 pending: Mutex::default(),
+                opening: Mutex::default(),
+                unproven,
                 registered: tokio::sync::Notify::new(),
                 active: Default::default(),
             }),
@@ -285,9 +309,24 @@ impl Server {
                     continue;
                 }
             };
+            // Per address first: a flood from one address is turned away before it takes a
+            // slot that anyone else could have had.
+            let Some(unproven) = self.shared.unproven.admit(peer.ip()) else {
+                debug!(%peer, "refused: too many unauthenticated connections from this address");
+                if let Ok(p) = refusals.clone().try_acquire_owned() {
+                    let message = format!(
+                        "too many connections from {} that have not logged in ({}); try again",
+                        peer.ip(),
+                        self.shared.unproven.cap()
+                    );
+                    tasks.spawn(refuse_busy(stream, p, message));
+                }
+                continue;
+            };
             let Ok(permit) = limit.clone().try_acquire_owned() else {
                 if let Ok(p) = refusals.clone().try_acquire_owned() {
-                    tasks.spawn(refuse_busy(stream, p));
+                    let message = "server is at its connection limit; try again".to_owned();
+                    tasks.spawn(refuse_busy(stream, p, message));
                 }
                 continue;
             };
@@ -295,7 +334,7 @@ impl Server {
             let mut stop = stop_tx.subscribe();
             tasks.spawn(async move {
                 tokio::select! {
-                    r = handle(shared, stream, peer, permit) => {
+                    r = handle(shared, stream, peer, permit, unproven) => {
                         if let Err(e) = r {
                             debug!(%peer, "connection ended: {e}");
                         }
@@ -334,10 +373,10 @@ impl IdleProbe {
     }
 }
 
-async fn refuse_busy(stream: TcpStream, _slot: Permit) {
+async fn refuse_busy(stream: TcpStream, _slot: Permit, message: String) {
     let frame = Frame::Error {
         code: ErrorCode::BUSY,
-        message: "server is at its connection limit; try again".into(),
+        message,
     };
     // Always in plain TCP, at once and without a TLS handshake, so a flood costs no crypto: a
     // TLS client reads the frame from the bytes that failed its handshake (`Recorder`).
@@ -424,11 +463,14 @@ async fn read_hello(stream: &mut Stream) -> Result<(Role, Capabilities), Session
     Ok((hello.role, caps))
 }
 
+/// `unproven` counts the connection against its address until it authenticates (see
+/// `admission`).
 async fn handle(
     shared: Arc<Shared>,
     tcp: TcpStream,
     peer: SocketAddr,
     permit: Permit,
+    unproven: Unproven,
 ) -> Result<(), SessionError> {
     tune(&tcp);
     // One deadline for TLS and Hello together: a client that trickles bytes cannot hold a
@@ -452,6 +494,8 @@ async fn handle(
             session,
             secret,
         } => {
+            // Its data connections may be waiting already: they wait while this one lives.
+            let _opening = Opening::enter(&shared, session);
             let grant = match login(&shared, peer, &token).await {
                 Ok(g) => g,
                 Err(frame) => {
@@ -463,6 +507,7 @@ async fn handle(
                     return Err(SessionError::Remote { code, message });
                 }
             };
+            drop(unproven);
             control_session(&shared, stream, grant, session, secret, caps).await
         }
         Role::Data {
@@ -481,6 +526,7 @@ async fn handle(
             .await;
             let (code, message) = match found {
                 Ok(Some(Found::Join(joins))) => {
+                    drop(unproven);
                     crate::tcp::open_receive_window(std::os::fd::AsFd::as_fd(stream.tcp()));
                     welcome(&mut stream, session, secret).await?;
                     let _ = joins.send(Ok((index, stream, Some(permit)))).await;
@@ -491,7 +537,7 @@ async fn handle(
                     ErrorCode::NOT_GRANTED,
                     format!("data connection {index} not granted: the session has {granted}"),
                 ),
-                Ok(Some(Found::Refused)) | Err(_) => (
+                Ok(Some(Found::Refused | Found::Unknown)) | Err(_) => (
                     ErrorCode::AUTH,
                     "unknown session or wrong secret".to_owned(),
                 ),
@@ -529,13 +575,52 @@ enum Found {
     NotGranted(u16),
     /// Every granted connection has joined, or the secret is wrong.
     Refused,
+    /// No control connection has named the session within the grace.
+    Unknown,
+}
+
+/// A session named by an open control connection (`Shared::opening`), until it closes.
+struct Opening<'a>(&'a Shared, SessionId);
+
+impl<'a> Opening<'a> {
+    fn enter(shared: &'a Shared, session: SessionId) -> Self {
+        *shared
+            .opening
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(session)
+            .or_insert(0) += 1;
+        Self(shared, session)
+    }
+}
+
+impl Drop for Opening<'_> {
+    fn drop(&mut self) {
+        {
+            let mut opening = self.0.opening.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(n) = opening.get_mut(&self.1) {
+                *n -= 1;
+                if *n == 0 {
+                    opening.remove(&self.1);
+                }
+            }
+        }
+        // Its data connections, if any still wait, are refused now rather than at their
+        // deadline (once their grace is over).
+        self.0.registered.notify_waiters();
+    }
 }
 
 /// The session a data connection names, once the session is open to its data connections (it
 /// may not be yet: the client sends the data connections' `Hello` without waiting for the
 /// control connection's `Welcome`); the caller bounds the wait. A session stays registered
 /// while it runs, so a connection dialled beyond the grant is refused at once, not held.
+///
+/// A session that no open control connection has named is waited for only for
+/// `unknown_session_grace` (its control connection may say its `Hello` a little later): a
+/// connection for a made-up session gives its slot back then, not at the handshake deadline.
 async fn find_session(shared: &Shared, session: SessionId, secret: &[u8; 32], index: u16) -> Found {
+    let grace = tokio::time::Instant::now() + shared.config.unknown_session_grace;
     loop {
         let registered = shared.registered.notified();
         tokio::pin!(registered);
@@ -555,7 +640,21 @@ async fn find_session(shared: &Shared, session: SessionId, secret: &[u8; 32], in
                 };
             }
         }
-        registered.await;
+        let named = shared
+            .opening
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains_key(&session);
+        if named {
+            registered.await;
+        } else if tokio::time::timeout_at(grace, registered).await.is_err() {
+            // One more look: registered just as the grace ended.
+            let pending = shared.pending.lock().unwrap_or_else(|e| e.into_inner());
+            let opening = shared.opening.lock().unwrap_or_else(|e| e.into_inner());
+            if !pending.contains_key(&session) && !opening.contains_key(&session) {
+                return Found::Unknown;
+            }
+        }
     }
 }
 
@@ -696,6 +795,7 @@ async fn control_session(
             joins,
             pending,
         } => {
+            receiver.forget_manifest();
             let writers = Writers::new(shared.config.writers, shared.config.tune_storage);
             let limits = Limits::new(idle, block_size);
             // Registered while it runs (closed to joins once all have joined), so that a
