@@ -98,14 +98,56 @@ pub struct ConnArgs {
     #[arg(long, value_name = "sha256:HEX")]
     pub server_fingerprint: Option<String>,
     /// File of pinned server keys (default: $XDG_CONFIG_HOME/ferry/known_hosts).
-    #[arg(long, env = "FERRY_KNOWN_HOSTS")]
+    /// [env: FERRY_KNOWN_HOSTS]
+    #[arg(long)]
     pub known_hosts: Option<PathBuf>,
     /// Command that reaches USER@HOST for ssh-started sessions, e.g. "ssh -p 2222 -i key".
-    #[arg(long, env = "FERRY_SSH", default_value = "ssh")]
-    pub ssh: String,
+    /// [env: FERRY_SSH] [default: ssh]
+    #[arg(long, value_name = "COMMAND")]
+    pub ssh: Option<String>,
     /// The ferry binary on the remote host, for ssh-started sessions.
-    #[arg(long, env = "FERRY_REMOTE_BIN", default_value = "ferry")]
-    pub remote_ferry: String,
+    /// [env: FERRY_REMOTE_BIN] [default: ferry]
+    #[arg(long, value_name = "PATH")]
+    pub remote_ferry: Option<String>,
+}
+
+// The environment variables are read here, not by clap: clap counts an option set from the
+// environment as given, and then shows it in the usage line of an error (`ferry get --token
+// <TOKEN> <REMOTE> <DEST>`), as if it were required.
+
+/// `name`'s value, unless unset or empty.
+fn env(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.is_empty())
+}
+
+impl ConnArgs {
+    /// The ssh command: `--ssh`, else `FERRY_SSH`, else `ssh`.
+    pub fn ssh_command(&self) -> String {
+        self.ssh
+            .clone()
+            .or_else(|| env("FERRY_SSH"))
+            .unwrap_or_else(|| "ssh".into())
+    }
+
+    /// The remote ferry binary: `--remote-ferry`, else `FERRY_REMOTE_BIN`, else `ferry`.
+    pub fn remote_bin(&self) -> String {
+        self.remote_ferry
+            .clone()
+            .or_else(|| env("FERRY_REMOTE_BIN"))
+            .unwrap_or_else(|| "ferry".into())
+    }
+
+    /// The known-hosts file given: `--known-hosts`, else `FERRY_KNOWN_HOSTS`.
+    pub fn known_hosts_file(&self) -> Option<PathBuf> {
+        self.known_hosts
+            .clone()
+            .or_else(|| env("FERRY_KNOWN_HOSTS").map(PathBuf::from))
+    }
+}
+
+/// The access token given: `--token`, else `FERRY_TOKEN`.
+pub fn token_given(flag: Option<&str>) -> Option<String> {
+    flag.map(str::to_owned).or_else(|| env("FERRY_TOKEN"))
 }
 
 #[derive(Subcommand, Debug)]
@@ -159,7 +201,7 @@ pub struct ProbeNetArgs {
     #[arg(long)]
     pub json: bool,
     /// Access token (else FERRY_TOKEN, else the config file); any token with a read scope.
-    #[arg(long, env = "FERRY_TOKEN", hide_env_values = true)]
+    #[arg(long)]
     pub token: Option<String>,
     /// Client config file (default: $XDG_CONFIG_HOME/ferry/config.toml).
     #[arg(long)]
@@ -228,12 +270,13 @@ pub struct ServeArgs {
     /// session; more are refused as busy. Never below --max-streams + 1, what one client dials.
     #[arg(long, default_value_t = 128)]
     pub max_unauthenticated: usize,
-    /// End a session after this many seconds without traffic.
-    #[arg(long, default_value_t = 120)]
-    pub idle_timeout: u64,
+    /// End a session after this long without traffic (e.g. 120s, 2m; a plain number is
+    /// seconds; at least 5s).
+    #[arg(long, default_value = "120s", value_name = "DURATION")]
+    pub idle_timeout: String,
     /// Remove partial files and resume journals of interrupted transfers untouched for this
     /// long (e.g. 24h, 7d is 168h). They are what a re-run resumes from.
-    #[arg(long, default_value = "24h")]
+    #[arg(long, default_value = "24h", value_name = "DURATION")]
     pub partial_max_age: String,
     /// Token file: named tokens with path scopes, stored hashed (`ferry token add`). Default:
     /// tokens.toml in the state directory; on first start one full-access token is made.
@@ -293,17 +336,19 @@ pub struct TransferArgs {
     #[arg(long)]
     pub manifest: Option<PathBuf>,
     /// Access token (else FERRY_TOKEN, else the config file).
-    #[arg(long, env = "FERRY_TOKEN", hide_env_values = true)]
+    #[arg(long)]
     pub token: Option<String>,
     /// Client config file (default: $XDG_CONFIG_HOME/ferry/config.toml).
     #[arg(long)]
     pub config: Option<PathBuf>,
-    /// Seconds to wait for a connection.
-    #[arg(long, default_value_t = 15)]
-    pub connect_timeout: u64,
-    /// Keep retrying, with backoff, after failures that a retry can fix (server unreachable,
-    /// connection lost) for this long, e.g. 3m, 90s, 0 for never. Each retry resumes.
-    #[arg(long, default_value = "3m")]
+    /// How long to wait for a connection, e.g. 15s or 1m (a plain number is seconds).
+    #[arg(long, default_value = "15s", value_name = "DURATION")]
+    pub connect_timeout: String,
+    /// Keep retrying, with backoff, after failures that a retry can fix (connection lost,
+    /// server busy) for this long, e.g. 3m, 90s, 0 for never. Each retry resumes. A server
+    /// that has not answered once is retried for a few seconds only; a name that does not
+    /// resolve, not at all.
+    #[arg(long, default_value = "3m", value_name = "DURATION")]
     pub retry_for: String,
     #[command(flatten)]
     pub conn: ConnArgs,
@@ -343,10 +388,18 @@ pub struct LsArgs {
     /// Print entries as JSON.
     #[arg(long)]
     pub json: bool,
-    #[arg(long, env = "FERRY_TOKEN", hide_env_values = true)]
+    /// Access token (else FERRY_TOKEN, else the config file).
+    #[arg(long)]
     pub token: Option<String>,
+    /// Client config file (default: $XDG_CONFIG_HOME/ferry/config.toml).
     #[arg(long)]
     pub config: Option<PathBuf>,
+    /// How long to wait for a connection, e.g. 15s or 1m (a plain number is seconds).
+    #[arg(long, default_value = "15s", value_name = "DURATION")]
+    pub connect_timeout: String,
+    /// Keep retrying after failures that a retry can fix, as put and get do.
+    #[arg(long, default_value = "3m", value_name = "DURATION")]
+    pub retry_for: String,
     #[command(flatten)]
     pub conn: ConnArgs,
 }

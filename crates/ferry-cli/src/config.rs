@@ -35,7 +35,8 @@ pub fn parse_size(s: &str) -> Result<u64> {
         .with_context(|| format!("`{s}` is too large"))
 }
 
-/// Parses `90s`, `3m`, `1h`, `250ms` or a plain number of seconds.
+/// Parses `90s`, `3m`, `1h`, `7d`, `250ms` or a plain number of seconds: the one duration
+/// syntax of every option that takes a time.
 pub fn parse_duration(s: &str) -> Result<Duration> {
     let t = s.trim().to_ascii_lowercase();
     let end = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
@@ -43,12 +44,24 @@ pub fn parse_duration(s: &str) -> Result<Duration> {
     let n: u64 = num
         .parse()
         .with_context(|| format!("`{s}` is not a duration (try 90s, 3m or 1h)"))?;
-    Ok(match unit {
-        "" | "s" => Duration::from_secs(n),
-        "ms" => Duration::from_millis(n),
-        "m" | "min" => Duration::from_secs(n * 60),
-        "h" => Duration::from_secs(n * 3600),
-        _ => bail!("`{s}`: unknown duration unit (use ms, s, m or h)"),
+    let (n, per) = match unit.trim() {
+        "ms" => return Ok(Duration::from_millis(n)),
+        "" | "s" => (n, 1),
+        "m" | "min" => (n, 60),
+        "h" => (n, 3600),
+        "d" => (n, 86_400),
+        _ => bail!("`{s}`: unknown duration unit (use ms, s, m, h or d)"),
+    };
+    n.checked_mul(per)
+        .map(Duration::from_secs)
+        .with_context(|| format!("`{s}` is too long"))
+}
+
+/// A usage error with advice (`Hinted`): `main` prints the hint on its own line.
+fn hinted(error: String, hint: String) -> anyhow::Error {
+    anyhow::Error::new(crate::Hinted {
+        error: anyhow::anyhow!(error),
+        hint,
     })
 }
 
@@ -94,12 +107,34 @@ impl Remote {
                 ssh_user: Some(user.to_owned()),
             });
         }
+        let shown = if host.contains(':') {
+            format!("[{host}]")
+        } else {
+            host.clone()
+        };
+        let is_port = |p: &str| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit());
         let (port, path) = match rest.split_once(':') {
-            Some((p, path)) if !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()) => (
+            Some((p, path)) if is_port(p) => (
                 p.parse()
                     .with_context(|| format!("`{s}`: port {p} is out of range"))?,
                 path,
             ),
+            // `HOST:WORD:/PATH`: WORD stands where a port goes, and a path rarely begins
+            // with `WORD:/`; taking it as one would send to port 7070 what was meant elsewhere.
+            Some((p, path)) if path.starts_with('/') && !p.contains('/') => {
+                return Err(hinted(
+                    format!("`{s}`: `{p}` is not a port"),
+                    format!("did you mean {shown}:{path} (port {DEFAULT_PORT}) or {shown}:PORT:{path} ?"),
+                ));
+            }
+            // `HOST:PORT` with no path: read as the path `PORT` on port 7070, it would send to
+            // the wrong place (or retry a closed port).
+            None if is_port(rest) => {
+                return Err(hinted(
+                    format!("`{s}` has no path"),
+                    format!("did you mean {shown}:{rest}:/ ?"),
+                ));
+            }
             _ => (DEFAULT_PORT, rest),
         };
         Ok(Self {
@@ -211,8 +246,7 @@ pub fn security(conn: &ConnArgs, server: &str) -> Result<Security> {
         return Ok(Security::Tls(ServerTrust::Pinned(fp.parse()?)));
     }
     let file = conn
-        .known_hosts
-        .clone()
+        .known_hosts_file()
         .or_else(default_known_hosts)
         .context("no place for the known-hosts file: set HOME, or pass --known-hosts or --server-fingerprint")?;
     Ok(Security::Tls(ServerTrust::KnownHosts {
@@ -230,8 +264,8 @@ pub fn default_config_path() -> Option<PathBuf> {
 
 /// Finds the token: `--token`/`FERRY_TOKEN`, else the config file (per host, then default).
 pub fn resolve_token(explicit: Option<&str>, config: Option<&Path>, host: &str) -> Result<String> {
-    if let Some(t) = explicit {
-        return Ok(t.to_owned());
+    if let Some(t) = crate::args::token_given(explicit) {
+        return Ok(t);
     }
     let path = config.map(Path::to_path_buf).or_else(default_config_path);
     if let Some(path) = &path {
@@ -441,10 +475,12 @@ pub fn client_config(args: &TransferArgs, remote: &Remote) -> Result<ClientConfi
         } else {
             "default"
         },
-        connect_timeout: Duration::from_secs(args.connect_timeout.max(1)),
+        connect_timeout: parse_duration(&args.connect_timeout)
+            .context("--connect-timeout")?
+            .max(Duration::from_secs(1)),
         idle_timeout: Duration::from_secs(120),
         corrupt_blocks: Vec::new(),
-        retry_for: parse_duration(&args.retry_for)?,
+        retry_for: parse_duration(&args.retry_for).context("--retry-for")?,
         security: security(&args.conn, &remote.server())?,
         start_from: Default::default(),
         force_streams: None,
@@ -472,6 +508,17 @@ mod tests {
         assert_eq!(parse_duration("0").unwrap(), Duration::ZERO);
         assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
         assert!(parse_duration("3 weeks").is_err());
+        assert_eq!(parse_duration("30").unwrap(), Duration::from_secs(30));
+        assert_eq!(parse_duration("30s").unwrap(), Duration::from_secs(30));
+        assert_eq!(
+            parse_duration("7d").unwrap(),
+            Duration::from_secs(7 * 86_400)
+        );
+        assert!(parse_duration("99999999999999999999h").is_err());
+        assert!(
+            parse_duration(&format!("{}h", u64::MAX)).is_err(),
+            "overflow is an error"
+        );
         assert_eq!(parse_streams("auto").unwrap(), None);
         assert_eq!(parse_streams("AUTO").unwrap(), None);
         assert_eq!(parse_streams("8").unwrap(), Some(8));
@@ -495,6 +542,22 @@ mod tests {
             ("::1", 9000, "[::1]:9000".to_string())
         );
         assert!(Remote::parse("nocolon").is_err());
+        // A port with no path, or a word where the port goes: refused, with the likely meaning.
+        let hint = |s: &str| {
+            let e = Remote::parse(s).unwrap_err();
+            e.downcast_ref::<crate::Hinted>()
+                .map(|h| h.hint.clone())
+                .unwrap_or_else(|| panic!("{s}: no hint in {e:#}"))
+        };
+        assert_eq!(hint("127.0.0.1:7171"), "did you mean 127.0.0.1:7171:/ ?");
+        assert_eq!(hint("[::1]:7171"), "did you mean [::1]:7171:/ ?");
+        assert!(hint("dtn2:notaport:/x").starts_with("did you mean dtn2:/x "));
+        assert!(hint("dtn2::/x").starts_with("did you mean dtn2:/x "));
+        // Still paths: a name with a colon, a relative path, ssh's USER@HOST:PATH.
+        assert_eq!(Remote::parse("dtn2:a:b").unwrap().path, "a:b");
+        assert_eq!(Remote::parse("dtn2:7171:").unwrap().path, "/");
+        assert_eq!(Remote::parse("dtn2:run42").unwrap().path, "run42");
+        assert_eq!(Remote::parse("al@dtn2:7171").unwrap().path, "7171");
         let r = Remote::parse("alice@dtn2:data/run1").unwrap();
         assert_eq!(
             (r.ssh_target().unwrap().as_str(), r.path.as_str()),

@@ -1,11 +1,13 @@
 //! The `ferry` binary: a thin layer over `ferry-net` and `ferry-core`. Arguments are parsed
 //! (`args`), resolved (`config`), run (`commands`); the full error chain is printed once here.
-//! Exit codes: 0 success, 1 the transfer failed, 2 usage or configuration error.
+//! Exit codes: 0 success, 1 the transfer failed, 2 usage or configuration error. With `--json`
+//! a failure is a JSON object on stdout too (`{"error": {...}}`), so a script always gets JSON.
 #![forbid(unsafe_code)]
 
 mod args;
 mod commands;
 mod config;
+mod output;
 mod profiles;
 mod progress;
 mod ssh;
@@ -45,8 +47,61 @@ impl std::fmt::Display for Hinted {
 
 impl std::error::Error for Hinted {}
 
+/// Whether the command asked for JSON on stdout.
+fn wants_json(cli: &args::Cli) -> bool {
+    use args::{Command, ProbeCommand};
+    match &cli.command {
+        Command::Put(a) => a.transfer.json,
+        Command::Get(a) => a.transfer.json,
+        Command::Ls(a) => a.json,
+        Command::Demo(a) => a.json,
+        Command::Probe(ProbeCommand::Host(a)) => a.json,
+        Command::Probe(ProbeCommand::Disk(a)) => a.json,
+        Command::Probe(ProbeCommand::Net(a)) => a.json,
+        Command::Serve(_) | Command::Token(_) => false,
+    }
+}
+
+/// The failure as the one JSON document on stdout: `{"error": {"message", "kind", "hint",
+/// "exit_code"}}`, `kind` being `usage` (exit 2) or `failed` (exit 1).
+fn print_json_error(message: &str, usage: bool, hint: Option<&str>, code: u8) {
+    let v = serde_json::json!({
+        "error": {
+            "message": message,
+            "kind": if usage { "usage" } else { "failed" },
+            "hint": hint,
+            "exit_code": code,
+        }
+    });
+    println!("{v:#}");
+}
+
 fn main() -> ExitCode {
-    let cli = args::Cli::parse();
+    let cli = match args::Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            use clap::error::ErrorKind;
+            let asked_json = std::env::args_os().any(|a| a == "--json");
+            let informational = matches!(
+                e.kind(),
+                ErrorKind::DisplayHelp
+                    | ErrorKind::DisplayVersion
+                    | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+            );
+            if asked_json && !informational {
+                let text = e.kind().as_str().unwrap_or("invalid arguments").to_owned();
+                let rendered = e.render().to_string();
+                let first = rendered
+                    .lines()
+                    .next()
+                    .map(|l| l.trim_start_matches("error: ").to_owned())
+                    .unwrap_or(text);
+                print_json_error(&first, true, None, 2);
+            }
+            e.exit();
+        }
+    };
+    let json = wants_json(&cli);
     let level = match (cli.quiet, cli.verbose) {
         (true, _) => "error",
         (_, 0) => "warn",
@@ -76,15 +131,28 @@ fn main() -> ExitCode {
     match runtime.block_on(commands::run(cli)) {
         Ok(code) => code,
         Err(e) => {
-            if let Some(u) = e.downcast_ref::<UsageError>() {
-                eprintln!("error: {u}");
-                return ExitCode::from(2);
+            let (message, usage, hint) = match e.downcast_ref::<UsageError>() {
+                Some(u) => (
+                    u.to_string(),
+                    true,
+                    u.0.downcast_ref::<Hinted>().map(|h| h.hint.clone()),
+                ),
+                None => (
+                    format!("{e:#}"),
+                    false,
+                    e.downcast_ref::<Hinted>().map(|h| h.hint.clone()),
+                ),
+            };
+            let code = if usage { 2 } else { 1 };
+            // Messages carry names and text from the server: never raw to a terminal.
+            eprintln!("error: {}", output::clean(&message));
+            if let Some(h) = &hint {
+                eprintln!("hint: {}", output::clean(h));
             }
-            eprintln!("error: {e:#}");
-            if let Some(h) = e.downcast_ref::<Hinted>() {
-                eprintln!("hint: {}", h.hint);
+            if json {
+                print_json_error(&message, usage, hint.as_deref(), code);
             }
-            ExitCode::from(1)
+            ExitCode::from(code)
         }
     }
 }

@@ -1,7 +1,9 @@
 //! The terminal side of progress: an indicatif bar on a TTY, nothing otherwise.
 
+use std::collections::HashSet;
 use std::io::IsTerminal;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use ferry_core::Reporter;
@@ -13,6 +15,8 @@ pub struct Progress {
     quiet: bool,
     files_done: AtomicU64,
     files_total: AtomicU64,
+    /// Failures already printed as they happened, not to be printed again at the end.
+    shown: Mutex<HashSet<String>>,
 }
 
 impl Progress {
@@ -40,6 +44,7 @@ impl Progress {
             quiet,
             files_done: AtomicU64::new(0),
             files_total: AtomicU64::new(0),
+            shown: Mutex::default(),
         }
     }
 
@@ -53,6 +58,14 @@ impl Progress {
 
     pub fn finish(&self) {
         self.bar.finish_and_clear();
+    }
+
+    /// Whether this failure was printed while the transfer ran.
+    pub fn was_shown(&self, msg: &str) -> bool {
+        self.shown
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(msg)
     }
 }
 
@@ -76,7 +89,8 @@ impl Reporter for Progress {
         if !self.quiet {
             self.bar.suspend(|| {
                 eprintln!(
-                    "warning: attempt {attempt} failed: {error}; retrying in {} s",
+                    "warning: attempt {attempt} failed: {}; retrying in {} s",
+                    crate::output::clean(error),
                     wait.as_secs()
                 )
             });
@@ -90,7 +104,20 @@ impl Reporter for Progress {
 
     fn on_warning(&self, msg: &str) {
         if !self.quiet {
-            self.bar.suspend(|| eprintln!("warning: {msg}"));
+            self.bar
+                .suspend(|| eprintln!("warning: {}", crate::output::clean(msg)));
+        }
+    }
+
+    /// Printed at once, as an error, and only once: the end of the run leaves it out.
+    fn on_file_failed(&self, msg: &str) {
+        if self.quiet {
+            return;
+        }
+        let mut shown = self.shown.lock().unwrap_or_else(|e| e.into_inner());
+        if shown.insert(msg.to_owned()) {
+            self.bar
+                .suspend(|| eprintln!("error: {}", crate::output::clean(msg)));
         }
     }
 }

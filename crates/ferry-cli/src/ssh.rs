@@ -68,12 +68,13 @@ pub fn parse_announcement(line: &str) -> Result<Announcement> {
 impl Oneshot {
     /// Starts the remote server and waits (bounded) for its announcement.
     pub async fn start(conn: &ConnArgs, target: &str, host: &str, wait: Duration) -> Result<Self> {
-        let mut words = conn.ssh.split_whitespace();
+        let (ssh, remote_ferry) = (conn.ssh_command(), conn.remote_bin());
+        let mut words = ssh.split_whitespace();
         let program = words.next().context("--ssh is empty")?;
         let mut cmd = Command::new(program);
         cmd.args(words)
             .arg(target)
-            .arg(&conn.remote_ferry)
+            .arg(&remote_ferry)
             .args(["serve", "--oneshot", "--quiet"]);
         if conn.no_encrypt {
             cmd.arg("--allow-plaintext");
@@ -98,8 +99,8 @@ impl Oneshot {
                 bail!(
                     "`{} {target} {} serve --oneshot` ended without announcing a port ({status}); \
                      is ferry installed there (--remote-ferry, FERRY_REMOTE_BIN)?",
-                    conn.ssh,
-                    conn.remote_ferry
+                    ssh,
+                    remote_ferry
                 );
             }
             Err(_) => bail!(

@@ -1367,6 +1367,8 @@ fn put_streams_auto_reports_tuning_and_starts_from_a_profile() {
         ),
     )
     .unwrap();
+    // Other contents, so that this put moves data: a run that moves none names no bottleneck.
+    write_pattern(&file, 5 * MIB, 12);
     let out = put(&["--streams", "auto", "--overwrite"]);
     assert!(
         out.stderr.contains("streams (auto), ")

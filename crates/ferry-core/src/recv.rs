@@ -508,6 +508,7 @@ impl Receiver {
         reporter: Arc<dyn Reporter>,
     ) -> Result<Arc<Self>, FsError> {
         dest.root.create_dir_all(&dest.base)?;
+        check_writable(&dest, config.tag)?;
         let (finalize_tx, finalize_rx) = flume::unbounded::<FinalizeJob>();
         let (done_tx, done_rx) = flume::bounded(1);
         let this = Arc::new(Self {
@@ -609,7 +610,7 @@ impl Receiver {
     }
 
     fn error(&self, msg: String) {
-        self.reporter.on_warning(&msg);
+        self.reporter.on_file_failed(&msg);
         let mut errors = lock(&self.errors);
         // A peer can make every file fail (bad names, say): the messages, which carry its
         // paths, must not grow without bound.
@@ -697,8 +698,7 @@ impl Receiver {
         let file = match w.file() {
             Ok(f) => f,
             Err(e) => {
-                let msg = format!("{}: creating {}: {e}", entry.meta.path, w.temp);
-                let code = FsError::io(&entry.meta.path, e).code();
+                let (code, msg) = cannot_create(&entry.meta.path, &w.dir_rel, e);
                 drop(slot);
                 self.fail(&entry, code, msg, true);
                 return Ok(());
@@ -1226,7 +1226,8 @@ impl Receiver {
         let temp = journaled_temp(name);
         let jname = journal_name(name);
         let flags = root::OFlags::RDWR | root::OFlags::CREATE;
-        let jfd = root::open_in(&dir, &jname, flags, 0o600).map_err(|e| io(&jname, e))?;
+        let jfd = root::open_in(&dir, &jname, flags, 0o600)
+            .map_err(|e| cannot_create(&meta.path, dir_rel, e))?;
         // A session that just broke off may still be letting go of it: wait a little, bounded.
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
         while rustix::fs::flock(&jfd, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_err()
@@ -1257,7 +1258,8 @@ impl Receiver {
             Some(x) => x,
             None => {
                 let flags = root::OFlags::RDWR | root::OFlags::CREATE | root::OFlags::TRUNC;
-                let fd = root::open_in(&dir, &temp, flags, 0o600).map_err(|e| io(&temp, e))?;
+                let fd = root::open_in(&dir, &temp, flags, 0o600)
+                    .map_err(|e| cannot_create(&meta.path, dir_rel, e))?;
                 (File::from(fd), Vec::new())
             }
         };
@@ -1651,6 +1653,40 @@ fn link_target(dir: &OwnedFd, name: &str) -> Option<String> {
 }
 
 /// Removes a temporary file and its journal.
+/// Creates and removes a hidden file in the destination directory, so that a destination that
+/// cannot be written at all (read-only, no permission) fails the transfer once, naming the
+/// directory, instead of failing every file on its own.
+fn check_writable(dest: &Destination, tag: u64) -> Result<(), FsError> {
+    let shown = || match dest.base.as_str() {
+        "" => dest.root.display_path().display().to_string(),
+        base => dest.root.display_path().join(base).display().to_string(),
+    };
+    let dir = dest.root.open_dir(&dest.base)?;
+    let name = format!(".ferry-{tag:016x}-w.part");
+    let flags = root::OFlags::WRONLY | root::OFlags::CREATE | root::OFlags::EXCL;
+    match root::open_in(&dir, &name, flags, 0o600) {
+        Ok(fd) => {
+            drop(fd);
+            let _ = rustix::fs::unlinkat(&dir, name.as_str(), rustix::fs::AtFlags::empty());
+            Ok(())
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(FsError::io(shown(), e)),
+    }
+}
+
+/// The message of a file whose temporary file or journal cannot be created: it names the
+/// directory that refused, not the hidden name ferry chose.
+fn cannot_create(path: &str, dir_rel: &str, e: std::io::Error) -> (ErrorCode, String) {
+    let dir = if dir_rel.is_empty() {
+        "the destination directory".to_owned()
+    } else {
+        format!("directory {dir_rel}")
+    };
+    let msg = format!("{path}: cannot create it in {dir}: {e}");
+    (FsError::io(path, e).code(), msg)
+}
+
 fn remove_temp(dir: &OwnedFd, temp: &str, journal: Option<&JournalFile>) {
     let _ = rustix::fs::unlinkat(dir, temp, rustix::fs::AtFlags::empty());
     if let Some(j) = journal {

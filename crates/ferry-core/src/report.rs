@@ -17,6 +17,11 @@ pub trait Reporter: Send + Sync {
     fn on_retry(&self, _attempt: u32, _wait: std::time::Duration, _error: &str) {}
     /// Something worth telling the user that does not stop the transfer.
     fn on_warning(&self, _msg: &str) {}
+    /// A file (or other entry) failed; the transfer goes on with the others. The message is
+    /// also in the final report's errors: a reporter that shows it now can leave it out then.
+    fn on_file_failed(&self, msg: &str) {
+        self.on_warning(msg);
+    }
 }
 
 /// A reporter that ignores everything.

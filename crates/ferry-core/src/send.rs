@@ -429,7 +429,7 @@ impl Sender {
 
 impl Shared {
     fn error(&self, msg: String) {
-        self.reporter.on_warning(&msg);
+        self.reporter.on_file_failed(&msg);
         self.errors
             .lock()
             .unwrap_or_else(|e| e.into_inner())

@@ -350,13 +350,35 @@ pub(crate) struct Connected {
     secret: [u8; 32],
 }
 
+/// The first address of `server` (`host:port`). A name that does not resolve is a
+/// [`SessionError::Resolve`], which is not retried.
 async fn resolve(server: &str) -> Result<SocketAddr, SessionError> {
+    let unresolved = |cause: String| SessionError::Resolve {
+        server: server.to_owned(),
+        cause,
+    };
     tokio::net::lookup_host(server)
-        .await?
+        .await
+        .map_err(|e| unresolved(e.to_string()))?
         .next()
-        .ok_or_else(|| {
-            SessionError::Io(std::io::Error::other(format!("{server}: no address found")))
-        })
+        .ok_or_else(|| unresolved("no address found".into()))
+}
+
+/// A failure to reach `addr`, named with the address and port tried.
+fn unreached(addr: SocketAddr, cause: std::io::Error) -> SessionError {
+    SessionError::Connect {
+        addr: addr.to_string(),
+        cause,
+    }
+}
+
+/// No answer from `addr` within `timeout`.
+fn no_answer(addr: SocketAddr, timeout: Duration, what: &str) -> SessionError {
+    let cause = std::io::Error::new(
+        std::io::ErrorKind::TimedOut,
+        format!("{what} within {} s", timeout.as_secs_f64()),
+    );
+    unreached(addr, cause)
 }
 
 /// `data`: a data connection, whose receive window starts larger (`tcp::open_receive_window`).
@@ -371,10 +393,11 @@ async fn dial(
     fast_open: bool,
 ) -> Result<TcpStream, SessionError> {
     let socket = if addr.is_ipv4() {
-        TcpSocket::new_v4()?
+        TcpSocket::new_v4()
     } else {
-        TcpSocket::new_v6()?
-    };
+        TcpSocket::new_v6()
+    }
+    .map_err(|e| unreached(addr, e))?;
     if window > 0 {
         // Before connect, so the window scale offered in the SYN matches.
         socket.set_send_buffer_size(window)?;
@@ -390,7 +413,8 @@ async fn dial(
     }
     let stream = tokio::time::timeout(timeout, socket.connect(addr))
         .await
-        .map_err(|_| SessionError::Timeout("connecting to the server"))??;
+        .map_err(|_| no_answer(addr, timeout, "no answer"))?
+        .map_err(|e| unreached(addr, e))?;
     tune(&stream);
     Ok(stream)
 }
@@ -398,6 +422,7 @@ async fn dial(
 /// Starts TLS on a fresh connection, telling a changed server key apart from other failures.
 async fn secure(
     tcp: TcpStream,
+    addr: SocketAddr,
     tls: &ClientTls,
     timeout: Duration,
     on_change: impl FnOnce(String, String) -> SessionError,
@@ -430,15 +455,15 @@ async fn secure(
                      TCP needs --no-encrypt)"
                 )))
             } else {
-                Err(SessionError::Io(e))
+                Err(unreached(addr, e))
             }
         }
         Err(_)
             if socket.is_some_and(|s| crate::tcp::still_opening(std::os::fd::AsFd::as_fd(&s))) =>
         {
-            Err(SessionError::Timeout("connecting to the server"))
+            Err(no_answer(addr, timeout, "no answer"))
         }
-        Err(_) => Err(SessionError::Timeout("waiting for the TLS handshake")),
+        Err(_) => Err(no_answer(addr, timeout, "no TLS handshake")),
     }
 }
 
@@ -589,21 +614,27 @@ async fn secure_control(
     if pin.is_some() {
         let _ = built_tx.send(Some(tls.clone()));
     }
-    let control = secure(tcp, &tls, cfg.connect_timeout, |expected, presented| {
-        let fix = match known {
-            Some((file, _, line)) => format!(
-                "remove line {line} of {} (or pass --server-fingerprint {presented})",
-                file.path().display()
-            ),
-            None => format!("pass --server-fingerprint {presented}"),
-        };
-        SessionError::ServerKeyChanged {
-            host: cfg.server.clone(),
-            expected,
-            presented,
-            fix,
-        }
-    })
+    let control = secure(
+        tcp,
+        addr,
+        &tls,
+        cfg.connect_timeout,
+        |expected, presented| {
+            let fix = match known {
+                Some((file, _, line)) => format!(
+                    "remove line {line} of {} (or pass --server-fingerprint {presented})",
+                    file.path().display()
+                ),
+                None => format!("pass --server-fingerprint {presented}"),
+            };
+            SessionError::ServerKeyChanged {
+                host: cfg.server.clone(),
+                expected,
+                presented,
+                fix,
+            }
+        },
+    )
     .await?;
     let seen = tls
         .seen()
@@ -962,7 +993,7 @@ impl DataDial {
             Some(tls) => {
                 let tls = tls.get().await?;
                 let host = self.host;
-                secure(tcp, &tls, self.timeout, |expected, presented| {
+                secure(tcp, self.addr, &tls, self.timeout, |expected, presented| {
                     SessionError::ServerKeyChanged {
                         host,
                         expected,
@@ -993,31 +1024,60 @@ fn limits(cfg: &ClientConfig, opts: &TransferOpts) -> Limits {
 async fn with_retries<F, Fut>(
     cfg: &ClientConfig,
     reporter: &Arc<dyn Reporter>,
-    mut attempt_once: F,
+    attempt_once: F,
 ) -> Result<TransferReport, SessionError>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<TransferReport, SessionError>>,
 {
     let t0 = Instant::now();
+    let (mut r, attempt) = retrying(cfg.retry_for, reporter.as_ref(), attempt_once).await?;
+    r.attempts = attempt;
+    r.seconds = t0.elapsed().as_secs_f64();
+    r.mib_per_s = r.bytes as f64 / (1 << 20) as f64 / r.seconds.max(1e-9);
+    Ok(r)
+}
+
+/// How long a server that has not answered once in this run is retried: long enough to ride
+/// out a restart, short enough that a wrong address or port fails in seconds, not after the
+/// whole `--retry-for`.
+pub const FIRST_CONTACT_RETRY: Duration = Duration::from_secs(5);
+
+/// Runs `attempt_once` until it succeeds, fails in a way a retry cannot fix, or the time to
+/// retry is over; returns the result and the number of attempts. A name that does not resolve
+/// is never retried; a server that has never answered is retried for [`FIRST_CONTACT_RETRY`]
+/// (at most `retry_for`); once it has answered, for `retry_for`.
+pub(crate) async fn retrying<T, F, Fut>(
+    retry_for: Duration,
+    reporter: &dyn Reporter,
+    mut attempt_once: F,
+) -> Result<(T, u32), SessionError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, SessionError>>,
+{
+    let t0 = Instant::now();
     let mut wait = Duration::from_secs(1);
     let mut attempt = 1u32;
+    let mut answered = false;
     loop {
-        match attempt_once().await {
-            Ok(mut r) => {
-                r.attempts = attempt;
-                r.seconds = t0.elapsed().as_secs_f64();
-                r.mib_per_s = r.bytes as f64 / (1 << 20) as f64 / r.seconds.max(1e-9);
-                return Ok(r);
-            }
-            Err(e) if e.is_retryable() && t0.elapsed() + wait <= cfg.retry_for => {
-                reporter.on_retry(attempt, wait, &e.to_string());
-                tokio::time::sleep(wait).await;
-                wait = (wait * 2).min(Duration::from_secs(30));
-                attempt += 1;
-            }
-            Err(e) => return Err(e),
+        let e = match attempt_once().await {
+            Ok(r) => return Ok((r, attempt)),
+            Err(e) => e,
+        };
+        answered |= !e.is_unreached();
+        let limit = if answered {
+            retry_for
+        } else {
+            retry_for.min(FIRST_CONTACT_RETRY)
+        };
+        if !e.is_retryable() || t0.elapsed() + wait > limit {
+            return Err(e);
         }
+        reporter.on_retry(attempt, wait, &e.to_string());
+        tokio::time::sleep(wait).await;
+        wait = (wait * 2).min(Duration::from_secs(30));
+        attempt += 1;
     }
 }
 
@@ -1230,6 +1290,16 @@ pub async fn list(
     path: &str,
     reporter: &dyn Reporter,
 ) -> Result<Vec<ListEntry>, SessionError> {
+    // The same retries as a transfer: a listing is as easily cut by a restarting server.
+    let (entries, _) = retrying(cfg.retry_for, reporter, || list_once(cfg, path, reporter)).await?;
+    Ok(entries)
+}
+
+async fn list_once(
+    cfg: &ClientConfig,
+    path: &str,
+    reporter: &dyn Reporter,
+) -> Result<Vec<ListEntry>, SessionError> {
     let mut c = connect(cfg, reporter).await?;
     send(
         &mut c.control,
@@ -1273,6 +1343,11 @@ fn report(
     (encrypted, server_fingerprint): (bool, Option<String>),
 ) -> TransferReport {
     let seconds = t0.elapsed().as_secs_f64();
+    let mut tuning = tuning;
+    if s.bytes == 0 {
+        // Nothing moved (everything skipped, say): no measurement names a bottleneck.
+        tuning.bottleneck = "none";
+    }
     TransferReport {
         direction,
         files: s.files,
@@ -1314,9 +1389,14 @@ fn local_source(p: &Path) -> Result<Source, SessionError> {
         .to_str()
         .ok_or_else(|| err(std::io::Error::other("file name is not UTF-8")))?
         .to_owned();
-    let root = Root::open(parent)?;
-    // Fails early with a clear message when the source does not exist.
-    root.lstat(&name)?;
+    // Fails early with a clear message when the source does not exist, naming it as given
+    // (the file system names only the component it stopped at).
+    let as_given = |e: FsError| match e {
+        FsError::Io { cause, .. } => err(cause),
+        other => SessionError::from(other),
+    };
+    let root = Root::open(parent).map_err(as_given)?;
+    root.lstat(&name).map_err(as_given)?;
     Ok(Source {
         root,
         rel: name.clone(),
@@ -1355,6 +1435,53 @@ fn local_destination(dest: &Path) -> Result<Destination, SessionError> {
 #[cfg(test)]
 mod tests {
     use std::path::Path;
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::time::{Duration, Instant};
+
+    use super::{retrying, SessionError, FIRST_CONTACT_RETRY};
+
+    fn refused() -> SessionError {
+        SessionError::Connect {
+            addr: "127.0.0.1:9".into(),
+            cause: std::io::ErrorKind::ConnectionRefused.into(),
+        }
+    }
+
+    /// Attempts made by `retrying` when attempt `n` (from 1) fails with `fail(n)`.
+    async fn attempts(retry_for: Duration, fail: impl Fn(u32) -> SessionError) -> u32 {
+        let n = AtomicU32::new(0);
+        let r: Result<((), u32), _> = retrying(retry_for, &ferry_core::NoReporter, || {
+            let i = n.fetch_add(1, Ordering::Relaxed) + 1;
+            let e = fail(i);
+            async move { Err(e) }
+        })
+        .await;
+        assert!(r.is_err());
+        n.load(Ordering::Relaxed)
+    }
+
+    #[tokio::test]
+    async fn first_contact_is_retried_briefly_and_a_lost_server_for_retry_for() {
+        // Never answered: retried within FIRST_CONTACT_RETRY (waits 1 s, 2 s), not 8 s.
+        let t0 = Instant::now();
+        assert_eq!(attempts(Duration::from_secs(8), |_| refused()).await, 3);
+        assert!(t0.elapsed() < FIRST_CONTACT_RETRY, "{:?}", t0.elapsed());
+        // A name that does not resolve: once.
+        let unresolved = |_| SessionError::Resolve {
+            server: "x.invalid:7070".into(),
+            cause: "no".into(),
+        };
+        assert_eq!(attempts(Duration::from_secs(8), unresolved).await, 1);
+        // Answered once (a session ran and was cut), then refused while it restarts: the
+        // whole retry_for (waits 1, 2 and 4 s).
+        let cut = |i| match i {
+            1 => SessionError::Closed("control"),
+            _ => refused(),
+        };
+        assert_eq!(attempts(Duration::from_secs(8), cut).await, 4);
+        // retry_for 0 means never, even on first contact.
+        assert_eq!(attempts(Duration::ZERO, |_| refused()).await, 1);
+    }
 
     #[test]
     fn sources_are_named_after_what_they_resolve_to() {

@@ -11,6 +11,13 @@ pub enum SessionError {
     // The cause is part of the message and deliberately not a `source`: `{:#}` would print it twice.
     #[error("connection failed: {0}")]
     Io(io::Error),
+    /// The server could not be reached at `addr` (refused, unreachable, no answer). Named with
+    /// the address and port tried, so a wrong port or host shows in the message itself.
+    #[error("connecting to {addr}: {cause}")]
+    Connect { addr: String, cause: io::Error },
+    /// The server's name does not resolve: a retry would ask the same resolver the same thing.
+    #[error("cannot resolve {server}: {cause}")]
+    Resolve { server: String, cause: String },
     /// The peer sent bytes that are not a valid frame.
     #[error("peer sent a malformed frame: {0}")]
     Decode(#[from] DecodeError),
@@ -63,11 +70,12 @@ impl SessionError {
     /// Whether running the same transfer again may succeed without changing anything.
     pub fn is_retryable(&self) -> bool {
         match self {
-            Self::Io(_) | Self::Timeout(_) | Self::Closed(_) => true,
+            Self::Io(_) | Self::Connect { .. } | Self::Timeout(_) | Self::Closed(_) => true,
             Self::Remote { code, .. } => {
                 matches!(*code, ErrorCode::BUSY | ErrorCode::TIMEOUT)
             }
             Self::Decode(_)
+            | Self::Resolve { .. }
             | Self::Protocol(_)
             | Self::Fs(_)
             | Self::Tls(_)
@@ -88,6 +96,13 @@ impl SessionError {
         }
     }
 
+    /// Whether the server never answered: its address could not be resolved or connected to.
+    /// Such a failure on first contact is retried only briefly (`client::FIRST_CONTACT_RETRY`):
+    /// a server that was never there is more often a wrong address than a restart.
+    pub fn is_unreached(&self) -> bool {
+        matches!(self, Self::Connect { .. } | Self::Resolve { .. })
+    }
+
     /// The code to send to the peer when this error ends a session.
     pub fn code(&self) -> ErrorCode {
         match self {
@@ -95,7 +110,9 @@ impl SessionError {
             Self::Remote { code, .. } => *code,
             Self::Timeout(_) => ErrorCode::TIMEOUT,
             Self::Fs(e) => e.code(),
-            Self::Io(_) | Self::Closed(_) => ErrorCode::IO,
+            Self::Io(_) | Self::Connect { .. } | Self::Resolve { .. } | Self::Closed(_) => {
+                ErrorCode::IO
+            }
             Self::Tls(_) | Self::ServerKeyChanged { .. } => ErrorCode::ENCRYPTION,
         }
     }

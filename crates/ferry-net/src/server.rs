@@ -852,8 +852,11 @@ async fn prepare<'a>(
             let Some(prefix) = grant.read_scope(&rel) else {
                 return Err(denied(grant, "list", &path));
             };
-            let scope = shared.root.scope(prefix, false)?;
-            list(&scope, stream, access::inside(&rel, prefix)).await?;
+            let listed = async {
+                let scope = shared.root.scope(prefix, false)?;
+                list(&scope, stream, access::inside(&rel, prefix)).await
+            };
+            listed.await.map_err(|e| as_requested(e, &path))?;
             Ok(Work::Done)
         }
         Frame::PutRequest {
@@ -867,9 +870,16 @@ async fn prepare<'a>(
             };
             // Everything the put touches is resolved beneath its scope's directory, so a
             // symlink stored inside the scope cannot lead a write out of it.
-            let scope = shared.root.scope(prefix, true)?;
-            let inner = access::inside(&rel, prefix).to_owned();
-            let dest = resolve_dest(&scope, &dest, inner, sources)?;
+            let asked = dest.clone();
+            let dest = shared
+                .root
+                .scope(prefix, true)
+                .map_err(SessionError::from)
+                .and_then(|scope| {
+                    let inner = access::inside(&rel, prefix).to_owned();
+                    resolve_dest(&scope, &dest, inner, sources)
+                })
+                .map_err(|e| as_requested(e, &asked))?;
             let opts = clamp(shared, opts);
             // Creating the destination may fail (not a directory, outside the root): find out
             // before any data connection is opened, and tell the client why.
@@ -884,7 +894,8 @@ async fn prepare<'a>(
                 // never follows one out of the scope it was written in.
                 links: Links::Any,
             };
-            let receiver = Receiver::new(dest, config, tx, Arc::new(NoReporter))?;
+            let receiver = Receiver::new(dest, config, tx, Arc::new(NoReporter))
+                .map_err(|e| as_requested(e.into(), &asked))?;
             let (joins, pending) = announce(shared, stream, session, secret, &opts).await?;
             Ok(Work::Put {
                 receiver,
@@ -899,9 +910,12 @@ async fn prepare<'a>(
             let Some(prefix) = grant.read_scope(&rel) else {
                 return Err(denied(grant, "read", &src));
             };
-            let scope = shared.root.scope(prefix, false)?;
             let inner = access::inside(&rel, prefix).to_owned();
-            scope.lstat(&inner)?;
+            let scope = shared
+                .root
+                .scope(prefix, false)
+                .and_then(|scope| scope.lstat(&inner).map(|_| scope))
+                .map_err(|e| as_requested(e.into(), &src))?;
             let name = path::split_parent(&rel).1;
             let name = if name.is_empty() {
                 "root".to_owned()
@@ -976,6 +990,21 @@ fn resolve(shared: &Shared, raw: &str) -> Result<String, SessionError> {
         Ok(rel)
     } else {
         Ok(path::join(&shared.config.base, &rel))
+    }
+}
+
+/// A failure to find or open the path a request named, named as the client wrote it: the file
+/// system names the component it stopped at (`no` for `/no/such`), which the client never typed.
+fn as_requested(e: SessionError, raw: &str) -> SessionError {
+    match e {
+        SessionError::Fs(FsError::Io { cause, .. }) => SessionError::Fs(FsError::Io {
+            path: raw.to_owned(),
+            cause,
+        }),
+        SessionError::Fs(FsError::Escapes { .. }) => SessionError::Fs(FsError::Escapes {
+            path: raw.to_owned(),
+        }),
+        other => other,
     }
 }
 

@@ -992,12 +992,14 @@ fn cache_drop(points: &[DiskPoint], reads: bool) -> CacheDrop {
 
 /// Per direction: among the points of the primary mode and order (buffered and loose when
 /// measured), the fewest threads, then the smallest requests, within 10% of the best rate.
+/// Noisy points ([`DiskPoint::noisy`]) are left out: a rate its own runs disagree on is no
+/// ground for a setting. A direction with nothing else gets no recommendation.
 pub fn recommend(points: &[DiskPoint], reads_cached: bool) -> Vec<Recommendation> {
     let mut out = Vec::new();
     for dir in [Direction::Write, Direction::Read] {
         let ok: Vec<&DiskPoint> = points
             .iter()
-            .filter(|p| p.direction == dir && p.error.is_none() && p.mib_per_s > 0.0)
+            .filter(|p| p.direction == dir && usable(p))
             .collect();
         let mode = if ok.iter().any(|p| p.mode == IoMode::Buffered) {
             IoMode::Buffered
@@ -1057,12 +1059,9 @@ pub fn recommend(points: &[DiskPoint], reads_cached: bool) -> Vec<Recommendation
                 bytes(best.request_size)
             );
         }
-        let _ = write!(
-            text,
-            "): ferry {flag} {} --block-size {}",
-            pick.threads,
-            size_flag(pick.request_size)
-        );
+        // The block size is one for both directions (`common_request_size`), printed and
+        // saved once, not per direction.
+        let _ = write!(text, "): ferry {flag} {}", pick.threads);
         if dir == Direction::Read && reads_cached {
             text.push_str(" (reads came from the page cache)");
         }
@@ -1082,11 +1081,18 @@ pub fn recommend(points: &[DiskPoint], reads_cached: bool) -> Vec<Recommendation
     out
 }
 
+/// A point a recommendation may rest on: measured without error, and not noisy.
+fn usable(p: &DiskPoint) -> bool {
+    p.error.is_none() && p.mib_per_s > 0.0 && !p.noisy()
+}
+
 /// The request size whose worse direction reaches the largest share of that direction's best
-/// (each direction at its best thread count for that size).
+/// (each direction at its best thread count for that size); the recommended size itself when
+/// the directions agree on one.
 fn common_request_size(points: &[DiskPoint], recs: &[Recommendation]) -> Option<u64> {
-    if recs.len() < 2 {
-        return recs.first().map(|r| r.request_size);
+    let first = recs.first()?.request_size;
+    if recs.iter().all(|r| r.request_size == first) {
+        return Some(first);
     }
     let sizes: BTreeSet<u64> = points.iter().map(|p| p.request_size).collect();
     let mut best: Option<(f64, u64)> = None;
@@ -1100,7 +1106,7 @@ fn common_request_size(points: &[DiskPoint], recs: &[Recommendation]) -> Option<
                         && p.mode == r.mode
                         && p.order == r.order
                         && p.request_size == s
-                        && p.error.is_none()
+                        && usable(p)
                 })
                 .map(|p| p.mib_per_s)
                 .fold(0.0, f64::max);
@@ -1418,22 +1424,31 @@ impl DiskReport {
         }
 
         s.push_str("\nrecommendation\n");
-        if self.recommendations.is_empty() {
-            s.push_str("  none: no successful read or write point\n");
+        for dir in [Direction::Write, Direction::Read] {
+            if !self.recommendations.iter().any(|r| r.direction == dir) {
+                let measured = self.points.iter().any(|p| p.direction == dir);
+                let why = if self.points.iter().any(|p| p.direction == dir && p.noisy()) {
+                    "every point that succeeded was noisy (~); run it again on a quieter machine"
+                } else {
+                    "no successful point"
+                };
+                if measured {
+                    let _ = writeln!(s, "  {}s: none: {why}", dir.name());
+                }
+            }
+        }
+        if self.points.is_empty() {
+            s.push_str("  none: no read or write point\n");
         }
         for r in &self.recommendations {
             let _ = writeln!(s, "  {}", r.text);
         }
-        if let (Some(c), 2) = (self.common_request_size, self.recommendations.len()) {
-            if self.recommendations.iter().any(|r| r.request_size != c)
-                || self.recommendations[0].request_size != self.recommendations[1].request_size
-            {
-                let _ = writeln!(
-                    s,
-                    "  one block size for both directions: --block-size {}",
-                    size_flag(c)
-                );
-            }
+        if let Some(c) = self.common_request_size {
+            let _ = writeln!(
+                s,
+                "  block size (one for both directions): --block-size {}",
+                size_flag(u64::from(block_size_for(c)))
+            );
         }
         if !self.notes.is_empty() || !self.skipped.is_empty() {
             s.push_str("\nnotes\n");
@@ -1461,17 +1476,18 @@ impl DiskReport {
                 "NOT removed (see notes)"
             }
         );
-        if let Some(p) = &self.profile {
+        // Printed from the entry that was saved, so that the two cannot differ.
+        if let (Some(p), Some(e)) = (&self.profile, self.profile_entry(String::new())) {
             let _ = writeln!(
                 s,
-                "profile saved in {}: transfers reading or writing this file system start \
-                 their reader and writer threads from it{}",
+                "profile saved in {}: transfers on this file system start with {} readers, {} \
+                 writers{} unless given --readers, --writers or --block-size",
                 p.display(),
-                match self.common_request_size {
-                    Some(c) => format!(
-                        ", and their block size at {} unless given --block-size",
-                        size_flag(u64::from(block_size_for(c)))
-                    ),
+                e.read_threads,
+                e.write_threads,
+                match e.request_size {
+                    Some(c) =>
+                        format!(" and blocks of {}", size_flag(u64::from(block_size_for(c)))),
                     None => String::new(),
                 }
             );
@@ -1520,12 +1536,103 @@ mod tests {
         assert_eq!(
             r[0].text,
             "writes: 2 threads, 16 MiB requests (812 MiB/s; best 830 MiB/s with 4 threads, 16 \
-             MiB): ferry --writers 2 --block-size 16M"
+             MiB): ferry --writers 2"
         );
         assert_eq!((r[1].threads, r[1].request_size), (4, MIB));
         assert!(r[1].text.starts_with("reads: 4 threads, 1 MiB requests"));
         // 16 MiB: writes 830/830, reads 2150/2150; 1 MiB: writes 520/830.
         assert_eq!(common_request_size(&points, &r), Some(16 * MIB));
+    }
+
+    /// A point whose runs spread over more than 30% of its median.
+    fn noisy_pt(dir: Direction, threads: usize, req_mib: u64, mib_per_s: f64) -> DiskPoint {
+        DiskPoint {
+            runs_mib_per_s: vec![mib_per_s * 0.5, mib_per_s, mib_per_s * 1.5],
+            ..pt(dir, threads, req_mib, mib_per_s)
+        }
+    }
+
+    #[test]
+    fn noisy_points_are_not_recommended() {
+        use Direction::*;
+        // The fastest write point (4 MiB) is noisy: the steady 1 MiB point is recommended.
+        let points = vec![
+            pt(Write, 1, 1, 500.0),
+            noisy_pt(Write, 1, 4, 900.0),
+            pt(Read, 1, 1, 1000.0),
+            pt(Read, 1, 4, 1000.0),
+        ];
+        assert!(points[1].noisy() && !points[0].noisy());
+        let r = recommend(&points, false);
+        assert_eq!((r[0].direction, r[0].request_size), (Write, MIB));
+        assert_eq!(r[0].best_mib_per_s, 500.0, "{:?}", r[0]);
+        // Both directions agree on 1 MiB, and the noisy 4 MiB point cannot pull them apart.
+        assert_eq!(common_request_size(&points, &r), Some(MIB));
+        // A direction with only noisy points gets nothing.
+        let only_noisy = vec![noisy_pt(Write, 1, 1, 500.0), pt(Read, 1, 1, 900.0)];
+        let r = recommend(&only_noisy, false);
+        assert_eq!(r.len(), 1);
+        assert_eq!(r[0].direction, Read);
+    }
+
+    #[test]
+    fn what_is_printed_is_what_is_saved() {
+        use Direction::*;
+        // Writes do best with 4 MiB requests and reads with 1 MiB: one block size serves both.
+        let points = vec![
+            pt(Write, 1, 1, 300.0),
+            pt(Write, 1, 4, 600.0),
+            pt(Read, 2, 1, 1000.0),
+            pt(Read, 2, 4, 700.0),
+        ];
+        let recommendations = recommend(&points, false);
+        let common_request_size = common_request_size(&points, &recommendations);
+        let report = DiskReport {
+            path: "/x".into(),
+            filesystem: None,
+            device: None,
+            free_bytes: None,
+            options: DiskOptions::quick(),
+            direct_io_refused: None,
+            cache: CacheDrop {
+                method: String::new(),
+                dropped: None,
+                max_resident: None,
+                note: String::new(),
+            },
+            points,
+            skipped: Vec::new(),
+            small_files: Vec::new(),
+            fsync: None,
+            recommendations,
+            common_request_size,
+            notes: Vec::new(),
+            seconds: 1.0,
+            cleaned_up: true,
+            profile: Some("/state/disk.toml".into()),
+        };
+        let saved = report.profile_entry(String::new()).unwrap();
+        let text = report.render_text();
+        let size = size_flag(u64::from(block_size_for(saved.request_size.unwrap())));
+        // Every --block-size printed is the one saved, and the saved line says so.
+        let printed: Vec<&str> = text
+            .lines()
+            .filter(|l| l.contains("--block-size "))
+            .collect();
+        assert_eq!(printed.len(), 1, "{text}");
+        assert!(
+            printed[0].ends_with(&format!("--block-size {size}")),
+            "{text}"
+        );
+        assert!(
+            text.contains(&format!(
+                "start with {} readers, {} writers and blocks of {size}",
+                saved.read_threads, saved.write_threads
+            )),
+            "{text}"
+        );
+        assert!(text.contains("ferry --writers 1\n"), "{text}");
+        assert!(text.contains("ferry --readers 2\n"), "{text}");
     }
 
     #[test]

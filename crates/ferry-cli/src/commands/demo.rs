@@ -202,14 +202,14 @@ pub async fn run(args: DemoArgs, quiet: bool) -> Result<ExitCode> {
         manifest: None,
         token: Some(token),
         config: None,
-        connect_timeout: 15,
+        connect_timeout: "15s".into(),
         retry_for: "0".into(),
         conn: crate::args::ConnArgs {
             no_encrypt: false,
             server_fingerprint: fingerprint,
             known_hosts: None,
-            ssh: "ssh".into(),
-            remote_ferry: "ferry".into(),
+            ssh: None,
+            remote_ferry: None,
         },
     };
     let remote = Remote {

@@ -60,7 +60,7 @@ async fn put(args: PutArgs, quiet: bool) -> Result<ExitCode> {
     if let (Ok(dir), Some(first)) = (serve::state_dir(), sources.first()) {
         apply_disk_profile(&mut cfg, &dir, first, true);
     }
-    let oneshot = start_oneshot(&mut cfg, &remote, &args.transfer).await?;
+    let oneshot = start_oneshot(&mut cfg, &remote, &args.transfer.conn).await?;
     let progress = Arc::new(Progress::new(quiet || args.transfer.json));
     let result = ferry_net::client::put(&cfg, &sources, &remote.path, progress.clone()).await;
     progress.finish();
@@ -68,7 +68,7 @@ async fn put(args: PutArgs, quiet: bool) -> Result<ExitCode> {
         o.finish().await;
     }
     remember(&result, profile, quiet);
-    finish(result, &args.transfer, quiet)
+    finish(result, &args.transfer, quiet, &progress)
 }
 
 async fn get(args: GetArgs, quiet: bool) -> Result<ExitCode> {
@@ -88,7 +88,7 @@ async fn get(args: GetArgs, quiet: bool) -> Result<ExitCode> {
     if let Ok(dir) = serve::state_dir() {
         apply_disk_profile(&mut cfg, &dir, &args.dest, false);
     }
-    let oneshot = start_oneshot(&mut cfg, &remote, &args.transfer).await?;
+    let oneshot = start_oneshot(&mut cfg, &remote, &args.transfer.conn).await?;
     let progress = Arc::new(Progress::new(quiet || args.transfer.json));
     let result = ferry_net::client::get(&cfg, &remote.path, &args.dest, progress.clone()).await;
     progress.finish();
@@ -96,7 +96,7 @@ async fn get(args: GetArgs, quiet: bool) -> Result<ExitCode> {
         o.finish().await;
     }
     remember(&result, profile, quiet);
-    finish(result, &args.transfer, quiet)
+    finish(result, &args.transfer, quiet, &progress)
 }
 
 /// Starts an auto-tuned transfer from the stream count remembered for this server (daemons by
@@ -179,13 +179,13 @@ fn path_measured(report: &TransferReport) -> Option<(u64, u64)> {
 async fn start_oneshot(
     cfg: &mut ferry_net::ClientConfig,
     remote: &Remote,
-    args: &TransferArgs,
+    conn: &crate::args::ConnArgs,
 ) -> Result<Option<crate::ssh::Oneshot>> {
     let Some(target) = remote.ssh_target() else {
         return Ok(None);
     };
-    let wait = std::time::Duration::from_secs(args.connect_timeout.max(1) + 30);
-    let o = crate::ssh::Oneshot::start(&args.conn, &target, &remote.host, wait)
+    let wait = cfg.connect_timeout + std::time::Duration::from_secs(30);
+    let o = crate::ssh::Oneshot::start(conn, &target, &remote.host, wait)
         .await
         .with_context(|| format!("starting a ferry session on {target} over ssh"))?;
     cfg.server = o.server.clone();
@@ -208,17 +208,27 @@ fn warn_fixed_window(cfg: &ferry_net::ClientConfig, quiet: bool) {
     }
 }
 
-/// Prints the outcome of a transfer and chooses the exit code.
+/// Prints the outcome of a transfer and chooses the exit code. Each failure is printed once:
+/// those `progress` printed while the transfer ran are not repeated.
 fn finish(
     result: Result<TransferReport, SessionError>,
     args: &TransferArgs,
     quiet: bool,
+    progress: &Progress,
 ) -> Result<ExitCode> {
     let report = match result {
         Ok(r) => r,
         Err(e) => {
             let retry = e.is_retryable();
+            let unreached = e.is_unreached();
             let error = anyhow::Error::new(e).context("transfer failed");
+            if unreached {
+                // Never reached: more often a wrong host or port than a passing outage.
+                let hint = "check the host and port (a remote is HOST[:PORT]:PATH, port 7070 by \
+                            default) and that `ferry serve` runs there"
+                    .to_owned();
+                return Err(anyhow::Error::new(crate::Hinted { error, hint }));
+            }
             if retry {
                 let hint = "the problem may be temporary; run the same command again to resume: \
                             files already stored and verified blocks of partial files are kept"
@@ -236,22 +246,17 @@ fn finish(
         std::fs::write(path, text)
             .with_context(|| format!("writing manifest {}", path.display()))?;
     }
+    for e in report.errors.iter().filter(|e| !progress.was_shown(e)) {
+        eprintln!("error: {}", crate::output::clean(e));
+    }
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else if !quiet {
-        for e in &report.errors {
-            eprintln!("error: {e}");
-        }
         eprintln!("{}", summary_line(&report));
     }
     if report.is_success() {
         Ok(ExitCode::SUCCESS)
     } else {
-        if quiet || args.json {
-            for e in &report.errors {
-                eprintln!("error: {e}");
-            }
-        }
         Ok(ExitCode::from(1))
     }
 }
@@ -261,8 +266,14 @@ pub fn summary_line(r: &TransferReport) -> String {
         Some(n) => format!(", {n} {what}"),
         None => String::new(),
     };
+    // A run that moved nothing (all skipped, say) was limited by nothing worth naming.
+    let limited = if r.bytes == 0 {
+        String::new()
+    } else {
+        format!(", limited by {}", r.tuning.bottleneck)
+    };
     let mut s = format!(
-        "{}: {} files, {} in {:.2} s = {:.1} MiB/s over {} streams ({}){}{}, limited by {}, {} verified",
+        "{}: {} files, {} in {:.2} s = {:.1} MiB/s over {} streams ({}){}{}{limited}, {} verified",
         r.direction,
         r.files,
         human_bytes(r.bytes),
@@ -272,7 +283,6 @@ pub fn summary_line(r: &TransferReport) -> String {
         r.tuning.mode,
         pool(&r.tuning.readers, "readers"),
         pool(&r.tuning.writers, "writers"),
-        r.tuning.bottleneck,
         r.checksum
     );
     if r.skipped > 0 {
@@ -288,13 +298,15 @@ pub fn summary_line(r: &TransferReport) -> String {
 }
 
 async fn ls(args: LsArgs, quiet: bool) -> Result<ExitCode> {
-    let remote = Remote::parse(&args.remote).map_err(usage)?;
+    let remote = Remote::parse(&args.remote)
+        .context("ls takes a remote directory, HOST[:PORT]:PATH")
+        .map_err(usage)?;
     if remote.ssh_user.is_some() {
         return Err(usage(anyhow::anyhow!(
             "ls needs a running `ferry serve` (HOST[:PORT]:PATH); over ssh, use ssh itself"
         )));
     }
-    let cfg = crate::config::control_config(
+    let mut cfg = crate::config::control_config(
         args.token.as_deref(),
         args.config.as_deref(),
         &args.conn,
@@ -302,6 +314,15 @@ async fn ls(args: LsArgs, quiet: bool) -> Result<ExitCode> {
         std::time::Duration::from_secs(60),
     )
     .map_err(usage)?;
+    // The same waits and retries as a transfer.
+    let duration = |s: &str, flag: &str| {
+        crate::config::parse_duration(s)
+            .with_context(|| flag.to_owned())
+            .map_err(usage)
+    };
+    cfg.connect_timeout = duration(&args.connect_timeout, "--connect-timeout")?
+        .max(std::time::Duration::from_secs(1));
+    cfg.retry_for = duration(&args.retry_for, "--retry-for")?;
     let entries = ferry_net::client::list(&cfg, &remote.path, &Notices(quiet))
         .await
         .context("listing failed")?;
@@ -325,12 +346,13 @@ async fn ls(args: LsArgs, quiet: bool) -> Result<ExitCode> {
                 ferry_proto::EntryKind::Other => '?',
             };
             let suffix = if kind == 'd' { "/" } else { "" };
+            // A name is whatever the server sent: escaped, it cannot drive the terminal.
             println!(
                 "{kind}{} {:>14} {} {}{suffix}",
                 mode_string(e.mode),
                 e.size,
                 utc(e.mtime_ns),
-                e.name
+                crate::output::clean(&e.name)
             );
         }
     }
@@ -343,7 +365,17 @@ struct Notices(bool);
 impl ferry_core::Reporter for Notices {
     fn on_warning(&self, msg: &str) {
         if !self.0 {
-            eprintln!("warning: {msg}");
+            eprintln!("warning: {}", crate::output::clean(msg));
+        }
+    }
+
+    fn on_retry(&self, attempt: u32, wait: std::time::Duration, error: &str) {
+        if !self.0 {
+            eprintln!(
+                "warning: attempt {attempt} failed: {}; retrying in {} s",
+                crate::output::clean(error),
+                wait.as_secs()
+            );
         }
     }
 }

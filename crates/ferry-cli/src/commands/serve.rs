@@ -141,7 +141,10 @@ pub async fn run(args: ServeArgs, quiet: bool) -> Result<ExitCode> {
     config.max_connections = args.max_connections.max(1);
     config.max_streams = args.max_streams.max(1);
     config.max_unauthenticated_per_address = args.max_unauthenticated;
-    config.idle_timeout = Duration::from_secs(args.idle_timeout.max(5));
+    config.idle_timeout = crate::config::parse_duration(&args.idle_timeout)
+        .context("--idle-timeout")
+        .map_err(usage)?
+        .max(Duration::from_secs(5));
     config.partial_max_age = crate::config::parse_duration(&args.partial_max_age).map_err(usage)?;
     // Sessions start their readers and writers where `ferry probe disk` found the root's file
     // system fastest, and tune them from there.
@@ -274,7 +277,10 @@ async fn oneshot(args: ServeArgs) -> Result<ExitCode> {
     config.base = base;
     config.max_connections = args.max_connections.clamp(1, 128);
     config.max_streams = args.max_streams.max(1);
-    config.idle_timeout = Duration::from_secs(args.idle_timeout.max(5));
+    config.idle_timeout = crate::config::parse_duration(&args.idle_timeout)
+        .context("--idle-timeout")
+        .map_err(usage)?
+        .max(Duration::from_secs(5));
     let listen = args.listen.clone().unwrap_or_else(|| "0.0.0.0:0".into());
     let addr = lookup(&listen).await?;
     raise_open_files(config.max_connections);
