@@ -1122,8 +1122,13 @@ pub(crate) async fn drive_receiver(
                     if matches!(offer, Frame::Offer { .. }) {
                         deciding.fetch_add(1, Ordering::AcqRel);
                     }
-                    if offers_tx.send_async(offer).await.is_err() {
-                        break Err(SessionError::Protocol("receiver workers stopped".into()));
+                    // A writer that failed the session has stopped taking frames: with the
+                    // queue full, waiting on it alone would never see why.
+                    tokio::select! {
+                        sent = offers_tx.send_async(offer) => if sent.is_err() {
+                            break Err(SessionError::Protocol("receiver workers stopped".into()));
+                        },
+                        Ok(msg) = fatal_rx.recv_async() => break Err(SessionError::Protocol(msg)),
                     }
                 }
                 // A sender whose receiver said `EARLY_TUNED` reports ahead of `Complete`.
