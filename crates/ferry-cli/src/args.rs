@@ -270,6 +270,9 @@ pub struct ServeArgs {
     /// session; more are refused as busy. Never below --max-streams + 1, what one client dials.
     #[arg(long, default_value_t = 128)]
     pub max_unauthenticated: usize,
+    /// Sessions one token may run at once; more are refused as busy.
+    #[arg(long, default_value_t = 16)]
+    pub max_sessions_per_token: usize,
     /// End a session after this long without traffic (e.g. 120s, 2m; a plain number is
     /// seconds; at least 5s).
     #[arg(long, default_value = "120s", value_name = "DURATION")]

@@ -57,6 +57,9 @@ pub struct ServerConfig {
     /// one address cannot fill `max_connections` with connections that never log in. Never
     /// below `max_streams + 1`, what one client dials at once (`Server::bind` raises it).
     pub max_unauthenticated_per_address: usize,
+    /// Sessions one token may run at once; more are refused with `BUSY`. With the per-session
+    /// bounds this bounds what one token can make the server hold (SECURITY.md).
+    pub max_sessions_per_token: usize,
     /// How long a data connection waits for a session that no control connection has named:
     /// a client dials its data connections alongside its control connection, so one may say
     /// its `Hello` first, but not by long. A session named by a control connection still
@@ -96,6 +99,7 @@ impl ServerConfig {
             base: String::new(),
             max_connections: 512,
             max_unauthenticated_per_address: 128,
+            max_sessions_per_token: 16,
             unknown_session_grace: Duration::from_secs(3),
             max_streams: 64,
             session_memory: 1 << 30,
@@ -137,6 +141,8 @@ pub(crate) struct Shared {
     opening: Mutex<HashMap<SessionId, usize>>,
     /// Connections not authenticated yet, per address.
     unproven: Arc<PerAddress>,
+    /// Sessions running now, per token name.
+    per_token: Mutex<HashMap<String, usize>>,
     /// Told whenever a session opens to its data connections: a client sends their `Hello`
     /// alongside its control `Hello`, so one may arrive before its session is registered.
     registered: tokio::sync::Notify,
@@ -235,6 +241,7 @@ impl Server {
                 pending: Mutex::default(),
                 opening: Mutex::default(),
                 unproven,
+                per_token: Mutex::default(),
                 registered: tokio::sync::Notify::new(),
                 active: Default::default(),
             }),
@@ -508,6 +515,27 @@ async fn handle(
                 }
             };
             drop(unproven);
+            let Some(_running) = TokenSession::enter(&shared, &grant.name) else {
+                let message = format!(
+                    "token `{}` already runs {} sessions on this server, its most at once; \
+                     try again when one ends",
+                    grant.name, shared.config.max_sessions_per_token
+                );
+                warn!(%peer, token = %grant.name, "session refused: too many for the token");
+                let _ = send(
+                    &mut stream,
+                    &Frame::Error {
+                        code: ErrorCode::BUSY,
+                        message: message.clone(),
+                    },
+                )
+                .await;
+                linger(&mut stream).await;
+                return Err(SessionError::Remote {
+                    code: ErrorCode::BUSY,
+                    message,
+                });
+            };
             control_session(&shared, stream, grant, session, secret, caps).await
         }
         Role::Data {
@@ -552,6 +580,33 @@ async fn handle(
             Err(SessionError::Protocol(format!(
                 "data connection refused: {message}"
             )))
+        }
+    }
+}
+
+/// Counts a session against its token's `max_sessions_per_token` while it runs.
+struct TokenSession<'a>(&'a Shared, String);
+
+impl<'a> TokenSession<'a> {
+    fn enter(shared: &'a Shared, token: &str) -> Option<Self> {
+        let mut map = shared.per_token.lock().unwrap_or_else(|e| e.into_inner());
+        let n = map.entry(token.to_owned()).or_default();
+        if *n >= shared.config.max_sessions_per_token.max(1) {
+            return None;
+        }
+        *n += 1;
+        Some(Self(shared, token.to_owned()))
+    }
+}
+
+impl Drop for TokenSession<'_> {
+    fn drop(&mut self) {
+        let mut map = self.0.per_token.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = map.get_mut(&self.1) {
+            *n -= 1;
+            if *n == 0 {
+                map.remove(&self.1);
+            }
         }
     }
 }

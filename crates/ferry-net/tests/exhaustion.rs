@@ -547,3 +547,58 @@ async fn blocks_of_files_never_offered_are_not_held() {
         (after - base) / 1024
     );
 }
+
+/// One token runs at most `max_sessions_per_token` sessions at once: what one token can make
+/// the server hold is that many sessions' bounds. Another token is not affected, and a slot
+/// comes back when a session ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_token_runs_at_most_its_sessions_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = dir.path().join("tokens.toml");
+    let busy = ferry_net::access::add_token(&tokens, "busy", vec![], vec![], false).unwrap();
+    let other = ferry_net::access::add_token(&tokens, "other", vec![], vec![], false).unwrap();
+    let server = TestServer::start_with(|c| {
+        c.access = std::sync::Arc::new(ferry_net::access::Access::file(&tokens));
+        c.max_sessions_per_token = 2;
+    })
+    .await;
+    let login = |token: String| {
+        let addr = server.addr;
+        async move {
+            let mut c = Raw::connect(addr).await;
+            c.send(&hello_control(&token)).await.unwrap();
+            let f = c.expect(Duration::from_secs(10)).await;
+            (c, f)
+        }
+    };
+    let (first, f) = login(busy.clone()).await;
+    assert!(matches!(f, Frame::Welcome { .. }), "{f:?}");
+    let (_second, f) = login(busy.clone()).await;
+    assert!(matches!(f, Frame::Welcome { .. }), "{f:?}");
+    let (_, f) = login(busy.clone()).await;
+    match f {
+        Frame::Error { code, message } => {
+            assert_eq!(code, ErrorCode::BUSY, "{message}");
+            assert!(
+                message.contains("`busy`") && message.contains('2'),
+                "{message}"
+            );
+        }
+        other => panic!("expected BUSY, got {other:?}"),
+    }
+    let (_other, f) = login(other).await;
+    assert!(matches!(f, Frame::Welcome { .. }), "another token: {f:?}");
+    // A session that ends gives its slot back.
+    drop(first);
+    let mut again = None;
+    for _ in 0..50 {
+        let (c, f) = login(busy.clone()).await;
+        if matches!(f, Frame::Welcome { .. }) {
+            again = Some(c);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(again.is_some(), "the slot came back");
+    server.stop().await;
+}

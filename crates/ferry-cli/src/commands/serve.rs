@@ -141,6 +141,7 @@ pub async fn run(args: ServeArgs, quiet: bool) -> Result<ExitCode> {
     config.max_connections = args.max_connections.max(1);
     config.max_streams = args.max_streams.max(1);
     config.max_unauthenticated_per_address = args.max_unauthenticated;
+    config.max_sessions_per_token = args.max_sessions_per_token.max(1);
     config.idle_timeout = crate::config::parse_duration(&args.idle_timeout)
         .context("--idle-timeout")
         .map_err(usage)?
