@@ -159,26 +159,6 @@ async fn assert_still_serves(server: &TestServer, name: &str) {
     assert_eq!(std::fs::read(server.root.join(name)).unwrap(), content);
 }
 
-/// A raw put session with one data connection, ready for frames.
-async fn raw_put(server: &TestServer, dest: &str) -> (Raw, Raw) {
-    let (mut c, session, secret) = control(server).await;
-    c.send(&Frame::PutRequest {
-        dest: dest.into(),
-        sources: 1,
-        opts: raw_opts(ExistingPolicy::Fail),
-    })
-    .await
-    .unwrap();
-    match c.expect(T).await {
-        Frame::Ready { streams: 1, .. } => {}
-        other => panic!("expected Ready for one stream, got {other:?}"),
-    }
-    let mut d = Raw::connect(server.addr).await;
-    d.send(&hello_data(session, secret, 0)).await.unwrap();
-    assert!(matches!(d.expect(T).await, Frame::Welcome { .. }));
-    (c, d)
-}
-
 /// Offers one file on `c` and returns the receiver's decision about it.
 async fn offer(c: &mut Raw, id: u64, path: &str, size: u64) -> Decision {
     c.send(&Frame::Offer {

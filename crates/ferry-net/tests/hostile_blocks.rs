@@ -8,7 +8,7 @@ mod util;
 use std::path::Path;
 use std::time::Duration;
 
-use ferry_proto::{Decision, ErrorCode, ExistingPolicy, FileId, Frame};
+use ferry_proto::{Decision, ErrorCode, FileId, Frame};
 use util::*;
 
 /// The server's idle limit in these tests: also how long a data connection holds the block of
@@ -19,26 +19,6 @@ const MTIME: i64 = 1_600_000_000_000_000_000;
 
 async fn server() -> TestServer {
     TestServer::start_with(|c| c.idle_timeout = IDLE).await
-}
-
-/// A raw put session into `/` with one data connection, ready for frames.
-async fn raw_put(server: &TestServer) -> (Raw, Raw) {
-    let (mut c, session, secret) = control(server).await;
-    c.send(&Frame::PutRequest {
-        dest: "/".into(),
-        sources: 1,
-        opts: raw_opts(ExistingPolicy::Fail),
-    })
-    .await
-    .unwrap();
-    match c.expect(T).await {
-        Frame::Ready { streams: 1, .. } => {}
-        other => panic!("expected Ready for one stream, got {other:?}"),
-    }
-    let mut d = Raw::connect(server.addr).await;
-    d.send(&hello_data(session, secret, 0)).await.unwrap();
-    assert!(matches!(d.expect(T).await, Frame::Welcome { .. }));
-    (c, d)
 }
 
 /// The offer of one file with the metadata `raw_block` gives its blocks.
@@ -125,7 +105,7 @@ async fn block_for_a_file_never_offered_ends_the_session_and_writes_nothing() {
 
     // No offer at all: the data connection holds the block for the idle limit, waiting for an
     // offer that may still be on its way, then calls it the peer's error.
-    let (mut c, mut d) = raw_put(&server).await;
+    let (mut c, mut d) = raw_put(&server, "/").await;
     d.send(&raw_block(7, "never.bin", &whole, 0, whole.len()))
         .await
         .unwrap();
@@ -144,7 +124,7 @@ async fn block_for_a_file_never_offered_ends_the_session_and_writes_nothing() {
     );
 
     // Another file offered and accepted, and a block (sent early) for one that was not.
-    let (mut c, mut d) = raw_put(&server).await;
+    let (mut c, mut d) = raw_put(&server, "/").await;
     assert_eq!(
         offered(&mut c, 0, "offered.bin", whole.len() as u64).await,
         Decision::Send
@@ -169,7 +149,7 @@ async fn block_for_a_file_never_offered_ends_the_session_and_writes_nothing() {
 
     // `Skipped` answers a `Complete` decision: for a file never offered it is refused at once
     // (`RecvError::Unoffered`), without waiting for anything.
-    let (mut c, _d) = raw_put(&server).await;
+    let (mut c, _d) = raw_put(&server, "/").await;
     c.send(&Frame::Skipped { file: FileId(9) }).await.unwrap();
     let started = tokio::time::Instant::now();
     let (code, message) = session_refused(&mut c).await;
@@ -200,7 +180,7 @@ async fn block_contradicting_its_offer_ends_the_session_and_writes_nothing() {
         ("escaping path", |b| b.file.path = "../escaped.bin".into()),
     ];
     for (what, edit) in edits {
-        let (mut c, mut d) = raw_put(&server).await;
+        let (mut c, mut d) = raw_put(&server, "/").await;
         assert_eq!(
             offered(&mut c, 0, "a.bin", whole.len() as u64).await,
             Decision::Send,
@@ -235,7 +215,7 @@ async fn contradicting_block_of_a_large_file_leaves_only_its_empty_resume_files(
     // refused one is no different: both are empty of data, and never under the final name.
     let server = server().await;
     let whole = bytes(3 * BLOCK as usize + 17, 3);
-    let (mut c, mut d) = raw_put(&server).await;
+    let (mut c, mut d) = raw_put(&server, "/").await;
     assert_eq!(
         offered(&mut c, 0, "big.bin", whole.len() as u64).await,
         Decision::Send

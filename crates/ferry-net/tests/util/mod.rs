@@ -545,3 +545,26 @@ pub async fn control(server: &TestServer) -> (Raw, ferry_proto::SessionId, [u8; 
         other => panic!("expected Welcome, got {other:?}"),
     }
 }
+
+/// A raw put session with one data connection, ready for frames.
+pub async fn raw_put(server: &TestServer, dest: &str) -> (Raw, Raw) {
+    let (mut c, session, secret) = control(server).await;
+    c.send(&ferry_proto::Frame::PutRequest {
+        dest: dest.into(),
+        sources: 1,
+        opts: raw_opts(ExistingPolicy::Fail),
+    })
+    .await
+    .unwrap();
+    match c.expect(T).await {
+        ferry_proto::Frame::Ready { streams: 1, .. } => {}
+        other => panic!("expected Ready for one stream, got {other:?}"),
+    }
+    let mut d = Raw::connect(server.addr).await;
+    d.send(&hello_data(session, secret, 0)).await.unwrap();
+    assert!(matches!(
+        d.expect(T).await,
+        ferry_proto::Frame::Welcome { .. }
+    ));
+    (c, d)
+}
