@@ -6,11 +6,7 @@ use std::time::Instant;
 
 use ferry_core::digest::{algo_name, block_digest, FileHasher};
 use ferry_proto::ChecksumAlgo;
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
-}
+use ferry_units::stats::upper_median;
 
 fn main() {
     let data: Vec<u8> = (0..256u64 << 20)
@@ -30,7 +26,7 @@ fn main() {
     println!(
         "{:<28} {:>8.0} MiB/s",
         "block digest (xxh3-128)",
-        median(rates)
+        upper_median(&mut rates).unwrap_or(0.0)
     );
     for algo in [
         ChecksumAlgo::Blake3,
@@ -51,7 +47,7 @@ fn main() {
         println!(
             "{:<28} {:>8.0} MiB/s",
             format!("file digest ({})", algo_name(algo)),
-            median(rates)
+            upper_median(&mut rates).unwrap_or(0.0)
         );
     }
 }
