@@ -41,8 +41,6 @@ pub mod forward;
 mod needs;
 pub mod sched;
 
-use std::time::Duration;
-
 pub use bed::{
     can_run, delete_netns, find_in_path, list_netns, open_tun, reap_stale, regime_sysctls,
     BedConfig, BedOptions, Host, Regime, Stats, TestBed, CLIENT_ADDR, DEFAULT_WMEM_MAX, DEVICE,
@@ -71,97 +69,10 @@ pub fn set_thread_realtime(priority: i32) -> std::io::Result<()> {
     Ok(())
 }
 
-fn split_num(s: &str) -> (&str, &str) {
-    let i = s
-        .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == 'e' || c == '_'))
-        .unwrap_or(s.len());
-    (&s[..i], s[i..].trim())
-}
-
-/// Parses "50ms", "0.1s", "250us", "1500ns"; a bare number means
-/// milliseconds.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    let (num, unit) = split_num(s);
-    let v: f64 = num
-        .replace('_', "")
-        .parse()
-        .map_err(|_| format!("bad duration {s:?}"))?;
-    let secs = match unit {
-        "" | "ms" => v / 1e3,
-        "s" => v,
-        "us" | "µs" => v / 1e6,
-        "ns" => v / 1e9,
-        _ => return Err(format!("bad duration unit in {s:?} (use s, ms, us, ns)")),
-    };
-    if !secs.is_finite() || secs < 0.0 {
-        return Err(format!("bad duration {s:?}"));
-    }
-    Ok(Duration::from_secs_f64(secs))
-}
-
-/// Parses a rate like tc does: "1gbit", "200mbit", "500kbit", "1000000"
-/// (bit/s), "1gbps"/"10mbps" (bytes/s). "0", "none", "unlimited" = None.
-pub fn parse_rate(s: &str) -> Result<Option<u64>, String> {
-    let s = s.trim().to_ascii_lowercase();
-    if matches!(s.as_str(), "0" | "none" | "unlimited" | "inf") {
-        return Ok(None);
-    }
-    let (num, unit) = split_num(&s);
-    let v: f64 = num
-        .replace('_', "")
-        .parse()
-        .map_err(|_| format!("bad rate {s:?}"))?;
-    let mult = match unit {
-        "" | "bit" | "bps" => 1.0,
-        "kbit" | "k" => 1e3,
-        "mbit" | "m" => 1e6,
-        "gbit" | "g" => 1e9,
-        "kibit" => 1024.0,
-        "mibit" => 1024.0 * 1024.0,
-        "gibit" => 1024.0 * 1024.0 * 1024.0,
-        "kbps" => 8e3,
-        "mbps" => 8e6,
-        "gbps" => 8e9,
-        _ => {
-            return Err(format!(
-                "bad rate unit in {s:?} (use bit, kbit, mbit, gbit)"
-            ))
-        }
-    };
-    let bps = (v * mult).round();
-    if !(1.0..1e15).contains(&bps) {
-        return Err(format!("bad rate {s:?}"));
-    }
-    Ok(Some(bps as u64))
-}
-
-/// Parses a byte count: "12500000", "64k", "12.5M", "4MiB", "1GiB".
-/// k/M/G are decimal, Ki/Mi/Gi binary; a trailing "B" is optional.
-pub fn parse_bytes(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let (num, unit) = split_num(t);
-    let v: f64 = num
-        .replace('_', "")
-        .parse()
-        .map_err(|_| format!("bad size {s:?}"))?;
-    let unit = unit.strip_suffix('B').unwrap_or(unit);
-    let mult = match unit.to_ascii_lowercase().as_str() {
-        "" => 1.0,
-        "k" => 1e3,
-        "m" => 1e6,
-        "g" => 1e9,
-        "ki" => 1024.0,
-        "mi" => 1024.0 * 1024.0,
-        "gi" => 1024.0 * 1024.0 * 1024.0,
-        _ => return Err(format!("bad size unit in {s:?}")),
-    };
-    let b = (v * mult).round();
-    if !(0.0..1e18).contains(&b) {
-        return Err(format!("bad size {s:?}"));
-    }
-    Ok(b as u64)
-}
+/// The tc-like syntax of `--rtt`, `--rate` and `--queue`, under the names the bed's callers use.
+pub use ferry_units::units::{
+    parse_bytes_tc as parse_bytes, parse_duration_tc as parse_duration, parse_rate_tc as parse_rate,
+};
 
 /// Parses a loss probability: "0.01" or "1%".
 pub fn parse_loss(s: &str) -> Result<f64, String> {
@@ -180,6 +91,7 @@ pub fn parse_loss(s: &str) -> Result<f64, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     #[test]
     fn parsing() {

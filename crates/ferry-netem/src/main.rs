@@ -133,11 +133,10 @@ struct UpArgs {
 
 impl UpArgs {
     fn config(&self) -> Result<(BedConfig, BedOptions)> {
-        let e = |s: String| anyhow!(s);
         let cfg = BedConfig {
-            rtt: parse_duration(&self.rtt).map_err(e)?,
-            rate_bps: parse_rate(&self.rate).map_err(e)?,
-            loss: parse_loss(&self.loss).map_err(e)?,
+            rtt: parse_duration(&self.rtt).map_err(anyhow::Error::msg)?,
+            rate_bps: parse_rate(&self.rate).map_err(anyhow::Error::msg)?,
+            loss: parse_loss(&self.loss).map_err(anyhow::Error::msg)?,
             mtu: self.mtu,
             regime: self.regime,
             queue_bytes: self
@@ -145,7 +144,7 @@ impl UpArgs {
                 .as_deref()
                 .map(parse_bytes)
                 .transpose()
-                .map_err(e)?,
+                .map_err(anyhow::Error::msg)?,
             initial_window: self.initial_window,
             fast_open: self.tcp_fastopen,
         };
@@ -403,12 +402,11 @@ fn apply_control(bed: &TestBed, text: &str) -> Result<()> {
             .split_once('=')
             .ok_or_else(|| anyhow!("bad control line {line:?}"))?;
         let v = v.trim();
-        let e = |s: String| anyhow!(s);
         match k.trim() {
-            "loss" => bed.set_loss(parse_loss(v).map_err(e)?),
-            "rtt" => bed.set_rtt(parse_duration(v).map_err(e)?),
-            "rate" => bed.set_rate(parse_rate(v).map_err(e)?),
-            "queue" => bed.set_queue_bytes(parse_bytes(v).map_err(e)?),
+            "loss" => bed.set_loss(parse_loss(v).map_err(anyhow::Error::msg)?),
+            "rtt" => bed.set_rtt(parse_duration(v).map_err(anyhow::Error::msg)?),
+            "rate" => bed.set_rate(parse_rate(v).map_err(anyhow::Error::msg)?),
+            "queue" => bed.set_queue_bytes(parse_bytes(v).map_err(anyhow::Error::msg)?),
             "blackhole" => bed.set_blackhole(matches!(v, "1" | "on" | "true")),
             other => bail!("unknown control key {other:?}"),
         }
