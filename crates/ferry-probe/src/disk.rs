@@ -37,8 +37,11 @@ use serde::Serialize;
 use crate::fsio::{self, AlignedBuf, DIRECT_ALIGN};
 pub use crate::fsio::{BlockDevice, FsInfo};
 use crate::order::{request_offsets, run_requests, IssueOrder};
-use crate::units::{bytes, num, secs, size_flag, MIB};
 use crate::{ProbeError, ProbeProgress};
+use ferry_units::stats::{mean, percentile_nearest_rank, upper_median_by};
+use ferry_units::units::{
+    format_bytes as bytes, format_secs as secs, format_thousands as num, size_flag, MIB,
+};
 
 /// Read or write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
@@ -674,7 +677,7 @@ impl Ctx<'_> {
                 break;
             }
         }
-        self.points.push(median_run(runs));
+        self.points.push(median_run(spec, runs));
     }
 
     fn write_point(&mut self, spec: Spec, offsets: &[u64]) -> DiskPoint {
@@ -755,7 +758,7 @@ impl Ctx<'_> {
 }
 
 /// The run with the median rate (the failed one, if any failed), with every run's rate.
-fn median_run(mut runs: Vec<DiskPoint>) -> DiskPoint {
+fn median_run(spec: Spec, mut runs: Vec<DiskPoint>) -> DiskPoint {
     let rates: Vec<f64> = runs.iter().map(|r| r.mib_per_s).collect();
     let resident = runs
         .iter()
@@ -763,11 +766,10 @@ fn median_run(mut runs: Vec<DiskPoint>) -> DiskPoint {
         .reduce(f64::max);
     let mut p = match runs.iter().position(|r| r.error.is_some()) {
         Some(i) => runs.swap_remove(i),
-        None => {
-            runs.sort_by(|a, b| a.mib_per_s.total_cmp(&b.mib_per_s));
-            let mid = runs.len() / 2;
-            runs.swap_remove(mid)
-        }
+        None => match upper_median_by(runs, |r| r.mib_per_s) {
+            Some(p) => p,
+            None => return empty_point(spec),
+        },
     };
     p.runs_mib_per_s = rates;
     p.resident_before = resident;
@@ -929,24 +931,14 @@ fn fsync_latency(dir: &Path, opts: &DiskOptions, progress: &dyn ProbeProgress) -
 
 fn latency_stats(samples: &mut [f64]) -> FsyncLatency {
     samples.sort_by(|a, b| a.total_cmp(b));
-    let n = samples.len();
-    let at = |q: f64| {
-        if n == 0 {
-            0.0
-        } else {
-            samples[((q * n as f64).ceil() as usize).clamp(1, n) - 1]
-        }
-    };
+    // Nearest rank: each figure is a sample that was measured.
+    let at = |q: f64| percentile_nearest_rank(samples, q).unwrap_or(0.0);
     FsyncLatency {
-        samples: n,
+        samples: samples.len(),
         median_s: at(0.5),
         p99_s: at(0.99),
         max_s: samples.last().copied().unwrap_or(0.0),
-        mean_s: if n == 0 {
-            0.0
-        } else {
-            samples.iter().sum::<f64>() / n as f64
-        },
+        mean_s: mean(samples).unwrap_or(0.0),
         error: None,
     }
 }

@@ -4,14 +4,15 @@ use std::collections::BTreeSet;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
+use ferry_units::units::{format_bytes as bytes, format_mbps, format_thousands as num, KIB, MIB};
 use serde::Serialize;
 
+use crate::cpulist::{format_cpulist, parse_cpulist};
 use crate::interrupts::{irq_conflicts, parse_interrupts, Interrupts, IrqConflict};
 use crate::routes::{read_routes, route_advice, Route};
 use crate::speed::{measure_speeds, Speed};
 use crate::sys::{Sys, Unreadable};
 use crate::tcp::{tcp_advice, AdviceInputs, TcpSettings, TCP_FILES};
-use crate::units::{bytes, format_cpulist, num, parse_cpulist, KIB, MIB};
 use crate::ProbeProgress;
 
 /// What `probe_host` does and against what it advises.
@@ -792,7 +793,7 @@ impl HostReport {
             s,
             "\nadvice (for {} ms RTT, target {})",
             self.advice_inputs.rtt_ms,
-            crate::tcp::rate(self.advice_inputs.target_mbps)
+            format_mbps(self.advice_inputs.target_mbps)
         );
         if self.advice.is_empty() {
             s.push_str("  nothing to change\n");

@@ -4,8 +4,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Serialize;
 
+use crate::cpulist::format_cpulist;
 use crate::host::{Nic, NicIrq, NumaNode};
-use crate::units::format_cpulist;
 
 /// One line of `/proc/interrupts`.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]

@@ -26,9 +26,9 @@ pub mod speed;
 pub mod store;
 pub mod tcp;
 
+mod cpulist;
 mod fsio;
 mod sys;
-mod units;
 
 pub use disk::{probe_disk, DiskOptions, DiskReport};
 pub use host::{probe_host, HostOptions, HostReport};

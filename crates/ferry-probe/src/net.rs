@@ -9,10 +9,13 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
+use ferry_units::stats::median_or_zero;
+use ferry_units::units::{
+    format_bytes as bytes, format_mbps as rate, format_ms_brief as ms, size_flag,
+};
 use serde::{Deserialize, Serialize};
 
-use crate::tcp::{bdp_bytes, rate, stream_cap_mbps, TcpSettings, TCP_FILES};
-use crate::units::bytes;
+use crate::tcp::{bdp_bytes, stream_cap_mbps, TcpSettings, TCP_FILES};
 use crate::ProbeProgress;
 
 /// What to sweep.
@@ -123,7 +126,7 @@ pub struct PointReport {
 
 impl PointReport {
     fn from_samples(streams: u16, window: u32, samples: &[NetSample], errors: Vec<String>) -> Self {
-        let med = |f: fn(&NetSample) -> f64| median(samples.iter().map(f).collect());
+        let med = |f: fn(&NetSample) -> f64| median_or_zero(samples.iter().map(f));
         let rate_mbps = med(|s| s.rate_mbps);
         let granted = samples.first().map_or(streams, |s| s.streams.max(1));
         Self {
@@ -143,10 +146,6 @@ impl PointReport {
     fn ok(&self) -> bool {
         !self.runs_mbps.is_empty()
     }
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    ferry_core::stats::median(&mut v).unwrap_or(0.0)
 }
 
 /// What limits a setting.
@@ -285,7 +284,7 @@ pub fn probe_net(
         opts.clone(),
         tcp,
         points,
-        median(idle),
+        median_or_zero(idle),
         notes,
     )
 }
@@ -653,16 +652,6 @@ pub fn explain(inp: &LimitInputs) -> Explanation {
     }
 }
 
-fn ms(v: f64) -> String {
-    if v >= 10.0 {
-        format!("{v:.0} ms")
-    } else if v < 1.0 {
-        format!("{:.0} µs", v * 1000.0)
-    } else {
-        format!("{v:.1} ms")
-    }
-}
-
 /// `"autotuning"` or `"4 MiB fixed (no autotuning)"`.
 pub fn window_name(window: u32) -> String {
     if window == 0 {
@@ -749,10 +738,7 @@ impl NetReport {
                     if b.window == 0 {
                         String::new()
                     } else {
-                        format!(
-                            " --tcp-window {}",
-                            crate::units::size_flag(u64::from(b.window))
-                        )
+                        format!(" --tcp-window {}", size_flag(u64::from(b.window)))
                     }
                 );
                 let _ = writeln!(

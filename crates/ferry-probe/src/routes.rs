@@ -14,10 +14,10 @@ use std::process::Command;
 use std::time::Duration;
 
 use ferry_core::tune::TunerConfig;
+use ferry_units::units::{format_bytes as bytes, format_mbps, format_thousands};
 use serde::Serialize;
 
 use crate::tcp::{bdp_bytes, AdviceInputs};
-use crate::units::bytes;
 
 /// The kernel's initial congestion window when a route sets none (RFC 6928), in segments.
 pub const KERNEL_INITIAL_WINDOW: u32 = 10;
@@ -320,9 +320,9 @@ pub fn route_advice(
         } else {
             " unset, the kernel's"
         },
-        crate::units::num(inp.rtt_ms),
+        format_thousands(inp.rtt_ms),
         secs(now),
-        crate::tcp::rate(inp.target_mbps),
+        format_mbps(inp.target_mbps),
         bytes(bdp),
         secs(then),
     ))

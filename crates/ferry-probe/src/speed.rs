@@ -5,6 +5,7 @@ use std::time::Instant;
 use aws_lc_rs::aead::{Aad, LessSafeKey, Nonce, Tag, UnboundKey, AES_256_GCM};
 use ferry_core::digest::{algo_name, block_digest, FileHasher};
 use ferry_proto::ChecksumAlgo;
+use ferry_units::stats::median_or_zero;
 use serde::Serialize;
 
 use crate::ProbeProgress;
@@ -22,10 +23,6 @@ pub struct Speed {
 
 /// TLS records carry at most 16 KiB of plaintext; AES-GCM is measured on records of that size.
 pub const TLS_RECORD: usize = 16 * 1024;
-
-fn median(mut v: Vec<f64>) -> f64 {
-    ferry_core::stats::median(&mut v).unwrap_or(0.0)
-}
 
 /// Pseudo-random bytes (not zeros: some code paths are faster on zeros).
 pub(crate) fn fill_pseudo_random(buf: &mut [u8], seed: u64) {
@@ -69,7 +66,7 @@ pub fn measure_speeds(bytes: usize, passes: u32, progress: &dyn ProbeProgress) -
     out.push(Speed {
         name: "xxh3-128".into(),
         role: "block digest (every block)".into(),
-        mib_per_s: median(rates),
+        mib_per_s: median_or_zero(rates),
     });
 
     for algo in [
@@ -96,7 +93,7 @@ pub fn measure_speeds(bytes: usize, passes: u32, progress: &dyn ProbeProgress) -
             } else {
                 format!("file digest (--checksum {})", algo_name(algo))
             },
-            mib_per_s: median(rates),
+            mib_per_s: median_or_zero(rates),
         });
     }
 
@@ -141,12 +138,12 @@ fn aes_gcm(data: &mut [u8], passes: u32) -> Vec<Speed> {
         Speed {
             name: "aes-256-gcm seal".into(),
             role: "TLS send (16 KiB records)".into(),
-            mib_per_s: median(seal),
+            mib_per_s: median_or_zero(seal),
         },
         Speed {
             name: "aes-256-gcm open".into(),
             role: "TLS receive (16 KiB records)".into(),
-            mib_per_s: median(open),
+            mib_per_s: median_or_zero(open),
         },
     ]
 }

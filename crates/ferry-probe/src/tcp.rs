@@ -2,7 +2,7 @@
 
 use serde::Serialize;
 
-use crate::units::{bytes, MIB};
+use ferry_units::units::{format_bytes as bytes, format_mbps as rate, format_ms as ms, MIB};
 
 /// The kernel's TCP settings that bound one stream's throughput. `None` where unreadable.
 #[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
@@ -131,27 +131,6 @@ pub fn stream_cap_mbps(window: u64, rtt_ms: f64) -> f64 {
 /// The bandwidth-delay product (bytes) of `mbps` at `rtt_ms`.
 pub fn bdp_bytes(mbps: f64, rtt_ms: f64) -> u64 {
     (mbps * 1e6 / 8.0 * rtt_ms / 1000.0).ceil() as u64
-}
-
-/// `10000.0` → `"10 Gbit/s"`, `335.5` → `"335 Mbit/s"`.
-pub(crate) fn rate(mbps: f64) -> String {
-    if mbps >= 1000.0 && (mbps / 1000.0).fract() == 0.0 {
-        format!("{} Gbit/s", mbps / 1000.0)
-    } else if mbps >= 10_000.0 {
-        format!("{:.0} Gbit/s", mbps / 1000.0)
-    } else if mbps >= 1000.0 {
-        format!("{:.1} Gbit/s", mbps / 1000.0)
-    } else {
-        format!("{} Mbit/s", mbps.floor())
-    }
-}
-
-fn ms(v: f64) -> String {
-    if v.fract() == 0.0 {
-        format!("{v:.0} ms")
-    } else {
-        format!("{v} ms")
-    }
 }
 
 /// Advice on TCP settings, one sentence each, most important first. Pure: the same settings and
