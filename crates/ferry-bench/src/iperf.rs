@@ -9,7 +9,8 @@
 use anyhow::{bail, Context, Result};
 use serde_json::Value;
 
-use crate::report::median;
+use ferry_units::stats::median_of;
+use ferry_units::units::size_label;
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct IperfResult {
@@ -45,7 +46,7 @@ pub fn payload_capacity_mbps(rate_bps: u64, mtu: u32, mss: u32) -> Option<f64> {
 
 /// Data-set label of an `iperf3 -n BYTES` row: memory to memory, the same bytes as a file.
 pub fn same_bytes_label(bytes: u64) -> String {
-    format!("memory-{}", crate::plan::size_label(bytes))
+    format!("memory-{}", size_label(bytes))
 }
 
 /// `(sent, received)` bytes of an iperf3 run, from its `end` sums. With `-n`, the sender sends
@@ -99,7 +100,7 @@ pub fn parse(json: &str, reverse: bool, omit_s: f64) -> Result<IperfResult> {
     }
     Ok(IperfResult {
         mean_mbps: bytes as f64 * 8.0 / secs / 1e6,
-        median_mbps: median(&rates).unwrap_or(0.0),
+        median_mbps: median_of(&rates).unwrap_or(0.0),
         bytes,
         seconds: secs,
         intervals: rates.len(),

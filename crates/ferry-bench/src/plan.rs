@@ -6,11 +6,10 @@ use std::collections::BTreeSet;
 use std::fmt;
 
 use ferry_netem::Regime;
+use ferry_units::units::{parse_size_fractional, rate_label, size_label};
 use serde::{Deserialize, Serialize};
 
-pub const KIB: u64 = 1024;
-pub const MIB: u64 = 1024 * KIB;
-pub const GIB: u64 = 1024 * MIB;
+pub use ferry_units::units::{GIB, KIB, MIB};
 
 /// A program whose throughput is measured.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -138,44 +137,9 @@ pub const MIXED_SEED: u64 = 0x6665_7272_795f_6d78;
 pub const MIXED_MIN: u64 = KIB;
 pub const MIXED_MAX: u64 = 8 * MIB;
 
-/// "1GiB", "16MiB", "10KiB", "100000KiB" or "123B": exact, in the largest binary unit that
-/// divides it.
-pub fn size_label(bytes: u64) -> String {
-    for (unit, name) in [(GIB, "GiB"), (MIB, "MiB"), (KIB, "KiB")] {
-        if bytes >= unit && bytes.is_multiple_of(unit) {
-            return format!("{}{name}", bytes / unit);
-        }
-    }
-    format!("{bytes}B")
-}
-
-/// Parses "35M", "1G", "10K", "64MiB", "1.5G" (binary units: K/M/G mean KiB/MiB/GiB) or a
-/// plain byte count.
+/// [`parse_size_fractional`] with the `String` error the argument parsing collects.
 pub fn parse_size(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let i = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '_'))
-        .unwrap_or(t.len());
-    let (num, unit) = (&t[..i], t[i..].trim());
-    let v: f64 = num
-        .replace('_', "")
-        .parse()
-        .map_err(|_| format!("bad size {s:?}"))?;
-    let unit = unit.to_ascii_lowercase();
-    let unit = unit.trim_end_matches('b').trim_end_matches('i');
-    let mult = match unit {
-        "" => 1,
-        "k" => KIB,
-        "m" => MIB,
-        "g" => GIB,
-        "t" => 1024 * GIB,
-        _ => return Err(format!("bad size unit in {s:?} (K, M, G: binary)")),
-    };
-    let b = (v * mult as f64).round();
-    if !(1.0..1e16).contains(&b) {
-        return Err(format!("bad size {s:?}"));
-    }
-    Ok(b as u64)
+    Ok(parse_size_fractional(s)?)
 }
 
 impl Dataset {
@@ -282,15 +246,6 @@ impl Link {
             self.rtt_ms,
             regime_name(self.regime)
         )
-    }
-}
-
-pub fn rate_label(rate: Option<u64>) -> String {
-    match rate {
-        None => "uncapped".into(),
-        Some(r) if r % 1_000_000_000 == 0 => format!("{}gbit", r / 1_000_000_000),
-        Some(r) if r % 1_000_000 == 0 => format!("{}mbit", r / 1_000_000),
-        Some(r) => format!("{r}bit"),
     }
 }
 

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use anyhow::{anyhow, bail, Result};
+use ferry_units::units::parse_rate_tc;
 use plotters::coord::ranged1d::SegmentValue;
 use plotters::prelude::*;
 
@@ -74,14 +75,10 @@ const COLORS: [RGBColor; 8] = [
 /// ferry's defaults on a comparison plot (a colour no tool line takes first).
 const FERRY_DEFAULTS: RGBColor = RGBColor(199, 21, 133);
 
+/// A link's rate label ("1gbit", "200mbit", "uncapped") in Mbit/s; None when uncapped.
 fn rate_mbps(rate: &str) -> Option<f64> {
-    if let Some(g) = rate.strip_suffix("gbit") {
-        return g.parse::<f64>().ok().map(|v| v * 1000.0);
-    }
-    if let Some(m) = rate.strip_suffix("mbit") {
-        return m.parse::<f64>().ok();
-    }
-    None
+    let bps = parse_rate_tc(rate).ok().flatten()?;
+    Some(bps as f64 / 1e6)
 }
 
 /// Sort key of data set labels: files by size, then trees.

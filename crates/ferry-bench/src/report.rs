@@ -6,6 +6,7 @@ use std::fmt::Write as _;
 use std::path::Path;
 
 use anyhow::{Context, Result};
+use ferry_units::stats::median_of;
 use serde::{Deserialize, Serialize};
 
 use crate::plan::{TARGET_FILE, TARGET_RTTS, TARGET_TREE, TARGET_TREE_FILE, TARGET_TREE_RTT};
@@ -148,12 +149,6 @@ impl Med {
     }
 }
 
-/// Median (mean of the middle two for an even count); None when empty. ferry's one median,
-/// on a copy (the callers keep their runs in order).
-pub fn median(v: &[f64]) -> Option<f64> {
-    ferry_core::stats::median(&mut v.to_vec())
-}
-
 pub fn medians(rows: &[Row]) -> Vec<Med> {
     let mut groups: BTreeMap<Key, Vec<&Row>> = BTreeMap::new();
     for r in rows {
@@ -192,13 +187,13 @@ pub fn medians(rows: &[Row]) -> Vec<Med> {
                 block: k.block.clone(),
                 runs: g.len() as u32,
                 ok_runs: ok.len() as u32,
-                mbps_median: median(&mbps).unwrap_or(0.0),
+                mbps_median: median_of(&mbps).unwrap_or(0.0),
                 mbps_min: mbps.iter().copied().fold(f64::INFINITY, f64::min),
                 mbps_max: mbps.iter().copied().fold(0.0, f64::max),
-                wall_s_median: median(&wall).unwrap_or(0.0),
-                sync_s_median: median(&sync).unwrap_or(0.0),
-                tool_s_median: median(&tool_s),
-                ramp_s_median: median(&ramp),
+                wall_s_median: median_of(&wall).unwrap_or(0.0),
+                sync_s_median: median_of(&sync).unwrap_or(0.0),
+                tool_s_median: median_of(&tool_s),
+                ramp_s_median: median_of(&ramp),
                 link_mbps: ok
                     .iter()
                     .filter_map(|r| r.link_mbps)
@@ -381,7 +376,7 @@ pub fn ramp(interval_ms: u32, bytes: &[u64]) -> Option<(f64, f64)> {
     let rate = |i: usize| bytes[i + 1 - w..=i].iter().sum::<u64>() as f64 / (w as f64 * step);
     let half = bytes.len() / 2;
     let late: Vec<f64> = (half.max(w - 1)..bytes.len()).map(rate).collect();
-    let fin = median(&late)?;
+    let fin = median_of(&late)?;
     if fin <= 0.0 {
         return None;
     }
@@ -790,14 +785,6 @@ mod tests {
         assert!(!t.contains(" 0 ms"), "{t}");
         assert!(t.contains("| 96% | yes | – (1.6 s in all) | n/a |"), "{t}");
         assert_eq!(auto_table(&[]), "");
-    }
-
-    #[test]
-    fn median_odd_even_empty() {
-        assert_eq!(median(&[]), None);
-        assert_eq!(median(&[3.0]), Some(3.0));
-        assert_eq!(median(&[5.0, 1.0, 3.0]), Some(3.0));
-        assert_eq!(median(&[4.0, 1.0, 3.0, 2.0]), Some(2.5));
     }
 
     #[test]

@@ -100,6 +100,15 @@ mod tests {
         assert_eq!(median(&mut [4.0, 1.0, 3.0, 2.0]), Some(2.5));
     }
 
+    /// The bench's report took its medians this way (moved from ferry-bench's report.rs).
+    #[test]
+    fn median_of_odd_even_empty() {
+        assert_eq!(median_of(&[]), None);
+        assert_eq!(median_of(&[3.0]), Some(3.0));
+        assert_eq!(median_of(&[5.0, 1.0, 3.0]), Some(3.0));
+        assert_eq!(median_of(&[4.0, 1.0, 3.0, 2.0]), Some(2.5));
+    }
+
     #[test]
     fn median_sorts_in_place_and_median_of_does_not() {
         let mut v = [3.0, 1.0, 2.0];
