@@ -59,7 +59,7 @@ pub fn parse_duration(s: &str) -> Result<Duration> {
 
 /// A usage error with advice (`Hinted`): `main` prints the hint on its own line.
 fn hinted(error: String, hint: String) -> anyhow::Error {
-    anyhow::Error::new(crate::Hinted {
+    anyhow::Error::new(crate::error::Hinted {
         error: anyhow::anyhow!(error),
         hint,
     })
@@ -545,7 +545,7 @@ mod tests {
         // A port with no path, or a word where the port goes: refused, with the likely meaning.
         let hint = |s: &str| {
             let e = Remote::parse(s).unwrap_err();
-            e.downcast_ref::<crate::Hinted>()
+            e.downcast_ref::<crate::error::Hinted>()
                 .map(|h| h.hint.clone())
                 .unwrap_or_else(|| panic!("{s}: no hint in {e:#}"))
         };

@@ -7,45 +7,18 @@
 mod args;
 mod commands;
 mod config;
+mod error;
 mod output;
 mod profiles;
 mod progress;
 mod ssh;
+mod state;
 
 use std::process::ExitCode;
 
 use clap::Parser;
 
-/// An error in what the user asked for (exit code 2), as opposed to a failed transfer (1).
-#[derive(Debug)]
-pub struct UsageError(pub anyhow::Error);
-
-impl std::fmt::Display for UsageError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{:#}", self.0)
-    }
-}
-
-impl std::error::Error for UsageError {}
-
-pub fn usage(e: anyhow::Error) -> anyhow::Error {
-    anyhow::Error::new(UsageError(e))
-}
-
-/// A failure with advice for the user, printed after the error itself.
-#[derive(Debug)]
-pub struct Hinted {
-    pub error: anyhow::Error,
-    pub hint: String,
-}
-
-impl std::fmt::Display for Hinted {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{:#}", self.error)
-    }
-}
-
-impl std::error::Error for Hinted {}
+use crate::error::{Hinted, UsageError};
 
 /// Whether the command asked for JSON on stdout.
 fn wants_json(cli: &args::Cli) -> bool {

@@ -15,8 +15,8 @@ use serde::Serialize;
 use crate::args::{DemoArgs, TransferArgs};
 use crate::commands::summary_line;
 use crate::config::{client_config, parse_size, Remote};
+use crate::error::usage;
 use crate::progress::{human_bytes, Progress};
-use crate::usage;
 
 #[derive(Serialize)]
 struct Case {

@@ -16,9 +16,8 @@ use crate::args::{Cli, Command, GetArgs, LsArgs, PutArgs, TransferArgs};
 use crate::config::{apply_disk_profile, apply_profile, apply_ramp_helpers, client_config, Remote};
 use crate::profiles::Profiles;
 
+use crate::error::usage;
 use crate::progress::{human_bytes, Progress};
-use crate::usage;
-pub use serve::state_dir;
 
 pub async fn run(cli: Cli) -> Result<ExitCode> {
     let quiet = cli.quiet;
@@ -57,7 +56,7 @@ async fn put(args: PutArgs, quiet: bool) -> Result<ExitCode> {
     let profile = profile_for(&mut cfg, &remote);
     ramp_helpers_for(&mut cfg, &remote, &profile);
     let sources: Vec<PathBuf> = sources.iter().map(PathBuf::from).collect();
-    if let (Ok(dir), Some(first)) = (serve::state_dir(), sources.first()) {
+    if let (Ok(dir), Some(first)) = (crate::state::state_dir(), sources.first()) {
         apply_disk_profile(&mut cfg, &dir, first, true);
     }
     let oneshot = start_oneshot(&mut cfg, &remote, &args.transfer.conn).await?;
@@ -85,7 +84,7 @@ async fn get(args: GetArgs, quiet: bool) -> Result<ExitCode> {
     warn_fixed_window(&cfg, quiet);
     let profile = profile_for(&mut cfg, &remote);
     ramp_helpers_for(&mut cfg, &remote, &profile);
-    if let Ok(dir) = serve::state_dir() {
+    if let Ok(dir) = crate::state::state_dir() {
         apply_disk_profile(&mut cfg, &dir, &args.dest, false);
     }
     let oneshot = start_oneshot(&mut cfg, &remote, &args.transfer.conn).await?;
@@ -227,13 +226,13 @@ fn finish(
                 let hint = "check the host and port (a remote is HOST[:PORT]:PATH, port 7070 by \
                             default) and that `ferry serve` runs there"
                     .to_owned();
-                return Err(anyhow::Error::new(crate::Hinted { error, hint }));
+                return Err(anyhow::Error::new(crate::error::Hinted { error, hint }));
             }
             if retry {
                 let hint = "the problem may be temporary; run the same command again to resume: \
                             files already stored and verified blocks of partial files are kept"
                     .to_owned();
-                return Err(anyhow::Error::new(crate::Hinted { error, hint }));
+                return Err(anyhow::Error::new(crate::error::Hinted { error, hint }));
             }
             return Err(error);
         }

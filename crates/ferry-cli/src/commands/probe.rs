@@ -9,7 +9,7 @@ use ferry_probe::ProbeProgress;
 
 use crate::args::{ProbeCommand, ProbeNetArgs};
 use crate::config::{parse_size, Remote};
-use crate::usage;
+use crate::error::usage;
 
 /// Step names on stderr, only for a person watching a terminal.
 struct Steps {
@@ -76,7 +76,7 @@ pub async fn run(cmd: ProbeCommand, quiet: bool) -> Result<ExitCode> {
             if !a.no_save {
                 let now = ferry_probe::net::rfc3339(std::time::SystemTime::now());
                 if let Some(entry) = report.profile_entry(now) {
-                    let dir = super::serve::state_dir()?;
+                    let dir = crate::state::state_dir()?;
                     let path = ferry_probe::disk::save_disk_profile(&dir, &a.path, entry)
                         .with_context(|| format!("saving the profile in {}", dir.display()))?;
                     report.profile = Some(path);
@@ -245,7 +245,7 @@ async fn net(a: ProbeNetArgs, steps: Steps, quiet: bool) -> Result<ferry_probe::
     if !a.no_save {
         let entry = report.profile_entry(ferry_probe::net::rfc3339(std::time::SystemTime::now()));
         if let Some(entry) = entry {
-            let dir = super::serve::state_dir()?;
+            let dir = crate::state::state_dir()?;
             let path = ferry_probe::net::save_profile(&dir, &report.endpoint, entry)
                 .with_context(|| format!("saving the profile in {}", dir.display()))?;
             report.profile = Some(path);

@@ -1,75 +1,19 @@
 //! `ferry serve`: token management and the daemon's lifetime.
 
 use std::io::Write;
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
 use std::sync::Arc;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use ferry_net::access::{self, Access, AccessList};
 use ferry_net::{Identity, Server, ServerConfig};
 
 use crate::args::ServeArgs;
-use crate::usage;
-
-/// Where the server keeps its token and state when not told: `$FERRY_STATE_DIR`, else
-/// `$XDG_STATE_HOME/ferry`, else `~/.local/state/ferry`.
-pub fn state_dir() -> Result<PathBuf> {
-    if let Some(d) = std::env::var_os("FERRY_STATE_DIR") {
-        return Ok(PathBuf::from(d));
-    }
-    if let Some(d) = std::env::var_os("XDG_STATE_HOME") {
-        return Ok(PathBuf::from(d).join("ferry"));
-    }
-    let home = std::env::var_os("HOME")
-        .context("cannot find a state directory: set HOME or FERRY_STATE_DIR")?;
-    Ok(PathBuf::from(home).join(".local/state/ferry"))
-}
-
-/// Reads the token in `path`, or creates the file (mode 0600) with a fresh random token.
-/// Returns the token and whether it was created now.
-pub fn load_or_create_token(path: &Path) -> Result<(String, bool)> {
-    match std::fs::read_to_string(path) {
-        Ok(t) => {
-            let t = t.trim().to_owned();
-            if t.is_empty() {
-                bail!("token file {} is empty", path.display());
-            }
-            let mode = std::fs::metadata(path)?.permissions().mode();
-            if mode & 0o077 != 0 {
-                tracing::warn!(
-                    "token file {} is readable by others (mode {:o}); chmod 600 it",
-                    path.display(),
-                    mode & 0o777
-                );
-            }
-            Ok((t, false))
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-                std::fs::create_dir_all(dir)
-                    .with_context(|| format!("creating {}", dir.display()))?;
-            }
-            let mut bytes = [0u8; 24];
-            getrandom::fill(&mut bytes).map_err(|e| anyhow::anyhow!("no OS randomness: {e}"))?;
-            let token = ferry_core::digest::hex(&bytes);
-            // create_new: two servers started at once must not overwrite each other's token.
-            let mut f = std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(0o600)
-                .open(path)
-                .with_context(|| format!("creating token file {}", path.display()))?;
-            writeln!(f, "{token}")?;
-            f.sync_all()?;
-            Ok((token, true))
-        }
-        Err(e) => Err(e).with_context(|| format!("reading token file {}", path.display())),
-    }
-}
+use crate::error::usage;
+use crate::state;
 
 pub async fn run(args: ServeArgs, quiet: bool) -> Result<ExitCode> {
     if args.oneshot {
@@ -80,21 +24,14 @@ pub async fn run(args: ServeArgs, quiet: bool) -> Result<ExitCode> {
         .clone()
         .context("--root is required")
         .map_err(usage)?;
-    let state = state_dir().map_err(usage)?;
+    let state = state::state_dir().map_err(usage)?;
     let access = if let Some(path) = &args.token_file {
         // One full-access token kept in a file, for scripts that need to read it back.
-        let (token, _) = load_or_create_token(path).map_err(usage)?;
+        let (token, _) = state::load_or_create_token(path).map_err(usage)?;
         Access::Fixed(Arc::new(AccessList::single("token-file", &token)))
     } else {
-        let path = args
-            .tokens
-            .clone()
-            .unwrap_or_else(|| state.join("tokens.toml"));
-        // Two servers starting together on one state directory make one first token, not two.
-        std::fs::create_dir_all(&state)
-            .with_context(|| format!("creating the state directory {}", state.display()))?;
-        let _lock = ferry_net::tls::lock_dir(&state)
-            .with_context(|| format!("locking the state directory {}", state.display()))?;
+        let path = state::tokens_file(args.tokens.as_deref(), &state);
+        let _lock = state::create_and_lock(&state)?;
         let file = access::load(&path).map_err(|e| usage(e.into()))?;
         if file.tokens.is_empty() {
             let token = access::add_token(&path, "default", vec![], vec![], false)
