@@ -11,6 +11,7 @@ mod error;
 mod output;
 mod profiles;
 mod progress;
+mod remote;
 mod ssh;
 mod state;
 
@@ -22,17 +23,7 @@ use crate::error::{Hinted, UsageError};
 
 /// Whether the command asked for JSON on stdout.
 fn wants_json(cli: &args::Cli) -> bool {
-    use args::{Command, ProbeCommand};
-    match &cli.command {
-        Command::Put(a) => a.transfer.json,
-        Command::Get(a) => a.transfer.json,
-        Command::Ls(a) => a.json,
-        Command::Demo(a) => a.json,
-        Command::Probe(ProbeCommand::Host(a)) => a.json,
-        Command::Probe(ProbeCommand::Disk(a)) => a.json,
-        Command::Probe(ProbeCommand::Net(a)) => a.json,
-        Command::Serve(_) | Command::Token(_) => false,
-    }
+    cli.command.output().is_some_and(|o| o.json)
 }
 
 /// The failure as the one JSON document on stdout: `{"error": {"message", "kind", "hint",

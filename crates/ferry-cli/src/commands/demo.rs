@@ -13,10 +13,11 @@ use ferry_net::{Server, ServerConfig};
 use serde::Serialize;
 
 use super::transfer::summary_line;
-use crate::args::{DemoArgs, TransferArgs};
-use crate::config::{client_config, parse_size, Remote};
+use crate::args::{AuthArgs, ConnArgs, DemoArgs, OutputArgs, TransferArgs, WaitArgs};
+use crate::config::{client_config, parse_size};
 use crate::error::usage;
 use crate::progress::{human_bytes, Progress};
+use crate::remote::Remote;
 
 #[derive(Serialize)]
 struct Case {
@@ -175,7 +176,7 @@ pub async fn run(args: DemoArgs, quiet: bool) -> Result<ExitCode> {
         ("small files", src.join("small"), args.small_files as u64),
         ("same bytes as one file", src.join("same-bytes.bin"), 1),
     ] {
-        let case = measure(&cfg, name, &path, files, &dest, quiet || args.json).await?;
+        let case = measure(&cfg, name, &path, files, &dest, quiet || args.output.json).await?;
         say(format!(
             "  {:<24} {:>6} files {:>11} {:>7.2} s {:>9.1} MiB/s {:>10.0} files/s  verified",
             case.name,
@@ -200,7 +201,7 @@ pub async fn run(args: DemoArgs, quiet: bool) -> Result<ExitCode> {
         ));
     }
     server.stop().await;
-    if args.json {
+    if args.output.json {
         println!("{}", serde_json::to_string_pretty(&cases)?);
     }
     Ok(ExitCode::SUCCESS)
@@ -271,18 +272,19 @@ impl DemoServer {
             skip_existing: false,
             readers: None,
             writers: None,
-            json: false,
+            output: OutputArgs::default(),
             manifest: None,
-            token: Some(self.token.clone()),
-            config: None,
-            connect_timeout: "15s".into(),
-            retry_for: "0".into(),
-            conn: crate::args::ConnArgs {
-                no_encrypt: false,
+            auth: AuthArgs {
+                token: Some(self.token.clone()),
+                config: None,
+            },
+            wait: WaitArgs {
+                connect_timeout: "15s".into(),
+                retry_for: "0".into(),
+            },
+            conn: ConnArgs {
                 server_fingerprint: self.fingerprint.clone(),
-                known_hosts: None,
-                ssh: None,
-                remote_ferry: None,
+                ..ConnArgs::default()
             },
         }
     }

@@ -2,23 +2,13 @@
 
 use std::process::ExitCode;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 
-use super::transfer::{self, Job};
 use crate::args::GetArgs;
-use crate::config::{client_config, Remote};
+use crate::config::Transfer;
 use crate::error::usage;
 
 pub async fn run(args: GetArgs, quiet: bool) -> Result<ExitCode> {
-    let remote = Remote::parse(&args.remote)
-        .context("the first argument of get is the source, HOST[:PORT]:PATH")
-        .map_err(usage)?;
-    let mut cfg = client_config(&args.transfer, &remote).map_err(usage)?;
-    if args.safe_links {
-        cfg.links = ferry_core::recv::Links::InTree;
-    }
-    if args.keep_modes {
-        cfg.modes = ferry_core::recv::Modes::Keep;
-    }
-    transfer::run(cfg, &remote, Job::Get(args.dest), &args.transfer, quiet).await
+    let transfer = Transfer::get(args).map_err(usage)?;
+    super::transfer::run(transfer, quiet).await
 }

@@ -5,39 +5,19 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 
 use crate::args::LsArgs;
-use crate::config::Remote;
+use crate::config::Listing;
 use crate::error::usage;
 
 pub async fn run(args: LsArgs, quiet: bool) -> Result<ExitCode> {
-    let remote = Remote::parse(&args.remote)
-        .context("ls takes a remote directory, HOST[:PORT]:PATH")
-        .map_err(usage)?;
-    if remote.ssh_user.is_some() {
-        return Err(usage(anyhow::anyhow!(
-            "ls needs a running `ferry serve` (HOST[:PORT]:PATH); over ssh, use ssh itself"
-        )));
-    }
-    let mut cfg = crate::config::control_config(
-        args.token.as_deref(),
-        args.config.as_deref(),
-        &args.conn,
-        &remote,
-        std::time::Duration::from_secs(60),
-    )
-    .map_err(usage)?;
-    // The same waits and retries as a transfer.
-    let duration = |s: &str, flag: &str| {
-        crate::config::parse_duration(s)
-            .with_context(|| flag.to_owned())
-            .map_err(usage)
-    };
-    cfg.connect_timeout = duration(&args.connect_timeout, "--connect-timeout")?
-        .max(std::time::Duration::from_secs(1));
-    cfg.retry_for = duration(&args.retry_for, "--retry-for")?;
+    let Listing {
+        remote,
+        client: cfg,
+        json,
+    } = Listing::new(&args).map_err(usage)?;
     let entries = ferry_net::client::list(&cfg, &remote.path, &Notices(quiet))
         .await
         .context("listing failed")?;
-    if args.json {
+    if json {
         let v: Vec<_> = entries
             .iter()
             .map(|e| {

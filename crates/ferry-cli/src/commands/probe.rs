@@ -10,8 +10,9 @@ use ferry_probe::net::{NetOptions, NetReport, NetSample};
 use ferry_probe::ProbeProgress;
 
 use crate::args::{ProbeCommand, ProbeDiskArgs, ProbeHostArgs, ProbeNetArgs};
-use crate::config::{parse_size, Remote};
+use crate::config::parse_size;
 use crate::error::usage;
+use crate::remote::Remote;
 
 /// Step names on stderr, only for a person watching a terminal.
 struct Steps {
@@ -32,17 +33,17 @@ pub async fn run(cmd: ProbeCommand, quiet: bool) -> Result<ExitCode> {
     };
     let (text, json) = match cmd {
         ProbeCommand::Host(a) => {
-            let json = a.json;
+            let json = a.output.json;
             let report = host(a, steps).await?;
             (report.render_text(), to_json(json, &report)?)
         }
         ProbeCommand::Net(a) => {
-            let json = a.json;
+            let json = a.output.json;
             let report = net(*a, steps, quiet).await?;
             (report.render_text(), to_json(json, &report)?)
         }
         ProbeCommand::Disk(a) => {
-            let json = a.json;
+            let json = a.output.json;
             let report = disk(a, steps).await?;
             (report.render_text(), to_json(json, &report)?)
         }
@@ -122,15 +123,14 @@ async fn net(a: ProbeNetArgs, steps: Steps, quiet: bool) -> Result<ferry_probe::
     let remote = Remote::parse_endpoint(&a.endpoint).map_err(usage)?;
     let opts = net_options(&a)?;
     let cfg = crate::config::control_config(
-        a.token.as_deref(),
-        a.config.as_deref(),
+        &a.auth,
         &a.conn,
         &remote,
         std::time::Duration::from_secs(30),
     )
     .map_err(usage)?;
     let notices = Notices {
-        quiet: quiet || a.json,
+        quiet: quiet || a.output.json,
     };
     let (mut report, fatal) =
         sweep(cfg, remote.server(), !a.download, opts, steps, notices).await?;

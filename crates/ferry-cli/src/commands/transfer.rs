@@ -1,40 +1,35 @@
 //! What put and get share around the transfer itself: the remembered profile of the server
 //! and of the local file system, the ssh-started session, and how the outcome is reported.
 
-use std::path::PathBuf;
+use std::path::Path;
 use std::process::ExitCode;
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use ferry_net::{ClientConfig, SessionError, TransferReport};
 
-use crate::args::{ConnArgs, TransferArgs};
-use crate::config::{apply_disk_profile, apply_profile, apply_ramp_helpers, Remote};
+use crate::args::ConnArgs;
+use crate::config::{apply_disk_profile, apply_profile, apply_ramp_helpers, Job, Transfer};
 use crate::error::Hinted;
 use crate::profiles::Profiles;
 use crate::progress::{human_bytes, Progress};
+use crate::remote::Remote;
 use crate::ssh::Oneshot;
-
-/// Which way the files go, and the local side of it.
-pub enum Job {
-    /// Local sources, to `Remote::path`.
-    Put(Vec<PathBuf>),
-    /// From `Remote::path` to a local destination.
-    Get(PathBuf),
-}
 
 /// Runs a resolved put or get: starts from what earlier transfers learnt, reaches the server
 /// (over ssh if asked), moves the files, remembers what this one learnt, reports.
-pub async fn run(
-    mut cfg: ClientConfig,
-    remote: &Remote,
-    job: Job,
-    args: &TransferArgs,
-    quiet: bool,
-) -> Result<ExitCode> {
+pub async fn run(t: Transfer, quiet: bool) -> Result<ExitCode> {
+    let Transfer {
+        remote,
+        client: mut cfg,
+        job,
+        json,
+        manifest,
+        conn,
+    } = t;
     warn_fixed_window(&cfg, quiet);
-    let profile = profile_for(&mut cfg, remote);
-    ramp_helpers_for(&mut cfg, remote, &profile);
+    let profile = profile_for(&mut cfg, &remote);
+    ramp_helpers_for(&mut cfg, &remote, &profile);
     let local = match &job {
         Job::Put(sources) => sources.first(),
         Job::Get(dest) => Some(dest),
@@ -42,8 +37,8 @@ pub async fn run(
     if let (Ok(dir), Some(local)) = (crate::state::state_dir(), local) {
         apply_disk_profile(&mut cfg, &dir, local, matches!(job, Job::Put(_)));
     }
-    let oneshot = start_oneshot(&mut cfg, remote, &args.conn).await?;
-    let progress = Arc::new(Progress::new(quiet || args.json));
+    let oneshot = start_oneshot(&mut cfg, &remote, &conn).await?;
+    let progress = Arc::new(Progress::new(quiet || json));
     let result = match &job {
         Job::Put(sources) => {
             ferry_net::client::put(&cfg, sources, &remote.path, progress.clone()).await
@@ -55,7 +50,7 @@ pub async fn run(
         o.finish().await;
     }
     remember(&result, profile, quiet);
-    finish(result, args, quiet, &progress)
+    finish(result, json, manifest.as_deref(), quiet, &progress)
 }
 
 /// Starts an auto-tuned transfer from the stream count remembered for this server (daemons by
@@ -167,7 +162,8 @@ fn warn_fixed_window(cfg: &ClientConfig, quiet: bool) {
 /// those `progress` printed while the transfer ran are not repeated.
 fn finish(
     result: Result<TransferReport, SessionError>,
-    args: &TransferArgs,
+    json: bool,
+    manifest: Option<&Path>,
     quiet: bool,
     progress: &Progress,
 ) -> Result<ExitCode> {
@@ -193,7 +189,7 @@ fn finish(
             return Err(error);
         }
     };
-    if let Some(path) = &args.manifest {
+    if let Some(path) = manifest {
         let mut text = String::new();
         for (p, d) in &report.manifest {
             text.push_str(&format!("{d}  {p}\n"));
@@ -204,7 +200,7 @@ fn finish(
     for e in report.errors.iter().filter(|e| !progress.was_shown(e)) {
         eprintln!("error: {}", crate::output::clean(e));
     }
-    if args.json {
+    if json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else if !quiet {
         eprintln!("{}", summary_line(&report));
