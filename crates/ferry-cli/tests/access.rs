@@ -1,13 +1,13 @@
 //! The access side of the CLI: `ferry token add|list|revoke`, scoped tokens against a running
 //! server, encryption flags, and a changed server key.
 
-mod common;
+mod util;
 
 use std::fs;
 use std::process::Stdio;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::*;
+use util::*;
 
 const CMD_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -151,34 +151,22 @@ fn tokens_are_added_listed_scoped_and_revoked() {
 /// Starts `ferry serve` on a given port with its own state directory (so its own key).
 fn serve_on(sb: &Sandbox, port: u16, state: &str, extra: &[&str]) -> (ChildGuard, String) {
     let log = sb.path(&format!("{state}.log"));
-    let mut cmd = sb.ferry();
+    let listen = format!("127.0.0.1:{port}");
+    let mut cmd = sb.serve_cmd(&sb.mkdir("root"), &listen, Some(&sb.path("token")));
     cmd.env("FERRY_STATE_DIR", sb.path(state))
-        .arg("serve")
-        .arg("--root")
-        .arg(sb.mkdir("root"))
-        .arg("--listen")
-        .arg(format!("127.0.0.1:{port}"))
-        .arg("--token-file")
-        .arg(sb.path("token"))
         .args(extra)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(fs::File::create(&log).unwrap());
-    let guard = ChildGuard(Some(cmd.spawn().unwrap()));
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let text = fs::read_to_string(&log).unwrap_or_default();
-        if text.contains("ferry: serving") {
-            let fp = text
-                .split_whitespace()
-                .find(|w| w.starts_with("sha256:"))
-                .expect("fingerprint printed")
-                .to_owned();
-            return (guard, fp);
-        }
-        assert!(Instant::now() < deadline, "server not up:\n{text}");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    let mut guard = ChildGuard(Some(cmd.spawn().unwrap()));
+    let text = wait_serving(&mut guard, &log, &listen, Duration::from_secs(5))
+        .unwrap_or_else(|e| panic!("server not up: {e}"));
+    let fp = text
+        .split_whitespace()
+        .find(|w| w.starts_with("sha256:"))
+        .expect("fingerprint printed")
+        .to_owned();
+    (guard, fp)
 }
 
 #[test]

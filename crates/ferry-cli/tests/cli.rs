@@ -1,15 +1,15 @@
 //! End-to-end tests of the `ferry` binary: real processes, real sockets on 127.0.0.1, real
 //! files in per-test temp dirs. Every server is a child process killed on drop.
 
-mod common;
+mod util;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::*;
 use serde_json::Value;
+use util::*;
 
 const MIB: u64 = 1 << 20;
 
@@ -23,26 +23,6 @@ fn make_tree(dir: &Path) {
     write_pattern(&dir.join("sub/deeper/c.bin"), 70_000, 8);
     fs::write(dir.join("sub/b.txt"), b"bee\n").unwrap();
     std::os::unix::fs::symlink("a.txt", dir.join("link")).unwrap();
-}
-
-/// The single JSON document on stdout (fails if there is anything else).
-#[track_caller]
-fn one_json(stdout: &str) -> Value {
-    let mut it = serde_json::Deserializer::from_str(stdout).into_iter::<Value>();
-    let v = it
-        .next()
-        .unwrap_or_else(|| panic!("no JSON on stdout: {stdout:?}"))
-        .unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {stdout:?}"));
-    assert!(
-        it.next().is_none(),
-        "more than one JSON document on stdout: {stdout:?}"
-    );
-    v
-}
-
-fn u64_field(v: &Value, k: &str) -> u64 {
-    v[k].as_u64()
-        .unwrap_or_else(|| panic!("`{k}` is not an unsigned integer in {v}"))
 }
 
 fn f64_field(v: &Value, k: &str) -> f64 {

@@ -12,7 +12,7 @@
 //! Tests that need root, network namespaces or `mount` say why and return when they cannot run,
 //! or fail when `CI` is set (`ferry_netem::needs`).
 
-mod common;
+mod util;
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -23,9 +23,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use common::*;
 use ferry_netem::{needs, BedConfig, Host, Regime, TestBed};
 use serde_json::Value;
+use util::*;
+// The shared helper under the name these tests were written with.
+use util::u64_field as u64_of;
 
 const MIB: u64 = 1 << 20;
 
@@ -126,14 +128,8 @@ impl Serve {
         let n = SEQ.fetch_add(1, Ordering::Relaxed);
         let log = sb.path(&format!("faults-serve-{n}.log"));
         let token_file = sb.path("token");
-        let mut cmd = sb.ferry();
-        cmd.arg("serve")
-            .arg("--root")
-            .arg(root)
-            .args(["--listen", listen])
-            .arg("--token-file")
-            .arg(&token_file)
-            .args(extra)
+        let mut cmd = sb.serve_cmd(root, listen, Some(&token_file));
+        cmd.args(extra)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(fs::File::create(&log).unwrap());
@@ -143,34 +139,18 @@ impl Serve {
         }
         .expect("spawning ferry serve");
         let mut guard = ChildGuard(Some(child));
-        let want = format!(" on {listen}");
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let text = fs::read_to_string(&log).unwrap_or_default();
-            if text
-                .lines()
-                .any(|l| l.starts_with("ferry: serving ") && l.ends_with(&want))
-            {
-                let token = fs::read_to_string(&token_file)
-                    .expect("token file after start")
-                    .trim()
-                    .to_owned();
-                return Ok(Self {
-                    guard,
-                    listen: listen.to_owned(),
-                    log,
-                    token,
-                });
-            }
-            if let Some(status) = guard.child().try_wait().unwrap() {
-                guard.0 = None;
-                return Err(format!("ferry serve exited early ({status}):\n{text}"));
-            }
-            if Instant::now() >= deadline {
-                return Err(format!("ferry serve not ready within 10 s:\n{text}"));
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        wait_serving(&mut guard, &log, listen, Duration::from_secs(10))
+            .map_err(|e| e.to_string())?;
+        let token = fs::read_to_string(&token_file)
+            .expect("token file after start")
+            .trim()
+            .to_owned();
+        Ok(Self {
+            guard,
+            listen: listen.to_owned(),
+            log,
+            token,
+        })
     }
 
     fn start(
@@ -256,13 +236,6 @@ impl Bg {
     }
 }
 
-/// The single JSON document on stdout.
-#[track_caller]
-fn one_json(stdout: &str) -> Value {
-    serde_json::from_str(stdout)
-        .unwrap_or_else(|e| panic!("stdout is not one JSON ({e}): {stdout:?}"))
-}
-
 /// Bytes the last attempt wrote to its data connections (frames, headers included).
 fn wire_bytes(v: &Value) -> u64 {
     v["streams"]
@@ -271,11 +244,6 @@ fn wire_bytes(v: &Value) -> u64 {
         .iter()
         .map(|s| s["bytes"].as_u64().expect("streams[].bytes"))
         .sum()
-}
-
-fn u64_of(v: &Value, k: &str) -> u64 {
-    v[k].as_u64()
-        .unwrap_or_else(|| panic!("`{k}` is not an unsigned integer in {v}"))
 }
 
 /// What an interrupted transfer left in `dir`: temporary files and their journals.
