@@ -4,6 +4,7 @@
 mod util;
 
 use std::fs;
+use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -20,55 +21,7 @@ fn tokens_are_added_listed_scoped_and_revoked() {
     fs::write(root.join("pub/readme.txt"), "hello").unwrap();
     fs::create_dir_all(root.join("private")).unwrap();
 
-    let add = |args: &[&str]| {
-        let out = run(
-            sb.ferry()
-                .args(["token", "add"])
-                .args(args)
-                .arg("--tokens")
-                .arg(&tokens),
-            CMD_TIMEOUT,
-        );
-        assert_code(&out, 0);
-        let t = out.stdout.trim().to_owned();
-        assert_eq!(t.len(), 48, "the token is the only stdout: {out:?}");
-        t
-    };
-    let alice = add(&["alice", "--read", "/pub", "--write", "/incoming/alice"]);
-    let monitor = add(&["monitor", "--read", "/pub", "--read-only"]);
-    // A duplicate name is a usage error; a bad prefix too.
-    let out = run(
-        sb.ferry()
-            .args(["token", "add", "alice", "--tokens"])
-            .arg(&tokens),
-        CMD_TIMEOUT,
-    );
-    assert_code(&out, 2);
-    let out = run(
-        sb.ferry()
-            .args(["token", "add", "evil", "--read", "../etc", "--tokens"])
-            .arg(&tokens),
-        CMD_TIMEOUT,
-    );
-    assert_code(&out, 2);
-
-    let out = run(
-        sb.ferry().args(["token", "list", "--tokens"]).arg(&tokens),
-        CMD_TIMEOUT,
-    );
-    assert_code(&out, 0);
-    assert!(
-        out.stdout
-            .contains("alice\tread /pub\twrite /incoming/alice"),
-        "{out:?}"
-    );
-    assert!(
-        out.stdout.contains("monitor\tread /pub\tread-only"),
-        "{out:?}"
-    );
-    let stored = fs::read_to_string(&tokens).unwrap();
-    assert!(!stored.contains(&alice) && !stored.contains(&monitor));
-    assert!(!out.stdout.contains(&alice));
+    let (alice, monitor) = add_and_list(&sb, &tokens);
 
     let tokens_arg = tokens.to_str().unwrap().to_owned();
     let s = Server::start(&sb, &root, None, &["--tokens", &tokens_arg]);
@@ -146,6 +99,63 @@ fn tokens_are_added_listed_scoped_and_revoked() {
         CMD_TIMEOUT,
     );
     assert_code(&out, 0);
+}
+
+/// Adds the tokens `alice` (reads /pub, writes /incoming/alice) and `monitor` (reads /pub,
+/// read-only) to `tokens`, refuses a duplicate and a bad prefix, and lists them, secrets
+/// nowhere but in `token add`'s output. Returns the two secrets.
+fn add_and_list(sb: &Sandbox, tokens: &Path) -> (String, String) {
+    let tokens = tokens.to_path_buf();
+    let add = |args: &[&str]| {
+        let out = run(
+            sb.ferry()
+                .args(["token", "add"])
+                .args(args)
+                .arg("--tokens")
+                .arg(&tokens),
+            CMD_TIMEOUT,
+        );
+        assert_code(&out, 0);
+        let t = out.stdout.trim().to_owned();
+        assert_eq!(t.len(), 48, "the token is the only stdout: {out:?}");
+        t
+    };
+    let alice = add(&["alice", "--read", "/pub", "--write", "/incoming/alice"]);
+    let monitor = add(&["monitor", "--read", "/pub", "--read-only"]);
+    // A duplicate name is a usage error; a bad prefix too.
+    let out = run(
+        sb.ferry()
+            .args(["token", "add", "alice", "--tokens"])
+            .arg(&tokens),
+        CMD_TIMEOUT,
+    );
+    assert_code(&out, 2);
+    let out = run(
+        sb.ferry()
+            .args(["token", "add", "evil", "--read", "../etc", "--tokens"])
+            .arg(&tokens),
+        CMD_TIMEOUT,
+    );
+    assert_code(&out, 2);
+
+    let out = run(
+        sb.ferry().args(["token", "list", "--tokens"]).arg(&tokens),
+        CMD_TIMEOUT,
+    );
+    assert_code(&out, 0);
+    assert!(
+        out.stdout
+            .contains("alice\tread /pub\twrite /incoming/alice"),
+        "{out:?}"
+    );
+    assert!(
+        out.stdout.contains("monitor\tread /pub\tread-only"),
+        "{out:?}"
+    );
+    let stored = fs::read_to_string(&tokens).unwrap();
+    assert!(!stored.contains(&alice) && !stored.contains(&monitor));
+    assert!(!out.stdout.contains(&alice));
+    (alice, monitor)
 }
 
 /// Starts `ferry serve` on a given port with its own state directory (so its own key).

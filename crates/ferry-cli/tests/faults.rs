@@ -497,6 +497,65 @@ fn unwritten_bound(streams: u64, block: u64, headers: u64) -> i64 {
     ((streams + writers + queued) * block + block + headers) as i64
 }
 
+/// Starts the server again on the same root and port. The old listening socket died with the
+/// process; allow a few tries in case the port is briefly unavailable.
+fn restart_on(sb: &Sandbox, root: &Path, listen: &str) -> Serve {
+    let mut tries = 0;
+    loop {
+        match Serve::try_start(sb, root, listen, None, &[]) {
+            Ok(s) => break s,
+            Err(e) if e.contains("cannot listen") && tries < 25 => {
+                tries += 1;
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            Err(e) => panic!("restart on {listen}: {e}"),
+        }
+    }
+}
+
+/// What the re-run after the server's SIGKILL sent again (its report `v`, for a file of
+/// `size` bytes of which the server kept `left`, `intact` of it whole but not journaled),
+/// against the bounds: a block per stream and one more, plus headers.
+fn resent_after_kill9(v: &Value, size: u64, left: &Leftovers, intact: u64, took: Duration) {
+    let sent2 = wire_bytes(v);
+    let block = u64_of(v, "block_size");
+    let streams = v["streams"].as_array().unwrap().len() as u64;
+    let resent_ub = sent2 as i64 - (size - left.part_bytes) as i64;
+    let beyond_journal = sent2 as i64 - (size - left.journaled) as i64;
+    let redundant = beyond_journal + intact as i64;
+    let headers = 64 << 10;
+    let bound = (streams * block + block + headers) as i64;
+    let bound_ub = unwritten_bound(streams, block, headers);
+    let m = |b: i64| b as f64 / MIB as f64;
+    eprintln!(
+        "kill9: re-run took {:?} ({} attempt(s)), wrote {sent2} bytes ({:.1} MiB) to the wire; \
+         sent again: exactly {redundant} bytes ({:.2} MiB; bound {:.2} MiB = {streams} streams \
+         x {} MiB + 1 block + headers), upper bound vs the part size {resent_ub} bytes \
+         ({:.2} MiB); beyond what the journal proved {beyond_journal} bytes",
+        took,
+        u64_of(v, "attempts"),
+        mib(sent2),
+        m(redundant),
+        m(bound),
+        block / MIB,
+        m(resent_ub)
+    );
+    assert_eq!(block, 8 * MIB, "the session kept 8 MiB blocks");
+    assert!(
+        redundant <= bound,
+        "the re-run sent {redundant} bytes that were already on the server (bound {bound})"
+    );
+    assert!(
+        resent_ub <= bound_ub,
+        "upper bound of bytes sent again {resent_ub} > {bound_ub}"
+    );
+    // The journal's proven blocks are not sent again; the last block always is (file digest).
+    assert!(
+        beyond_journal <= (block + headers) as i64,
+        "the re-run sent {beyond_journal} bytes beyond what the journal did not prove"
+    );
+}
+
 /// The server is SIGKILLed halfway through a 1 GiB put (4 streams, 8 MiB blocks). The client
 /// (`--retry-for 0`) fails with a hint to re-run; the server is restarted on the same root and
 /// port; the same put completes byte-identical and sends again little of what had arrived.
@@ -598,19 +657,8 @@ fn kill9_server_mid_put_resumes_after_restart() {
     );
     assert!(left.journaled <= left.part_bytes);
 
-    // Same root, same port. The old listening socket died with the process; allow a few tries
-    // in case the port is briefly unavailable.
-    let mut tries = 0;
-    let srv2 = loop {
-        match Serve::try_start(&sb, &root, &listen, None, &[]) {
-            Ok(s) => break s,
-            Err(e) if e.contains("cannot listen") && tries < 25 => {
-                tries += 1;
-                std::thread::sleep(Duration::from_millis(200));
-            }
-            Err(e) => panic!("restart on {listen}: {e}"),
-        }
-    };
+    // Same root, same port.
+    let srv2 = restart_on(&sb, &root, &listen);
     assert!(
         wait_until(Duration::from_secs(5), || srv2
             .log()
@@ -623,9 +671,6 @@ fn kill9_server_mid_put_resumes_after_restart() {
     let out2 = run(&mut put(), Duration::from_secs(90));
     assert_code(&out2, 0);
     let v = one_json(&out2.stdout);
-    let sent2 = wire_bytes(&v);
-    let block = u64_of(&v, "block_size");
-    let streams = v["streams"].as_array().unwrap().len() as u64;
     assert_eq!(
         file_b3(&root.join("big.bin")),
         file_b3(&file),
@@ -637,40 +682,7 @@ fn kill9_server_mid_put_resumes_after_restart() {
         "temporary files and journal removed"
     );
 
-    let resent_ub = sent2 as i64 - (size - left.part_bytes) as i64;
-    let beyond_journal = sent2 as i64 - (size - left.journaled) as i64;
-    let redundant = beyond_journal + intact as i64;
-    let headers = 64 << 10;
-    let bound = (streams * block + block + headers) as i64;
-    let bound_ub = unwritten_bound(streams, block, headers);
-    let m = |b: i64| b as f64 / MIB as f64;
-    eprintln!(
-        "kill9: re-run took {:?} ({} attempt(s)), wrote {sent2} bytes ({:.1} MiB) to the wire; \
-         sent again: exactly {redundant} bytes ({:.2} MiB; bound {:.2} MiB = {streams} streams \
-         x {} MiB + 1 block + headers), upper bound vs the part size {resent_ub} bytes \
-         ({:.2} MiB); beyond what the journal proved {beyond_journal} bytes",
-        t2.elapsed(),
-        u64_of(&v, "attempts"),
-        mib(sent2),
-        m(redundant),
-        m(bound),
-        block / MIB,
-        m(resent_ub)
-    );
-    assert_eq!(block, 8 * MIB, "the session kept 8 MiB blocks");
-    assert!(
-        redundant <= bound,
-        "the re-run sent {redundant} bytes that were already on the server (bound {bound})"
-    );
-    assert!(
-        resent_ub <= bound_ub,
-        "upper bound of bytes sent again {resent_ub} > {bound_ub}"
-    );
-    // The journal's proven blocks are not sent again; the last block always is (file digest).
-    assert!(
-        beyond_journal <= (block + headers) as i64,
-        "the re-run sent {beyond_journal} bytes beyond what the journal did not prove"
-    );
+    resent_after_kill9(&v, size, &left, intact, t2.elapsed());
 }
 
 // ---------------------------------------------------------------------------------------------
