@@ -1100,6 +1100,65 @@ fn fill(path: &Path) -> u64 {
     written
 }
 
+/// Stops the put `c` (caught `writing` into `dest`), fills the disk with `filler` and lets the
+/// put go on. Returns how much of the large file was written before, and what the filler took.
+fn fill_while_stopped(c: &mut Bg, writing: bool, dest: &Path, filler: &Path) -> (u64, u64) {
+    // SIGSTOP: the put can send nothing more until the disk is full.
+    let stop = Command::new("kill")
+        .args(["-STOP", &c.guard.pid().to_string()])
+        .status()
+        .unwrap();
+    assert!(stop.success());
+    assert!(
+        writing && c.running(),
+        "the put was not caught writing: {}",
+        c.stderr()
+    );
+    let before = received(dest, "z-big.bin");
+    let filled = fill(filler);
+    let cont = Command::new("kill")
+        .args(["-CONT", &c.guard.pid().to_string()])
+        .status()
+        .unwrap();
+    assert!(cont.success());
+    (before, filled)
+}
+
+/// How the put that ran out of space reported it: exit 1, one file stored, the other failed
+/// with the write's own error, printed once, and nothing of it left in `dest`.
+fn enospc_reported(out: &Out, dest: &Path) {
+    let dest = dest.to_path_buf();
+    assert_code(out, 1);
+    let v = one_json(&out.stdout);
+    // One file stored, one failed, with the write's own error: the file and the full disk.
+    assert_eq!((u64_of(&v, "files"), u64_of(&v, "failed")), (1, 1), "{v}");
+    assert_eq!(
+        v["errors"],
+        serde_json::json!(["writing tree/z-big.bin: No space left on device (os error 28)"]),
+        "{v}"
+    );
+    let errors: Vec<&str> = out
+        .stderr
+        .lines()
+        .filter(|l| l.starts_with("error: "))
+        .collect();
+    assert_eq!(
+        errors,
+        ["error: writing tree/z-big.bin: No space left on device (os error 28)"],
+        "{}",
+        out.stderr
+    );
+    assert!(
+        !dest.join("z-big.bin").exists(),
+        "a file under its final name"
+    );
+    assert_eq!(
+        names(&dest),
+        ["a-small.bin"],
+        "leftovers of the failed file"
+    );
+}
+
 /// The offer fits, then something else takes the space while the file is being written: on a
 /// 320 MiB tmpfs, a put of a tree (a small file, then a 200 MiB one) is stopped (SIGSTOP)
 /// once the small file is in place and the large one's temporary file exists; a filler file
@@ -1145,25 +1204,8 @@ fn destination_fills_while_writing_fails_clearly_then_resumes_with_space() {
     let writing = wait_until(Duration::from_secs(30), || {
         (dest.join("a-small.bin").exists() && leftovers(&dest).part.is_some()) || !c.running()
     });
-    // SIGSTOP: the put can send nothing more until the disk is full.
-    let stop = Command::new("kill")
-        .args(["-STOP", &c.guard.pid().to_string()])
-        .status()
-        .unwrap();
-    assert!(stop.success());
-    assert!(
-        writing && c.running(),
-        "the put was not caught writing: {}",
-        c.stderr()
-    );
-    let before = received(&dest, "z-big.bin");
     let filler = sb.path("small/filler");
-    let filled = fill(&filler);
-    let cont = Command::new("kill")
-        .args(["-CONT", &c.guard.pid().to_string()])
-        .status()
-        .unwrap();
-    assert!(cont.success());
+    let (before, filled) = fill_while_stopped(&mut c, writing, &dest, &filler);
     let out = c.wait(Duration::from_secs(60));
     let t = Instant::now();
     // The failed file's temporary file is removed when it fails; its blocks are freed when the
@@ -1187,35 +1229,7 @@ fn destination_fills_while_writing_fails_clearly_then_resumes_with_space() {
         before < 200 * MIB,
         "the large file was complete before the disk filled"
     );
-    assert_code(&out, 1);
-    let v = one_json(&out.stdout);
-    // One file stored, one failed, with the write's own error: the file and the full disk.
-    assert_eq!((u64_of(&v, "files"), u64_of(&v, "failed")), (1, 1), "{v}");
-    assert_eq!(
-        v["errors"],
-        serde_json::json!(["writing tree/z-big.bin: No space left on device (os error 28)"]),
-        "{v}"
-    );
-    let errors: Vec<&str> = out
-        .stderr
-        .lines()
-        .filter(|l| l.starts_with("error: "))
-        .collect();
-    assert_eq!(
-        errors,
-        ["error: writing tree/z-big.bin: No space left on device (os error 28)"],
-        "{}",
-        out.stderr
-    );
-    assert!(
-        !dest.join("z-big.bin").exists(),
-        "a file under its final name"
-    );
-    assert_eq!(
-        names(&dest),
-        ["a-small.bin"],
-        "leftovers of the failed file"
-    );
+    enospc_reported(&out, &dest);
     assert!(
         given_back,
         "the failed file's space was not given back: {:.1} MiB used, the filler holds {:.1} MiB",
