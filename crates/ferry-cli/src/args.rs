@@ -45,6 +45,22 @@ pub enum Command {
     Token(TokenCommand),
 }
 
+impl Command {
+    /// The output format asked for, for the commands that print a report.
+    pub fn output(&self) -> Option<&OutputArgs> {
+        match self {
+            Command::Put(a) => Some(&a.transfer.output),
+            Command::Get(a) => Some(&a.transfer.output),
+            Command::Ls(a) => Some(&a.output),
+            Command::Demo(a) => Some(&a.output),
+            Command::Probe(ProbeCommand::Host(a)) => Some(&a.output),
+            Command::Probe(ProbeCommand::Disk(a)) => Some(&a.output),
+            Command::Probe(ProbeCommand::Net(a)) => Some(&a.output),
+            Command::Serve(_) | Command::Token(_) => None,
+        }
+    }
+}
+
 #[derive(Subcommand, Debug)]
 pub enum TokenCommand {
     /// Create a token and print it (once: only its hash is kept).
@@ -86,8 +102,41 @@ pub struct TokenRevokeArgs {
     pub file: TokenFileArgs,
 }
 
-/// How the client reaches and trusts a server.
+/// The output format of a command that prints a report: text for people, or JSON.
+#[derive(Args, Debug, Clone, Default)]
+pub struct OutputArgs {
+    /// Print the report as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Whom the client logs in as: the token, or where to find it.
+#[derive(Args, Debug, Clone, Default)]
+pub struct AuthArgs {
+    /// Access token (else FERRY_TOKEN, else the config file).
+    #[arg(long)]
+    pub token: Option<String>,
+    /// Client config file (default: $XDG_CONFIG_HOME/ferry/config.toml).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+}
+
+/// How long a client waits for a server, and keeps trying.
 #[derive(Args, Debug, Clone)]
+pub struct WaitArgs {
+    /// How long to wait for a connection, e.g. 15s or 1m (a plain number is seconds).
+    #[arg(long, default_value = "15s", value_name = "DURATION")]
+    pub connect_timeout: String,
+    /// Keep retrying, with backoff, after failures that a retry can fix (connection lost,
+    /// server busy) for this long, e.g. 3m, 90s, 0 for never. Each retry resumes. A server
+    /// that has not answered once is retried for a few seconds only; a name that does not
+    /// resolve, not at all.
+    #[arg(long, default_value = "3m", value_name = "DURATION")]
+    pub retry_for: String,
+}
+
+/// How the client reaches and trusts a server.
+#[derive(Args, Debug, Clone, Default)]
 pub struct ConnArgs {
     /// Plain TCP instead of TLS: anyone on the path can read and change the data. Only works
     /// against a server started with --allow-plaintext.
@@ -164,6 +213,9 @@ pub enum ProbeCommand {
 }
 
 #[derive(Args, Debug)]
+#[command(mut_arg("token", |a| a.help(
+    "Access token (else FERRY_TOKEN, else the config file); any token with a read scope"
+)))]
 pub struct ProbeNetArgs {
     /// The server, HOST[:PORT] (port 7070 by default; IPv6 as [::1]:7070).
     pub endpoint: String,
@@ -197,15 +249,10 @@ pub struct ProbeNetArgs {
     /// Do not save the result as this endpoint's profile.
     #[arg(long)]
     pub no_save: bool,
-    /// Print the report as JSON.
-    #[arg(long)]
-    pub json: bool,
-    /// Access token (else FERRY_TOKEN, else the config file); any token with a read scope.
-    #[arg(long)]
-    pub token: Option<String>,
-    /// Client config file (default: $XDG_CONFIG_HOME/ferry/config.toml).
-    #[arg(long)]
-    pub config: Option<PathBuf>,
+    #[command(flatten)]
+    pub output: OutputArgs,
+    #[command(flatten)]
+    pub auth: AuthArgs,
     #[command(flatten)]
     pub conn: ConnArgs,
 }
@@ -221,9 +268,8 @@ pub struct ProbeHostArgs {
     /// Shorter speed measurements.
     #[arg(long)]
     pub quick: bool,
-    /// Print the report as JSON.
-    #[arg(long)]
-    pub json: bool,
+    #[command(flatten)]
+    pub output: OutputArgs,
 }
 
 #[derive(Args, Debug)]
@@ -239,9 +285,8 @@ pub struct ProbeDiskArgs {
     /// Most threads to try.
     #[arg(long)]
     pub max_threads: Option<usize>,
-    /// Print the report as JSON.
-    #[arg(long)]
-    pub json: bool,
+    #[command(flatten)]
+    pub output: OutputArgs,
     /// Do not save the result as this file system's profile (which transfers start from).
     #[arg(long)]
     pub no_save: bool,
@@ -302,6 +347,7 @@ pub struct ServeArgs {
 
 /// Options shared by put and get.
 #[derive(Args, Debug, Clone)]
+#[command(mut_arg("json", |a| a.help("Write a summary as JSON to stdout")))]
 pub struct TransferArgs {
     /// Parallel TCP data connections: `auto` (measure and adapt during the transfer, starting
     /// from what worked last time for this server) or a fixed number.
@@ -332,27 +378,15 @@ pub struct TransferArgs {
     /// Threads writing on the receiving side. Default: like --readers; a number fixes it
     #[arg(long)]
     pub writers: Option<usize>,
-    /// Write a summary as JSON to stdout.
-    #[arg(long)]
-    pub json: bool,
+    #[command(flatten)]
+    pub output: OutputArgs,
     /// Write one line per file in `b3sum`/`md5sum` format (digest, two spaces, path).
     #[arg(long)]
     pub manifest: Option<PathBuf>,
-    /// Access token (else FERRY_TOKEN, else the config file).
-    #[arg(long)]
-    pub token: Option<String>,
-    /// Client config file (default: $XDG_CONFIG_HOME/ferry/config.toml).
-    #[arg(long)]
-    pub config: Option<PathBuf>,
-    /// How long to wait for a connection, e.g. 15s or 1m (a plain number is seconds).
-    #[arg(long, default_value = "15s", value_name = "DURATION")]
-    pub connect_timeout: String,
-    /// Keep retrying, with backoff, after failures that a retry can fix (connection lost,
-    /// server busy) for this long, e.g. 3m, 90s, 0 for never. Each retry resumes. A server
-    /// that has not answered once is retried for a few seconds only; a name that does not
-    /// resolve, not at all.
-    #[arg(long, default_value = "3m", value_name = "DURATION")]
-    pub retry_for: String,
+    #[command(flatten)]
+    pub auth: AuthArgs,
+    #[command(flatten)]
+    pub wait: WaitArgs,
     #[command(flatten)]
     pub conn: ConnArgs,
 }
@@ -385,29 +419,25 @@ pub struct GetArgs {
 }
 
 #[derive(Args, Debug)]
+#[command(mut_arg("json", |a| a.help("Print entries as JSON")))]
+#[command(mut_arg("retry_for", |a| a.help(
+    "Keep retrying after failures that a retry can fix, as put and get do"
+)))]
 pub struct LsArgs {
     /// Remote directory HOST[:PORT]:PATH.
     pub remote: String,
-    /// Print entries as JSON.
-    #[arg(long)]
-    pub json: bool,
-    /// Access token (else FERRY_TOKEN, else the config file).
-    #[arg(long)]
-    pub token: Option<String>,
-    /// Client config file (default: $XDG_CONFIG_HOME/ferry/config.toml).
-    #[arg(long)]
-    pub config: Option<PathBuf>,
-    /// How long to wait for a connection, e.g. 15s or 1m (a plain number is seconds).
-    #[arg(long, default_value = "15s", value_name = "DURATION")]
-    pub connect_timeout: String,
-    /// Keep retrying after failures that a retry can fix, as put and get do.
-    #[arg(long, default_value = "3m", value_name = "DURATION")]
-    pub retry_for: String,
+    #[command(flatten)]
+    pub output: OutputArgs,
+    #[command(flatten)]
+    pub auth: AuthArgs,
+    #[command(flatten)]
+    pub wait: WaitArgs,
     #[command(flatten)]
     pub conn: ConnArgs,
 }
 
 #[derive(Args, Debug)]
+#[command(mut_arg("json", |a| a.help("Print the results as JSON to stdout")))]
 pub struct DemoArgs {
     /// Size of the large file.
     #[arg(long, default_value = "1G")]
@@ -423,9 +453,8 @@ pub struct DemoArgs {
     pub dir: Option<PathBuf>,
     #[arg(long, default_value_t = 4)]
     pub streams: u16,
-    /// Print the results as JSON to stdout.
-    #[arg(long)]
-    pub json: bool,
+    #[command(flatten)]
+    pub output: OutputArgs,
 }
 
 #[cfg(test)]

@@ -1,5 +1,6 @@
 //! Second stage of argument handling: raw arguments become resolved settings (sizes parsed,
-//! remotes split, the token found), with errors that say what to type instead.
+//! remotes split, the token found), with errors that say what to type instead. A command
+//! resolves all its arguments here before it does anything ([`Transfer`], [`Listing`]).
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -8,9 +9,8 @@ use anyhow::{bail, Context, Result};
 use ferry_net::{ClientConfig, KnownHosts, Security, ServerTrust};
 use ferry_proto::{ExistingPolicy, TransferOpts, MAX_BLOCK_DATA};
 
-use crate::args::{ConnArgs, TransferArgs};
-
-pub const DEFAULT_PORT: u16 = 7070;
+use crate::args::{AuthArgs, ConnArgs, GetArgs, LsArgs, PutArgs, TransferArgs, WaitArgs};
+use crate::remote::Remote;
 
 /// Parses `8M`, `16MiB`, `4096`, `1G` (binary units; a trailing `B`/`iB` is optional).
 pub fn parse_size(s: &str) -> Result<u64> {
@@ -55,161 +55,6 @@ pub fn parse_duration(s: &str) -> Result<Duration> {
     n.checked_mul(per)
         .map(Duration::from_secs)
         .with_context(|| format!("`{s}` is too long"))
-}
-
-/// A usage error with advice (`Hinted`): `main` prints the hint on its own line.
-fn hinted(error: String, hint: String) -> anyhow::Error {
-    anyhow::Error::new(crate::Hinted {
-        error: anyhow::anyhow!(error),
-        hint,
-    })
-}
-
-/// A remote location `HOST[:PORT]:PATH`; IPv6 hosts in brackets: `[::1]:7070:/data`.
-/// `USER@HOST:PATH` means a session started over ssh (no port: ssh's own config decides).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Remote {
-    pub host: String,
-    pub port: u16,
-    pub path: String,
-    /// Set for `USER@HOST:PATH`.
-    pub ssh_user: Option<String>,
-}
-
-impl Remote {
-    pub fn parse(s: &str) -> Result<Self> {
-        let (host, rest) = if let Some(stripped) = s.strip_prefix('[') {
-            let (h, rest) = stripped
-                .split_once(']')
-                .with_context(|| format!("`{s}`: missing `]` after IPv6 host"))?;
-            (
-                h.to_owned(),
-                rest.strip_prefix(':')
-                    .with_context(|| format!("`{s}`: expected `:PATH` after the host"))?,
-            )
-        } else {
-            let (h, rest) = s
-                .split_once(':')
-                .with_context(|| format!("`{s}` is not a remote (expected HOST[:PORT]:PATH)"))?;
-            (h.to_owned(), rest)
-        };
-        if host.is_empty() {
-            bail!("`{s}`: empty host (expected HOST[:PORT]:PATH)");
-        }
-        if let Some((user, h)) = host.rsplit_once('@') {
-            if user.is_empty() || h.is_empty() {
-                bail!("`{s}`: expected USER@HOST:PATH");
-            }
-            return Ok(Self {
-                host: h.to_owned(),
-                port: DEFAULT_PORT,
-                path: rest.to_owned(),
-                ssh_user: Some(user.to_owned()),
-            });
-        }
-        let shown = if host.contains(':') {
-            format!("[{host}]")
-        } else {
-            host.clone()
-        };
-        let is_port = |p: &str| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit());
-        let (port, path) = match rest.split_once(':') {
-            Some((p, path)) if is_port(p) => (
-                p.parse()
-                    .with_context(|| format!("`{s}`: port {p} is out of range"))?,
-                path,
-            ),
-            // `HOST:WORD:/PATH`: WORD stands where a port goes, and a path rarely begins
-            // with `WORD:/`; taking it as one would send to port 7070 what was meant elsewhere.
-            Some((p, path)) if path.starts_with('/') && !p.contains('/') => {
-                return Err(hinted(
-                    format!("`{s}`: `{p}` is not a port"),
-                    format!("did you mean {shown}:{path} (port {DEFAULT_PORT}) or {shown}:PORT:{path} ?"),
-                ));
-            }
-            // `HOST:PORT` with no path: read as the path `PORT` on port 7070, it would send to
-            // the wrong place (or retry a closed port).
-            None if is_port(rest) => {
-                return Err(hinted(
-                    format!("`{s}` has no path"),
-                    format!("did you mean {shown}:{rest}:/ ?"),
-                ));
-            }
-            _ => (DEFAULT_PORT, rest),
-        };
-        Ok(Self {
-            host,
-            port,
-            path: if path.is_empty() {
-                "/".into()
-            } else {
-                path.to_owned()
-            },
-            ssh_user: None,
-        })
-    }
-
-    /// `user@host` for ssh.
-    pub fn ssh_target(&self) -> Option<String> {
-        self.ssh_user.as_ref().map(|u| format!("{u}@{}", self.host))
-    }
-
-    /// Whether a command-line word names a remote rather than a local path.
-    pub fn looks_remote(s: &str) -> bool {
-        if s.starts_with('/') || s.starts_with("./") || s.starts_with("../") {
-            return false;
-        }
-        s.starts_with('[')
-            || s.split_once(':')
-                .is_some_and(|(h, _)| !h.is_empty() && !h.contains('/'))
-    }
-
-    /// A server without a path: `HOST`, `HOST:PORT`, `[V6]` or `[V6]:PORT`.
-    pub fn parse_endpoint(s: &str) -> Result<Self> {
-        let (host, port) = if let Some(stripped) = s.strip_prefix('[') {
-            let (h, rest) = stripped
-                .split_once(']')
-                .with_context(|| format!("`{s}`: missing `]` after IPv6 host"))?;
-            match rest {
-                "" => (h, None),
-                r => (
-                    h,
-                    Some(
-                        r.strip_prefix(':')
-                            .with_context(|| format!("`{s}`: expected `:PORT` after the host"))?,
-                    ),
-                ),
-            }
-        } else {
-            match s.split_once(':') {
-                Some((h, p)) => (h, Some(p)),
-                None => (s, None),
-            }
-        };
-        if host.is_empty() || host.contains('@') || host.contains('/') {
-            bail!("`{s}` is not a server (expected HOST[:PORT])");
-        }
-        let port = match port {
-            None => DEFAULT_PORT,
-            Some(p) => p
-                .parse()
-                .with_context(|| format!("`{s}`: `{p}` is not a port (expected HOST[:PORT])"))?,
-        };
-        Ok(Self {
-            host: host.to_owned(),
-            port,
-            path: "/".into(),
-            ssh_user: None,
-        })
-    }
-
-    pub fn server(&self) -> String {
-        if self.host.contains(':') {
-            format!("[{}]:{}", self.host, self.port)
-        } else {
-            format!("{}:{}", self.host, self.port)
-        }
-    }
 }
 
 /// The client config file: a default token and per-host tokens.
@@ -263,7 +108,8 @@ pub fn default_config_path() -> Option<PathBuf> {
 }
 
 /// Finds the token: `--token`/`FERRY_TOKEN`, else the config file (per host, then default).
-pub fn resolve_token(explicit: Option<&str>, config: Option<&Path>, host: &str) -> Result<String> {
+pub fn resolve_token(auth: &AuthArgs, host: &str) -> Result<String> {
+    let (explicit, config) = (auth.token.as_deref(), auth.config.as_deref());
     if let Some(t) = crate::args::token_given(explicit) {
         return Ok(t);
     }
@@ -307,15 +153,14 @@ pub fn parse_streams(s: &str) -> Result<Option<u16>> {
 /// A client for sessions that move no files (`ls`, `probe net`): the token and trust of a
 /// transfer, one stream, no retries.
 pub fn control_config(
-    token: Option<&str>,
-    config: Option<&Path>,
+    auth: &AuthArgs,
     conn: &ConnArgs,
     remote: &Remote,
     idle_timeout: Duration,
 ) -> Result<ClientConfig> {
     Ok(ClientConfig {
         server: remote.server(),
-        token: resolve_token(token, config, &remote.host)?,
+        token: resolve_token(auth, &remote.host)?,
         opts: TransferOpts {
             streams: 1,
             block_size: 1 << 20,
@@ -448,8 +293,9 @@ pub fn client_config(args: &TransferArgs, remote: &Remote) -> Result<ClientConfi
     let token = if remote.ssh_user.is_some() {
         String::new()
     } else {
-        resolve_token(args.token.as_deref(), args.config.as_deref(), &remote.host)?
+        resolve_token(&args.auth, &remote.host)?
     };
+    let (connect_timeout, retry_for) = waits(&args.wait)?;
     Ok(ClientConfig {
         server: remote.server(),
         token,
@@ -475,12 +321,10 @@ pub fn client_config(args: &TransferArgs, remote: &Remote) -> Result<ClientConfi
         } else {
             "default"
         },
-        connect_timeout: parse_duration(&args.connect_timeout)
-            .context("--connect-timeout")?
-            .max(Duration::from_secs(1)),
+        connect_timeout,
         idle_timeout: Duration::from_secs(120),
         corrupt_blocks: Vec::new(),
-        retry_for: parse_duration(&args.retry_for).context("--retry-for")?,
+        retry_for,
         security: security(&args.conn, &remote.server())?,
         start_from: Default::default(),
         force_streams: None,
@@ -490,6 +334,110 @@ pub fn client_config(args: &TransferArgs, remote: &Remote) -> Result<ClientConfi
         modes: Default::default(),
         links: Default::default(),
     })
+}
+
+/// `--connect-timeout` (at least a second) and `--retry-for`.
+pub fn waits(args: &WaitArgs) -> Result<(Duration, Duration)> {
+    let connect = parse_duration(&args.connect_timeout)
+        .context("--connect-timeout")?
+        .max(Duration::from_secs(1));
+    let retry_for = parse_duration(&args.retry_for).context("--retry-for")?;
+    Ok((connect, retry_for))
+}
+
+/// Which way a transfer's files go, and its local side.
+pub enum Job {
+    /// Local sources, sent to the remote path.
+    Put(Vec<PathBuf>),
+    /// From the remote path to a local destination.
+    Get(PathBuf),
+}
+
+/// A put or a get resolved from its arguments: everything the transfer runs from.
+pub struct Transfer {
+    pub remote: Remote,
+    pub client: ClientConfig,
+    pub job: Job,
+    pub json: bool,
+    pub manifest: Option<PathBuf>,
+    /// How to start a session over ssh, for `USER@HOST:PATH`.
+    pub conn: ConnArgs,
+}
+
+impl Transfer {
+    /// `put SOURCES... DEST`: the last path is the remote; none of the others may look remote
+    /// unless it exists locally.
+    pub fn put(args: PutArgs) -> Result<Self> {
+        let (dest, sources) = args.paths.split_last().context("nothing to send")?;
+        let remote = Remote::parse(dest)
+            .context("the last argument of put is the destination, HOST[:PORT]:PATH")?;
+        if let Some(s) = sources
+            .iter()
+            .find(|s| Remote::looks_remote(s) && !Path::new(s).exists())
+        {
+            bail!("`{s}` looks remote; put sends local paths (use get to fetch)");
+        }
+        let mut client = client_config(&args.transfer, &remote)?;
+        // This process ends with the put (the demo, which hosts a server, leaves it off).
+        client.drain_at_end = true;
+        let job = Job::Put(sources.iter().map(PathBuf::from).collect());
+        Ok(Self::new(remote, client, job, args.transfer))
+    }
+
+    /// `get SOURCE DEST`.
+    pub fn get(args: GetArgs) -> Result<Self> {
+        let remote = Remote::parse(&args.remote)
+            .context("the first argument of get is the source, HOST[:PORT]:PATH")?;
+        let mut client = client_config(&args.transfer, &remote)?;
+        if args.safe_links {
+            client.links = ferry_core::recv::Links::InTree;
+        }
+        if args.keep_modes {
+            client.modes = ferry_core::recv::Modes::Keep;
+        }
+        Ok(Self::new(
+            remote,
+            client,
+            Job::Get(args.dest),
+            args.transfer,
+        ))
+    }
+
+    fn new(remote: Remote, client: ClientConfig, job: Job, args: TransferArgs) -> Self {
+        Self {
+            remote,
+            client,
+            job,
+            json: args.output.json,
+            manifest: args.manifest,
+            conn: args.conn,
+        }
+    }
+}
+
+/// An `ls` resolved from its arguments.
+pub struct Listing {
+    pub remote: Remote,
+    pub client: ClientConfig,
+    pub json: bool,
+}
+
+impl Listing {
+    pub fn new(args: &LsArgs) -> Result<Self> {
+        let remote =
+            Remote::parse(&args.remote).context("ls takes a remote directory, HOST[:PORT]:PATH")?;
+        if remote.ssh_user.is_some() {
+            bail!("ls needs a running `ferry serve` (HOST[:PORT]:PATH); over ssh, use ssh itself");
+        }
+        let mut client = control_config(&args.auth, &args.conn, &remote, Duration::from_secs(60))?;
+        // The same waits and retries as a transfer.
+        (client.connect_timeout, client.retry_for) = waits(&args.wait)?;
+        Ok(Self {
+            remote,
+            client,
+            json: args.output.json,
+        })
+    }
 }
 
 #[cfg(test)]
@@ -525,64 +473,5 @@ mod tests {
         assert!(parse_streams("0").is_err());
         assert!(parse_streams("257").is_err());
         assert!(parse_streams("many").is_err());
-    }
-
-    #[test]
-    fn remotes() {
-        let r = Remote::parse("dtn2:/incoming/").unwrap();
-        assert_eq!(
-            (r.host.as_str(), r.port, r.path.as_str()),
-            ("dtn2", 7070, "/incoming/")
-        );
-        let r = Remote::parse("dtn2:7071:/x").unwrap();
-        assert_eq!((r.port, r.path.as_str()), (7071, "/x"));
-        let r = Remote::parse("[::1]:9000:/d").unwrap();
-        assert_eq!(
-            (r.host.as_str(), r.port, r.server()),
-            ("::1", 9000, "[::1]:9000".to_string())
-        );
-        assert!(Remote::parse("nocolon").is_err());
-        // A port with no path, or a word where the port goes: refused, with the likely meaning.
-        let hint = |s: &str| {
-            let e = Remote::parse(s).unwrap_err();
-            e.downcast_ref::<crate::Hinted>()
-                .map(|h| h.hint.clone())
-                .unwrap_or_else(|| panic!("{s}: no hint in {e:#}"))
-        };
-        assert_eq!(hint("127.0.0.1:7171"), "did you mean 127.0.0.1:7171:/ ?");
-        assert_eq!(hint("[::1]:7171"), "did you mean [::1]:7171:/ ?");
-        assert!(hint("dtn2:notaport:/x").starts_with("did you mean dtn2:/x "));
-        assert!(hint("dtn2::/x").starts_with("did you mean dtn2:/x "));
-        // Still paths: a name with a colon, a relative path, ssh's USER@HOST:PATH.
-        assert_eq!(Remote::parse("dtn2:a:b").unwrap().path, "a:b");
-        assert_eq!(Remote::parse("dtn2:7171:").unwrap().path, "/");
-        assert_eq!(Remote::parse("dtn2:run42").unwrap().path, "run42");
-        assert_eq!(Remote::parse("al@dtn2:7171").unwrap().path, "7171");
-        let r = Remote::parse("alice@dtn2:data/run1").unwrap();
-        assert_eq!(
-            (r.ssh_target().unwrap().as_str(), r.path.as_str()),
-            ("alice@dtn2", "data/run1")
-        );
-        let r = Remote::parse("alice@dtn2:/abs").unwrap();
-        assert_eq!(r.path, "/abs");
-        assert!(Remote::parse("@dtn2:/x").is_err());
-        assert!(Remote::looks_remote("alice@dtn2:/x"));
-        assert!(Remote::looks_remote("host:/p"));
-        assert!(!Remote::looks_remote("./a:b"));
-        assert!(!Remote::looks_remote("/abs/path"));
-        assert!(!Remote::looks_remote("plain"));
-    }
-
-    #[test]
-    fn endpoints() {
-        let e = |s: &str| Remote::parse_endpoint(s).map(|r| r.server());
-        assert_eq!(e("dtn2").unwrap(), "dtn2:7070");
-        assert_eq!(e("dtn2:7071").unwrap(), "dtn2:7071");
-        assert_eq!(e("[::1]:9000").unwrap(), "[::1]:9000");
-        assert_eq!(e("[::1]").unwrap(), "[::1]:7070");
-        assert!(e("dtn2:/data").is_err());
-        assert!(e("alice@dtn2").is_err());
-        assert!(e(":7070").is_err());
-        assert!(e("dtn2:99999").is_err());
     }
 }

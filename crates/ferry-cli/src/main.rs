@@ -7,59 +7,23 @@
 mod args;
 mod commands;
 mod config;
+mod error;
 mod output;
 mod profiles;
 mod progress;
+mod remote;
 mod ssh;
+mod state;
 
 use std::process::ExitCode;
 
 use clap::Parser;
 
-/// An error in what the user asked for (exit code 2), as opposed to a failed transfer (1).
-#[derive(Debug)]
-pub struct UsageError(pub anyhow::Error);
-
-impl std::fmt::Display for UsageError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{:#}", self.0)
-    }
-}
-
-impl std::error::Error for UsageError {}
-
-pub fn usage(e: anyhow::Error) -> anyhow::Error {
-    anyhow::Error::new(UsageError(e))
-}
-
-/// A failure with advice for the user, printed after the error itself.
-#[derive(Debug)]
-pub struct Hinted {
-    pub error: anyhow::Error,
-    pub hint: String,
-}
-
-impl std::fmt::Display for Hinted {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{:#}", self.error)
-    }
-}
-
-impl std::error::Error for Hinted {}
+use crate::error::{Hinted, UsageError};
 
 /// Whether the command asked for JSON on stdout.
 fn wants_json(cli: &args::Cli) -> bool {
-    use args::{Command, ProbeCommand};
-    match &cli.command {
-        Command::Put(a) => a.transfer.json,
-        Command::Get(a) => a.transfer.json,
-        Command::Ls(a) => a.json,
-        Command::Demo(a) => a.json,
-        Command::Probe(ProbeCommand::Host(a)) => a.json,
-        Command::Probe(ProbeCommand::Disk(a)) => a.json,
-        Command::Probe(ProbeCommand::Net(a)) => a.json,
-        Command::Serve(_) | Command::Token(_) => false,
-    }
+    cli.command.output().is_some_and(|o| o.json)
 }
 
 /// The failure as the one JSON document on stdout: `{"error": {"message", "kind", "hint",

@@ -88,7 +88,7 @@ impl Profiles {
     /// In the client's state directory: `$FERRY_STATE_DIR`, `$XDG_STATE_HOME/ferry` or
     /// `~/.local/state/ferry`.
     pub fn default_location() -> Option<Self> {
-        crate::commands::state_dir().ok().map(Self::new)
+        crate::state::state_dir().ok().map(Self::new)
     }
 
     pub fn dir(&self) -> &Path {

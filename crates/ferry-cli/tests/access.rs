@@ -1,13 +1,14 @@
 //! The access side of the CLI: `ferry token add|list|revoke`, scoped tokens against a running
 //! server, encryption flags, and a changed server key.
 
-mod common;
+mod util;
 
 use std::fs;
+use std::path::Path;
 use std::process::Stdio;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::*;
+use util::*;
 
 const CMD_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -20,55 +21,7 @@ fn tokens_are_added_listed_scoped_and_revoked() {
     fs::write(root.join("pub/readme.txt"), "hello").unwrap();
     fs::create_dir_all(root.join("private")).unwrap();
 
-    let add = |args: &[&str]| {
-        let out = run(
-            sb.ferry()
-                .args(["token", "add"])
-                .args(args)
-                .arg("--tokens")
-                .arg(&tokens),
-            CMD_TIMEOUT,
-        );
-        assert_code(&out, 0);
-        let t = out.stdout.trim().to_owned();
-        assert_eq!(t.len(), 48, "the token is the only stdout: {out:?}");
-        t
-    };
-    let alice = add(&["alice", "--read", "/pub", "--write", "/incoming/alice"]);
-    let monitor = add(&["monitor", "--read", "/pub", "--read-only"]);
-    // A duplicate name is a usage error; a bad prefix too.
-    let out = run(
-        sb.ferry()
-            .args(["token", "add", "alice", "--tokens"])
-            .arg(&tokens),
-        CMD_TIMEOUT,
-    );
-    assert_code(&out, 2);
-    let out = run(
-        sb.ferry()
-            .args(["token", "add", "evil", "--read", "../etc", "--tokens"])
-            .arg(&tokens),
-        CMD_TIMEOUT,
-    );
-    assert_code(&out, 2);
-
-    let out = run(
-        sb.ferry().args(["token", "list", "--tokens"]).arg(&tokens),
-        CMD_TIMEOUT,
-    );
-    assert_code(&out, 0);
-    assert!(
-        out.stdout
-            .contains("alice\tread /pub\twrite /incoming/alice"),
-        "{out:?}"
-    );
-    assert!(
-        out.stdout.contains("monitor\tread /pub\tread-only"),
-        "{out:?}"
-    );
-    let stored = fs::read_to_string(&tokens).unwrap();
-    assert!(!stored.contains(&alice) && !stored.contains(&monitor));
-    assert!(!out.stdout.contains(&alice));
+    let (alice, monitor) = add_and_list(&sb, &tokens);
 
     let tokens_arg = tokens.to_str().unwrap().to_owned();
     let s = Server::start(&sb, &root, None, &["--tokens", &tokens_arg]);
@@ -148,37 +101,82 @@ fn tokens_are_added_listed_scoped_and_revoked() {
     assert_code(&out, 0);
 }
 
+/// Adds the tokens `alice` (reads /pub, writes /incoming/alice) and `monitor` (reads /pub,
+/// read-only) to `tokens`, refuses a duplicate and a bad prefix, and lists them, secrets
+/// nowhere but in `token add`'s output. Returns the two secrets.
+fn add_and_list(sb: &Sandbox, tokens: &Path) -> (String, String) {
+    let tokens = tokens.to_path_buf();
+    let add = |args: &[&str]| {
+        let out = run(
+            sb.ferry()
+                .args(["token", "add"])
+                .args(args)
+                .arg("--tokens")
+                .arg(&tokens),
+            CMD_TIMEOUT,
+        );
+        assert_code(&out, 0);
+        let t = out.stdout.trim().to_owned();
+        assert_eq!(t.len(), 48, "the token is the only stdout: {out:?}");
+        t
+    };
+    let alice = add(&["alice", "--read", "/pub", "--write", "/incoming/alice"]);
+    let monitor = add(&["monitor", "--read", "/pub", "--read-only"]);
+    // A duplicate name is a usage error; a bad prefix too.
+    let out = run(
+        sb.ferry()
+            .args(["token", "add", "alice", "--tokens"])
+            .arg(&tokens),
+        CMD_TIMEOUT,
+    );
+    assert_code(&out, 2);
+    let out = run(
+        sb.ferry()
+            .args(["token", "add", "evil", "--read", "../etc", "--tokens"])
+            .arg(&tokens),
+        CMD_TIMEOUT,
+    );
+    assert_code(&out, 2);
+
+    let out = run(
+        sb.ferry().args(["token", "list", "--tokens"]).arg(&tokens),
+        CMD_TIMEOUT,
+    );
+    assert_code(&out, 0);
+    assert!(
+        out.stdout
+            .contains("alice\tread /pub\twrite /incoming/alice"),
+        "{out:?}"
+    );
+    assert!(
+        out.stdout.contains("monitor\tread /pub\tread-only"),
+        "{out:?}"
+    );
+    let stored = fs::read_to_string(&tokens).unwrap();
+    assert!(!stored.contains(&alice) && !stored.contains(&monitor));
+    assert!(!out.stdout.contains(&alice));
+    (alice, monitor)
+}
+
 /// Starts `ferry serve` on a given port with its own state directory (so its own key).
 fn serve_on(sb: &Sandbox, port: u16, state: &str, extra: &[&str]) -> (ChildGuard, String) {
     let log = sb.path(&format!("{state}.log"));
-    let mut cmd = sb.ferry();
+    let listen = format!("127.0.0.1:{port}");
+    let mut cmd = sb.serve_cmd(&sb.mkdir("root"), &listen, Some(&sb.path("token")));
     cmd.env("FERRY_STATE_DIR", sb.path(state))
-        .arg("serve")
-        .arg("--root")
-        .arg(sb.mkdir("root"))
-        .arg("--listen")
-        .arg(format!("127.0.0.1:{port}"))
-        .arg("--token-file")
-        .arg(sb.path("token"))
         .args(extra)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(fs::File::create(&log).unwrap());
-    let guard = ChildGuard(Some(cmd.spawn().unwrap()));
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let text = fs::read_to_string(&log).unwrap_or_default();
-        if text.contains("ferry: serving") {
-            let fp = text
-                .split_whitespace()
-                .find(|w| w.starts_with("sha256:"))
-                .expect("fingerprint printed")
-                .to_owned();
-            return (guard, fp);
-        }
-        assert!(Instant::now() < deadline, "server not up:\n{text}");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    let mut guard = ChildGuard(Some(cmd.spawn().unwrap()));
+    let text = wait_serving(&mut guard, &log, &listen, Duration::from_secs(5))
+        .unwrap_or_else(|e| panic!("server not up: {e}"));
+    let fp = text
+        .split_whitespace()
+        .find(|w| w.starts_with("sha256:"))
+        .expect("fingerprint printed")
+        .to_owned();
+    (guard, fp)
 }
 
 #[test]

@@ -1,15 +1,15 @@
 //! End-to-end tests of the `ferry` binary: real processes, real sockets on 127.0.0.1, real
 //! files in per-test temp dirs. Every server is a child process killed on drop.
 
-mod common;
+mod util;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::*;
 use serde_json::Value;
+use util::*;
 
 const MIB: u64 = 1 << 20;
 
@@ -23,26 +23,6 @@ fn make_tree(dir: &Path) {
     write_pattern(&dir.join("sub/deeper/c.bin"), 70_000, 8);
     fs::write(dir.join("sub/b.txt"), b"bee\n").unwrap();
     std::os::unix::fs::symlink("a.txt", dir.join("link")).unwrap();
-}
-
-/// The single JSON document on stdout (fails if there is anything else).
-#[track_caller]
-fn one_json(stdout: &str) -> Value {
-    let mut it = serde_json::Deserializer::from_str(stdout).into_iter::<Value>();
-    let v = it
-        .next()
-        .unwrap_or_else(|| panic!("no JSON on stdout: {stdout:?}"))
-        .unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {stdout:?}"));
-    assert!(
-        it.next().is_none(),
-        "more than one JSON document on stdout: {stdout:?}"
-    );
-    v
-}
-
-fn u64_field(v: &Value, k: &str) -> u64 {
-    v[k].as_u64()
-        .unwrap_or_else(|| panic!("`{k}` is not an unsigned integer in {v}"))
 }
 
 fn f64_field(v: &Value, k: &str) -> f64 {
@@ -1169,6 +1149,51 @@ fn probe_host_and_disk_report_json_and_leave_nothing_behind() {
 /// A put or get over a path an earlier transfer measured as long and fast opens ramp helpers:
 /// extra connections that carry two blocks each at the start and park. The path is remembered
 /// from large transfers only, and fixed streams or a short path open none.
+/// The get half of `a_transfer_over_a_remembered_long_path_opens_ramp_helpers`: `paths` reads
+/// what the client remembers of the path to `s`, `remember_a_long_path` makes it 100 ms.
+fn get_over_a_long_path(
+    sb: &Sandbox,
+    s: &Server,
+    large: &Path,
+    paths: &dyn Fn() -> Value,
+    remember_a_long_path: &dyn Fn(),
+) {
+    let large = large.to_path_buf();
+    // A get over the same path (that put remembered loopback's again): the server, sending,
+    // keeps the connections beyond 16 as helpers (the client says so with
+    // `Capabilities::RAMP_HELPERS`).
+    assert!(u64_field(&paths(), "rtt_us") < 20_000, "{}", paths());
+    remember_a_long_path();
+    let back = sb.mkdir("back");
+    let out = run(
+        sb.client(&s.token)
+            .args(["get", "--json", "--block-size", "256K"])
+            .arg(s.remote("/large.bin"))
+            .arg(&back),
+        CMD_TIMEOUT,
+    );
+    assert_code(&out, 0);
+    let v = one_json(&out.stdout);
+    let t = &v["tuning"];
+    let helpers = u64_field(t, "ramp_helpers");
+    assert!((1..=40).contains(&helpers), "{v}");
+    assert_eq!(u64_field(t, "connections"), 16 + helpers, "{v}");
+    assert!(u64_field(t, "streams") <= 16, "{v}");
+    let mut carried = 0;
+    for (i, st) in v["streams"].as_array().unwrap().iter().enumerate().skip(16) {
+        let bytes = u64_field(st, "bytes");
+        assert!(
+            bytes <= 2 * 260 * 1024,
+            "helper {i} carried {bytes} bytes: {v}"
+        );
+        carried += bytes;
+    }
+    // Helpers carry blocks whatever the tuner's count, which on loopback starts at 4: a
+    // server that took them for tuned connections would have left them idle.
+    assert!(carried > 0, "{v}");
+    assert_eq!(file_b3(&back.join("large.bin")), file_b3(&large));
+}
+
 #[test]
 fn a_transfer_over_a_remembered_long_path_opens_ramp_helpers() {
     let sb = Sandbox::new();
@@ -1250,44 +1275,56 @@ fn a_transfer_over_a_remembered_long_path_opens_ramp_helpers() {
     assert!(carried > 0, "{v}");
     assert_eq!(file_b3(&root.join("large.bin")), file_b3(&large));
 
-    // A get over the same path (that put remembered loopback's again): the server, sending,
-    // keeps the connections beyond 16 as helpers (the client says so with
-    // `Capabilities::RAMP_HELPERS`).
-    assert!(u64_field(&paths(), "rtt_us") < 20_000, "{}", paths());
-    remember_a_long_path();
-    let back = sb.mkdir("back");
-    let out = run(
-        sb.client(&s.token)
-            .args(["get", "--json", "--block-size", "256K"])
-            .arg(s.remote("/large.bin"))
-            .arg(&back),
-        CMD_TIMEOUT,
-    );
-    assert_code(&out, 0);
-    let v = one_json(&out.stdout);
-    let t = &v["tuning"];
-    let helpers = u64_field(t, "ramp_helpers");
-    assert!((1..=40).contains(&helpers), "{v}");
-    assert_eq!(u64_field(t, "connections"), 16 + helpers, "{v}");
-    assert!(u64_field(t, "streams") <= 16, "{v}");
-    let mut carried = 0;
-    for (i, st) in v["streams"].as_array().unwrap().iter().enumerate().skip(16) {
-        let bytes = u64_field(st, "bytes");
-        assert!(
-            bytes <= 2 * 260 * 1024,
-            "helper {i} carried {bytes} bytes: {v}"
-        );
-        carried += bytes;
-    }
-    // Helpers carry blocks whatever the tuner's count, which on loopback starts at 4: a
-    // server that took them for tuned connections would have left them idle.
-    assert!(carried > 0, "{v}");
-    assert_eq!(file_b3(&back.join("large.bin")), file_b3(&large));
+    get_over_a_long_path(&sb, &s, &large, &paths, &remember_a_long_path);
 
     // Fixed streams open exactly what they say.
     let v = put(&small, &["--streams", "4"]);
     assert_eq!(u64_field(&v["tuning"], "ramp_helpers"), 0, "{v}");
     assert_eq!(u64_field(&v["tuning"], "connections"), 4, "{v}");
+}
+
+/// What the first put with `--streams auto` (the default) and no profile reports of its
+/// tuning: auto from the default start, each end tuning its own storage threads.
+fn assert_default_auto_tuning(v: &Value) {
+    let t = &v["tuning"];
+    assert_eq!(t["mode"], "auto", "{v}");
+    assert_eq!(t["start_from"], "default", "{v}");
+    assert_eq!(u64_field(t, "start"), 4, "{v}");
+    assert!(
+        u64_field(t, "connections") >= u64_field(t, "streams"),
+        "{v}"
+    );
+    assert!(
+        t["steps"].is_array() && t["load"]["sender"].is_object(),
+        "{v}"
+    );
+    let b = t["bottleneck"].as_str().expect("bottleneck is a string");
+    assert!(
+        ["network", "source storage", "destination storage", "cpu"].contains(&b),
+        "{v}"
+    );
+    // Each end runs and tunes its own storage threads: this client its readers, the server
+    // its writers (which it reports at the end).
+    let (r, w) = (&t["readers"], &t["writers"]);
+    assert_eq!(
+        (r["side"].as_str(), r["mode"].as_str()),
+        (Some("client"), Some("auto")),
+        "{v}"
+    );
+    assert_eq!(r["start_from"], "default", "{v}");
+    assert_eq!(u64_field(r, "start"), 4, "{v}");
+    assert!((1..=16).contains(&u64_field(r, "threads")), "{v}");
+    assert_eq!(w["side"], "server", "{v}");
+    assert!((1..=16).contains(&u64_field(w, "threads")), "{v}");
+}
+
+/// `MAJOR:MINOR` of the file system `file` is on, as disk profiles are keyed.
+fn device_of(file: &Path) -> String {
+    use std::os::unix::fs::MetadataExt;
+    let dev = fs::metadata(file).unwrap().dev();
+    let major = ((dev >> 8) & 0xfff) | ((dev >> 32) & !0xfff);
+    let minor = (dev & 0xff) | ((dev >> 12) & !0xff);
+    format!("{major}:{minor}")
 }
 
 #[test]
@@ -1325,36 +1362,7 @@ fn put_streams_auto_reports_tuning_and_starts_from_a_profile() {
     };
     // `auto` is the default: no --streams.
     let v = one_json(&put(&["--json"]).stdout);
-    let t = &v["tuning"];
-    assert_eq!(t["mode"], "auto", "{v}");
-    assert_eq!(t["start_from"], "default", "{v}");
-    assert_eq!(u64_field(t, "start"), 4, "{v}");
-    assert!(
-        u64_field(t, "connections") >= u64_field(t, "streams"),
-        "{v}"
-    );
-    assert!(
-        t["steps"].is_array() && t["load"]["sender"].is_object(),
-        "{v}"
-    );
-    let b = t["bottleneck"].as_str().expect("bottleneck is a string");
-    assert!(
-        ["network", "source storage", "destination storage", "cpu"].contains(&b),
-        "{v}"
-    );
-    // Each end runs and tunes its own storage threads: this client its readers, the server
-    // its writers (which it reports at the end).
-    let (r, w) = (&t["readers"], &t["writers"]);
-    assert_eq!(
-        (r["side"].as_str(), r["mode"].as_str()),
-        (Some("client"), Some("auto")),
-        "{v}"
-    );
-    assert_eq!(r["start_from"], "default", "{v}");
-    assert_eq!(u64_field(r, "start"), 4, "{v}");
-    assert!((1..=16).contains(&u64_field(r, "threads")), "{v}");
-    assert_eq!(w["side"], "server", "{v}");
-    assert!((1..=16).contains(&u64_field(w, "threads")), "{v}");
+    assert_default_auto_tuning(&v);
     assert_eq!(file_b3(&root.join("data.bin")), file_b3(&file));
 
     // A remembered stream count for this server is where the next transfer starts.
@@ -1383,13 +1391,7 @@ fn put_streams_auto_reports_tuning_and_starts_from_a_profile() {
     assert_eq!(file_b3(&root.join("data.bin")), file_b3(&file));
 
     // `ferry probe disk`'s profile of the source's file system is where the readers start.
-    let dev = {
-        use std::os::unix::fs::MetadataExt;
-        let dev = fs::metadata(&file).unwrap().dev();
-        let major = ((dev >> 8) & 0xfff) | ((dev >> 32) & !0xfff);
-        let minor = (dev & 0xff) | ((dev >> 12) & !0xff);
-        format!("{major}:{minor}")
-    };
+    let dev = device_of(&file);
     fs::write(
         sb.state_dir().join("disk-profiles.json"),
         format!(

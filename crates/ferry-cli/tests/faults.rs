@@ -12,7 +12,7 @@
 //! Tests that need root, network namespaces or `mount` say why and return when they cannot run,
 //! or fail when `CI` is set (`ferry_netem::needs`).
 
-mod common;
+mod util;
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -23,9 +23,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use common::*;
 use ferry_netem::{needs, BedConfig, Host, Regime, TestBed};
 use serde_json::Value;
+use util::*;
+// The shared helper under the name these tests were written with.
+use util::u64_field as u64_of;
 
 const MIB: u64 = 1 << 20;
 
@@ -126,14 +128,8 @@ impl Serve {
         let n = SEQ.fetch_add(1, Ordering::Relaxed);
         let log = sb.path(&format!("faults-serve-{n}.log"));
         let token_file = sb.path("token");
-        let mut cmd = sb.ferry();
-        cmd.arg("serve")
-            .arg("--root")
-            .arg(root)
-            .args(["--listen", listen])
-            .arg("--token-file")
-            .arg(&token_file)
-            .args(extra)
+        let mut cmd = sb.serve_cmd(root, listen, Some(&token_file));
+        cmd.args(extra)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(fs::File::create(&log).unwrap());
@@ -143,34 +139,18 @@ impl Serve {
         }
         .expect("spawning ferry serve");
         let mut guard = ChildGuard(Some(child));
-        let want = format!(" on {listen}");
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let text = fs::read_to_string(&log).unwrap_or_default();
-            if text
-                .lines()
-                .any(|l| l.starts_with("ferry: serving ") && l.ends_with(&want))
-            {
-                let token = fs::read_to_string(&token_file)
-                    .expect("token file after start")
-                    .trim()
-                    .to_owned();
-                return Ok(Self {
-                    guard,
-                    listen: listen.to_owned(),
-                    log,
-                    token,
-                });
-            }
-            if let Some(status) = guard.child().try_wait().unwrap() {
-                guard.0 = None;
-                return Err(format!("ferry serve exited early ({status}):\n{text}"));
-            }
-            if Instant::now() >= deadline {
-                return Err(format!("ferry serve not ready within 10 s:\n{text}"));
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        wait_serving(&mut guard, &log, listen, Duration::from_secs(10))
+            .map_err(|e| e.to_string())?;
+        let token = fs::read_to_string(&token_file)
+            .expect("token file after start")
+            .trim()
+            .to_owned();
+        Ok(Self {
+            guard,
+            listen: listen.to_owned(),
+            log,
+            token,
+        })
     }
 
     fn start(
@@ -256,13 +236,6 @@ impl Bg {
     }
 }
 
-/// The single JSON document on stdout.
-#[track_caller]
-fn one_json(stdout: &str) -> Value {
-    serde_json::from_str(stdout)
-        .unwrap_or_else(|e| panic!("stdout is not one JSON ({e}): {stdout:?}"))
-}
-
 /// Bytes the last attempt wrote to its data connections (frames, headers included).
 fn wire_bytes(v: &Value) -> u64 {
     v["streams"]
@@ -271,11 +244,6 @@ fn wire_bytes(v: &Value) -> u64 {
         .iter()
         .map(|s| s["bytes"].as_u64().expect("streams[].bytes"))
         .sum()
-}
-
-fn u64_of(v: &Value, k: &str) -> u64 {
-    v[k].as_u64()
-        .unwrap_or_else(|| panic!("`{k}` is not an unsigned integer in {v}"))
 }
 
 /// What an interrupted transfer left in `dir`: temporary files and their journals.
@@ -529,6 +497,65 @@ fn unwritten_bound(streams: u64, block: u64, headers: u64) -> i64 {
     ((streams + writers + queued) * block + block + headers) as i64
 }
 
+/// Starts the server again on the same root and port. The old listening socket died with the
+/// process; allow a few tries in case the port is briefly unavailable.
+fn restart_on(sb: &Sandbox, root: &Path, listen: &str) -> Serve {
+    let mut tries = 0;
+    loop {
+        match Serve::try_start(sb, root, listen, None, &[]) {
+            Ok(s) => break s,
+            Err(e) if e.contains("cannot listen") && tries < 25 => {
+                tries += 1;
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            Err(e) => panic!("restart on {listen}: {e}"),
+        }
+    }
+}
+
+/// What the re-run after the server's SIGKILL sent again (its report `v`, for a file of
+/// `size` bytes of which the server kept `left`, `intact` of it whole but not journaled),
+/// against the bounds: a block per stream and one more, plus headers.
+fn resent_after_kill9(v: &Value, size: u64, left: &Leftovers, intact: u64, took: Duration) {
+    let sent2 = wire_bytes(v);
+    let block = u64_of(v, "block_size");
+    let streams = v["streams"].as_array().unwrap().len() as u64;
+    let resent_ub = sent2 as i64 - (size - left.part_bytes) as i64;
+    let beyond_journal = sent2 as i64 - (size - left.journaled) as i64;
+    let redundant = beyond_journal + intact as i64;
+    let headers = 64 << 10;
+    let bound = (streams * block + block + headers) as i64;
+    let bound_ub = unwritten_bound(streams, block, headers);
+    let m = |b: i64| b as f64 / MIB as f64;
+    eprintln!(
+        "kill9: re-run took {:?} ({} attempt(s)), wrote {sent2} bytes ({:.1} MiB) to the wire; \
+         sent again: exactly {redundant} bytes ({:.2} MiB; bound {:.2} MiB = {streams} streams \
+         x {} MiB + 1 block + headers), upper bound vs the part size {resent_ub} bytes \
+         ({:.2} MiB); beyond what the journal proved {beyond_journal} bytes",
+        took,
+        u64_of(v, "attempts"),
+        mib(sent2),
+        m(redundant),
+        m(bound),
+        block / MIB,
+        m(resent_ub)
+    );
+    assert_eq!(block, 8 * MIB, "the session kept 8 MiB blocks");
+    assert!(
+        redundant <= bound,
+        "the re-run sent {redundant} bytes that were already on the server (bound {bound})"
+    );
+    assert!(
+        resent_ub <= bound_ub,
+        "upper bound of bytes sent again {resent_ub} > {bound_ub}"
+    );
+    // The journal's proven blocks are not sent again; the last block always is (file digest).
+    assert!(
+        beyond_journal <= (block + headers) as i64,
+        "the re-run sent {beyond_journal} bytes beyond what the journal did not prove"
+    );
+}
+
 /// The server is SIGKILLed halfway through a 1 GiB put (4 streams, 8 MiB blocks). The client
 /// (`--retry-for 0`) fails with a hint to re-run; the server is restarted on the same root and
 /// port; the same put completes byte-identical and sends again little of what had arrived.
@@ -630,19 +657,8 @@ fn kill9_server_mid_put_resumes_after_restart() {
     );
     assert!(left.journaled <= left.part_bytes);
 
-    // Same root, same port. The old listening socket died with the process; allow a few tries
-    // in case the port is briefly unavailable.
-    let mut tries = 0;
-    let srv2 = loop {
-        match Serve::try_start(&sb, &root, &listen, None, &[]) {
-            Ok(s) => break s,
-            Err(e) if e.contains("cannot listen") && tries < 25 => {
-                tries += 1;
-                std::thread::sleep(Duration::from_millis(200));
-            }
-            Err(e) => panic!("restart on {listen}: {e}"),
-        }
-    };
+    // Same root, same port.
+    let srv2 = restart_on(&sb, &root, &listen);
     assert!(
         wait_until(Duration::from_secs(5), || srv2
             .log()
@@ -655,9 +671,6 @@ fn kill9_server_mid_put_resumes_after_restart() {
     let out2 = run(&mut put(), Duration::from_secs(90));
     assert_code(&out2, 0);
     let v = one_json(&out2.stdout);
-    let sent2 = wire_bytes(&v);
-    let block = u64_of(&v, "block_size");
-    let streams = v["streams"].as_array().unwrap().len() as u64;
     assert_eq!(
         file_b3(&root.join("big.bin")),
         file_b3(&file),
@@ -669,40 +682,7 @@ fn kill9_server_mid_put_resumes_after_restart() {
         "temporary files and journal removed"
     );
 
-    let resent_ub = sent2 as i64 - (size - left.part_bytes) as i64;
-    let beyond_journal = sent2 as i64 - (size - left.journaled) as i64;
-    let redundant = beyond_journal + intact as i64;
-    let headers = 64 << 10;
-    let bound = (streams * block + block + headers) as i64;
-    let bound_ub = unwritten_bound(streams, block, headers);
-    let m = |b: i64| b as f64 / MIB as f64;
-    eprintln!(
-        "kill9: re-run took {:?} ({} attempt(s)), wrote {sent2} bytes ({:.1} MiB) to the wire; \
-         sent again: exactly {redundant} bytes ({:.2} MiB; bound {:.2} MiB = {streams} streams \
-         x {} MiB + 1 block + headers), upper bound vs the part size {resent_ub} bytes \
-         ({:.2} MiB); beyond what the journal proved {beyond_journal} bytes",
-        t2.elapsed(),
-        u64_of(&v, "attempts"),
-        mib(sent2),
-        m(redundant),
-        m(bound),
-        block / MIB,
-        m(resent_ub)
-    );
-    assert_eq!(block, 8 * MIB, "the session kept 8 MiB blocks");
-    assert!(
-        redundant <= bound,
-        "the re-run sent {redundant} bytes that were already on the server (bound {bound})"
-    );
-    assert!(
-        resent_ub <= bound_ub,
-        "upper bound of bytes sent again {resent_ub} > {bound_ub}"
-    );
-    // The journal's proven blocks are not sent again; the last block always is (file digest).
-    assert!(
-        beyond_journal <= (block + headers) as i64,
-        "the re-run sent {beyond_journal} bytes beyond what the journal did not prove"
-    );
+    resent_after_kill9(&v, size, &left, intact, t2.elapsed());
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1120,6 +1100,65 @@ fn fill(path: &Path) -> u64 {
     written
 }
 
+/// Stops the put `c` (caught `writing` into `dest`), fills the disk with `filler` and lets the
+/// put go on. Returns how much of the large file was written before, and what the filler took.
+fn fill_while_stopped(c: &mut Bg, writing: bool, dest: &Path, filler: &Path) -> (u64, u64) {
+    // SIGSTOP: the put can send nothing more until the disk is full.
+    let stop = Command::new("kill")
+        .args(["-STOP", &c.guard.pid().to_string()])
+        .status()
+        .unwrap();
+    assert!(stop.success());
+    assert!(
+        writing && c.running(),
+        "the put was not caught writing: {}",
+        c.stderr()
+    );
+    let before = received(dest, "z-big.bin");
+    let filled = fill(filler);
+    let cont = Command::new("kill")
+        .args(["-CONT", &c.guard.pid().to_string()])
+        .status()
+        .unwrap();
+    assert!(cont.success());
+    (before, filled)
+}
+
+/// How the put that ran out of space reported it: exit 1, one file stored, the other failed
+/// with the write's own error, printed once, and nothing of it left in `dest`.
+fn enospc_reported(out: &Out, dest: &Path) {
+    let dest = dest.to_path_buf();
+    assert_code(out, 1);
+    let v = one_json(&out.stdout);
+    // One file stored, one failed, with the write's own error: the file and the full disk.
+    assert_eq!((u64_of(&v, "files"), u64_of(&v, "failed")), (1, 1), "{v}");
+    assert_eq!(
+        v["errors"],
+        serde_json::json!(["writing tree/z-big.bin: No space left on device (os error 28)"]),
+        "{v}"
+    );
+    let errors: Vec<&str> = out
+        .stderr
+        .lines()
+        .filter(|l| l.starts_with("error: "))
+        .collect();
+    assert_eq!(
+        errors,
+        ["error: writing tree/z-big.bin: No space left on device (os error 28)"],
+        "{}",
+        out.stderr
+    );
+    assert!(
+        !dest.join("z-big.bin").exists(),
+        "a file under its final name"
+    );
+    assert_eq!(
+        names(&dest),
+        ["a-small.bin"],
+        "leftovers of the failed file"
+    );
+}
+
 /// The offer fits, then something else takes the space while the file is being written: on a
 /// 320 MiB tmpfs, a put of a tree (a small file, then a 200 MiB one) is stopped (SIGSTOP)
 /// once the small file is in place and the large one's temporary file exists; a filler file
@@ -1165,25 +1204,8 @@ fn destination_fills_while_writing_fails_clearly_then_resumes_with_space() {
     let writing = wait_until(Duration::from_secs(30), || {
         (dest.join("a-small.bin").exists() && leftovers(&dest).part.is_some()) || !c.running()
     });
-    // SIGSTOP: the put can send nothing more until the disk is full.
-    let stop = Command::new("kill")
-        .args(["-STOP", &c.guard.pid().to_string()])
-        .status()
-        .unwrap();
-    assert!(stop.success());
-    assert!(
-        writing && c.running(),
-        "the put was not caught writing: {}",
-        c.stderr()
-    );
-    let before = received(&dest, "z-big.bin");
     let filler = sb.path("small/filler");
-    let filled = fill(&filler);
-    let cont = Command::new("kill")
-        .args(["-CONT", &c.guard.pid().to_string()])
-        .status()
-        .unwrap();
-    assert!(cont.success());
+    let (before, filled) = fill_while_stopped(&mut c, writing, &dest, &filler);
     let out = c.wait(Duration::from_secs(60));
     let t = Instant::now();
     // The failed file's temporary file is removed when it fails; its blocks are freed when the
@@ -1207,35 +1229,7 @@ fn destination_fills_while_writing_fails_clearly_then_resumes_with_space() {
         before < 200 * MIB,
         "the large file was complete before the disk filled"
     );
-    assert_code(&out, 1);
-    let v = one_json(&out.stdout);
-    // One file stored, one failed, with the write's own error: the file and the full disk.
-    assert_eq!((u64_of(&v, "files"), u64_of(&v, "failed")), (1, 1), "{v}");
-    assert_eq!(
-        v["errors"],
-        serde_json::json!(["writing tree/z-big.bin: No space left on device (os error 28)"]),
-        "{v}"
-    );
-    let errors: Vec<&str> = out
-        .stderr
-        .lines()
-        .filter(|l| l.starts_with("error: "))
-        .collect();
-    assert_eq!(
-        errors,
-        ["error: writing tree/z-big.bin: No space left on device (os error 28)"],
-        "{}",
-        out.stderr
-    );
-    assert!(
-        !dest.join("z-big.bin").exists(),
-        "a file under its final name"
-    );
-    assert_eq!(
-        names(&dest),
-        ["a-small.bin"],
-        "leftovers of the failed file"
-    );
+    enospc_reported(&out, &dest);
     assert!(
         given_back,
         "the failed file's space was not given back: {:.1} MiB used, the filler holds {:.1} MiB",

@@ -4,12 +4,12 @@
 //! library-level tests in ferry-net's `tests/rerun.rs` cover every tree shape; this one is the
 //! command a user types.)
 
-mod common;
+mod util;
 
 use std::fs;
 use std::path::Path;
 
-use common::*;
+use util::*;
 
 fn make_tree(top: &Path) {
     write_pattern(&top.join("big.bin"), 3 << 20, 1);

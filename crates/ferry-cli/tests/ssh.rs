@@ -1,7 +1,7 @@
 //! Sessions started over ssh (`ferry put FILES USER@HOST:PATH`), against a private sshd on
 //! loopback that this test starts with its own host key, client key and config, and stops.
 
-mod common;
+mod util;
 
 use std::fs;
 use std::net::TcpStream;
@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::*;
+use util::*;
 
 const CMD_TIMEOUT: Duration = Duration::from_secs(120);
 

@@ -3,7 +3,7 @@
 //! named by what the user typed, JSON on failure, help text, and names that must not drive
 //! the terminal. Real processes, loopback only, every command under a deadline.
 
-mod common;
+mod util;
 
 use std::ffi::OsString;
 use std::fs;
@@ -13,8 +13,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::*;
-use serde_json::Value;
+use util::*;
 
 /// The deadline of a command that must fail at once or within seconds: the old behaviour it
 /// guards against took minutes (retrying the whole `--retry-for`).
@@ -39,21 +38,6 @@ fn small_tree_changed(dir: &Path) {
         )
         .unwrap();
     }
-}
-
-/// The single JSON document on stdout.
-#[track_caller]
-fn one_json(stdout: &str) -> Value {
-    let mut it = serde_json::Deserializer::from_str(stdout).into_iter::<Value>();
-    let v = it
-        .next()
-        .unwrap_or_else(|| panic!("no JSON on stdout: {stdout:?}"))
-        .unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {stdout:?}"));
-    assert!(
-        it.next().is_none(),
-        "more than one JSON document: {stdout:?}"
-    );
-    v
 }
 
 /// Lines of stderr that report an error.
@@ -132,16 +116,9 @@ fn server_with_read_only(sb: &Sandbox, root: &Path, ro: &Path) -> (ChildGuard, S
         .stdout(Stdio::null())
         .stderr(fs::File::create(&log).unwrap());
     let mut guard = ChildGuard(Some(cmd.spawn().expect("spawning unshare")));
-    let want = format!("on 127.0.0.1:{port}");
-    let up = wait_until(Duration::from_secs(10), || {
-        fs::read_to_string(&log).unwrap_or_default().contains(&want)
-    });
-    if !up {
-        let _ = guard.wait_for(Duration::from_millis(10));
-        panic!(
-            "server not up:\n{}",
-            fs::read_to_string(&log).unwrap_or_default()
-        );
+    let listen = format!("127.0.0.1:{port}");
+    if let Err(e) = wait_serving(&mut guard, &log, &listen, Duration::from_secs(10)) {
+        panic!("server not up: {e}");
     }
     let token = fs::read_to_string(&token_file).unwrap().trim().to_owned();
     (guard, format!("127.0.0.1:{port}"), token)

@@ -12,11 +12,12 @@ use anyhow::{bail, Context, Result};
 use ferry_net::{Server, ServerConfig};
 use serde::Serialize;
 
-use crate::args::{DemoArgs, TransferArgs};
-use crate::commands::summary_line;
-use crate::config::{client_config, parse_size, Remote};
+use super::transfer::summary_line;
+use crate::args::{AuthArgs, ConnArgs, DemoArgs, OutputArgs, TransferArgs, WaitArgs};
+use crate::config::{client_config, parse_size};
+use crate::error::usage;
 use crate::progress::{human_bytes, Progress};
-use crate::usage;
+use crate::remote::Remote;
 
 #[derive(Serialize)]
 struct Case {
@@ -159,66 +160,10 @@ pub async fn run(args: DemoArgs, quiet: bool) -> Result<ExitCode> {
         args.small_files,
         human_bytes(small)
     ));
-    fill(&src.join("large.bin"), big, 1)?;
-    for i in 0..args.small_files {
-        let d = src.join("small").join(format!("d{:03}", i / 100));
-        if i % 100 == 0 {
-            std::fs::create_dir_all(&d)?;
-        }
-        fill(&d.join(format!("f{i:05}.bin")), small, i as u64 + 2)?;
-    }
-    // The same bytes as the small files in one file: the baseline small files are judged by.
-    let small_total = small * args.small_files as u64;
-    fill(&src.join("same-bytes.bin"), small_total, 3)?;
-
-    // Flush the generated data first: writeback of it would otherwise compete with the
-    // transfer's own writes and fsyncs and make the numbers say little about ferry.
-    let f = std::fs::File::open(src.join("large.bin"))?;
-    ferry_core::root::syncfs(&f).context("syncing the generated data")?;
-
-    let mut token = [0u8; 16];
-    getrandom::fill(&mut token).map_err(|e| anyhow::anyhow!("no OS randomness: {e}"))?;
-    let token = ferry_core::digest::hex(&token);
-    // TLS as in real use: the demo's throughput includes the encryption.
-    let config = ServerConfig::new(&dest, token.clone());
-    let fingerprint = config.tls.as_ref().map(|id| id.fingerprint().to_string());
-    let server = Server::bind("127.0.0.1:0".parse()?, config).await?;
-    let addr = server.local_addr()?;
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let server_task = tokio::spawn(server.run(async {
-        let _ = stop_rx.await;
-    }));
-
-    let targs = TransferArgs {
-        streams: args.streams.to_string(),
-        block_size: None,
-        tcp_window: None,
-        checksum: "blake3".into(),
-        overwrite: false,
-        skip_existing: false,
-        readers: None,
-        writers: None,
-        json: false,
-        manifest: None,
-        token: Some(token),
-        config: None,
-        connect_timeout: "15s".into(),
-        retry_for: "0".into(),
-        conn: crate::args::ConnArgs {
-            no_encrypt: false,
-            server_fingerprint: fingerprint,
-            known_hosts: None,
-            ssh: None,
-            remote_ferry: None,
-        },
-    };
-    let remote = Remote {
-        host: "127.0.0.1".into(),
-        port: addr.port(),
-        path: "/".into(),
-        ssh_user: None,
-    };
-    let cfg = client_config(&targs, &remote)?;
+    generate(&src, big, small, args.small_files)?;
+    let server = DemoServer::start(&dest).await?;
+    let addr = server.addr;
+    let cfg = client_config(&server.transfer_args(args.streams), &server.remote())?;
     say(format!(
         "server on {addr}, {} streams, {} blocks, TLS 1.3, blake3 end to end",
         args.streams,
@@ -231,37 +176,7 @@ pub async fn run(args: DemoArgs, quiet: bool) -> Result<ExitCode> {
         ("small files", src.join("small"), args.small_files as u64),
         ("same bytes as one file", src.join("same-bytes.bin"), 1),
     ] {
-        let progress = Arc::new(Progress::new(quiet || args.json));
-        let t0 = Instant::now();
-        let report =
-            ferry_net::client::put(&cfg, std::slice::from_ref(&path), "/", progress.clone()).await;
-        progress.finish();
-        let report = report.with_context(|| format!("demo transfer of {name} failed"))?;
-        let seconds = t0.elapsed().as_secs_f64();
-        if !report.is_success() || report.files != files {
-            bail!(
-                "demo transfer of {name} incomplete: {}",
-                summary_line(&report)
-            );
-        }
-        let target = dest.join(path.file_name().context("source has a name")?);
-        let verified = if path.is_dir() {
-            same_tree(&path, &target)?
-        } else {
-            digest_of(&path)? == digest_of(&target)?
-        };
-        if !verified {
-            bail!("demo: {name} arrived but differs from the source");
-        }
-        let case = Case {
-            name: name.into(),
-            files: report.files,
-            bytes: report.bytes,
-            seconds,
-            mib_per_s: report.bytes as f64 / (1 << 20) as f64 / seconds,
-            files_per_s: report.files as f64 / seconds,
-            verified,
-        };
+        let case = measure(&cfg, name, &path, files, &dest, quiet || args.output.json).await?;
         say(format!(
             "  {:<24} {:>6} files {:>11} {:>7.2} s {:>9.1} MiB/s {:>10.0} files/s  verified",
             case.name,
@@ -285,10 +200,154 @@ pub async fn run(args: DemoArgs, quiet: bool) -> Result<ExitCode> {
             small_case.seconds / one.seconds.max(1e-9)
         ));
     }
-    let _ = stop_tx.send(());
-    let _ = server_task.await;
-    if args.json {
+    server.stop().await;
+    if args.output.json {
         println!("{}", serde_json::to_string_pretty(&cases)?);
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The data set in `src`: one file of `big` bytes, `n` files of `small` bytes in directories of
+/// a hundred, and one file of the small files' bytes together.
+fn generate(src: &Path, big: u64, small: u64, n: usize) -> Result<()> {
+    fill(&src.join("large.bin"), big, 1)?;
+    for i in 0..n {
+        let d = src.join("small").join(format!("d{:03}", i / 100));
+        if i % 100 == 0 {
+            std::fs::create_dir_all(&d)?;
+        }
+        fill(&d.join(format!("f{i:05}.bin")), small, i as u64 + 2)?;
+    }
+    // The same bytes as the small files in one file: the baseline small files are judged by.
+    let small_total = small * n as u64;
+    fill(&src.join("same-bytes.bin"), small_total, 3)?;
+
+    // Flush the generated data first: writeback of it would otherwise compete with the
+    // transfer's own writes and fsyncs and make the numbers say little about ferry.
+    let f = std::fs::File::open(src.join("large.bin"))?;
+    ferry_core::root::syncfs(&f).context("syncing the generated data")?;
+    Ok(())
+}
+
+/// The demo's own server on loopback, with a one-time token.
+struct DemoServer {
+    addr: std::net::SocketAddr,
+    token: String,
+    fingerprint: Option<String>,
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl DemoServer {
+    async fn start(dest: &Path) -> Result<Self> {
+        let mut token = [0u8; 16];
+        getrandom::fill(&mut token).map_err(|e| anyhow::anyhow!("no OS randomness: {e}"))?;
+        let token = ferry_core::digest::hex(&token);
+        // TLS as in real use: the demo's throughput includes the encryption.
+        let config = ServerConfig::new(dest, token.clone());
+        let fingerprint = config.tls.as_ref().map(|id| id.fingerprint().to_string());
+        let server = Server::bind("127.0.0.1:0".parse()?, config).await?;
+        let addr = server.local_addr()?;
+        let (stop, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(server.run(async {
+            let _ = stop_rx.await;
+        }));
+        Ok(Self {
+            addr,
+            token,
+            fingerprint,
+            stop,
+            task,
+        })
+    }
+
+    /// A put's arguments for this server: its token, its pinned key, no retries.
+    fn transfer_args(&self, streams: u16) -> TransferArgs {
+        TransferArgs {
+            streams: streams.to_string(),
+            block_size: None,
+            tcp_window: None,
+            checksum: "blake3".into(),
+            overwrite: false,
+            skip_existing: false,
+            readers: None,
+            writers: None,
+            output: OutputArgs::default(),
+            manifest: None,
+            auth: AuthArgs {
+                token: Some(self.token.clone()),
+                config: None,
+            },
+            wait: WaitArgs {
+                connect_timeout: "15s".into(),
+                retry_for: "0".into(),
+            },
+            conn: ConnArgs {
+                server_fingerprint: self.fingerprint.clone(),
+                ..ConnArgs::default()
+            },
+        }
+    }
+
+    fn remote(&self) -> Remote {
+        Remote {
+            host: "127.0.0.1".into(),
+            port: self.addr.port(),
+            path: "/".into(),
+            ssh_user: None,
+        }
+    }
+
+    async fn stop(self) {
+        let _ = self.stop.send(());
+        let _ = self.task.await;
+    }
+}
+
+/// Puts `path` (`files` files) to the server and checks what arrived in `dest` with a digest of
+/// its own.
+async fn measure(
+    cfg: &ferry_net::ClientConfig,
+    name: &str,
+    path: &Path,
+    files: u64,
+    dest: &Path,
+    quiet: bool,
+) -> Result<Case> {
+    let progress = Arc::new(Progress::new(quiet));
+    let t0 = Instant::now();
+    let report = ferry_net::client::put(
+        cfg,
+        std::slice::from_ref(&path.to_path_buf()),
+        "/",
+        progress.clone(),
+    )
+    .await;
+    progress.finish();
+    let report = report.with_context(|| format!("demo transfer of {name} failed"))?;
+    let seconds = t0.elapsed().as_secs_f64();
+    if !report.is_success() || report.files != files {
+        bail!(
+            "demo transfer of {name} incomplete: {}",
+            summary_line(&report)
+        );
+    }
+    let target = dest.join(path.file_name().context("source has a name")?);
+    let verified = if path.is_dir() {
+        same_tree(path, &target)?
+    } else {
+        digest_of(path)? == digest_of(&target)?
+    };
+    if !verified {
+        bail!("demo: {name} arrived but differs from the source");
+    }
+    Ok(Case {
+        name: name.into(),
+        files: report.files,
+        bytes: report.bytes,
+        seconds,
+        mib_per_s: report.bytes as f64 / (1 << 20) as f64 / seconds,
+        files_per_s: report.files as f64 / seconds,
+        verified,
+    })
 }

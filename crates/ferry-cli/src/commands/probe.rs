@@ -5,11 +5,14 @@ use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use anyhow::{Context, Result};
+use ferry_net::probe::{ProbeDirection, ProbePoint, MAX_PROBE_DURATION};
+use ferry_probe::net::{NetOptions, NetReport, NetSample};
 use ferry_probe::ProbeProgress;
 
-use crate::args::{ProbeCommand, ProbeNetArgs};
-use crate::config::{parse_size, Remote};
-use crate::usage;
+use crate::args::{ProbeCommand, ProbeDiskArgs, ProbeHostArgs, ProbeNetArgs};
+use crate::config::parse_size;
+use crate::error::usage;
+use crate::remote::Remote;
 
 /// Step names on stderr, only for a person watching a terminal.
 struct Steps {
@@ -30,64 +33,19 @@ pub async fn run(cmd: ProbeCommand, quiet: bool) -> Result<ExitCode> {
     };
     let (text, json) = match cmd {
         ProbeCommand::Host(a) => {
-            let mut opts = if a.quick {
-                ferry_probe::host::HostOptions::quick()
-            } else {
-                Default::default()
-            };
-            opts.rtt_ms = a.rtt_ms;
-            opts.target_mbps = a.target_mbps;
-            let report =
-                tokio::task::spawn_blocking(move || ferry_probe::host::probe_host(&opts, &steps))
-                    .await?;
-            (
-                report.render_text(),
-                a.json
-                    .then(|| serde_json::to_string_pretty(&report))
-                    .transpose()?,
-            )
+            let json = a.output.json;
+            let report = host(a, steps).await?;
+            (report.render_text(), to_json(json, &report)?)
         }
         ProbeCommand::Net(a) => {
-            let json = a.json;
+            let json = a.output.json;
             let report = net(*a, steps, quiet).await?;
-            (
-                report.render_text(),
-                json.then(|| serde_json::to_string_pretty(&report))
-                    .transpose()?,
-            )
+            (report.render_text(), to_json(json, &report)?)
         }
         ProbeCommand::Disk(a) => {
-            let mut opts = if a.quick {
-                ferry_probe::disk::DiskOptions::quick()
-            } else if a.full {
-                ferry_probe::disk::DiskOptions::full()
-            } else {
-                Default::default()
-            };
-            if let Some(n) = a.max_threads {
-                opts.max_threads = n.max(1);
-            }
-            let path = a.path.clone();
-            let mut report = tokio::task::spawn_blocking(move || {
-                ferry_probe::disk::probe_disk(&path, &opts, &steps)
-            })
-            .await?
-            .with_context(|| format!("probing {}", a.path.display()))?;
-            if !a.no_save {
-                let now = ferry_probe::net::rfc3339(std::time::SystemTime::now());
-                if let Some(entry) = report.profile_entry(now) {
-                    let dir = super::serve::state_dir()?;
-                    let path = ferry_probe::disk::save_disk_profile(&dir, &a.path, entry)
-                        .with_context(|| format!("saving the profile in {}", dir.display()))?;
-                    report.profile = Some(path);
-                }
-            }
-            (
-                report.render_text(),
-                a.json
-                    .then(|| serde_json::to_string_pretty(&report))
-                    .transpose()?,
-            )
+            let json = a.output.json;
+            let report = disk(a, steps).await?;
+            (report.render_text(), to_json(json, &report)?)
         }
     };
     match json {
@@ -95,6 +53,55 @@ pub async fn run(cmd: ProbeCommand, quiet: bool) -> Result<ExitCode> {
         None => print!("{text}"),
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The report as JSON, if asked for.
+fn to_json(json: bool, report: &impl serde::Serialize) -> Result<Option<String>> {
+    Ok(json
+        .then(|| serde_json::to_string_pretty(report))
+        .transpose()?)
+}
+
+/// `ferry probe host`: measured on a blocking thread.
+async fn host(a: ProbeHostArgs, steps: Steps) -> Result<ferry_probe::host::HostReport> {
+    let mut opts = if a.quick {
+        ferry_probe::host::HostOptions::quick()
+    } else {
+        Default::default()
+    };
+    opts.rtt_ms = a.rtt_ms;
+    opts.target_mbps = a.target_mbps;
+    Ok(tokio::task::spawn_blocking(move || ferry_probe::host::probe_host(&opts, &steps)).await?)
+}
+
+/// `ferry probe disk PATH`: measured on a blocking thread, saved as the file system's profile
+/// unless `--no-save`.
+async fn disk(a: ProbeDiskArgs, steps: Steps) -> Result<ferry_probe::disk::DiskReport> {
+    let mut opts = if a.quick {
+        ferry_probe::disk::DiskOptions::quick()
+    } else if a.full {
+        ferry_probe::disk::DiskOptions::full()
+    } else {
+        Default::default()
+    };
+    if let Some(n) = a.max_threads {
+        opts.max_threads = n.max(1);
+    }
+    let path = a.path.clone();
+    let mut report =
+        tokio::task::spawn_blocking(move || ferry_probe::disk::probe_disk(&path, &opts, &steps))
+            .await?
+            .with_context(|| format!("probing {}", a.path.display()))?;
+    if !a.no_save {
+        let now = ferry_probe::net::rfc3339(std::time::SystemTime::now());
+        if let Some(entry) = report.profile_entry(now) {
+            let dir = crate::state::state_dir()?;
+            let path = ferry_probe::disk::save_disk_profile(&dir, &a.path, entry)
+                .with_context(|| format!("saving the profile in {}", dir.display()))?;
+            report.profile = Some(path);
+        }
+    }
+    Ok(report)
 }
 
 /// Prints the warnings of a probe session (a server key pinned on first contact).
@@ -113,10 +120,50 @@ impl ferry_core::Reporter for Notices {
 /// `ferry probe net`: the sweep runs on a blocking thread (ferry-probe has no async runtime)
 /// and measures each point with `ferry_net::probe::run` on this runtime.
 async fn net(a: ProbeNetArgs, steps: Steps, quiet: bool) -> Result<ferry_probe::net::NetReport> {
-    use ferry_net::probe::{ProbeDirection, ProbePoint, MAX_PROBE_DURATION};
-    use ferry_probe::net::{NetOptions, NetSample};
-
     let remote = Remote::parse_endpoint(&a.endpoint).map_err(usage)?;
+    let opts = net_options(&a)?;
+    let cfg = crate::config::control_config(
+        &a.auth,
+        &a.conn,
+        &remote,
+        std::time::Duration::from_secs(30),
+    )
+    .map_err(usage)?;
+    let notices = Notices {
+        quiet: quiet || a.output.json,
+    };
+    let (mut report, fatal) =
+        sweep(cfg, remote.server(), !a.download, opts, steps, notices).await?;
+    if report.best.is_none() {
+        let why = match fatal {
+            Some(e) => anyhow::Error::new(e),
+            None => anyhow::anyhow!(
+                "{}",
+                report
+                    .points
+                    .iter()
+                    .flat_map(|p| p.errors.first())
+                    .next()
+                    .cloned()
+                    .unwrap_or_else(|| "nothing was measured".into())
+            ),
+        };
+        return Err(why.context(format!("probing {}", report.endpoint)));
+    }
+    if !a.no_save {
+        let entry = report.profile_entry(ferry_probe::net::rfc3339(std::time::SystemTime::now()));
+        if let Some(entry) = entry {
+            let dir = crate::state::state_dir()?;
+            let path = ferry_probe::net::save_profile(&dir, &report.endpoint, entry)
+                .with_context(|| format!("saving the profile in {}", dir.display()))?;
+            report.profile = Some(path);
+        }
+    }
+    Ok(report)
+}
+
+/// The sweep `probe net`'s options ask for: points, their length, the socket buffers.
+fn net_options(a: &ProbeNetArgs) -> Result<NetOptions> {
     let mut opts = if a.quick {
         NetOptions::quick()
     } else {
@@ -163,29 +210,29 @@ async fn net(a: ProbeNetArgs, steps: Steps, quiet: bool) -> Result<ferry_probe::
             }
         }
     }
-    let cfg = crate::config::control_config(
-        a.token.as_deref(),
-        a.config.as_deref(),
-        &a.conn,
-        &remote,
-        std::time::Duration::from_secs(30),
-    )
-    .map_err(usage)?;
-    let upload = !a.download;
+    Ok(opts)
+}
+
+/// Measures every point of `opts` against `endpoint`, on a blocking thread. An error that a
+/// retry cannot fix (wrong token, TLS, a changed server key) ends the sweep and is returned
+/// beside the report: every further point would fail the same way, and the server brakes
+/// logins.
+async fn sweep(
+    cfg: ferry_net::ClientConfig,
+    endpoint: String,
+    upload: bool,
+    opts: NetOptions,
+    steps: Steps,
+    notices: Notices,
+) -> Result<(NetReport, Option<ferry_net::SessionError>)> {
     let direction = if upload {
         ProbeDirection::ClientToServer
     } else {
         ProbeDirection::ServerToClient
     };
-    let endpoint = remote.server();
     let handle = tokio::runtime::Handle::current();
-    let notices = Notices {
-        quiet: quiet || a.json,
-    };
     let tcp = ferry_probe::net::local_tcp_settings();
-    let (report, fatal) = tokio::task::spawn_blocking(move || {
-        // An error that a retry cannot fix (wrong token, TLS, a changed server key) ends the
-        // sweep: every further point would fail the same way, and the server brakes logins.
+    Ok(tokio::task::spawn_blocking(move || {
         let mut fatal: Option<ferry_net::SessionError> = None;
         let report = ferry_probe::net::probe_net(&endpoint, upload, &opts, tcp, &steps, |p| {
             if let Some(e) = &fatal {
@@ -198,21 +245,7 @@ async fn net(a: ProbeNetArgs, steps: Steps, quiet: bool) -> Result<ferry_probe::
                 window: p.window,
             };
             match handle.block_on(ferry_net::probe::run(&cfg, &point, &notices)) {
-                Ok(r) => Ok(NetSample {
-                    streams: r.streams,
-                    rate_mbps: r.rate_mbps(std::time::Duration::from_secs_f64(p.skip)),
-                    sent_bytes: r.sent_bytes,
-                    received_bytes: r.received_bytes,
-                    rtt_idle_ms: f64::from(if r.rtt_idle_min_us > 0 {
-                        r.rtt_idle_min_us
-                    } else {
-                        r.rtt_idle_us
-                    }) / 1000.0,
-                    rtt_load_ms: r.rtt_load_ms(),
-                    cwnd_bytes: r.cwnd_bytes(),
-                    retransmits: r.retransmits(),
-                    mss: r.per_stream.first().map_or(0, |s| s.snd_mss),
-                }),
+                Ok(r) => Ok(sample(&r, p.skip)),
                 Err(e) => {
                     let msg = e.to_string();
                     if !e.is_retryable() {
@@ -224,32 +257,25 @@ async fn net(a: ProbeNetArgs, steps: Steps, quiet: bool) -> Result<ferry_probe::
         });
         (report, fatal)
     })
-    .await?;
-    let mut report = report;
-    if report.best.is_none() {
-        let why = match fatal {
-            Some(e) => anyhow::Error::new(e),
-            None => anyhow::anyhow!(
-                "{}",
-                report
-                    .points
-                    .iter()
-                    .flat_map(|p| p.errors.first())
-                    .next()
-                    .cloned()
-                    .unwrap_or_else(|| "nothing was measured".into())
-            ),
-        };
-        return Err(why.context(format!("probing {}", report.endpoint)));
+    .await?)
+}
+
+/// One point's measurement as the sweep records it, leaving out the first `skip` seconds
+/// (slow start) from the rate.
+fn sample(r: &ferry_net::probe::ProbeResult, skip: f64) -> NetSample {
+    NetSample {
+        streams: r.streams,
+        rate_mbps: r.rate_mbps(std::time::Duration::from_secs_f64(skip)),
+        sent_bytes: r.sent_bytes,
+        received_bytes: r.received_bytes,
+        rtt_idle_ms: f64::from(if r.rtt_idle_min_us > 0 {
+            r.rtt_idle_min_us
+        } else {
+            r.rtt_idle_us
+        }) / 1000.0,
+        rtt_load_ms: r.rtt_load_ms(),
+        cwnd_bytes: r.cwnd_bytes(),
+        retransmits: r.retransmits(),
+        mss: r.per_stream.first().map_or(0, |s| s.snd_mss),
     }
-    if !a.no_save {
-        let entry = report.profile_entry(ferry_probe::net::rfc3339(std::time::SystemTime::now()));
-        if let Some(entry) = entry {
-            let dir = super::serve::state_dir()?;
-            let path = ferry_probe::net::save_profile(&dir, &report.endpoint, entry)
-                .with_context(|| format!("saving the profile in {}", dir.display()))?;
-            report.profile = Some(path);
-        }
-    }
-    Ok(report)
 }

@@ -1,75 +1,19 @@
 //! `ferry serve`: token management and the daemon's lifetime.
 
 use std::io::Write;
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
 use std::sync::Arc;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use ferry_net::access::{self, Access, AccessList};
 use ferry_net::{Identity, Server, ServerConfig};
 
 use crate::args::ServeArgs;
-use crate::usage;
-
-/// Where the server keeps its token and state when not told: `$FERRY_STATE_DIR`, else
-/// `$XDG_STATE_HOME/ferry`, else `~/.local/state/ferry`.
-pub fn state_dir() -> Result<PathBuf> {
-    if let Some(d) = std::env::var_os("FERRY_STATE_DIR") {
-        return Ok(PathBuf::from(d));
-    }
-    if let Some(d) = std::env::var_os("XDG_STATE_HOME") {
-        return Ok(PathBuf::from(d).join("ferry"));
-    }
-    let home = std::env::var_os("HOME")
-        .context("cannot find a state directory: set HOME or FERRY_STATE_DIR")?;
-    Ok(PathBuf::from(home).join(".local/state/ferry"))
-}
-
-/// Reads the token in `path`, or creates the file (mode 0600) with a fresh random token.
-/// Returns the token and whether it was created now.
-pub fn load_or_create_token(path: &Path) -> Result<(String, bool)> {
-    match std::fs::read_to_string(path) {
-        Ok(t) => {
-            let t = t.trim().to_owned();
-            if t.is_empty() {
-                bail!("token file {} is empty", path.display());
-            }
-            let mode = std::fs::metadata(path)?.permissions().mode();
-            if mode & 0o077 != 0 {
-                tracing::warn!(
-                    "token file {} is readable by others (mode {:o}); chmod 600 it",
-                    path.display(),
-                    mode & 0o777
-                );
-            }
-            Ok((t, false))
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-                std::fs::create_dir_all(dir)
-                    .with_context(|| format!("creating {}", dir.display()))?;
-            }
-            let mut bytes = [0u8; 24];
-            getrandom::fill(&mut bytes).map_err(|e| anyhow::anyhow!("no OS randomness: {e}"))?;
-            let token = ferry_core::digest::hex(&bytes);
-            // create_new: two servers started at once must not overwrite each other's token.
-            let mut f = std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(0o600)
-                .open(path)
-                .with_context(|| format!("creating token file {}", path.display()))?;
-            writeln!(f, "{token}")?;
-            f.sync_all()?;
-            Ok((token, true))
-        }
-        Err(e) => Err(e).with_context(|| format!("reading token file {}", path.display())),
-    }
-}
+use crate::error::usage;
+use crate::state;
 
 pub async fn run(args: ServeArgs, quiet: bool) -> Result<ExitCode> {
     if args.oneshot {
@@ -80,40 +24,8 @@ pub async fn run(args: ServeArgs, quiet: bool) -> Result<ExitCode> {
         .clone()
         .context("--root is required")
         .map_err(usage)?;
-    let state = state_dir().map_err(usage)?;
-    let access = if let Some(path) = &args.token_file {
-        // One full-access token kept in a file, for scripts that need to read it back.
-        let (token, _) = load_or_create_token(path).map_err(usage)?;
-        Access::Fixed(Arc::new(AccessList::single("token-file", &token)))
-    } else {
-        let path = args
-            .tokens
-            .clone()
-            .unwrap_or_else(|| state.join("tokens.toml"));
-        // Two servers starting together on one state directory make one first token, not two.
-        std::fs::create_dir_all(&state)
-            .with_context(|| format!("creating the state directory {}", state.display()))?;
-        let _lock = ferry_net::tls::lock_dir(&state)
-            .with_context(|| format!("locking the state directory {}", state.display()))?;
-        let file = access::load(&path).map_err(|e| usage(e.into()))?;
-        if file.tokens.is_empty() {
-            let token = access::add_token(&path, "default", vec![], vec![], false)
-                .with_context(|| format!("creating the first token in {}", path.display()))?;
-            // Shown once; only its hash is kept.
-            eprintln!(
-                "ferry: new full-access token `default` (shown once; only its hash is kept in {}): {token}",
-                path.display()
-            );
-            eprintln!("ferry: manage tokens with `ferry token add|list|revoke`");
-        } else if !quiet {
-            eprintln!(
-                "ferry: {} token(s) in {}",
-                file.tokens.len(),
-                path.display()
-            );
-        }
-        Access::file(path)
-    };
+    let state = state::state_dir().map_err(usage)?;
+    let access = access_for(&args, &state, quiet)?;
     let (identity, created) = Identity::load_or_create(&state).map_err(|e| usage(e.into()))?;
     if !quiet {
         eprintln!(
@@ -134,34 +46,8 @@ pub async fn run(args: ServeArgs, quiet: bool) -> Result<ExitCode> {
     let mut config = ServerConfig::new(&root, String::new());
     config.access = Arc::new(access);
     config.tls = Some(identity);
-    config.allow_plaintext = args.allow_plaintext;
-    if args.keep_modes {
-        config.modes = ferry_core::recv::Modes::Keep;
-    }
-    config.max_connections = args.max_connections.max(1);
-    config.max_streams = args.max_streams.max(1);
-    config.max_unauthenticated_per_address = args.max_unauthenticated;
-    config.max_sessions_per_token = args.max_sessions_per_token.max(1);
-    config.idle_timeout = crate::config::parse_duration(&args.idle_timeout)
-        .context("--idle-timeout")
-        .map_err(usage)?
-        .max(Duration::from_secs(5));
-    config.partial_max_age = crate::config::parse_duration(&args.partial_max_age).map_err(usage)?;
-    // Sessions start their readers and writers where `ferry probe disk` found the root's file
-    // system fastest, and tune them from there.
-    if let Some(p) = ferry_probe::disk::disk_profile_for(&state, &root) {
-        config.readers = p.read_threads.clamp(1, 64) as usize;
-        config.writers = p.write_threads.clamp(1, 64) as usize;
-        if !quiet {
-            eprintln!(
-                "ferry: storage threads from the disk profile of {} ({}): {} readers, {} writers",
-                p.path.display(),
-                p.measured_at,
-                config.readers,
-                config.writers
-            );
-        }
-    }
+    limits(&mut config, &args)?;
+    storage_from_profile(&mut config, &state, &root, quiet);
     if args.allow_plaintext {
         eprintln!(
             "ferry: warning: --allow-plaintext: clients that ask for plain TCP (--no-encrypt) are \
@@ -175,16 +61,7 @@ pub async fn run(args: ServeArgs, quiet: bool) -> Result<ExitCode> {
     let local = server.local_addr()?;
     if !quiet {
         eprintln!("ferry: serving {} on {local}", root.display());
-        // The host's setting as `probe host` reads it; only worth saying while ferry uses it.
-        let fast_open = ferry_probe::net::local_tcp_settings().fastopen;
-        if let Some(v) = fast_open.filter(|v| v & 2 == 0 && ferry_net::tcp::fast_open()) {
-            eprintln!(
-                "ferry: note: this host refuses TCP Fast Open (net.ipv4.tcp_fastopen={v}), so \
-                 every client connection waits a round trip for its SYN before TLS; \
-                 `sysctl -w net.ipv4.tcp_fastopen={}` lets it start in the SYN",
-                v | 3
-            );
-        }
+        note_fast_open();
     }
     let report = server.scan_partials();
     if !quiet && (report.kept_files > 0 || report.removed_files > 0) {
@@ -202,6 +79,89 @@ pub async fn run(args: ServeArgs, quiet: bool) -> Result<ExitCode> {
         eprintln!("ferry: stopped");
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Who may log in: the one token of `--token-file`, or the named tokens of the token file
+/// (made with one full-access token on the first start).
+fn access_for(args: &ServeArgs, state: &Path, quiet: bool) -> Result<Access> {
+    if let Some(path) = &args.token_file {
+        // One full-access token kept in a file, for scripts that need to read it back.
+        let (token, _) = state::load_or_create_token(path).map_err(usage)?;
+        return Ok(Access::Fixed(Arc::new(AccessList::single(
+            "token-file",
+            &token,
+        ))));
+    }
+    let path = state::tokens_file(args.tokens.as_deref(), state);
+    let _lock = state::create_and_lock(state)?;
+    let file = access::load(&path).map_err(|e| usage(e.into()))?;
+    if file.tokens.is_empty() {
+        let token = access::add_token(&path, "default", vec![], vec![], false)
+            .with_context(|| format!("creating the first token in {}", path.display()))?;
+        // Shown once; only its hash is kept.
+        eprintln!(
+            "ferry: new full-access token `default` (shown once; only its hash is kept in {}): {token}",
+            path.display()
+        );
+        eprintln!("ferry: manage tokens with `ferry token add|list|revoke`");
+    } else if !quiet {
+        eprintln!(
+            "ferry: {} token(s) in {}",
+            file.tokens.len(),
+            path.display()
+        );
+    }
+    Ok(Access::file(path))
+}
+
+/// The daemon's limits and policies from its options.
+fn limits(config: &mut ServerConfig, args: &ServeArgs) -> Result<()> {
+    config.allow_plaintext = args.allow_plaintext;
+    if args.keep_modes {
+        config.modes = ferry_core::recv::Modes::Keep;
+    }
+    config.max_connections = args.max_connections.max(1);
+    config.max_streams = args.max_streams.max(1);
+    config.max_unauthenticated_per_address = args.max_unauthenticated;
+    config.max_sessions_per_token = args.max_sessions_per_token.max(1);
+    config.idle_timeout = crate::config::parse_duration(&args.idle_timeout)
+        .context("--idle-timeout")
+        .map_err(usage)?
+        .max(Duration::from_secs(5));
+    config.partial_max_age = crate::config::parse_duration(&args.partial_max_age).map_err(usage)?;
+    Ok(())
+}
+
+/// Sessions start their readers and writers where `ferry probe disk` found the root's file
+/// system fastest, and tune them from there.
+fn storage_from_profile(config: &mut ServerConfig, state: &Path, root: &Path, quiet: bool) {
+    let Some(p) = ferry_probe::disk::disk_profile_for(state, root) else {
+        return;
+    };
+    config.readers = p.read_threads.clamp(1, 64) as usize;
+    config.writers = p.write_threads.clamp(1, 64) as usize;
+    if !quiet {
+        eprintln!(
+            "ferry: storage threads from the disk profile of {} ({}): {} readers, {} writers",
+            p.path.display(),
+            p.measured_at,
+            config.readers,
+            config.writers
+        );
+    }
+}
+
+/// The host's setting as `probe host` reads it; only worth saying while ferry uses it.
+fn note_fast_open() {
+    let fast_open = ferry_probe::net::local_tcp_settings().fastopen;
+    if let Some(v) = fast_open.filter(|v| v & 2 == 0 && ferry_net::tcp::fast_open()) {
+        eprintln!(
+            "ferry: note: this host refuses TCP Fast Open (net.ipv4.tcp_fastopen={v}), so \
+             every client connection waits a round trip for its SYN before TLS; \
+             `sysctl -w net.ipv4.tcp_fastopen={}` lets it start in the SYN",
+            v | 3
+        );
+    }
 }
 
 /// Descriptors one connection may hold at once. A get's data connection holds three on the

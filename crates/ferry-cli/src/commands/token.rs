@@ -8,14 +8,13 @@ use anyhow::Result;
 use ferry_net::access;
 
 use crate::args::{TokenCommand, TokenFileArgs};
-use crate::usage;
+use crate::error::usage;
+use crate::state;
 
 fn path_of(a: &TokenFileArgs) -> Result<PathBuf> {
     match &a.tokens {
         Some(p) => Ok(p.clone()),
-        None => Ok(super::serve::state_dir()
-            .map_err(usage)?
-            .join("tokens.toml")),
+        None => Ok(state::state_dir().map_err(usage)?.join(state::TOKENS_FILE)),
     }
 }
 

@@ -1,5 +1,6 @@
-//! Helpers for the end-to-end tests: a sandboxed environment per test, a `ferry serve` child
-//! that is always killed (Drop), commands run with a deadline, and std-only tree digests.
+//! Helpers shared by the end-to-end tests (`mod util;` in each): a sandboxed environment per
+//! test, a `ferry serve` child that is always killed (Drop) and waited for until it serves,
+//! commands run with a deadline, JSON output read back, and std-only tree digests.
 #![allow(dead_code)]
 
 use std::collections::BTreeMap;
@@ -87,6 +88,28 @@ impl std::fmt::Debug for Out {
             self.status, self.stdout, self.stderr
         )
     }
+}
+
+/// The single JSON document on stdout (fails if there is anything else).
+#[track_caller]
+pub fn one_json(stdout: &str) -> serde_json::Value {
+    let mut it = serde_json::Deserializer::from_str(stdout).into_iter::<serde_json::Value>();
+    let v = it
+        .next()
+        .unwrap_or_else(|| panic!("no JSON on stdout: {stdout:?}"))
+        .unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {stdout:?}"));
+    assert!(
+        it.next().is_none(),
+        "more than one JSON document on stdout: {stdout:?}"
+    );
+    v
+}
+
+/// Field `k` of a JSON object, which must be an unsigned integer.
+#[track_caller]
+pub fn u64_field(v: &serde_json::Value, k: &str) -> u64 {
+    v[k].as_u64()
+        .unwrap_or_else(|| panic!("`{k}` is not an unsigned integer in {v}"))
 }
 
 /// Asserts the exit code, showing everything the command printed when it differs.
@@ -186,6 +209,20 @@ impl Sandbox {
         c
     }
 
+    /// `ferry serve --root ROOT --listen LISTEN [--token-file FILE]`, not yet spawned.
+    pub fn serve_cmd(&self, root: &Path, listen: &str, token_file: Option<&Path>) -> Command {
+        let mut cmd = self.ferry();
+        cmd.arg("serve")
+            .arg("--root")
+            .arg(root)
+            .arg("--listen")
+            .arg(listen);
+        if let Some(f) = token_file {
+            cmd.arg("--token-file").arg(f);
+        }
+        cmd
+    }
+
     /// `ferry` with `FERRY_TOKEN` set.
     pub fn client(&self, token: &str) -> Command {
         let mut c = self.ferry();
@@ -231,63 +268,46 @@ impl Server {
             let n = SERVER_SEQ.fetch_add(1, Ordering::Relaxed);
             let stderr_path = sb.path(&format!("serve-{n}.log"));
             let log = fs::File::create(&stderr_path).unwrap();
-            let mut cmd = sb.ferry();
-            cmd.arg("serve")
-                .arg("--root")
-                .arg(root)
-                .arg("--listen")
-                .arg(format!("127.0.0.1:{port}"));
-            if let Some(f) = token_file {
-                cmd.arg("--token-file").arg(f);
-            }
+            let listen = format!("127.0.0.1:{port}");
+            let mut cmd = sb.serve_cmd(root, &listen, token_file);
             cmd.args(extra)
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
                 .stderr(log);
             prepare(&mut cmd);
             let mut guard = ChildGuard(Some(cmd.spawn().expect("spawning ferry serve")));
-            let deadline = Instant::now() + Duration::from_secs(5);
-            let want = format!("on 127.0.0.1:{port}");
-            loop {
-                let text = fs::read_to_string(&stderr_path).unwrap_or_default();
-                if text
-                    .lines()
-                    .any(|l| l.starts_with("ferry: serving ") && l.ends_with(&want))
+            let text = match wait_serving(&mut guard, &stderr_path, &listen, Duration::from_secs(5))
+            {
+                Ok(text) => text,
+                // Someone took the port in between: try another.
+                Err(NotServing::Exited(_, text))
+                    if text.contains("cannot listen") && attempt < 2 =>
                 {
-                    // With --token-file the token is in the file; otherwise only its hash is
-                    // kept, and the first start prints it once (empty on later starts).
-                    let token = match token_file {
-                        Some(f) => fs::read_to_string(f)
-                            .expect("token file after start")
-                            .trim()
-                            .to_owned(),
-                        None => text
-                            .lines()
-                            .find(|l| l.contains("new full-access token"))
-                            .and_then(|l| l.rsplit(' ').next())
-                            .unwrap_or_default()
-                            .to_owned(),
-                    };
-                    return Self {
-                        guard,
-                        port,
-                        root: root.to_path_buf(),
-                        token,
-                        stderr_path,
-                    };
+                    continue
                 }
-                if let Some(status) = guard.child().try_wait().unwrap() {
-                    guard.0 = None;
-                    if text.contains("cannot listen") && attempt < 2 {
-                        break; // someone took the port in between: try another
-                    }
-                    panic!("ferry serve exited early ({status}):\n{text}");
-                }
-                if Instant::now() >= deadline {
-                    panic!("ferry serve not ready within 5 s:\n{text}");
-                }
-                std::thread::sleep(Duration::from_millis(10));
-            }
+                Err(e) => panic!("{e}"),
+            };
+            // With --token-file the token is in the file; otherwise only its hash is kept, and
+            // the first start prints it once (empty on later starts).
+            let token = match token_file {
+                Some(f) => fs::read_to_string(f)
+                    .expect("token file after start")
+                    .trim()
+                    .to_owned(),
+                None => text
+                    .lines()
+                    .find(|l| l.contains("new full-access token"))
+                    .and_then(|l| l.rsplit(' ').next())
+                    .unwrap_or_default()
+                    .to_owned(),
+            };
+            return Self {
+                guard,
+                port,
+                root: root.to_path_buf(),
+                token,
+                stderr_path,
+            };
         }
         unreachable!("the loop returns or panics")
     }
@@ -308,6 +328,56 @@ impl Server {
             .status()
             .expect("running kill");
         assert!(st.success(), "kill -{sig} failed");
+    }
+}
+
+/// Why a `ferry serve` did not come up.
+#[derive(Debug)]
+pub enum NotServing {
+    /// It exited, with this status, having printed this.
+    Exited(ExitStatus, String),
+    /// It printed this and was still not serving when the time ran out.
+    TimedOut(Duration, String),
+}
+
+impl std::fmt::Display for NotServing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Exited(status, text) => write!(f, "ferry serve exited early ({status}):\n{text}"),
+            Self::TimedOut(t, text) => {
+                write!(f, "ferry serve not ready within {} s:\n{text}", t.as_secs())
+            }
+        }
+    }
+}
+
+/// Waits (at most `timeout`) for the `ferry serve` in `guard`, whose stderr goes to `log`, to
+/// print that it serves on `listen`; returns what it printed. If it exits first, it is reaped
+/// (`guard` left empty).
+pub fn wait_serving(
+    guard: &mut ChildGuard,
+    log: &Path,
+    listen: &str,
+    timeout: Duration,
+) -> Result<String, NotServing> {
+    let want = format!(" on {listen}");
+    let deadline = Instant::now() + timeout;
+    loop {
+        let text = fs::read_to_string(log).unwrap_or_default();
+        if text
+            .lines()
+            .any(|l| l.starts_with("ferry: serving ") && l.ends_with(&want))
+        {
+            return Ok(text);
+        }
+        if let Some(status) = guard.child().try_wait().unwrap() {
+            guard.0 = None;
+            return Err(NotServing::Exited(status, text));
+        }
+        if Instant::now() >= deadline {
+            return Err(NotServing::TimedOut(timeout, text));
+        }
+        std::thread::sleep(Duration::from_millis(10));
     }
 }
 
