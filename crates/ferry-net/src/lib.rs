@@ -6,16 +6,17 @@ pub mod access;
 mod admission;
 mod autotune;
 pub mod client;
-mod conn;
 mod endgame;
 mod engine;
 pub mod error;
 pub mod probe;
 pub mod server;
-mod stream;
-pub mod tcp;
 mod timeline;
-pub mod tls;
+mod transport;
+
+pub use transport::{tcp, tls};
+// Short paths for the driver's own modules (`crate::conn`, `crate::stream`).
+pub(crate) use transport::{conn, stream};
 
 pub use autotune::{
     bottleneck, ramp_helpers, ThreadReport, ThreadStep, AUTO_MAX_STORAGE_THREADS, AUTO_MAX_STREAMS,
