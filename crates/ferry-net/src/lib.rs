@@ -2,8 +2,6 @@
 //! transfer between a `ferry_core` sender and receiver across one control and N data
 //! connections, all on one server port.
 
-pub mod access;
-mod admission;
 mod autotune;
 pub mod client;
 mod endgame;
@@ -14,6 +12,7 @@ pub mod server;
 mod timeline;
 mod transport;
 
+pub use server::access;
 pub use transport::{tcp, tls};
 // Short paths for the driver's own modules (`crate::conn`, `crate::stream`).
 pub(crate) use transport::{conn, stream};

@@ -22,8 +22,7 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use ferry_core::Reporter;
 use ferry_proto::{
-    ChecksumAlgo, ErrorCode, ExistingPolicy, Frame, FrameHeader, FrameType, ProbeStream, SessionId,
-    TransferOpts, HEADER_LEN, MAX_CONTROL_PAYLOAD,
+    ErrorCode, Frame, FrameHeader, FrameType, ProbeStream, HEADER_LEN, MAX_CONTROL_PAYLOAD,
 };
 use serde::Serialize;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -32,11 +31,9 @@ use tokio::time::Instant;
 
 pub use ferry_proto::ProbeDirection;
 
-use crate::access::Grant;
 use crate::client::{self, ClientConfig};
-use crate::conn::{expect_frame, send};
+use crate::conn::expect_frame;
 use crate::error::SessionError;
-use crate::server::{gather, Shared};
 use crate::stream::Stream;
 use crate::tcp::tcp_info;
 
@@ -179,13 +176,13 @@ fn filler() -> &'static Bytes {
 }
 
 /// Byte counts per interval since `t0`; late bytes land in the last bucket.
-struct Buckets {
+pub(crate) struct Buckets {
     t0: Instant,
     counts: Vec<AtomicU64>,
 }
 
 impl Buckets {
-    fn new(t0: Instant, span: Duration) -> Arc<Self> {
+    pub(crate) fn new(t0: Instant, span: Duration) -> Arc<Self> {
         let n = span.as_millis().div_ceil(PROBE_INTERVAL.as_millis()).max(1) as usize;
         Arc::new(Self {
             t0,
@@ -202,7 +199,7 @@ impl Buckets {
     }
 
     /// The counts, without the empty buckets at the end.
-    fn snapshot(&self) -> Vec<u64> {
+    pub(crate) fn snapshot(&self) -> Vec<u64> {
         let mut v: Vec<u64> = self
             .counts
             .iter()
@@ -318,7 +315,7 @@ async fn receive_filler(
 }
 
 /// Runs every data connection's side of the probe; returns per-connection results in order.
-async fn run_streams(
+pub(crate) async fn run_streams(
     data: Vec<Stream>,
     sending: bool,
     buckets: &Arc<Buckets>,
@@ -352,77 +349,6 @@ async fn run_streams(
     }
     out.sort_by_key(|(i, _)| *i);
     Ok(out.into_iter().map(|(_, r)| r).collect())
-}
-
-/// The server's side, called from `prepare` for a `ProbeRequest`: checks and bounds it, lets
-/// the data connections join, runs the probe and sends `ProbeResult`.
-pub(crate) async fn serve(
-    shared: &Shared,
-    control: &mut Stream,
-    grant: &Grant,
-    session: SessionId,
-    secret: [u8; 32],
-    request: Frame,
-) -> Result<(), SessionError> {
-    let Frame::ProbeRequest {
-        direction,
-        streams,
-        duration_ms,
-        window,
-    } = request
-    else {
-        return Err(SessionError::Protocol("expected ProbeRequest".into()));
-    };
-    if !grant.may_read_something() {
-        return Err(SessionError::Remote {
-            code: ErrorCode::DENIED,
-            message: format!(
-                "permission denied: token `{}` has no read scope, which a probe needs",
-                grant.name
-            ),
-        });
-    }
-    let duration = Duration::from_millis(u64::from(duration_ms));
-    if !(MIN_PROBE_DURATION..=MAX_PROBE_DURATION).contains(&duration) {
-        return Err(SessionError::Remote {
-            code: ErrorCode::BAD_REQUEST,
-            message: format!(
-                "a probe runs {} ms to {} s, not {duration_ms} ms",
-                MIN_PROBE_DURATION.as_millis(),
-                MAX_PROBE_DURATION.as_secs()
-            ),
-        });
-    }
-    let opts = TransferOpts {
-        streams: streams.clamp(1, shared.config.max_streams.max(1)),
-        block_size: PROBE_FRAME_DATA,
-        checksum: ChecksumAlgo::Blake3,
-        existing: ExistingPolicy::Fail,
-        tcp_window: window,
-        auto_start: 0,
-    };
-    // Data connections hold connection-cap permits for as long as they are open.
-    let (data, _permits, _registered) =
-        gather(shared, control, session, secret, &opts, None).await?;
-    let buckets = Buckets::new(Instant::now(), duration + DRAIN_GRACE);
-    let sending = direction == ProbeDirection::ServerToClient;
-    let streams = run_streams(data, sending, &buckets, duration).await?;
-    tracing::info!(
-        streams = streams.len(),
-        bytes = streams.iter().map(|s| s.bytes).sum::<u64>(),
-        ?direction,
-        "probe complete"
-    );
-    send(
-        control,
-        &Frame::ProbeResult {
-            interval_ms: PROBE_INTERVAL.as_millis() as u16,
-            intervals: buckets.snapshot(),
-            streams,
-        },
-    )
-    .await?;
-    Ok(())
 }
 
 /// Runs one probe against the server in `cfg` (token, TLS and pinning as for a transfer;
