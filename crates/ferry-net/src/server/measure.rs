@@ -10,7 +10,7 @@ use super::access::Grant;
 use super::registry::{gather, Named};
 use super::state::ServerState;
 use crate::error::SessionError;
-use crate::probe::{
+use crate::probe::flow::{
     run_streams, Buckets, DRAIN_GRACE, MAX_PROBE_DURATION, MIN_PROBE_DURATION, PROBE_FRAME_DATA,
     PROBE_INTERVAL,
 };
