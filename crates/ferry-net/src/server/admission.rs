@@ -1,42 +1,36 @@
-//! Limits on who gets in. Connections that have not authenticated yet are counted per source address, so that one address
-//! cannot take every connection slot with connections that never log in (issue 35: 512 data
-//! `Hello`s for a random session, opened in 0.03 s, left `ferry ls` from anywhere else `busy`).
+//! Limits on who gets in. Connections that have not authenticated yet are counted per source
+//! address, so that one address cannot take every connection slot with connections that never
+//! log in (issue 35: 512 data `Hello`s for a random session, opened in 0.03 s, left `ferry ls`
+//! from anywhere else `busy`).
 //!
 //! A connection counts from its accept until it has proven something: a control connection's
 //! token was accepted, or a data connection joined a session with its secret. IPv6 addresses
 //! count per /64, the block one host usually holds; an IPv4 address mapped into IPv6 counts as
-//! the IPv4 address it is.
-
+//! the IPv4 address it is ([`host_of`]).
 //!
 //! Also here: the cap on sessions per token, and the brake on guessing tokens ([`LoginBrake`]).
+
 use std::collections::HashMap;
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv6Addr};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-/// What connections are counted under: an IPv4 address, or an IPv6 /64 prefix.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub(crate) enum AddrKey {
-    V4(u32),
-    V6Prefix(u64),
-}
-
-impl AddrKey {
-    pub(crate) fn of(ip: IpAddr) -> Self {
-        match ip {
-            IpAddr::V4(v4) => Self::V4(u32::from(v4)),
-            IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
-                Some(v4) => Self::V4(u32::from(v4)),
-                None => Self::V6Prefix((u128::from(v6) >> 64) as u64),
-            },
-        }
+/// The address one host is counted under: an IPv4 address as it is (also when mapped into
+/// IPv6), an IPv6 address as its /64 prefix.
+pub(crate) fn host_of(addr: IpAddr) -> IpAddr {
+    match addr {
+        IpAddr::V4(_) => addr,
+        IpAddr::V6(a) => match a.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => IpAddr::V6(Ipv6Addr::from(u128::from(a) & !((1u128 << 64) - 1))),
+        },
     }
 }
 
 /// Counts of unauthenticated connections per address, with a cap on each.
 pub(crate) struct PerAddress {
     cap: usize,
-    counts: Mutex<HashMap<AddrKey, usize>>,
+    counts: Mutex<HashMap<IpAddr, usize>>,
 }
 
 impl PerAddress {
@@ -54,7 +48,7 @@ impl PerAddress {
     /// Counts one more connection from `ip`, or `None` if that address is at its cap. The
     /// count drops again when the returned guard does (authenticated, or closed).
     pub(crate) fn admit(self: &Arc<Self>, ip: IpAddr) -> Option<Unproven> {
-        let key = AddrKey::of(ip);
+        let key = host_of(ip);
         let mut counts = self.counts.lock().unwrap_or_else(|e| e.into_inner());
         let n = counts.entry(key).or_insert(0);
         if *n >= self.cap {
@@ -71,14 +65,14 @@ impl PerAddress {
     #[cfg(test)]
     fn count(&self, ip: IpAddr) -> usize {
         let counts = self.counts.lock().unwrap_or_else(|e| e.into_inner());
-        counts.get(&AddrKey::of(ip)).copied().unwrap_or(0)
+        counts.get(&host_of(ip)).copied().unwrap_or(0)
     }
 }
 
 /// One connection counted as unauthenticated until this is dropped.
 pub(crate) struct Unproven {
     owner: Arc<PerAddress>,
-    key: AddrKey,
+    key: IpAddr,
 }
 
 impl Drop for Unproven {
@@ -158,17 +152,12 @@ struct Failures {
 
 /// The network an address is counted in as well: its /24 (IPv4) or /64 (IPv6).
 pub fn network_of(addr: IpAddr) -> IpAddr {
-    match addr {
+    match host_of(addr) {
         IpAddr::V4(a) => {
             let [x, y, z, _] = a.octets();
             IpAddr::from([x, y, z, 0])
         }
-        IpAddr::V6(a) => match a.to_ipv4_mapped() {
-            Some(v4) => network_of(IpAddr::V4(v4)),
-            None => IpAddr::V6(std::net::Ipv6Addr::from(
-                u128::from(a) & !((1u128 << 64) - 1),
-            )),
-        },
+        v6 => v6,
     }
 }
 
