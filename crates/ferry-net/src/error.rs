@@ -54,8 +54,8 @@ pub enum SessionError {
     },
 }
 
-impl From<crate::tls::TlsError> for SessionError {
-    fn from(e: crate::tls::TlsError) -> Self {
+impl From<crate::transport::tls::TlsError> for SessionError {
+    fn from(e: crate::transport::tls::TlsError) -> Self {
         Self::Tls(e.to_string())
     }
 }

@@ -2,20 +2,20 @@
 //! transfer between a `ferry_core` sender and receiver across one control and N data
 //! connections, all on one server port.
 
-pub mod access;
-mod admission;
 mod autotune;
 pub mod client;
-mod conn;
 mod endgame;
 mod engine;
 pub mod error;
 pub mod probe;
 pub mod server;
-mod stream;
-pub mod tcp;
 mod timeline;
-pub mod tls;
+mod transport;
+
+pub use server::access;
+pub use transport::{tcp, tls};
+// Short paths for the driver's own modules (`crate::conn`, `crate::stream`).
+pub(crate) use transport::{conn, stream};
 
 pub use autotune::{
     bottleneck, ramp_helpers, ThreadReport, ThreadStep, AUTO_MAX_STORAGE_THREADS, AUTO_MAX_STREAMS,

@@ -1,0 +1,230 @@
+//! Tokens and what each may touch: parsing the stored entries, path scopes, and checking a
+//! token against the list. No file I/O here (that is `store`).
+
+use std::path::PathBuf;
+
+use ferry_core::path;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+
+#[derive(Debug, thiserror::Error)]
+pub enum AccessError {
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("token `{0}` already exists (revoke it first, or pick another name)")]
+    Exists(String),
+    #[error("no token named `{0}`")]
+    NoSuchToken(String),
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// One token as stored: its name, the hash of its secret, and its scope.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenEntry {
+    pub name: String,
+    /// Lower-case hex SHA-256 of the token.
+    pub sha256: String,
+    #[serde(default = "everything")]
+    pub read: Vec<String>,
+    #[serde(default = "everything")]
+    pub write: Vec<String>,
+    #[serde(default)]
+    pub read_only: bool,
+}
+
+pub(super) fn everything() -> Vec<String> {
+    vec!["/".into()]
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenFile {
+    #[serde(default, rename = "token")]
+    pub tokens: Vec<TokenEntry>,
+}
+
+/// What an authenticated client may touch: normalised prefixes, relative to the root.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Grant {
+    pub name: String,
+    read: Vec<String>,
+    write: Vec<String>,
+}
+
+impl Grant {
+    /// A token that may read and write everything under the root.
+    pub fn full(name: impl Into<String>) -> Self {
+        Self {
+            name: name.into(),
+            read: vec![String::new()],
+            write: vec![String::new()],
+        }
+    }
+
+    pub(super) fn from_entry(e: &TokenEntry) -> Result<Self, AccessError> {
+        let norm = |v: &[String]| -> Result<Vec<String>, AccessError> {
+            v.iter()
+                .map(|p| {
+                    path::normalize_remote(p).map_err(|err| {
+                        AccessError::Invalid(format!("token `{}`: prefix `{p}`: {err}", e.name))
+                    })
+                })
+                .collect()
+        };
+        Ok(Self {
+            name: e.name.clone(),
+            read: norm(&e.read)?,
+            write: if e.read_only {
+                Vec::new()
+            } else {
+                norm(&e.write)?
+            },
+        })
+    }
+
+    /// `rel` is a normalised path (no leading `/`, no `..`).
+    pub fn may_read(&self, rel: &str) -> bool {
+        self.read.iter().any(|p| under(rel, p))
+    }
+
+    /// Whether any read scope is granted (what a network probe needs: it touches no path).
+    pub fn may_read_something(&self) -> bool {
+        !self.read.is_empty()
+    }
+
+    pub fn may_write(&self, rel: &str) -> bool {
+        self.write.iter().any(|p| under(rel, p))
+    }
+
+    /// The read prefix that covers `rel` (the widest, when several do): the directory its
+    /// operation is confined beneath.
+    pub fn read_scope(&self, rel: &str) -> Option<&str> {
+        widest(&self.read, rel)
+    }
+
+    /// The write prefix that covers `rel` (the widest, when several do).
+    pub fn write_scope(&self, rel: &str) -> Option<&str> {
+        widest(&self.write, rel)
+    }
+}
+
+fn widest<'a>(prefixes: &'a [String], rel: &str) -> Option<&'a str> {
+    prefixes
+        .iter()
+        .filter(|p| under(rel, p))
+        .min_by_key(|p| p.len())
+        .map(String::as_str)
+}
+
+/// `rel` (covered by `prefix`) as a path inside `prefix`.
+pub fn inside<'a>(rel: &'a str, prefix: &str) -> &'a str {
+    if prefix.is_empty() {
+        rel
+    } else {
+        rel[prefix.len()..].trim_start_matches('/')
+    }
+}
+
+/// Whether `rel` is `prefix` or inside it, by whole path components (`/data2` is not in `/data`).
+fn under(rel: &str, prefix: &str) -> bool {
+    prefix.is_empty()
+        || rel == prefix
+        || (rel.len() > prefix.len()
+            && rel.starts_with(prefix)
+            && rel.as_bytes()[prefix.len()] == b'/')
+}
+
+pub fn hash_token(token: &str) -> [u8; 32] {
+    Sha256::digest(token.as_bytes()).into()
+}
+
+/// A parsed token list, ready to check logins against.
+#[derive(Clone, Debug, Default)]
+pub struct AccessList {
+    entries: Vec<([u8; 32], Grant)>,
+}
+
+impl AccessList {
+    /// One full-access token, kept in memory (tests, `serve --oneshot`, `--token-file`).
+    pub fn single(name: &str, token: &str) -> Self {
+        Self {
+            entries: vec![(hash_token(token), Grant::full(name))],
+        }
+    }
+
+    pub fn from_file(file: &TokenFile) -> Result<Self, AccessError> {
+        let mut entries = Vec::with_capacity(file.tokens.len());
+        for e in &file.tokens {
+            let hash = ferry_core::digest::unhex32(&e.sha256).ok_or_else(|| {
+                AccessError::Invalid(format!("token `{}`: sha256 must be 64 hex digits", e.name))
+            })?;
+            entries.push((hash, Grant::from_entry(e)?));
+        }
+        Ok(Self { entries })
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// The grant of the token, comparing against every entry in constant time so the time
+    /// taken says nothing about which entry (or how much of one) matched.
+    pub fn authenticate(&self, token: &str) -> Option<Grant> {
+        let h = hash_token(token);
+        let mut found = None;
+        for (hash, grant) in &self.entries {
+            if bool::from(hash.ct_eq(&h)) && found.is_none() {
+                found = Some(grant.clone());
+            }
+        }
+        found
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefixes_match_whole_components() {
+        assert!(under("data/x", "data"));
+        assert!(under("data", "data"));
+        assert!(!under("data2/x", "data"));
+        assert!(!under("dat", "data"));
+        assert!(under("anything", ""));
+    }
+
+    #[test]
+    fn scopes_and_read_only() {
+        let e = TokenEntry {
+            name: "a".into(),
+            sha256: "0".repeat(64),
+            read: vec!["/pub".into(), "shared/".into()],
+            write: vec!["/incoming".into()],
+            read_only: false,
+        };
+        let g = Grant::from_entry(&e).unwrap();
+        assert!(g.may_read("pub/x") && g.may_read("shared/y/z") && !g.may_read("incoming"));
+        assert!(g.may_write("incoming/run1") && !g.may_write("pub/x"));
+        let ro = Grant::from_entry(&TokenEntry {
+            read_only: true,
+            ..e.clone()
+        })
+        .unwrap();
+        assert!(!ro.may_write("incoming/run1") && ro.may_read("pub/x"));
+        let bad = TokenEntry {
+            read: vec!["../etc".into()],
+            ..e
+        };
+        assert!(Grant::from_entry(&bad).is_err());
+    }
+}

@@ -1,0 +1,90 @@
+//! What a server is told at start: its root, its tokens, its TLS identity and its limits.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ferry_core::recv::Modes;
+
+use super::access::{Access, AccessList};
+use crate::transport::tls::Identity;
+
+#[derive(Clone, Debug)]
+pub struct ServerConfig {
+    pub root: PathBuf,
+    /// The tokens that may log in, and what each may touch.
+    pub access: Arc<Access>,
+    /// The server's TLS key and certificate. `None` serves plain TCP only, which requires
+    /// `allow_plaintext`.
+    pub tls: Option<Identity>,
+    /// Accept clients that connect without TLS (`serve --allow-plaintext`). Never implied.
+    pub allow_plaintext: bool,
+    /// Where relative remote paths point, relative to the root: empty for a daemon (every
+    /// path is under the root), the user's home for `serve --oneshot` (so `host:file` means
+    /// `~/file`, as with scp).
+    pub base: String,
+    /// Connections open at once (control and data together); more are refused with `BUSY`.
+    pub max_connections: usize,
+    /// Connections from one address (IPv6: one /64) that have not authenticated yet, that is
+    /// not logged in or not joined to their session: more are refused with `BUSY`, so that
+    /// one address cannot fill `max_connections` with connections that never log in. Never
+    /// below `max_streams + 1`, what one client dials at once (`Server::bind` raises it).
+    pub max_unauthenticated_per_address: usize,
+    /// Sessions one token may run at once; more are refused with `BUSY`. With the per-session
+    /// bounds this bounds what one token can make the server hold (SECURITY.md).
+    pub max_sessions_per_token: usize,
+    /// How long a data connection waits for a session that no control connection has named:
+    /// a client dials its data connections alongside its control connection, so one may say
+    /// its `Hello` first, but not by long. A session named by a control connection still
+    /// logging in or preparing is waited for up to `handshake_timeout`.
+    pub unknown_session_grace: Duration,
+    pub max_streams: u16,
+    /// Upper bound on a session's buffered block data: streams × block size is lowered to fit.
+    pub session_memory: u64,
+    pub handshake_timeout: Duration,
+    pub idle_timeout: Duration,
+    /// Delay before answering a wrong token, so guessing is slow.
+    pub auth_failure_delay: Duration,
+    /// Reader threads (get) and writer threads (put) a session starts with.
+    pub readers: usize,
+    pub writers: usize,
+    /// Tune each session's reader or writer threads while it runs, from that start.
+    pub tune_storage: bool,
+    /// Partial files and journals untouched for this long are removed by the periodic scan.
+    pub partial_max_age: Duration,
+    /// How often the root is scanned for such leftovers.
+    pub partial_scan_interval: Duration,
+    /// Which permission bits a put stores (setuid, setgid and world-write cleared by default).
+    pub modes: Modes,
+}
+
+impl ServerConfig {
+    /// A TLS server with a fresh in-memory identity and one full-access token.
+    pub fn new(root: impl Into<PathBuf>, token: impl Into<String>) -> Self {
+        Self {
+            root: root.into(),
+            access: Arc::new(Access::Fixed(Arc::new(AccessList::single(
+                "default",
+                &token.into(),
+            )))),
+            tls: Some(Identity::generate().expect("generating a P-256 key works")),
+            allow_plaintext: false,
+            base: String::new(),
+            max_connections: 512,
+            max_unauthenticated_per_address: 128,
+            max_sessions_per_token: 16,
+            unknown_session_grace: Duration::from_secs(3),
+            max_streams: 64,
+            session_memory: 1 << 30,
+            handshake_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(120),
+            auth_failure_delay: Duration::from_secs(1),
+            readers: 4,
+            writers: 4,
+            tune_storage: true,
+            partial_max_age: Duration::from_secs(24 * 3600),
+            partial_scan_interval: Duration::from_secs(3600),
+            modes: Modes::default(),
+        }
+    }
+}

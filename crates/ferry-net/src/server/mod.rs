@@ -1,0 +1,23 @@
+//! The daemon: one port for control and data connections, a connection cap, timeouts on every
+//! wait, and graceful shutdown.
+//!
+//! Layers, each importing only those below it: `listener` accepts and hands each connection
+//! to `session` (TLS, `Hello`, login, then the transfer), which takes its request from
+//! `request` (scopes, limits; a network probe in `measure`). Data connections find their
+//! session in `registry`. `admission` bounds who gets in, `access` says what a token may
+//! touch, `state` is what all connections share.
+
+pub mod access;
+mod admission;
+mod config;
+mod listener;
+mod measure;
+mod registry;
+mod request;
+mod session;
+mod state;
+mod wire;
+
+pub use config::ServerConfig;
+pub use listener::Server;
+pub use state::IdleProbe;

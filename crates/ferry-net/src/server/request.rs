@@ -1,0 +1,365 @@
+//! What a logged-in control connection asks for (list, put, get or a network probe): checked
+//! against the token's scopes, bounded by the server's limits, and made ready to run.
+
+use std::sync::Arc;
+
+use ferry_core::recv::{Destination, Links, Receiver, ReceiverConfig};
+use ferry_core::root::Kind;
+use ferry_core::send::{Sender, SenderConfig, Source};
+use ferry_core::{path, FsError, NoReporter, Root};
+use ferry_proto::{
+    Capabilities, ErrorCode, Frame, ListEntry, SessionId, TransferOpts, MAX_CONTROL_PAYLOAD,
+    MAX_LIST_ENTRIES,
+};
+use tokio::sync::OwnedSemaphorePermit as Permit;
+
+use super::access::{self, Grant};
+use super::measure;
+use super::registry::{announce, gather, Named, Unregister};
+use super::state::ServerState;
+use super::wire::welcome;
+use crate::engine::{frame_queue, Joins, StreamPlan};
+use crate::error::SessionError;
+use crate::transport::conn::{expect_frame, send};
+use crate::transport::stream::Stream;
+
+/// The work a control connection asked for, ready to run.
+pub(super) enum Work<'a> {
+    Done,
+    /// The data connections are still joining: the engine answers offers meanwhile, and the
+    /// session stays open to them (`pending`) until all have joined or it ends.
+    Put {
+        receiver: Arc<Receiver>,
+        control: flume::Receiver<Frame>,
+        block_size: u32,
+        joins: Joins,
+        pending: Unregister<'a>,
+    },
+    /// The sender started before the data connections joined: its first offers went out
+    /// while they did.
+    Get {
+        sender: Sender,
+        frames: flume::Receiver<Frame>,
+        offers: flume::Receiver<Frame>,
+        plan: StreamPlan,
+        opts: TransferOpts,
+        data: Vec<Stream>,
+        permits: Vec<Permit>,
+        /// Registered while the session runs (see `gather`).
+        pending: Unregister<'a>,
+    },
+}
+
+/// Welcomes the session, reads its one request and prepares it.
+pub(super) async fn prepare<'a>(
+    shared: &'a ServerState,
+    stream: &mut Stream,
+    grant: &Grant,
+    session: SessionId,
+    secret: [u8; 32],
+    caps: Capabilities,
+) -> Result<Work<'a>, SessionError> {
+    welcome(stream, session, secret).await?;
+    let request = tokio::time::timeout(
+        shared.config.idle_timeout,
+        expect_frame(stream, MAX_CONTROL_PAYLOAD, "control"),
+    )
+    .await
+    .map_err(|_| SessionError::Timeout("waiting for a request"))??;
+    let named = Named { session, secret };
+    match request {
+        Frame::ListRequest { path } => {
+            let rel = resolve(shared, &path)?;
+            let Some(prefix) = grant.read_scope(&rel) else {
+                return Err(denied(grant, "list", &path));
+            };
+            let listed = async {
+                let scope = shared.root.scope(prefix, false)?;
+                list(&scope, stream, access::inside(&rel, prefix)).await
+            };
+            listed.await.map_err(|e| as_requested(e, &path))?;
+            Ok(Work::Done)
+        }
+        Frame::PutRequest {
+            dest,
+            sources,
+            opts,
+        } => prepare_put(shared, stream, grant, named, &dest, sources, opts).await,
+        Frame::GetRequest { src, opts } => {
+            prepare_get(shared, stream, grant, named, caps, &src, opts).await
+        }
+        probe @ Frame::ProbeRequest { .. } => {
+            measure::serve(shared, stream, grant, named, probe).await?;
+            Ok(Work::Done)
+        }
+        other => Err(SessionError::Protocol(format!(
+            "unexpected {:?} as a request",
+            other.frame_type()
+        ))),
+    }
+}
+
+/// Checks a put against the token's write scopes, opens the destination (so that a bad one is
+/// refused before any data connection is opened) and announces the session.
+async fn prepare_put<'a>(
+    shared: &'a ServerState,
+    stream: &mut Stream,
+    grant: &Grant,
+    named: Named,
+    dest: &str,
+    sources: u32,
+    opts: TransferOpts,
+) -> Result<Work<'a>, SessionError> {
+    let rel = resolve(shared, dest)?;
+    let Some(prefix) = grant.write_scope(&rel) else {
+        return Err(denied(grant, "write to", dest));
+    };
+    // Everything the put touches is resolved beneath its scope's directory, so a
+    // symlink stored inside the scope cannot lead a write out of it.
+    let asked = dest.to_owned();
+    let dest = shared
+        .root
+        .scope(prefix, true)
+        .map_err(SessionError::from)
+        .and_then(|scope| {
+            let inner = access::inside(&rel, prefix).to_owned();
+            resolve_dest(&scope, dest, inner, sources)
+        })
+        .map_err(|e| as_requested(e, &asked))?;
+    let opts = clamp(shared, opts);
+    // Creating the destination may fail (not a directory, outside the root): find out
+    // before any data connection is opened, and tell the client why.
+    let (tx, control) = flume::unbounded();
+    let config = ReceiverConfig {
+        existing: opts.existing,
+        checksum: opts.checksum,
+        tag: named.session.0,
+        block_size: opts.block_size,
+        modes: shared.config.modes,
+        // What a stored link points to is the writer's business: the server itself
+        // never follows one out of the scope it was written in.
+        links: Links::Any,
+    };
+    let receiver = Receiver::new(dest, config, tx, Arc::new(NoReporter))
+        .map_err(|e| as_requested(e.into(), &asked))?;
+    let (joins, pending) = announce(&shared.registry, stream, named, &opts).await?;
+    Ok(Work::Put {
+        receiver,
+        control,
+        block_size: opts.block_size,
+        joins,
+        pending,
+    })
+}
+
+/// Checks a get against the token's read scopes, starts the sender (its first offers go out
+/// while the data connections join) and gathers the data connections.
+async fn prepare_get<'a>(
+    shared: &'a ServerState,
+    stream: &mut Stream,
+    grant: &Grant,
+    named: Named,
+    caps: Capabilities,
+    src: &str,
+    opts: TransferOpts,
+) -> Result<Work<'a>, SessionError> {
+    let rel = resolve(shared, src)?;
+    let Some(prefix) = grant.read_scope(&rel) else {
+        return Err(denied(grant, "read", src));
+    };
+    let inner = access::inside(&rel, prefix).to_owned();
+    let scope = shared
+        .root
+        .scope(prefix, false)
+        .and_then(|scope| scope.lstat(&inner).map(|_| scope))
+        .map_err(|e| as_requested(e.into(), src))?;
+    let name = path::split_parent(&rel).1;
+    let name = if name.is_empty() {
+        "root".to_owned()
+    } else {
+        name.to_owned()
+    };
+    let source = Source {
+        root: scope,
+        rel: inner,
+        name,
+    };
+    let opts = clamp(shared, opts);
+    // The walk starts now and its offers go out while the data connections join: a
+    // client that answers them meanwhile has its decisions here when they have.
+    let plan = StreamPlan {
+        tune_storage: shared.config.tune_storage,
+        early_tuned: caps.has(Capabilities::EARLY_TUNED),
+        helpers: ramp_helpers_asked(caps, &opts),
+        ..StreamPlan::from_opts(&opts)
+    };
+    let (tx, frames) = frame_queue(&plan, opts.streams);
+    let (ctl_tx, offers) = flume::unbounded();
+    let config = SenderConfig {
+        block_size: opts.block_size,
+        streams: opts.streams,
+        checksum: opts.checksum,
+        readers: crate::autotune::storage_gate(shared.config.readers, shared.config.tune_storage),
+        corrupt_blocks: Vec::new(),
+        digest_cache: Arc::default(),
+    };
+    let sender = Sender::start(vec![source], config, tx, ctl_tx, Arc::new(NoReporter));
+    // The grant is this server's own: blocks are cut by it from the first.
+    sender.grant(opts.block_size, opts.streams);
+    let gathered = gather(&shared.registry, stream, named, &opts, Some(&offers)).await;
+    let (data, permits, pending) = match gathered {
+        Ok(g) => g,
+        Err(e) => {
+            sender.close();
+            return Err(e);
+        }
+    };
+    Ok(Work::Get {
+        sender,
+        frames,
+        offers,
+        plan,
+        opts,
+        data,
+        permits,
+        pending,
+    })
+}
+
+/// A remote path as a path under the root: absolute paths from the root, relative ones from
+/// the configured base.
+fn resolve(shared: &ServerState, raw: &str) -> Result<String, SessionError> {
+    let rel = path::normalize_remote(raw).map_err(FsError::from)?;
+    if raw.starts_with('/') || shared.config.base.is_empty() {
+        Ok(rel)
+    } else {
+        Ok(path::join(&shared.config.base, &rel))
+    }
+}
+
+/// A failure to find or open the path a request named, named as the client wrote it: the file
+/// system names the component it stopped at (`no` for `/no/such`), which the client never typed.
+fn as_requested(e: SessionError, raw: &str) -> SessionError {
+    match e {
+        SessionError::Fs(FsError::Io { cause, .. }) => SessionError::Fs(FsError::Io {
+            path: raw.to_owned(),
+            cause,
+        }),
+        SessionError::Fs(FsError::Escapes { .. }) => SessionError::Fs(FsError::Escapes {
+            path: raw.to_owned(),
+        }),
+        other => other,
+    }
+}
+
+fn denied(grant: &Grant, what: &str, path: &str) -> SessionError {
+    SessionError::Remote {
+        code: ErrorCode::DENIED,
+        message: format!(
+            "permission denied: token `{}` may not {what} `{path}`",
+            grant.name
+        ),
+    }
+}
+
+/// The ramp helpers among a get's granted connections: those beyond the 16 an auto-tuned
+/// client tunes, when the client says it means them so (`Capabilities::RAMP_HELPERS`). A client
+/// without the bit has every connection tuned, as before.
+fn ramp_helpers_asked(caps: Capabilities, opts: &TransferOpts) -> u16 {
+    if !opts.is_auto() || !caps.has(Capabilities::RAMP_HELPERS) {
+        return 0;
+    }
+    opts.streams.saturating_sub(ferry_proto::RAMP_HELPERS_FROM)
+}
+
+/// Lowers what a client asked for to what this server allows, keeping memory bounded.
+fn clamp(shared: &ServerState, mut opts: TransferOpts) -> TransferOpts {
+    let config = &shared.config;
+    opts.streams = opts.streams.clamp(1, config.max_streams.max(1));
+    if opts.is_auto() {
+        // An auto-tuned session opens connections it may never use. Beyond its starting count,
+        // it gets at most an eighth of the free connection slots, so that a burst of clients
+        // fills the cap with sessions, not with idle spares (32 clients × 16 would exceed 512).
+        let spare = (shared.connections.available_permits() / 8) as u16;
+        let floor = opts.auto_start.max(1);
+        opts.streams = opts.streams.min(floor.max(spare)).max(1);
+        opts.auto_start = opts.auto_start.min(opts.streams);
+    }
+    // Frames in flight per session: one per stream, the writer queue and one per writer.
+    let slots = u64::from(opts.streams) + 3 * config.writers.max(1) as u64;
+    // Never below `MIN_GRANTED_BLOCK` (unless asked): a client's early blocks are cut to it.
+    while u64::from(opts.block_size) * slots > config.session_memory
+        && opts.block_size > ferry_proto::MIN_GRANTED_BLOCK
+    {
+        opts.block_size = (opts.block_size / 2).max(ferry_proto::MIN_GRANTED_BLOCK);
+    }
+    opts
+}
+
+/// Where a put lands: inside `dest` if it is a directory (or clearly meant as one), else
+/// under the name `dest` itself, like `cp`.
+fn resolve_dest(
+    root: &Root,
+    dest: &str,
+    rel: String,
+    sources: u32,
+) -> Result<Destination, SessionError> {
+    let is_dir = match root.lstat(&rel) {
+        Ok(m) => m.kind == Kind::Dir,
+        Err(e) if e.is_not_found() => false,
+        Err(e) => return Err(e.into()),
+    };
+    let dest = if is_dir || dest.ends_with('/') || sources > 1 || rel.is_empty() {
+        Destination {
+            root: root.subroot("")?,
+            base: rel,
+            rename_top: None,
+        }
+    } else {
+        let (parent, name) = path::split_parent(&rel);
+        Destination {
+            root: root.subroot("")?,
+            base: parent.to_owned(),
+            rename_top: Some(name.to_owned()),
+        }
+    };
+    Ok(dest)
+}
+
+async fn list(root: &Root, stream: &mut Stream, rel: &str) -> Result<(), SessionError> {
+    let rel = rel.to_owned();
+    let meta = root.lstat(&rel)?;
+    let entry = |name: String, m: ferry_core::root::Meta| ListEntry {
+        name,
+        kind: match m.kind {
+            Kind::File => ferry_proto::EntryKind::File,
+            Kind::Dir => ferry_proto::EntryKind::Dir,
+            Kind::Symlink => ferry_proto::EntryKind::Symlink,
+            Kind::Other => ferry_proto::EntryKind::Other,
+        },
+        size: m.size,
+        mode: m.mode,
+        mtime_ns: m.mtime_ns,
+    };
+    let mut entries = Vec::new();
+    if meta.kind == Kind::Dir {
+        for (name, _) in root.read_dir(&rel)?.entries {
+            if let Ok(m) = root.lstat(&path::join(&rel, &name)) {
+                entries.push(entry(name, m));
+            }
+        }
+    } else {
+        entries.push(entry(path::split_parent(&rel).1.to_owned(), meta));
+    }
+    for chunk in entries.chunks(MAX_LIST_ENTRIES) {
+        send(
+            stream,
+            &Frame::ListEntries {
+                entries: chunk.to_vec(),
+            },
+        )
+        .await?;
+    }
+    send(stream, &Frame::ListEnd).await?;
+    Ok(())
+}
