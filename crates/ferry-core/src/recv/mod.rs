@@ -41,6 +41,7 @@
 //! - `writing`: block writes, overlapping copies, the in-order digest;
 //! - `finalizing`: verifying a file, making it durable and renaming it into place;
 //! - `entries`: directories and symlinks;
+//! - `pool`: the writer threads that hand the receiver its frames ([`Receiver::start`]).
 
 mod config;
 mod deciding;
@@ -48,6 +49,7 @@ mod entries;
 mod finalizing;
 mod opening;
 mod policy;
+mod pool;
 mod receiver;
 mod resolving;
 mod state;
@@ -61,4 +63,5 @@ pub use config::{
     OFFER_COST,
 };
 pub use policy::{stays_in_tree, Links, Modes};
+pub use pool::{Deciding, WriterPool};
 pub use receiver::Receiver;
