@@ -159,7 +159,7 @@ impl Receiver {
 
     /// Takes in a claimed write once it is done: releases its parts, counts what it added, and
     /// journals the block if it was written whole.
-    fn record(&self, entry: &FileEntry, block: &Block, claim: Claim, written: Written) {
+    fn record(&self, entry: &FileEntry, block: &Block, claim: Claim, written: WriteOutcome) {
         let len = block.data.len() as u64;
         let mut slot = lock(&entry.slot);
         let Slot::Writing(w) = &mut *slot else {
@@ -321,18 +321,18 @@ struct Claim {
 }
 
 /// What a claimed write did: its outcome and, in tree mode, the digest pieces of its bytes.
-struct Written {
+struct WriteOutcome {
     result: std::io::Result<()>,
     pieces: Vec<Piece>,
 }
 
 impl Claim {
-    fn write(&self, block: &Block, size: u64) -> Written {
+    fn write(&self, block: &Block, size: u64) -> WriteOutcome {
         let mut pieces = Vec::new();
         for &(s, e) in &self.parts {
             let data = &block.data[(s - block.offset) as usize..(e - block.offset) as usize];
             if let Err(e) = self.file.write_all_at(data, s) {
-                return Written {
+                return WriteOutcome {
                     result: Err(e),
                     pieces,
                 };
@@ -341,7 +341,7 @@ impl Claim {
                 pieces.extend(Blake3Tree::pieces(size, s, data));
             }
         }
-        Written {
+        WriteOutcome {
             result: Ok(()),
             pieces,
         }

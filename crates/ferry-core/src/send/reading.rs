@@ -10,7 +10,7 @@ use bytes::Bytes;
 use ferry_proto::{Block, ChecksumAlgo, Decision, ErrorCode, FileId, Frame};
 
 use super::cut::{clip_to_ranges, covered};
-use super::state::{FileRecord, Shared};
+use super::state::{FileRecord, SenderState};
 use crate::digest::{block_digest, FileHasher};
 use crate::error::FsError;
 use crate::root::{self, Kind, Meta, OFlags};
@@ -73,7 +73,7 @@ pub(super) fn describe_type(kind: rustix::fs::FileType) -> &'static str {
 /// back (DESIGN.md, "Starting a session in few round trips"). The receiver uses early blocks
 /// only for a file it decided to receive: after a decision other than `Send` or `Resume` they
 /// were bandwidth spent for nothing, never data written.
-pub(super) fn send_file(shared: &Shared, record: &FileRecord) -> bool {
+pub(super) fn send_file(shared: &SenderState, record: &FileRecord) -> bool {
     let meta = &record.meta;
     // Counted as it is read, or all at once when this reader is done with the file.
     let mut unpassed = Unpassed {
@@ -84,7 +84,8 @@ pub(super) fn send_file(shared: &Shared, record: &FileRecord) -> bool {
         Some(d) => d,
         None if shared.early_room() => {
             match stream_file(shared, record, Vec::new(), &mut unpassed, true) {
-                Streamed::Done(more) => return more,
+                Streamed::Finished => return true,
+                Streamed::Over => return false,
                 Streamed::Decided(d) => d,
                 // Every block went early. The decision still matters when the receiver holds
                 // the same size and mtime: it dropped the early blocks and waits for our word.
@@ -116,7 +117,7 @@ pub(super) fn send_file(shared: &Shared, record: &FileRecord) -> bool {
 /// Sends what `decision` asks of a file not sent yet (or sent early only in part). Returns
 /// false when the transfer is over.
 pub(super) fn answer(
-    shared: &Shared,
+    shared: &SenderState,
     record: &FileRecord,
     decision: Decision,
     unpassed: &mut Unpassed<'_>,
@@ -164,9 +165,10 @@ pub(super) fn answer(
 
 /// How a reading of a file ended.
 pub(super) enum Streamed {
-    /// Every block it had to send is queued (or it failed and said so): true; or the transfer
-    /// is over: false.
-    Done(bool),
+    /// Every block it had to send is queued, or it failed and the receiver was told.
+    Finished,
+    /// The transfer is over (the frame queue is gone): the reader stops.
+    Over,
     /// Read early, a decision came that ends the early reading: `Skip`, `Fail` or `Complete`.
     Decided(Decision),
     /// Read early to the end before any decision came.
@@ -177,14 +179,23 @@ impl Streamed {
     /// Whether the reader goes on with other files; for a reading that was never early.
     pub(super) fn more(self) -> bool {
         match self {
-            Self::Done(more) => more,
-            Self::Decided(_) | Self::AllEarly => true,
+            Self::Over => false,
+            Self::Finished | Self::Decided(_) | Self::AllEarly => true,
+        }
+    }
+
+    /// After telling the receiver that a file failed: `told` is whether the queue took it.
+    fn failed(told: bool) -> Self {
+        if told {
+            Self::Finished
+        } else {
+            Self::Over
         }
     }
 }
 
 /// The whole-file digest of a source file, read in order.
-pub(super) fn digest_file(shared: &Shared, record: &FileRecord) -> Result<Vec<u8>, FsError> {
+pub(super) fn digest_file(shared: &SenderState, record: &FileRecord) -> Result<Vec<u8>, FsError> {
     let (file, _) = open_checked(record)?;
     let mut hasher = FileHasher::new(shared.config.checksum);
     let block = shared.block_size();
@@ -228,7 +239,7 @@ impl Drop for Unpassed<'_> {
 /// so far are all the receiver needs of them, and the digest goes on from where it is); any
 /// other ends the reading.
 pub(super) fn stream_file(
-    shared: &Shared,
+    shared: &SenderState,
     record: &FileRecord,
     mut have: Vec<(u64, u64)>,
     unpassed: &mut Unpassed<'_>,
@@ -242,7 +253,7 @@ pub(super) fn stream_file(
     let mut offset = 0u64;
     loop {
         if shared.is_skipped(meta.id) {
-            return Streamed::Done(true);
+            return Streamed::Finished;
         }
         if early {
             match early_decision(shared, meta.id) {
@@ -267,7 +278,7 @@ pub(super) fn stream_file(
             continue;
         }
         if !queue_block(shared, record, offset, read, early) {
-            return Streamed::Done(false);
+            return Streamed::Over;
         }
         offset += len;
         if last {
@@ -276,21 +287,21 @@ pub(super) fn stream_file(
                 return Streamed::AllEarly;
             }
             shared.reporter.on_file_done();
-            return Streamed::Done(true);
+            return Streamed::Finished;
         }
     }
 }
 
 /// The decision on a file being sent early, if it has come; once the early budget is spent,
 /// waits for it. `Err` when the session ended first.
-fn early_decision(shared: &Shared, id: FileId) -> Result<Option<Decision>, Streamed> {
+fn early_decision(shared: &SenderState, id: FileId) -> Result<Option<Decision>, Streamed> {
     match shared.take_decision(id) {
         Some(d) => Ok(Some(d)),
         None if shared.early_room() => Ok(None),
         // The early budget is spent: the rest waits for the decision.
         None => match shared.wait_decision(id) {
             Some(d) => Ok(Some(d)),
-            None => Err(Streamed::Done(false)),
+            None => Err(Streamed::Over),
         },
     }
 }
@@ -298,7 +309,7 @@ fn early_decision(shared: &Shared, id: FileId) -> Result<Option<Decision>, Strea
 /// The length of the next block at `offset`, `left` bytes before the end of the file. What
 /// the receiver has is read (for the file digest) in whole blocks; the cuts are for what is
 /// sent.
-fn next_len(shared: &Shared, have: &[(u64, u64)], offset: u64, left: u64) -> u64 {
+fn next_len(shared: &SenderState, have: &[(u64, u64)], offset: u64, left: u64) -> u64 {
     let whole = clip_to_ranges(have, offset, left.min(shared.block_size()));
     if whole < left && covered(have, offset, offset + whole) {
         whole
@@ -309,8 +320,14 @@ fn next_len(shared: &Shared, have: &[(u64, u64)], offset: u64, left: u64) -> u64
 
 /// Queues a block read (altered first if a test asked for it). False when the transfer is
 /// over.
-fn queue_block(shared: &Shared, record: &FileRecord, offset: u64, read: Read, early: bool) -> bool {
-    let Read {
+fn queue_block(
+    shared: &SenderState,
+    record: &FileRecord,
+    offset: u64,
+    read: BlockRead,
+    early: bool,
+) -> bool {
+    let BlockRead {
         mut data,
         digest,
         file_digest,
@@ -344,7 +361,7 @@ fn queue_block(shared: &Shared, record: &FileRecord, offset: u64, read: Read, ea
 }
 
 /// A block read: its bytes, their digest, and on the file's last block the file digest.
-struct Read {
+struct BlockRead {
     data: Vec<u8>,
     digest: u128,
     file_digest: Option<Bytes>,
@@ -352,7 +369,7 @@ struct Read {
 
 /// One file being read in order, its digest computed as it goes.
 struct FileReading<'a> {
-    shared: &'a Shared,
+    shared: &'a SenderState,
     record: &'a FileRecord,
     file: File,
     /// The file as it was opened: a file that changes while it is read is not vouched for.
@@ -362,9 +379,9 @@ struct FileReading<'a> {
 
 impl<'a> FileReading<'a> {
     /// Opens the file, still the one the walk saw. `Err` after telling the receiver why not.
-    fn open(shared: &'a Shared, record: &'a FileRecord) -> Result<Self, Streamed> {
+    fn open(shared: &'a SenderState, record: &'a FileRecord) -> Result<Self, Streamed> {
         let meta = &record.meta;
-        let fail = |code, msg| Streamed::Done(shared.fail_file(record, code, msg));
+        let fail = |code, msg| Streamed::failed(shared.fail_file(record, code, msg));
         let (file, before) = open_checked(record)
             .map_err(|e| fail(e.code(), format!("cannot read {}: {e}", meta.path)))?;
         if before.kind != Kind::File || before.size != meta.size || before.mtime_ns != meta.mtime_ns
@@ -387,7 +404,7 @@ impl<'a> FileReading<'a> {
     }
 
     fn fail(&self, msg: String) -> Streamed {
-        Streamed::Done(self.shared.fail_file(self.record, ErrorCode::IO, msg))
+        Streamed::failed(self.shared.fail_file(self.record, ErrorCode::IO, msg))
     }
 
     fn changed(&self) -> String {
@@ -404,7 +421,7 @@ impl<'a> FileReading<'a> {
         offset: u64,
         len: u64,
         unpassed: &mut Unpassed<'_>,
-    ) -> Result<Read, Streamed> {
+    ) -> Result<BlockRead, Streamed> {
         let meta = &self.record.meta;
         let data = match read_block(&self.file, offset, len) {
             Ok(d) => d,
@@ -430,7 +447,7 @@ impl<'a> FileReading<'a> {
         } else {
             None
         };
-        Ok(Read {
+        Ok(BlockRead {
             data,
             digest,
             file_digest,
@@ -476,7 +493,7 @@ pub(super) fn read_block(file: &File, offset: u64, len: u64) -> std::io::Result<
 }
 
 /// Reads a block again after the receiver found it damaged.
-pub(super) fn resend_block(shared: &Shared, id: FileId, offset: u64, len: u32) -> bool {
+pub(super) fn resend_block(shared: &SenderState, id: FileId, offset: u64, len: u32) -> bool {
     let record = shared
         .records
         .lock()

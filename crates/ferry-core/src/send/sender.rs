@@ -8,14 +8,14 @@ use std::thread::JoinHandle;
 use ferry_proto::{Decision, FileDecision, FileId, Frame};
 
 use super::reading::{resend_block, send_file};
-use super::state::{Job, SenderConfig, Shared, Source, WalkTotals};
+use super::state::{Job, SenderConfig, SenderState, Source, WalkTotals};
 use super::walk::walk;
 use crate::gate::Gate;
 use crate::report::Reporter;
 
 /// A running sender. Dropping the frame receiver makes every thread stop at its next send.
 pub struct Sender {
-    shared: Arc<Shared>,
+    shared: Arc<SenderState>,
     walker: Option<JoinHandle<()>>,
     readers: Vec<JoinHandle<()>>,
     resend_tx: Option<flume::Sender<(FileId, u64, u32)>>,
@@ -37,7 +37,7 @@ impl Sender {
     ) -> Self {
         let corrupt = Mutex::new(config.corrupt_blocks.iter().copied().collect());
         let (block_size, streams) = (config.block_size, u32::from(config.streams));
-        let shared = Arc::new(Shared {
+        let shared = Arc::new(SenderState {
             sources,
             config,
             frames,
@@ -244,7 +244,7 @@ impl Sender {
 /// Starts the reader pool: `readers.max()` threads, of which the gate lets the first
 /// `readers.active()` take files; the rest are parked until a tuner raises it or the session
 /// ends.
-fn start_readers(shared: &Arc<Shared>, jobs: &flume::Receiver<Job>) -> Vec<JoinHandle<()>> {
+fn start_readers(shared: &Arc<SenderState>, jobs: &flume::Receiver<Job>) -> Vec<JoinHandle<()>> {
     (0..shared.config.readers.max())
         .map(|i| {
             let shared = shared.clone();

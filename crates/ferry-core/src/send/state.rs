@@ -69,7 +69,9 @@ pub(super) struct Job {
     pub(super) record: Arc<FileRecord>,
 }
 
-pub(super) struct Shared {
+/// What the sender's walker, readers and resend worker share: the settings, the queues, the
+/// receiver's decisions, and what has been found, read and passed so far.
+pub(super) struct SenderState {
     pub(super) sources: Vec<Source>,
     pub(super) config: SenderConfig,
     pub(super) frames: flume::Sender<Frame>,
@@ -116,7 +118,7 @@ pub(super) struct Shared {
 /// are wasted when the receiver holds the file already (a re-run, a resume).
 pub const EARLY_PER_STREAM: u64 = MIN_CUT_BLOCK;
 
-impl Shared {
+impl SenderState {
     pub(super) fn error(&self, msg: String) {
         self.reporter.on_file_failed(&msg);
         self.errors

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use ferry_proto::{ErrorCode, FileId, FileMeta, Frame, OfferEntry};
 
 use super::reading::special_kind;
-use super::state::{FileRecord, Job, Shared, Source, WalkTotals};
+use super::state::{FileRecord, Job, SenderState, Source, WalkTotals};
 use crate::error::FsError;
 use crate::path::join;
 use crate::root::{self, Kind, Meta, OFlags};
@@ -18,7 +18,7 @@ pub(super) const OFFER_BATCH: usize = ferry_proto::MAX_OFFER_ENTRIES;
 pub(super) const OFFER_DELAY: std::time::Duration = std::time::Duration::from_millis(5);
 
 /// An entry still to visit: `name` inside the open directory `parent`.
-pub(super) struct Pending {
+pub(super) struct Unvisited {
     parent: Arc<OwnedFd>,
     name: String,
     wire: String,
@@ -27,11 +27,11 @@ pub(super) struct Pending {
 /// Depth-first walk of every source; directories are listed in name order. Every step opens
 /// or stats a single name relative to an already-open directory, never following a symlink,
 /// so the walk stays beneath each source's root without re-resolving whole paths.
-pub(super) fn walk(shared: &Shared, jobs: &flume::Sender<Job>) -> WalkTotals {
+pub(super) fn walk(shared: &SenderState, jobs: &flume::Sender<Job>) -> WalkTotals {
     let mut walker = Walker {
         shared,
         jobs,
-        offers: Offers {
+        offers: OfferBatch {
             shared,
             batch: Vec::new(),
             since: None,
@@ -48,16 +48,16 @@ pub(super) fn walk(shared: &Shared, jobs: &flume::Sender<Job>) -> WalkTotals {
     walker.totals
 }
 
-/// Offers waiting to be sent. Batches keep the control traffic small; a batch is flushed when
+/// Offers waiting to be sent, as one batch. Batches keep the control traffic small; a batch is flushed when
 /// full, when it is a few milliseconds old, and always before the walker would block, so a
 /// reader never waits for a decision about a file whose offer is still sitting here.
-pub(super) struct Offers<'a> {
-    shared: &'a Shared,
+pub(super) struct OfferBatch<'a> {
+    shared: &'a SenderState,
     batch: Vec<OfferEntry>,
     since: Option<std::time::Instant>,
 }
 
-impl Offers<'_> {
+impl OfferBatch<'_> {
     fn add(&mut self, meta: &FileMeta) {
         self.batch.push(OfferEntry {
             file: meta.id,
@@ -88,9 +88,9 @@ impl Offers<'_> {
 
 /// One walk's progress: what it found so far and the offers it has not sent yet.
 struct Walker<'a> {
-    shared: &'a Shared,
+    shared: &'a SenderState,
     jobs: &'a flume::Sender<Job>,
-    offers: Offers<'a>,
+    offers: OfferBatch<'a>,
     totals: WalkTotals,
     next_id: u64,
 }
@@ -107,7 +107,7 @@ impl Walker<'_> {
                 return true;
             }
         };
-        let mut stack = vec![Pending {
+        let mut stack = vec![Unvisited {
             parent,
             name: name.to_owned(),
             wire: src.name.clone(),
@@ -147,7 +147,7 @@ impl Walker<'_> {
     }
 
     /// Offers a regular file and hands it to the readers.
-    fn file(&mut self, entry: Pending, meta: Meta) -> bool {
+    fn file(&mut self, entry: Unvisited, meta: Meta) -> bool {
         let shared = self.shared;
         let id = self.next_id();
         self.totals.bytes += meta.size;
@@ -172,9 +172,15 @@ impl Walker<'_> {
     }
 
     /// Queues a directory and puts its entries on the stack, in name order.
-    fn dir(&mut self, src: &Source, entry: Pending, meta: Meta, stack: &mut Vec<Pending>) -> bool {
+    fn dir(
+        &mut self,
+        src: &Source,
+        entry: Unvisited,
+        meta: Meta,
+        stack: &mut Vec<Unvisited>,
+    ) -> bool {
         let shared = self.shared;
-        let Pending { parent, name, wire } = entry;
+        let Unvisited { parent, name, wire } = entry;
         self.totals.dirs += 1;
         let frame = Frame::Dir {
             path: wire.clone(),
@@ -203,7 +209,7 @@ impl Walker<'_> {
                 // Reversed so that popping the stack visits names in order.
                 for (child, _) in entries.into_iter().rev() {
                     let wire = join(&wire, &child);
-                    stack.push(Pending {
+                    stack.push(Unvisited {
                         parent: fd.clone(),
                         name: child,
                         wire,
@@ -216,8 +222,8 @@ impl Walker<'_> {
     }
 
     /// Queues a symlink, as its target string.
-    fn symlink(&mut self, entry: Pending, meta: Meta) -> bool {
-        let Pending { parent, name, wire } = entry;
+    fn symlink(&mut self, entry: Unvisited, meta: Meta) -> bool {
+        let Unvisited { parent, name, wire } = entry;
         let target = rustix::fs::readlinkat(&*parent, name.as_str(), Vec::new())
             .map_err(std::io::Error::from)
             .and_then(|t| {
@@ -243,7 +249,7 @@ impl Walker<'_> {
     /// Offers a special file (FIFO, socket, device) and fails it at once, so the receiver
     /// counts it and says why: left to this end's log, a get of a FIFO ended "0 files" with
     /// success.
-    fn other(&mut self, entry: Pending, meta: Meta) -> bool {
+    fn other(&mut self, entry: Unvisited, meta: Meta) -> bool {
         let id = self.next_id();
         let what = if entry.name.is_empty() {
             "not a regular file"
@@ -263,7 +269,7 @@ impl Walker<'_> {
 }
 
 /// What the sender keeps of a file it offers, `size` bytes long.
-fn record(entry: Pending, id: FileId, size: u64, meta: &Meta) -> FileRecord {
+fn record(entry: Unvisited, id: FileId, size: u64, meta: &Meta) -> FileRecord {
     FileRecord {
         dir: entry.parent,
         name: entry.name,
