@@ -1,5 +1,5 @@
 //! Per-file state: the byte ranges written, the temporary file, the digest under way and the
-//! slot that says where the file is in its life (see the diagram in the module above).
+//! slot that says where the file is in its life (see the diagram in the `recv` module's docs).
 
 use std::collections::BTreeMap;
 use std::fs::File;
