@@ -1,6 +1,8 @@
 //! ferry's file side: everything that touches the file system, and nothing that touches the
 //! network. The network driver (`ferry-net`) moves frames between a [`send::Sender`] on one
-//! host and a [`recv::Receiver`] on the other.
+//! host and a [`recv::Receiver`] on the other. Each side runs its own file threads: the
+//! sender's readers ([`send::Sender::start`]) and the receiver's writers
+//! ([`recv::Receiver::start`]), each pool behind a [`gate::Gate`] that a tuner turns.
 
 pub mod buf;
 pub mod digest;

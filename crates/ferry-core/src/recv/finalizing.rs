@@ -1,0 +1,225 @@
+//! Finalizing: verify a written file's digest, then, in batches, set its metadata, make it
+//! durable and rename it into place.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::os::fd::OwnedFd;
+use std::os::unix::fs::FileExt;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use ferry_proto::{ErrorCode, ExistingPolicy, Frame};
+
+use super::receiver::Receiver;
+use super::state::{lock, remove_temp, FileEntry, FinalizeJob, Slot, Writing};
+use crate::digest::{Blake3Tree, FileHasher};
+use crate::error::FsError;
+use crate::path::join;
+use crate::root;
+
+impl Receiver {
+    pub(super) fn verify_and_queue(&self, entry: &FileEntry, mut w: Writing) {
+        // A block of it was written by now, so its file exists and this only hands it out.
+        let file = match w.file() {
+            Ok(f) => f,
+            Err(e) => {
+                *lock(&entry.slot) = Slot::Writing(Box::new(w));
+                let msg = format!("{}: creating it: {e}", entry.meta.path);
+                self.fail(entry, ErrorCode::IO, msg, true);
+                return;
+            }
+        };
+        let digest = match w.tree.take() {
+            Some(tree) => match finish_tree(&file, *tree) {
+                Ok(d) => d,
+                Err(e) => {
+                    *lock(&entry.slot) = Slot::Writing(Box::new(w));
+                    let msg = format!("reading back {}: {e}", entry.meta.path);
+                    self.fail(entry, ErrorCode::IO, msg, true);
+                    return;
+                }
+            },
+            None => w
+                .hasher
+                .take()
+                .map(FileHasher::finalize)
+                .unwrap_or_default(),
+        };
+        if Some(digest.as_slice()) != w.expected.as_deref() {
+            *lock(&entry.slot) = Slot::Writing(Box::new(w));
+            self.fail(
+                entry,
+                ErrorCode::CORRUPT,
+                format!(
+                    "{}: file digest does not match the sender's; not stored",
+                    entry.meta.path
+                ),
+                true,
+            );
+            return;
+        }
+        let job = FinalizeJob {
+            file,
+            dir: w.dir,
+            dir_rel: w.dir_rel,
+            temp: w.temp,
+            name: w.name,
+            meta: entry.meta.clone(),
+            digest,
+            journal: w.journal,
+        };
+        let finalizer = lock(&self.finalize_tx).clone();
+        match finalizer {
+            Some(tx) => {
+                let _ = tx.send(job);
+            }
+            // Already aborted: a journaled copy stays for a re-run; any other is removed.
+            None if job.journal.is_some() => {}
+            None => remove_temp(&job.dir, &job.temp, None),
+        }
+    }
+}
+
+/// The BLAKE3 of a file hashed as a tree, reading back what no block covered whole (bytes at
+/// unaligned block edges: none when every block is cut at a multiple of 1 KiB). Called once
+/// every byte is written.
+fn finish_tree(file: &File, mut tree: Blake3Tree) -> std::io::Result<Vec<u8>> {
+    let size = tree.size();
+    let mut buf = Vec::new();
+    let missing = tree.missing();
+    if tree.gave_up() {
+        tree.start_over();
+    }
+    for (from, end) in missing {
+        let mut at = from;
+        while at < end {
+            // Whole chunks per read (1 MiB is a multiple of BLAKE3's 1 KiB), so every read but
+            // the file's last ends on a chunk edge.
+            let n = (end - at).min(1 << 20) as usize;
+            buf.resize(n, 0);
+            file.read_exact_at(&mut buf, at)?;
+            for p in Blake3Tree::pieces(size, at, &buf) {
+                tree.insert(p);
+            }
+            at += n as u64;
+        }
+    }
+    tree.finish()
+        .ok_or_else(|| std::io::Error::other("the digest tree has a gap"))
+}
+
+impl Receiver {
+    /// Makes ready files durable in batches, then gives them their final names. Holds only a weak
+    /// reference, so that dropping the receiver ends it.
+    pub(super) fn finalizer(
+        receiver: std::sync::Weak<Receiver>,
+        jobs: flume::Receiver<FinalizeJob>,
+    ) {
+        while let Ok(first) = jobs.recv() {
+            let mut batch = vec![first];
+            while batch.len() < 4096 {
+                match jobs.try_recv() {
+                    Ok(j) => batch.push(j),
+                    Err(_) => break,
+                }
+            }
+            let Some(rx) = receiver.upgrade() else { return };
+            rx.finalize_batch(batch);
+        }
+    }
+
+    pub(super) fn finalize_batch(&self, batch: Vec<FinalizeJob>) {
+        let mut ok = Vec::with_capacity(batch.len());
+        for job in batch {
+            let mode = self.config.modes.apply(job.meta.mode);
+            match root::set_file_meta(&job.file, mode, job.meta.mtime_ns) {
+                Ok(()) => ok.push(job),
+                Err(e) => self.finalize_failed(
+                    &job,
+                    format!("{}: setting mode/mtime: {e}", job.meta.path),
+                    e,
+                ),
+            }
+        }
+        // One sync for the batch: syncfs when several files share it, fsync for a lone file.
+        let sync = match ok.as_slice() {
+            [] => Ok(()),
+            [one] => root::fsync(&*one.file),
+            [first, ..] => root::syncfs(&*first.file),
+        };
+        if let Err(e) = sync {
+            for job in &ok {
+                self.finalize_failed(
+                    job,
+                    format!("{}: sync: {e}", job.meta.path),
+                    std::io::Error::from(e.kind()),
+                );
+            }
+            return;
+        }
+        let replace = self.config.existing == ExistingPolicy::Overwrite;
+        let mut dirs: HashMap<String, Arc<OwnedFd>> = HashMap::new();
+        // Files being replaced: freed after the batch, off this thread (`root::hold`).
+        let mut replaced = Vec::new();
+        for job in ok {
+            let old = if replace {
+                root::hold(&job.dir, &job.name)
+            } else {
+                None
+            };
+            match root::rename_in(&job.dir, &job.temp, &job.name, replace) {
+                Ok(()) => {
+                    replaced.extend(old);
+                    if let Some(j) = &job.journal {
+                        let _ = rustix::fs::unlinkat(
+                            &*job.dir,
+                            j.name.as_str(),
+                            rustix::fs::AtFlags::empty(),
+                        );
+                    }
+                    dirs.entry(job.dir_rel.clone())
+                        .or_insert_with(|| job.dir.clone());
+                    let c = &self.counters;
+                    c.files_done.fetch_add(1, Ordering::Relaxed);
+                    c.bytes_done.fetch_add(job.meta.size, Ordering::Relaxed);
+                    if self.keep_manifest.load(Ordering::Relaxed) {
+                        let path = join(&job.dir_rel, &job.name);
+                        lock(&self.manifest).push((path, job.digest));
+                    }
+                    if let Some(e) = lock(&self.files).get(&job.meta.id) {
+                        *lock(&e.slot) = Slot::Done;
+                    }
+                    self.reporter.on_file_done();
+                    self.resolved(job.meta.id);
+                }
+                Err(e) => {
+                    let msg = format!(
+                        "{}: cannot rename into place: {e}",
+                        join(&job.dir_rel, &job.name)
+                    );
+                    self.finalize_failed(&job, msg, e);
+                }
+            }
+        }
+        root::close_later(replaced);
+        for dir in dirs.values() {
+            let _ = root::fsync(&**dir);
+        }
+    }
+
+    pub(super) fn finalize_failed(&self, job: &FinalizeJob, msg: String, e: std::io::Error) {
+        remove_temp(&job.dir, &job.temp, job.journal.as_ref());
+        if let Some(entry) = lock(&self.files).get(&job.meta.id) {
+            *lock(&entry.slot) = Slot::Failed;
+        }
+        let code = FsError::io(&job.meta.path, e).code();
+        self.counters.failed.fetch_add(1, Ordering::Relaxed);
+        self.error(msg.clone());
+        let _ = self.control.send(Frame::FileFailed {
+            file: job.meta.id,
+            code,
+            message: msg,
+        });
+        self.resolved(job.meta.id);
+    }
+}

@@ -1,0 +1,67 @@
+//! The receiving side: verify each block, write it, and make each file appear under its final
+//! name only once it is complete, verified and durable.
+//!
+//! Per file the receiver goes through these states:
+//!
+//! ```text
+//!   (first frame of the file)
+//!        │ exists & policy=skip ──▶ Skipped ─┐
+//!        │ exists & policy=fail ──▶ Failed ──┤
+//!        ▼                                   │
+//!     Writing ── write error / sender gave up ──▶ Failed (temp removed)
+//!        │ all bytes written, digest matches     │
+//!        ▼                                       │
+//!    Finalizing ── (batched: syncfs, rename, fsync dir) ──▶ Done ──▶ resolved
+//! ```
+//!
+//! Data lands in a hidden temporary file `.ferry-<session>-<id>.part` next to the final name;
+//! a file of one block gets it from the writer of that block, not with its decision. The file
+//! digest of a file written from nothing, larger than 64 KiB, with BLAKE3 (the
+//! default) and a block size that is a multiple of 1 KiB, is a tree: each writer hashes the
+//! block it writes from memory, in any order, and the chaining values merge into the digest of
+//! the whole ([`Blake3Tree`]). Other files (other algorithms, a copy resumed from proven blocks)
+//! are hashed in offset order: a block that arrives in order is hashed from memory; a block
+//! that arrives ahead of the cursor is written and hashed later by reading it back, which comes
+//! from the page cache because it was just written.
+//!
+//! Durability is grouped: the finalizer takes every file that is ready, makes the batch durable
+//! with one `syncfs` (or one `fsync` for a lone file), renames each with `RENAME_NOREPLACE`
+//! unless overwriting, then fsyncs each parent directory once. Many small files therefore share
+//! one sync latency instead of paying one each in series.
+//!
+//! The code is laid out by concern; each module depends only on those above it:
+//!
+//! - `policy`: which links and permission bits a receiver keeps;
+//! - `config`: where files go, the session's settings, its limits and its errors;
+//! - `state`: per-file state (the [`Receiver`]'s ledger: byte ranges written, slots);
+//! - `receiver`: the [`Receiver`] and its public API;
+//! - `resolving`: a file's end (failed, stored, skipped) and the session's completion;
+//! - `deciding`: answering offers (existing files, free space);
+//! - `opening`: a file's temporary copy and journal, and resuming from a partial one;
+//! - `writing`: block writes, overlapping copies, the in-order digest;
+//! - `finalizing`: verifying a file, making it durable and renaming it into place;
+//! - `entries`: directories and symlinks;
+//! - `pool`: the writer threads that hand the receiver its frames ([`Receiver::start`]).
+
+mod config;
+mod deciding;
+mod entries;
+mod finalizing;
+mod opening;
+mod policy;
+mod pool;
+mod receiver;
+mod resolving;
+mod state;
+mod writing;
+
+#[cfg(test)]
+mod tests;
+
+pub use config::{
+    Destination, ReceiverConfig, RecvError, MAX_KEPT_ERRORS, MAX_OPEN_OFFERS, MAX_OPEN_OFFER_BYTES,
+    OFFER_COST,
+};
+pub use policy::{stays_in_tree, Links, Modes};
+pub use pool::{Deciding, WriterPool};
+pub use receiver::Receiver;

@@ -1,0 +1,695 @@
+//! The receiver's unit tests: ranges, policies, offers, and blocks of one file arriving in any
+//! order, twice, or from many threads.
+
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use ferry_proto::{
+    Block, ChecksumAlgo, Decision, ErrorCode, ExistingPolicy, FileId, FileMeta, Frame, OfferEntry,
+};
+
+use super::state::{free_parts, lock, Ranges};
+use super::*;
+use crate::digest::{block_digest, FileHasher};
+use crate::report::Reporter;
+use crate::root::Root;
+
+#[test]
+fn safe_links_stay_inside_the_top_entry() {
+    assert!(stays_in_tree("tree/link", "a/b"));
+    assert!(stays_in_tree("tree/a/link", "../b"));
+    assert!(stays_in_tree("tree/a/link", "./../a/./c"));
+    assert!(!stays_in_tree("tree/link", "../x"));
+    assert!(!stays_in_tree("tree/a/link", "../../x"));
+    assert!(!stays_in_tree("tree/a/link", "../b/../../x"));
+    assert!(!stays_in_tree("tree/link", "/etc/passwd"));
+    assert!(!stays_in_tree("link", "x"));
+    assert!(Links::Any.allows("link", "/etc/passwd"));
+}
+
+#[test]
+fn safe_modes_clear_setuid_setgid_and_world_write() {
+    assert_eq!(Modes::Safe.apply(0o107777), 0o1775);
+    assert_eq!(Modes::Safe.apply(0o106777), 0o775);
+    assert_eq!(Modes::Safe.apply(0o4755), 0o755);
+    assert_eq!(Modes::Safe.apply(0o644), 0o644);
+    assert_eq!(Modes::Keep.apply(0o106777), 0o6777);
+}
+
+#[test]
+fn ranges_merge_and_report_runs() {
+    let mut r = Ranges::default();
+    assert!(r.insert(10, 20));
+    assert!(r.insert(30, 40));
+    assert_eq!(r.run_end(0), None);
+    assert!(r.insert(0, 10));
+    assert_eq!(r.run_end(0), Some(20));
+    assert!(!r.insert(12, 18));
+    assert!(r.insert(20, 30));
+    assert_eq!(r.run_end(5), Some(40));
+    assert!(r.contains(0, 40));
+    assert!(!r.contains(0, 41));
+    assert_eq!(r.uncovered(0, 40), 0);
+    assert_eq!(r.uncovered(35, 50), 10);
+    assert!(r.insert(60, 70));
+    assert_eq!(r.uncovered(30, 80), 30, "the gap 40..60 and 70..80");
+    assert_eq!(r.uncovered(100, 100), 0);
+}
+
+fn receiver(dir: &std::path::Path) -> (Arc<Receiver>, flume::Receiver<Frame>) {
+    receiver_with(dir, Arc::new(crate::report::NoReporter))
+}
+
+fn receiver_with(
+    dir: &std::path::Path,
+    reporter: Arc<dyn Reporter>,
+) -> (Arc<Receiver>, flume::Receiver<Frame>) {
+    receiver_algo(dir, reporter, ChecksumAlgo::Blake3)
+}
+
+fn receiver_algo(
+    dir: &std::path::Path,
+    reporter: Arc<dyn Reporter>,
+    checksum: ChecksumAlgo,
+) -> (Arc<Receiver>, flume::Receiver<Frame>) {
+    let dest = Destination {
+        root: Root::open(dir).unwrap(),
+        base: "in".into(),
+        rename_top: None,
+    };
+    let config = ReceiverConfig {
+        existing: ExistingPolicy::Fail,
+        checksum,
+        tag: 7,
+        block_size: 1 << 20,
+        modes: Modes::default(),
+        links: Links::default(),
+    };
+    let (tx, rx) = flume::unbounded();
+    let r = Receiver::new(dest, config, tx, reporter).unwrap();
+    (r, rx)
+}
+
+fn offer(id: u64, path: &str, size: u64) -> Frame {
+    Frame::Offer {
+        entries: vec![OfferEntry {
+            file: FileId(id),
+            path: path.into(),
+            size,
+            mode: 0o644,
+            mtime_ns: 0,
+        }],
+    }
+}
+
+fn decision(rx: &flume::Receiver<Frame>) -> Decision {
+    match rx.recv_timeout(std::time::Duration::from_secs(5)).unwrap() {
+        Frame::Decisions { mut entries } => entries.pop().unwrap().decision,
+        other => panic!("expected Decisions, got {other:?}"),
+    }
+}
+
+#[test]
+fn offer_larger_than_the_file_system_is_refused_up_front() {
+    let dir = tempfile::tempdir().unwrap();
+    let (r, rx) = receiver(dir.path());
+    let size = 1u64 << 50;
+    r.handle(offer(1, "sub/huge.bin", size)).unwrap();
+    match decision(&rx) {
+        Decision::Fail { code, message } => {
+            assert_eq!(code, ErrorCode::NO_SPACE);
+            assert!(message.contains("in/sub/huge.bin"), "{message}");
+            assert!(message.contains(&size.to_string()), "{message}");
+            assert!(message.contains("available"), "{message}");
+        }
+        other => panic!("expected Fail, got {other:?}"),
+    }
+    // Nothing was created for it: no temporary file, no journal.
+    let sub: Vec<_> = std::fs::read_dir(dir.path().join("in/sub"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert!(sub.is_empty(), "{sub:?}");
+    // A file that fits is still accepted.
+    r.handle(offer(2, "sub/small.bin", 4096)).unwrap();
+    assert_eq!(decision(&rx), Decision::Send);
+    r.abort();
+}
+
+#[test]
+fn files_of_one_offer_are_charged_against_one_reading_of_the_free_space() {
+    let dir = tempfile::tempdir().unwrap();
+    let st = rustix::fs::statvfs(dir.path()).unwrap();
+    let available = st.f_bavail.saturating_mul(st.f_frsize);
+    if available < 1 << 20 {
+        eprintln!("skipped: the temporary directory's file system is nearly full");
+        return;
+    }
+    let (r, rx) = receiver(dir.path());
+    // Each fits alone; the two together do not. Nothing is preallocated, so the disk
+    // itself never fills: only the bookkeeping can refuse the second.
+    let each = available / 10 * 6;
+    // Another directory on the same file system shares the budget; a file system without
+    // an id is budgeted per directory, so there both go in one.
+    let second = if st.f_fsid != 0 {
+        "b/two.bin"
+    } else {
+        "a/two.bin"
+    };
+    let entry = |id: u64, path: &str, size: u64| OfferEntry {
+        file: FileId(id),
+        path: path.into(),
+        size,
+        mode: 0o644,
+        mtime_ns: 0,
+    };
+    r.handle(Frame::Offer {
+        entries: vec![
+            entry(1, "a/one.bin", each),
+            entry(2, second, each),
+            entry(3, "b/small.bin", 4096),
+        ],
+    })
+    .unwrap();
+    let decisions = match rx.recv_timeout(std::time::Duration::from_secs(5)).unwrap() {
+        Frame::Decisions { entries } => entries,
+        other => panic!("expected Decisions, got {other:?}"),
+    };
+    let by_id = |id: u64| {
+        decisions
+            .iter()
+            .find(|d| d.file == FileId(id))
+            .map(|d| d.decision.clone())
+            .unwrap()
+    };
+    assert_eq!(by_id(1), Decision::Send);
+    match by_id(2) {
+        Decision::Fail { code, message } => {
+            assert_eq!(code, ErrorCode::NO_SPACE);
+            assert!(message.contains(&format!("in/{second}")), "{message}");
+        }
+        other => panic!("expected Fail, got {other:?}"),
+    }
+    // What is left after the first still takes a small file.
+    assert_eq!(by_id(3), Decision::Send);
+    // A later offer reads the free space afresh: the second file alone fits again.
+    r.handle(offer(4, "b/again.bin", each)).unwrap();
+    assert_eq!(decision(&rx), Decision::Send);
+    r.abort();
+}
+
+#[test]
+fn block_larger_than_the_session_block_size_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (r, rx) = receiver(dir.path());
+    let size = (1u64 << 20) + 1;
+    r.handle(offer(1, "big.bin", size)).unwrap();
+    assert_eq!(decision(&rx), Decision::Send);
+    let data = Bytes::from(vec![7u8; size as usize]);
+    let block = Block {
+        file: FileMeta {
+            id: FileId(1),
+            path: "big.bin".into(),
+            size,
+            mode: 0o644,
+            mtime_ns: 0,
+        },
+        offset: 0,
+        digest: block_digest(&data),
+        file_digest: None,
+        early: false,
+        data,
+    };
+    let err = r.handle(Frame::Block(block)).unwrap_err();
+    assert!(matches!(err, RecvError::BlockTooLarge { len, max: 1048576, .. } if len == size));
+    r.abort();
+}
+
+fn block(size: u64, data: &Bytes, offset: u64, len: usize, file_digest: Option<Vec<u8>>) -> Frame {
+    let data = data.slice(offset as usize..offset as usize + len);
+    Frame::Block(Block {
+        file: FileMeta {
+            id: FileId(1),
+            path: "f.bin".into(),
+            size,
+            mode: 0o644,
+            mtime_ns: 0,
+        },
+        offset,
+        digest: block_digest(&data),
+        file_digest: file_digest.map(Bytes::from),
+        early: false,
+        data,
+    })
+}
+
+/// After a resume the sender sends the last block again (it carries the file digest) even
+/// when the receiver has it. When that block is the last to arrive, it is what completes the
+/// file: a receiver that dropped it as a duplicate waited forever (the session then ended
+/// on the idle timeout).
+#[test]
+fn a_resumed_file_completes_on_its_repeated_last_block() {
+    let dir = tempfile::tempdir().unwrap();
+    let size = (1u64 << 20) + 1000;
+    let data = Bytes::from((0..size).map(|i| (i * 7 % 251) as u8).collect::<Vec<_>>());
+    let mut h = FileHasher::new(ChecksumAlgo::Blake3);
+    h.update(&data);
+    let whole = h.finalize();
+    let tail = (size - (1 << 20)) as usize;
+
+    // First session: only the last block arrives, then the session breaks off.
+    let (r, rx) = receiver(dir.path());
+    r.handle(offer(1, "f.bin", size)).unwrap();
+    assert_eq!(decision(&rx), Decision::Send);
+    r.handle(block(size, &data, 1 << 20, tail, Some(whole.clone())))
+        .unwrap();
+    r.abort();
+    drop(r);
+
+    // Second session: the receiver has the tail; the missing block comes, then the tail again.
+    let (r, rx) = receiver(dir.path());
+    r.handle(offer(1, "f.bin", size)).unwrap();
+    assert_eq!(
+        decision(&rx),
+        Decision::Resume {
+            have: vec![(1 << 20, size)]
+        }
+    );
+    r.expect(1, 0, 0);
+    r.handle(block(size, &data, 0, 1 << 20, None)).unwrap();
+    r.handle(block(size, &data, 1 << 20, tail, Some(whole)))
+        .unwrap();
+    r.done()
+        .recv_timeout(std::time::Duration::from_secs(5))
+        .expect("the file completes");
+    let summary = r.finish();
+    assert_eq!((summary.files, summary.failed), (1, 0), "{summary:?}");
+    assert_eq!(std::fs::read(dir.path().join("in/f.bin")).unwrap(), data);
+}
+
+fn early(frame: Frame) -> Frame {
+    match frame {
+        Frame::Block(b) => Frame::Block(Block { early: true, ..b }),
+        other => other,
+    }
+}
+
+#[test]
+fn early_blocks_count_only_for_a_file_being_received() {
+    let dir = tempfile::tempdir().unwrap();
+    let size = 3000u64;
+    let (data, whole) = contents(size, 7);
+
+    // A file decided `Send`: its early blocks are its data.
+    let r = sending(receiver(dir.path()), size);
+    r.handle(early(block(size, &data, 0, 1000, None))).unwrap();
+    r.handle(early(block(size, &data, 1000, 2000, Some(whole.clone()))))
+        .unwrap();
+    r.done()
+        .recv_timeout(std::time::Duration::from_secs(5))
+        .expect("the file completes from early blocks");
+    let summary = r.finish();
+    assert_eq!((summary.files, summary.failed), (1, 0), "{summary:?}");
+    let path = dir.path().join("in/f.bin");
+    assert_eq!(std::fs::read(&path).unwrap(), data);
+
+    // The same size and mtime in place: the decision is `Complete`, and early blocks (a
+    // damaged one too) are dropped without a word, where a block sent after the decision
+    // would be taken as different content and refused under the `Fail` policy.
+    std::fs::File::options()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_modified(std::time::UNIX_EPOCH)
+        .unwrap();
+    let (r, rx) = receiver(dir.path());
+    r.handle(offer(1, "f.bin", size)).unwrap();
+    assert!(matches!(decision(&rx), Decision::Complete { .. }));
+    r.expect(1, 0, 0);
+    let mut damaged = early(block(size, &data, 0, 1000, None));
+    if let Frame::Block(b) = &mut damaged {
+        b.digest ^= 1;
+    }
+    r.handle(damaged).unwrap();
+    r.handle(early(block(size, &data, 1000, 2000, Some(whole))))
+        .unwrap();
+    assert!(
+        rx.try_recv().is_err(),
+        "no Resend, no failure for early blocks"
+    );
+    assert_eq!(r.bad_blocks(), 0);
+    r.handle(Frame::Skipped { file: FileId(1) }).unwrap();
+    r.done()
+        .recv_timeout(std::time::Duration::from_secs(5))
+        .expect("the file resolves as skipped");
+    let summary = r.finish();
+    assert_eq!((summary.skipped, summary.failed), (1, 0), "{summary:?}");
+    assert!(r.errors().is_empty(), "{:?}", r.errors());
+}
+
+/// A file of one block is created by the block, not with its decision: answering an offer
+/// of many small files then costs no create each on the control path. A destination that
+/// refuses the create fails that file, saying which, and not the session.
+#[test]
+fn a_one_block_file_is_created_by_its_block() {
+    let dir = tempfile::tempdir().unwrap();
+    let size = 3000u64;
+    let (data, whole) = contents(size, 7);
+    let (r, rx) = receiver(dir.path());
+    r.handle(offer(1, "f.bin", size)).unwrap();
+    assert_eq!(decision(&rx), Decision::Send);
+    r.handle(offer(2, "sub/g.bin", size)).unwrap();
+    assert_eq!(decision(&rx), Decision::Send);
+    r.expect(2, 0, 0);
+    let names = |p: &str| -> Vec<String> {
+        std::fs::read_dir(dir.path().join(p))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect()
+    };
+    assert_eq!(names("in"), ["sub"], "no temporary file before a block");
+    assert!(names("in/sub").is_empty());
+
+    std::fs::remove_dir(dir.path().join("in/sub")).unwrap();
+    let mut second = block(size, &data, 0, size as usize, Some(whole.clone()));
+    if let Frame::Block(b) = &mut second {
+        b.file.id = FileId(2);
+        b.file.path = "sub/g.bin".into();
+    }
+    r.handle(second).unwrap();
+    match rx.recv_timeout(std::time::Duration::from_secs(5)).unwrap() {
+        Frame::FileFailed { file, message, .. } => {
+            assert_eq!(file, FileId(2));
+            assert!(message.contains("sub/g.bin"), "{message}");
+        }
+        other => panic!("expected FileFailed, got {other:?}"),
+    }
+    r.handle(block(size, &data, 0, size as usize, Some(whole)))
+        .unwrap();
+    r.done()
+        .recv_timeout(std::time::Duration::from_secs(5))
+        .expect("both files resolve");
+    let summary = r.finish();
+    assert_eq!((summary.files, summary.failed), (1, 1), "{summary:?}");
+    assert_eq!(std::fs::read(dir.path().join("in/f.bin")).unwrap(), data);
+    assert_eq!(names("in"), ["f.bin"], "nothing else left behind");
+}
+
+#[test]
+fn gaps_and_free_parts() {
+    let mut r = Ranges::default();
+    r.insert(10, 20);
+    r.insert(30, 40);
+    assert_eq!(r.gaps(0, 50), [(0, 10), (20, 30), (40, 50)]);
+    assert_eq!(r.gaps(15, 35), [(20, 30)]);
+    assert_eq!(r.gaps(12, 18), []);
+    assert_eq!(r.gaps(40, 45), [(40, 45)]);
+    assert_eq!(
+        free_parts(&r, &[(0, 5), (22, 25)], 0, 50),
+        [(5, 10), (20, 22), (25, 30), (40, 50)]
+    );
+    assert_eq!(free_parts(&r, &[(0, 50)], 0, 50), []);
+}
+
+/// Two blocks that overlap with different bytes there: the stored file is the bytes that
+/// were digested, never a mix the digest did not see. Bytes 0..n/3*2 come as `A`, then
+/// n/3..n as `B`: the receiver keeps the first writer's bytes, so only a digest of
+/// A × 2n/3 + B × n/3 verifies, and the file on disk is exactly that.
+#[test]
+fn overlapping_blocks_store_the_verified_bytes() {
+    // In-order digests (small files) and tree digests (larger ones).
+    for size in [6144u64, 300_000] {
+        let (a_end, b_start) = (size / 3 * 2, size / 3);
+        let frame = |offset: u64, end: u64, byte: u8, digest: Option<Vec<u8>>| {
+            let data = Bytes::from(vec![byte; (end - offset) as usize]);
+            Frame::Block(Block {
+                file: FileMeta {
+                    id: FileId(1),
+                    path: "f.bin".into(),
+                    size,
+                    mode: 0o644,
+                    mtime_ns: 0,
+                },
+                offset,
+                digest: block_digest(&data),
+                file_digest: digest.map(Bytes::from),
+                early: false,
+                data,
+            })
+        };
+        let mut verified = vec![b'A'; a_end as usize];
+        verified.resize(size as usize, b'B');
+        let mut mixed = vec![b'A'; b_start as usize];
+        mixed.resize(size as usize, b'B');
+        for (claimed, completes) in [(&verified, true), (&mixed, false)] {
+            let dir = tempfile::tempdir().unwrap();
+            let (r, rx) = receiver(dir.path());
+            r.handle(offer(1, "f.bin", size)).unwrap();
+            assert_eq!(decision(&rx), Decision::Send);
+            r.expect(1, 0, 0);
+            r.handle(frame(0, a_end, b'A', None)).unwrap();
+            let digest = blake3::hash(claimed).as_bytes().to_vec();
+            r.handle(frame(b_start, size, b'B', Some(digest))).unwrap();
+            let is_failure = |f: Frame| matches!(f, Frame::FileFailed { .. });
+            if completes {
+                r.done()
+                    .recv_timeout(std::time::Duration::from_secs(5))
+                    .expect("the file resolves");
+                r.finish();
+                assert!(!rx.try_iter().any(is_failure), "size {size}");
+                let stored = std::fs::read(dir.path().join("in/f.bin")).ok();
+                assert_eq!(stored.as_deref(), Some(&verified[..]), "size {size}");
+            } else {
+                let failed = rx
+                    .recv_timeout(std::time::Duration::from_secs(5))
+                    .is_ok_and(is_failure);
+                let stored = std::fs::read(dir.path().join("in/f.bin")).ok();
+                assert!(
+                    failed,
+                    "size {size}: a digest of bytes not stored must fail"
+                );
+                assert_eq!(stored, None, "size {size}: nothing under the final name");
+            }
+        }
+    }
+}
+
+/// `size` bytes of a pattern (`i * step % 251`), and their BLAKE3 file digest.
+fn contents(size: u64, step: u64) -> (Bytes, Vec<u8>) {
+    let data = Bytes::from(
+        (0..size)
+            .map(|i| (i * step % 251) as u8)
+            .collect::<Vec<_>>(),
+    );
+    let mut h = FileHasher::new(ChecksumAlgo::Blake3);
+    h.update(&data);
+    (data, h.finalize())
+}
+
+/// The receiver with file 1, `f.bin` of `size` bytes, offered and answered `Send`, and
+/// told that it is the only entry.
+fn sending((r, rx): (Arc<Receiver>, flume::Receiver<Frame>), size: u64) -> Arc<Receiver> {
+    r.handle(offer(1, "f.bin", size)).unwrap();
+    assert_eq!(decision(&rx), Decision::Send);
+    r.expect(1, 0, 0);
+    r
+}
+
+/// The file completes, is verified and stored once, with `data` in it.
+fn stored_once(r: &Arc<Receiver>, dir: &std::path::Path, data: &[u8], round: u32) {
+    r.done()
+        .recv_timeout(std::time::Duration::from_secs(5))
+        .unwrap_or_else(|_| panic!("round {round}: the file completes"));
+    assert_eq!(r.files_open(), 0);
+    let summary = r.finish();
+    assert_eq!(
+        (summary.files, summary.failed, summary.bad_blocks),
+        (1, 0, 0),
+        "round {round}: {summary:?}"
+    );
+    assert_eq!(std::fs::read(dir.join("in/f.bin")).unwrap(), data);
+}
+
+/// Fisher-Yates with a fixed xorshift: every round its own order, every run the same.
+fn shuffle<T>(v: &mut [T], seed: &mut u64) {
+    for i in (1..v.len()).rev() {
+        *seed ^= *seed << 13;
+        *seed ^= *seed >> 7;
+        *seed ^= *seed << 17;
+        v.swap(i, (*seed % (i as u64 + 1)) as usize);
+    }
+}
+
+/// Hands `frames` to the receiver from `threads` threads at once, in order of the list.
+fn feed(r: &Arc<Receiver>, frames: Vec<Frame>, threads: usize) {
+    let queue = Arc::new(Mutex::new(frames.into_iter()));
+    std::thread::scope(|s| {
+        for _ in 0..threads {
+            let (r, queue) = (r.clone(), queue.clone());
+            s.spawn(move || loop {
+                let next = lock(&queue).next();
+                let Some(frame) = next else { break };
+                r.handle(frame).unwrap();
+            });
+        }
+    });
+}
+
+/// Data written ahead of the in-order digest is read back outside the file's lock by
+/// whichever writer holds the hasher, while others write (`advance`). Blocks of one file
+/// handed to four threads at once, in a different shuffled order each round, must still
+/// give the sender's digest: a block written while another thread read back must be picked
+/// up by that thread, and the file verified exactly once.
+#[test]
+fn blocks_of_one_file_written_by_many_threads_in_any_order_verify() {
+    const BLOCK: usize = 64 << 10;
+    let size = (BLOCK * 48 + 777) as u64;
+    let (data, whole) = contents(size, 13);
+    let offsets: Vec<u64> = (0..size).step_by(BLOCK).collect();
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    for round in 0..12 {
+        let dir = tempfile::tempdir().unwrap();
+        let r = sending(receiver(dir.path()), size);
+        assert_eq!(r.files_open(), 1);
+        let mut order = offsets.clone();
+        shuffle(&mut order, &mut seed);
+        let frames: Vec<Frame> = order
+            .iter()
+            .map(|&o| {
+                let len = (size - o).min(BLOCK as u64) as usize;
+                let last = o + len as u64 == size;
+                block(size, &data, o, len, last.then(|| whole.clone()))
+            })
+            .collect();
+        feed(&r, frames, 4);
+        stored_once(&r, dir.path(), &data, round);
+    }
+}
+
+/// Blocks cut off BLAKE3's 1 KiB chunk edges (a block size that is no multiple of it), in
+/// any order, one of them twice: the tree digest reads back the chunks they split and
+/// matches, and the in-order digests of the other algorithms do too.
+#[test]
+fn blocks_cut_off_chunk_edges_verify_for_every_digest() {
+    const BLOCK: u64 = 100_003;
+    let size = BLOCK * 30 + 4_321;
+    let data = Bytes::from((0..size).map(|i| (i * 13 % 251) as u8).collect::<Vec<_>>());
+    let mut seed = 0x2545_f491_4f6c_dd1du64;
+    for (round, algo) in [
+        ChecksumAlgo::Blake3,
+        ChecksumAlgo::Sha256,
+        ChecksumAlgo::Xxh3,
+        ChecksumAlgo::Blake3,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let mut h = FileHasher::new(algo);
+        h.update(&data);
+        let whole = h.finalize();
+        let dir = tempfile::tempdir().unwrap();
+        let r = sending(
+            receiver_algo(dir.path(), Arc::new(crate::NoReporter), algo),
+            size,
+        );
+        let mut offsets: Vec<u64> = (0..size).step_by(BLOCK as usize).collect();
+        offsets.push(BLOCK * 7); // a copy, as the endgame sends
+        shuffle(&mut offsets, &mut seed);
+        let frames: Vec<Frame> = offsets
+            .iter()
+            .map(|&o| {
+                let len = (size - o).min(BLOCK) as usize;
+                let last = o + len as u64 == size;
+                block(size, &data, o, len, last.then(|| whole.clone()))
+            })
+            .collect();
+        feed(&r, frames, 4);
+        stored_once(&r, dir.path(), &data, round as u32);
+    }
+}
+
+/// A file whose blocks all pass their own digests but whose whole differs from the
+/// sender's digest is not stored, in tree mode as in order.
+#[test]
+fn a_tree_digest_that_differs_from_the_senders_fails_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let size = (1u64 << 20) - 1;
+    let data = Bytes::from((0..size).map(|i| (i * 3 % 251) as u8).collect::<Vec<_>>());
+    let (r, rx) = receiver(dir.path());
+    let r = sending((r, rx.clone()), size);
+    let offsets: Vec<u64> = (0..size).step_by(256 << 10).collect();
+    let frames = offsets
+        .into_iter()
+        .map(|o| {
+            let len = (size - o).min(256 << 10) as usize;
+            let last = o + len as u64 == size;
+            block(size, &data, o, len, last.then(|| vec![0u8; 32]))
+        })
+        .rev()
+        .collect();
+    feed(&r, frames, 2);
+    r.done()
+        .recv_timeout(std::time::Duration::from_secs(5))
+        .expect("the file is resolved");
+    let summary = r.finish();
+    assert_eq!((summary.files, summary.failed), (0, 1), "{summary:?}");
+    assert!(!dir.path().join("in/f.bin").exists());
+    let told = rx
+        .try_iter()
+        .any(|f| matches!(f, Frame::FileFailed { code, .. } if code == ErrorCode::CORRUPT));
+    assert!(told, "the sender is told why");
+}
+
+/// Counts what the receiver reports as written.
+#[derive(Default)]
+struct Written(std::sync::atomic::AtomicU64);
+
+impl Reporter for Written {
+    fn on_bytes(&self, n: u64) {
+        self.0.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// The sender's endgame sends a slow connection's blocks again on idle ones, cut in
+/// pieces, so a block's bytes may arrive twice, on two writer threads at once. Every block
+/// of a file handed over whole and in pieces, by three threads in a shuffled order: the
+/// file verifies once, holds the sender's bytes, and its bytes are reported written once.
+#[test]
+fn every_block_arriving_twice_is_stored_and_counted_once() {
+    const BLOCK: usize = 64 << 10;
+    let size = (BLOCK * 24 + 99) as u64;
+    let (data, whole) = contents(size, 31);
+    let mut seed = 0x2545_f491_4f6c_dd1du64;
+    for round in 0..8 {
+        let dir = tempfile::tempdir().unwrap();
+        let written = Arc::new(Written::default());
+        let r = sending(receiver_with(dir.path(), written.clone()), size);
+        // (offset, len) of every block twice over: whole, and cut in pieces of 16 KiB
+        // as the endgame cuts a copy for several idle connections.
+        let mut order: Vec<(u64, u64)> = (0..size)
+            .step_by(BLOCK)
+            .flat_map(|o| {
+                let len = (size - o).min(BLOCK as u64);
+                let pieces = (o..o + len)
+                    .step_by(16 << 10)
+                    .map(move |p| (p, (o + len - p).min(16 << 10)));
+                std::iter::once((o, len)).chain(pieces)
+            })
+            .collect();
+        shuffle(&mut order, &mut seed);
+        let frames: Vec<Frame> = order
+            .iter()
+            .map(|&(o, len)| {
+                let last = o + len == size;
+                block(size, &data, o, len as usize, last.then(|| whole.clone()))
+            })
+            .collect();
+        feed(&r, frames, 3);
+        stored_once(&r, dir.path(), &data, round);
+        assert_eq!(
+            written.0.load(std::sync::atomic::Ordering::Relaxed),
+            size,
+            "round {round}"
+        );
+    }
+}

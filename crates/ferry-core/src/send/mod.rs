@@ -1,0 +1,34 @@
+//! The sending side: walk the sources, read files in blocks, and queue frames for the streams.
+//!
+//! ```text
+//!  walker ──jobs──▶ reader × R ──┐
+//!    │                           ├──frames──▶ (driver) stream × N
+//!    └────── Dir / Symlink ──────┘
+//!  resend worker ◀── Resend requests from the receiver ──┘
+//! ```
+//! The walker streams jobs as it discovers files, so sending starts before the walk ends. Each
+//! reader owns one file at a time and reads it in order, so the file digest is computed in the
+//! same pass as the reads. Frames go into one bounded queue that every stream pulls from: any
+//! stream carries any block of any file, and the bound is what limits memory.
+
+//!
+//! The code is laid out by concern; each module depends only on those above it:
+//!
+//! - `cut`: how long each block is (small at both ends of a transfer);
+//! - `state`: the settings and the state the walker, the readers and the resend worker share;
+//! - `reading`: reading a file in blocks, early or as its decision asks, and reading one again;
+//! - `walk`: walking the sources, offering files in batches, handing them to the readers;
+//! - `sender`: the [`Sender`], which starts those threads, and its public API.
+
+mod cut;
+mod reading;
+mod sender;
+mod state;
+mod walk;
+
+#[cfg(test)]
+mod tests;
+
+pub use cut::{MIN_CUT_BLOCK, TAIL_SPLIT};
+pub use sender::Sender;
+pub use state::{DigestCache, SenderConfig, Source, WalkTotals, EARLY_PER_STREAM};

@@ -1,0 +1,223 @@
+//! What a sender is given (sources, settings) and the state its walker, readers and resend
+//! worker share: offers' decisions, files found and passed, the early budget.
+
+use std::collections::{HashMap, HashSet};
+use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+
+use bytes::Bytes;
+use ferry_proto::{ChecksumAlgo, Decision, ErrorCode, FileId, FileMeta, Frame};
+
+use super::cut::{cut, MIN_CUT_BLOCK};
+use crate::gate::Gate;
+use crate::report::Reporter;
+use crate::root::Root;
+
+/// One thing to send: `rel` under `root`, arriving as `name` at the destination.
+#[derive(Debug)]
+pub struct Source {
+    pub root: Root,
+    pub rel: String,
+    pub name: String,
+}
+
+/// Sender tuning.
+#[derive(Clone, Debug)]
+pub struct SenderConfig {
+    pub block_size: u32,
+    /// Data connections opened (with `--streams auto`, the most the tuner may use, so the cuts
+    /// are finer than the active streams need). Both ends of a transfer are cut into smaller
+    /// blocks by it (see [`TAIL_SPLIT`]).
+    pub streams: u16,
+    pub checksum: ChecksumAlgo,
+    /// Files read at once: reader threads started is `readers.max()`, and the gate says how
+    /// many take files (a tuner may change it). Storage often wants fewer threads than the
+    /// network has streams.
+    pub readers: Arc<Gate>,
+    /// Test-only fault hook: sequence numbers (0-based, in the order blocks are read) of blocks
+    /// whose data is altered after the digest is computed, once each.
+    pub corrupt_blocks: Vec<u64>,
+    /// Digests of files already read, kept across the attempts of one job, so that a retry
+    /// does not read every complete file again to prove it identical.
+    pub digest_cache: Arc<DigestCache>,
+}
+
+/// Whole-file digests by (path on the wire, size, mtime).
+pub type DigestCache = Mutex<HashMap<(String, u64, i64), Vec<u8>>>;
+
+/// Totals known when the walk is over; they become the `Sent` frame.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WalkTotals {
+    pub files: u64,
+    pub dirs: u64,
+    pub symlinks: u64,
+    pub bytes: u64,
+}
+
+/// What the sender remembers of a file so that a block can be read again on request.
+pub(super) struct FileRecord {
+    /// The directory holding the file and its name there: reopening is one `openat`.
+    pub(super) dir: Arc<OwnedFd>,
+    pub(super) name: String,
+    pub(super) meta: FileMeta,
+    pub(super) final_digest: Mutex<Option<Bytes>>,
+    pub(super) digest: Mutex<Option<Vec<u8>>>,
+}
+
+pub(super) struct Job {
+    pub(super) record: Arc<FileRecord>,
+}
+
+/// What the sender's walker, readers and resend worker share: the settings, the queues, the
+/// receiver's decisions, and what has been found, read and passed so far.
+pub(super) struct SenderState {
+    pub(super) sources: Vec<Source>,
+    pub(super) config: SenderConfig,
+    pub(super) frames: flume::Sender<Frame>,
+    /// Frames for the control connection (`Offer`).
+    pub(super) control: flume::Sender<Frame>,
+    /// The receiver's answers to offers, taken by the reader of each file.
+    pub(super) decisions: Mutex<HashMap<FileId, Decision>>,
+    pub(super) decided: Condvar,
+    /// Set when the session ends: readers waiting for a decision give up.
+    pub(super) closed: AtomicBool,
+    pub(super) reporter: Arc<dyn Reporter>,
+    pub(super) records: Mutex<HashMap<FileId, Arc<FileRecord>>>,
+    pub(super) skipped: Mutex<HashSet<FileId>>,
+    pub(super) errors: Mutex<Vec<String>>,
+    /// Files and bytes the walk has found so far (the engine sizes its first streams by them).
+    pub(super) found_files: AtomicU64,
+    /// Files the readers are done with: every block queued, or nothing to send.
+    pub(super) passed_files: AtomicU64,
+    pub(super) found_bytes: AtomicU64,
+    /// Set when the walk is over: only then is `found_bytes` the total.
+    pub(super) walked: AtomicBool,
+    /// File bytes the readers are done with: read, already at the receiver, or not to be
+    /// sent. With `found_bytes` it says how much is left once the walk is over.
+    pub(super) passed_bytes: AtomicU64,
+    pub(super) block_seq: AtomicU64,
+    /// File bytes read for sending (what the reader tuner measures).
+    pub(super) read_bytes: AtomicU64,
+    pub(super) corrupt: Mutex<HashSet<u64>>,
+    /// Block size and connections the receiver granted ([`Sender::grant`]); until then, what
+    /// the config asked for.
+    pub(super) block_size: AtomicU32,
+    pub(super) streams: AtomicU32,
+    /// Whether [`Sender::grant`] has come: until then a block is at most
+    /// [`ferry_proto::MIN_GRANTED_BLOCK`], which no grant can make too large.
+    pub(super) granted: AtomicBool,
+    /// Bytes sent early so far (see [`EARLY_PER_STREAM`]).
+    pub(super) early_sent: AtomicU64,
+}
+
+/// File bytes a session may send early (before their decision), per data connection asked
+/// for: one head block each ([`MIN_CUT_BLOCK`]). That is all a connection's first flight can
+/// carry (10 segments of at most 9,000 bytes) with room to spare, and the decisions are back
+/// when the round trip after it begins; more would only fill socket buffers with bytes that
+/// are wasted when the receiver holds the file already (a re-run, a resume).
+pub const EARLY_PER_STREAM: u64 = MIN_CUT_BLOCK;
+
+impl SenderState {
+    pub(super) fn error(&self, msg: String) {
+        self.reporter.on_file_failed(&msg);
+        self.errors
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(msg);
+    }
+
+    /// The block size the receiver granted (or, before it answered, the one asked for).
+    pub(super) fn block_size(&self) -> u64 {
+        let asked = u64::from(self.block_size.load(Ordering::Acquire));
+        if self.granted.load(Ordering::Acquire) {
+            asked
+        } else {
+            asked.min(u64::from(ferry_proto::MIN_GRANTED_BLOCK))
+        }
+    }
+
+    /// The session has ended: closed by the driver, or its frame queue dropped.
+    pub(super) fn is_over(&self) -> bool {
+        self.closed.load(Ordering::Acquire) || self.frames.is_disconnected()
+    }
+
+    /// The length of the next block of a file with `left` bytes still to read.
+    pub(super) fn block_len(&self, left: u64) -> u64 {
+        let remaining = self.walked.load(Ordering::Acquire).then(|| {
+            self.found_bytes
+                .load(Ordering::Relaxed)
+                .saturating_sub(self.passed_bytes.load(Ordering::Relaxed))
+        });
+        cut(
+            left,
+            self.block_size(),
+            u64::from(self.streams.load(Ordering::Acquire)),
+            self.block_seq.load(Ordering::Relaxed),
+            remaining,
+        )
+    }
+
+    /// Queues a frame; false when the transfer is over (the driver dropped the queue).
+    pub(super) fn push(&self, frame: Frame) -> bool {
+        self.frames.send(frame).is_ok()
+    }
+
+    /// Tells the receiver that a file will not come, so it does not wait for it.
+    pub(super) fn fail_file(&self, record: &FileRecord, code: ErrorCode, msg: String) -> bool {
+        self.error(msg.clone());
+        self.push(Frame::FileFailed {
+            file: record.meta.id,
+            code,
+            message: msg,
+        })
+    }
+
+    pub(super) fn cache(&self) -> std::sync::MutexGuard<'_, HashMap<(String, u64, i64), Vec<u8>>> {
+        self.config
+            .digest_cache
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Blocks until the receiver has answered the offer of `id`; `None` once the session ends.
+    pub(super) fn wait_decision(&self, id: FileId) -> Option<Decision> {
+        let mut map = self.decisions.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            if let Some(d) = map.remove(&id) {
+                return Some(d);
+            }
+            if self.is_over() {
+                tracing::debug!(file = id.0, "session over before the file was decided");
+                return None;
+            }
+            // Bounded waits: a session that ends without `close` still frees its readers.
+            map = self
+                .decided
+                .wait_timeout(map, std::time::Duration::from_millis(200))
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+
+    /// Whether a block may still go early: the session's early budget is not spent.
+    pub(super) fn early_room(&self) -> bool {
+        let budget = EARLY_PER_STREAM * u64::from(self.config.streams.max(1));
+        self.early_sent.load(Ordering::Relaxed) < budget
+    }
+
+    /// The receiver's answer to the offer of `id`, if it has come.
+    pub(super) fn take_decision(&self, id: FileId) -> Option<Decision> {
+        self.decisions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&id)
+    }
+
+    pub(super) fn is_skipped(&self, id: FileId) -> bool {
+        self.skipped
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(&id)
+    }
+}

@@ -1,0 +1,145 @@
+//! The sender's unit tests: block cutting, and reading what the walk saw.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use ferry_proto::{FileId, FileMeta};
+
+use super::cut::{clip_to_ranges, cut};
+use super::reading::{open_checked, Unpassed};
+use super::state::FileRecord;
+use super::*;
+use crate::root::OFlags;
+
+const MIB: u64 = 1 << 20;
+
+/// A FIFO where the walk saw a regular file (swapped in between): opening it must not
+/// wait for a writer, and the error names what it is now. Before `O_NONBLOCK` the open
+/// blocked until someone opened the FIFO for writing.
+#[test]
+fn a_fifo_swapped_in_after_the_walk_is_refused_without_blocking() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("f");
+    let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+    let fd = rustix::fs::open(
+        dir.path(),
+        OFlags::RDONLY | OFlags::DIRECTORY,
+        rustix::fs::Mode::empty(),
+    )
+    .unwrap();
+    let record = FileRecord {
+        dir: Arc::new(fd),
+        name: "f".into(),
+        meta: FileMeta {
+            id: FileId(0),
+            path: "t/f".into(),
+            size: 10,
+            mode: 0o644,
+            mtime_ns: 0,
+        },
+        final_digest: Mutex::new(None),
+        digest: Mutex::new(None),
+    };
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(open_checked(&record).map(|_| ()).map_err(|e| e.to_string()));
+    });
+    let got = rx.recv_timeout(std::time::Duration::from_secs(5));
+    if got.is_err() {
+        // Release the blocked open so the thread ends, then fail.
+        let _ = std::fs::OpenOptions::new().write(true).open(&fifo);
+        panic!("opening a FIFO blocked the reader");
+    }
+    let err = got.unwrap().expect_err("a FIFO is not read");
+    assert!(err.contains("t/f") && err.contains("FIFO"), "{err}");
+}
+
+/// Blocks of one file of `size` sent alone over `streams` connections.
+fn blocks(size: u64, block: u64, streams: u64) -> Vec<u64> {
+    let (mut out, mut offset) = (Vec::new(), 0);
+    while offset < size {
+        let len = cut(
+            size - offset,
+            block,
+            streams,
+            out.len() as u64,
+            Some(size - offset),
+        );
+        assert!(len > 0 && len <= block, "{len} at {offset}");
+        out.push(len);
+        offset += len;
+    }
+    assert_eq!(out.iter().sum::<u64>(), size);
+    out
+}
+
+#[test]
+fn a_transfer_starts_and_ends_in_small_blocks() {
+    let b = blocks(1 << 30, 8 * MIB, 16);
+    // The first round of blocks gives every stream a small one, the next rounds double.
+    assert!(b[..16].iter().all(|&l| l == MIN_CUT_BLOCK));
+    assert!(b[16..32].iter().all(|&l| l == 2 * MIN_CUT_BLOCK));
+    assert!(b.contains(&(8 * MIB)));
+    // The last round of blocks is small enough for every stream to finish together.
+    assert!(
+        b[b.len() - 16..].iter().all(|&l| l <= 2 * MIN_CUT_BLOCK),
+        "{:?}",
+        &b[b.len() - 16..]
+    );
+    // The cutting costs blocks, not many: 128 whole blocks would do without it.
+    assert!(b.len() < 450, "{} blocks", b.len());
+}
+
+#[test]
+fn a_tail_block_is_a_share_of_what_is_left() {
+    // 64 MiB left over 4 streams: 4 MiB each.
+    assert_eq!(cut(1 << 30, 8 * MIB, 4, 1000, Some(64 * MIB)), 4 * MIB);
+    // Before the walk is over nothing is known about the tail.
+    assert_eq!(cut(1 << 30, 8 * MIB, 4, 1000, None), 8 * MIB);
+    // Never below the floor, however little is left.
+    assert_eq!(cut(1 << 30, 8 * MIB, 4, 1000, Some(1000)), MIN_CUT_BLOCK);
+}
+
+#[test]
+fn no_sliver_is_left_behind_a_block() {
+    // 300 KiB left of a file: one block, not 256 KiB and then 44 KiB.
+    assert_eq!(cut(300 << 10, 8 * MIB, 4, 0, Some(300 << 10)), 300 << 10);
+    // A small file is one block.
+    assert_eq!(cut(10 << 10, 8 * MIB, 16, 0, None), 10 << 10);
+    assert_eq!(cut(0, 8 * MIB, 16, 0, None), 0);
+}
+
+#[test]
+fn a_block_stops_at_the_edge_of_what_the_receiver_has() {
+    let have = [(0, 3 * MIB), (5 * MIB, 6 * MIB)];
+    // Inside a range: up to its end, then skipped whole as covered.
+    assert_eq!(clip_to_ranges(&have, MIB, 8 * MIB), 2 * MIB);
+    // In a gap: up to the next range's start.
+    assert_eq!(clip_to_ranges(&have, 3 * MIB, 8 * MIB), 2 * MIB);
+    // Past every edge, or no ranges at all: untouched.
+    assert_eq!(clip_to_ranges(&have, 6 * MIB, 8 * MIB), 8 * MIB);
+    assert_eq!(clip_to_ranges(&[], 0, 8 * MIB), 8 * MIB);
+    // An edge exactly at either end of the block cuts nothing.
+    assert_eq!(clip_to_ranges(&have, 3 * MIB, 2 * MIB), 2 * MIB);
+}
+
+#[test]
+fn a_file_given_up_counts_as_passed() {
+    let counter = AtomicU64::new(0);
+    {
+        let mut u = Unpassed {
+            counter: &counter,
+            left: 10 * MIB,
+        };
+        u.pass(MIB);
+        assert_eq!(counter.load(Ordering::Relaxed), MIB);
+    }
+    assert_eq!(counter.load(Ordering::Relaxed), 10 * MIB);
+}
+
+#[test]
+fn a_block_size_below_the_floor_is_kept() {
+    assert!(blocks(10 * MIB, 64 << 10, 8).iter().all(|&l| l == 64 << 10));
+}
