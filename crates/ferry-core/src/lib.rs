@@ -13,7 +13,6 @@ pub mod report;
 pub mod root;
 pub mod send;
 pub mod stats;
-pub mod tune;
 
 pub use error::{FsError, PathError};
 pub use report::{NoReporter, Reporter};

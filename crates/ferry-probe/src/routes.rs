@@ -13,7 +13,7 @@
 use std::process::Command;
 use std::time::Duration;
 
-use ferry_core::tune::TunerConfig;
+use ferry_session::tune::TunerConfig;
 use serde::Serialize;
 
 use crate::tcp::{bdp_bytes, AdviceInputs};

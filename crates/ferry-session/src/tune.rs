@@ -966,18 +966,29 @@ fn pool((r1, s1): (f64, f64), (r2, s2): (f64, f64)) -> (f64, f64) {
     (rate, (s1.hypot(s2) / 2.0).max(apart))
 }
 
+/// Median of `values`, sorted in place (the half-range below reads the sorted ends).
+fn median(values: &mut [f64]) -> Option<f64> {
+    values.sort_by(f64::total_cmp);
+    let k = values.len();
+    match k {
+        0 => None,
+        _ if k % 2 == 1 => Some(values[k / 2]),
+        _ => Some((values[k / 2 - 1] + values[k / 2]) / 2.0),
+    }
+}
+
 /// Median of the samples, and their half-range relative to it: a cheap noise estimate that
 /// needs no history beyond one measurement.
 fn median_and_spread(samples: &mut [f64]) -> (f64, f64) {
-    let Some(median) = crate::stats::median(samples) else {
+    let Some(mid) = median(samples) else {
         return (0.0, 0.0);
     };
-    let spread = if median > 0.0 {
-        (samples[samples.len() - 1] - samples[0]) / (2.0 * median)
+    let spread = if mid > 0.0 {
+        (samples[samples.len() - 1] - samples[0]) / (2.0 * mid)
     } else {
         0.0
     };
-    (median, spread)
+    (mid, spread)
 }
 
 #[cfg(test)]
