@@ -14,10 +14,9 @@ pub mod recv;
 pub mod report;
 pub mod root;
 pub mod send;
-pub mod tune;
 
 pub use error::{FsError, PathError};
-/// The median moved to ferry-units; this path stays until tune.rs and ferry-net name it there.
+/// The median moved to ferry-units; this path stays until ferry-net names it there.
 pub use ferry_units::stats;
 pub use report::{NoReporter, Reporter};
 pub use root::Root;

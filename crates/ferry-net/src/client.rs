@@ -20,8 +20,8 @@ use tokio::net::{TcpSocket, TcpStream};
 use crate::autotune::{bottleneck, cores};
 use crate::conn::{expect_frame, send};
 use crate::engine::{
-    drive_receiver, drive_sender, frame_queue, Joined, Joins, Limits, StreamPlan, StreamReport,
-    Writers,
+    drive_receiver, drive_sender, frame_queue, Joined, Joins, Limits, ReceiverIo, RecvRun, SendRun,
+    SenderIo, StreamPlan, StreamReport, Writers,
 };
 use crate::error::SessionError;
 use crate::stream::{Recorder, Stream};
@@ -751,12 +751,6 @@ async fn answered(
     Ok((c, opts, joining))
 }
 
-/// Offer bytes a client writes behind its request before `Ready`: half of what a server reads
-/// from a refused client before it closes (64 KiB). An offer entry is its path plus 30 bytes,
-/// so this holds a first batch of 256 files with paths up to 98 bytes; the rest follows
-/// `Ready` as before.
-pub(crate) const EARLY_OFFER_BYTES: usize = 32 << 10;
-
 /// The data connections of a session that the server has accepted, still joining it: each
 /// has sent its `Hello`; those beyond the grant are dropped (the server refuses them).
 pub(crate) struct Joining {
@@ -1157,19 +1151,21 @@ async fn put_once(
     };
     let same_host = addr.ip().is_loopback();
     let dialled = data.len();
-    let out = drive_sender(
+    let io = SenderIo {
         control,
         data,
         sender,
-        rx,
-        ctl_rx,
+        frames: rx,
+        control_out: ctl_rx,
         reporter,
-        limits(cfg, &cfg.opts),
+    };
+    let run = SendRun {
+        limits: limits(cfg, &cfg.opts),
         plan,
-        Some(cfg.connect_timeout),
-        Some(session),
-    )
-    .await?;
+        welcome: Some(cfg.connect_timeout),
+        awaiting: Some(session),
+    };
+    let out = drive_sender(io, run).await?;
     let mut opts = cfg.opts.clone();
     if let Some((streams, block_size)) = out.granted {
         opts.streams = streams;
@@ -1250,16 +1246,18 @@ async fn get_once(
     let same_host = c.addr.ip().is_loopback();
     let connections = usize::from(opts.streams);
     let writers = Writers::new(cfg.writers, cfg.tune_storage);
-    let out = drive_receiver(
-        c.control,
+    let io = ReceiverIo {
+        control: c.control,
         joins,
-        receiver.clone(),
-        rx,
+        receiver: receiver.clone(),
+        control_out: rx,
+    };
+    let run = RecvRun {
         writers,
-        limits(cfg, &opts),
-        true,
-    )
-    .await?;
+        limits: limits(cfg, &opts),
+        leave_early: true,
+    };
+    let out = drive_receiver(io, run).await?;
     let (summary, streams, tuned) = (out.summary, out.streams, out.tuned);
     let pools = (
         Pool::remote(tuned.as_ref().map(|t| t.sender)),

@@ -4,18 +4,19 @@
 
 mod autotune;
 pub mod client;
-mod endgame;
 mod engine;
 pub mod error;
 pub mod probe;
 pub mod server;
-mod timeline;
 mod transport;
 
 pub use server::access;
 pub use transport::{tcp, tls};
 // Short paths for the driver's own modules (`crate::conn`, `crate::stream`).
 pub(crate) use transport::{conn, stream};
+
+// The session's timeline, under the name the driver's modules use.
+use ferry_session::timeline;
 
 pub use autotune::{
     bottleneck, ramp_helpers, ThreadReport, ThreadStep, AUTO_MAX_STORAGE_THREADS, AUTO_MAX_STREAMS,
@@ -24,6 +25,6 @@ pub use autotune::{
 pub use client::{ClientConfig, Pool, Security, StartFrom, TransferReport, Tuning};
 pub use engine::StreamReport;
 pub use error::SessionError;
+pub use ferry_session::Timeline;
 pub use server::{Server, ServerConfig};
-pub use timeline::Timeline;
 pub use tls::{Fingerprint, Identity, KnownHosts, ServerTrust};

@@ -13,7 +13,7 @@
 use std::process::Command;
 use std::time::Duration;
 
-use ferry_core::tune::TunerConfig;
+use ferry_session::tune::TunerConfig;
 use ferry_units::units::{format_bytes as bytes, format_mbps, format_thousands};
 use serde::Serialize;
 

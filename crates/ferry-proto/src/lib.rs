@@ -18,3 +18,9 @@ pub mod journal;
 pub use codec::FrameHeader;
 pub use error::{negotiate_version, DecodeError, ProtocolError};
 pub use frame::*;
+
+/// A block's digest on the wire (`Block::digest`): XXH3-128 of its bytes, which catches a
+/// corrupted or misplaced block; the whole file's digest is what proves it end to end.
+pub fn block_digest(data: &[u8]) -> u128 {
+    xxhash_rust::xxh3::xxh3_128(data)
+}

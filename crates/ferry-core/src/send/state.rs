@@ -9,7 +9,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use bytes::Bytes;
 use ferry_proto::{ChecksumAlgo, Decision, ErrorCode, FileId, FileMeta, Frame};
 
-use super::cut::{cut, MIN_CUT_BLOCK};
+use super::cut::cut;
 use crate::gate::Gate;
 use crate::report::Reporter;
 use crate::root::Root;
@@ -111,12 +111,7 @@ pub(super) struct SenderState {
     pub(super) early_sent: AtomicU64,
 }
 
-/// File bytes a session may send early (before their decision), per data connection asked
-/// for: one head block each ([`MIN_CUT_BLOCK`]). That is all a connection's first flight can
-/// carry (10 segments of at most 9,000 bytes) with room to spare, and the decisions are back
-/// when the round trip after it begins; more would only fill socket buffers with bytes that
-/// are wasted when the receiver holds the file already (a re-run, a resume).
-pub const EARLY_PER_STREAM: u64 = MIN_CUT_BLOCK;
+pub use ferry_session::cut::EARLY_PER_STREAM;
 
 impl SenderState {
     pub(super) fn error(&self, msg: String) {

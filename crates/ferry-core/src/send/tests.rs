@@ -5,10 +5,9 @@ use std::sync::{Arc, Mutex};
 
 use ferry_proto::{FileId, FileMeta};
 
-use super::cut::{clip_to_ranges, cut};
+use super::cut::clip_to_ranges;
 use super::reading::{open_checked, Unpassed};
 use super::state::FileRecord;
-use super::*;
 use crate::root::OFlags;
 
 const MIB: u64 = 1 << 20;
@@ -56,61 +55,6 @@ fn a_fifo_swapped_in_after_the_walk_is_refused_without_blocking() {
     assert!(err.contains("t/f") && err.contains("FIFO"), "{err}");
 }
 
-/// Blocks of one file of `size` sent alone over `streams` connections.
-fn blocks(size: u64, block: u64, streams: u64) -> Vec<u64> {
-    let (mut out, mut offset) = (Vec::new(), 0);
-    while offset < size {
-        let len = cut(
-            size - offset,
-            block,
-            streams,
-            out.len() as u64,
-            Some(size - offset),
-        );
-        assert!(len > 0 && len <= block, "{len} at {offset}");
-        out.push(len);
-        offset += len;
-    }
-    assert_eq!(out.iter().sum::<u64>(), size);
-    out
-}
-
-#[test]
-fn a_transfer_starts_and_ends_in_small_blocks() {
-    let b = blocks(1 << 30, 8 * MIB, 16);
-    // The first round of blocks gives every stream a small one, the next rounds double.
-    assert!(b[..16].iter().all(|&l| l == MIN_CUT_BLOCK));
-    assert!(b[16..32].iter().all(|&l| l == 2 * MIN_CUT_BLOCK));
-    assert!(b.contains(&(8 * MIB)));
-    // The last round of blocks is small enough for every stream to finish together.
-    assert!(
-        b[b.len() - 16..].iter().all(|&l| l <= 2 * MIN_CUT_BLOCK),
-        "{:?}",
-        &b[b.len() - 16..]
-    );
-    // The cutting costs blocks, not many: 128 whole blocks would do without it.
-    assert!(b.len() < 450, "{} blocks", b.len());
-}
-
-#[test]
-fn a_tail_block_is_a_share_of_what_is_left() {
-    // 64 MiB left over 4 streams: 4 MiB each.
-    assert_eq!(cut(1 << 30, 8 * MIB, 4, 1000, Some(64 * MIB)), 4 * MIB);
-    // Before the walk is over nothing is known about the tail.
-    assert_eq!(cut(1 << 30, 8 * MIB, 4, 1000, None), 8 * MIB);
-    // Never below the floor, however little is left.
-    assert_eq!(cut(1 << 30, 8 * MIB, 4, 1000, Some(1000)), MIN_CUT_BLOCK);
-}
-
-#[test]
-fn no_sliver_is_left_behind_a_block() {
-    // 300 KiB left of a file: one block, not 256 KiB and then 44 KiB.
-    assert_eq!(cut(300 << 10, 8 * MIB, 4, 0, Some(300 << 10)), 300 << 10);
-    // A small file is one block.
-    assert_eq!(cut(10 << 10, 8 * MIB, 16, 0, None), 10 << 10);
-    assert_eq!(cut(0, 8 * MIB, 16, 0, None), 0);
-}
-
 #[test]
 fn a_block_stops_at_the_edge_of_what_the_receiver_has() {
     let have = [(0, 3 * MIB), (5 * MIB, 6 * MIB)];
@@ -137,9 +81,4 @@ fn a_file_given_up_counts_as_passed() {
         assert_eq!(counter.load(Ordering::Relaxed), MIB);
     }
     assert_eq!(counter.load(Ordering::Relaxed), 10 * MIB);
-}
-
-#[test]
-fn a_block_size_below_the_floor_is_kept() {
-    assert!(blocks(10 * MIB, 64 << 10, 8).iter().all(|&l| l == 64 << 10));
 }

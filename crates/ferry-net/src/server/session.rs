@@ -19,7 +19,9 @@ use super::registry::{find_session, Found, Opening};
 use super::request::{prepare, Work};
 use super::state::{ActiveSession, ServerState};
 use super::wire::{closed_by_peer, linger, refuse_plainly, welcome};
-use crate::engine::{drive_receiver, drive_sender, Limits, Writers};
+use crate::engine::{
+    drive_receiver, drive_sender, Limits, ReceiverIo, RecvRun, SendRun, SenderIo, Writers,
+};
 use crate::error::SessionError;
 use crate::transport::conn::send;
 use crate::transport::stream::{Recorder, Stream, TLS_HANDSHAKE_RECORD};
@@ -335,8 +337,20 @@ async fn control_session(
             let limits = Limits::new(idle, block_size);
             // Registered while it runs (closed to joins once all have joined), so that a
             // connection dialled beyond the grant is refused at once.
-            let outcome =
-                drive_receiver(stream, joins, receiver, control, writers, limits, false).await;
+            let outcome = drive_receiver(
+                ReceiverIo {
+                    control: stream,
+                    joins,
+                    receiver,
+                    control_out: control,
+                },
+                RecvRun {
+                    writers,
+                    limits,
+                    leave_early: false,
+                },
+            )
+            .await;
             drop(pending);
             let summary = outcome?.summary;
             info!(files = summary.files, bytes = summary.bytes, "put complete");
@@ -354,10 +368,21 @@ async fn control_session(
         } => {
             let reporter = Arc::new(NoReporter);
             let limits = Limits::new(idle, opts.block_size);
-            let result = drive_sender(
-                stream, data, sender, frames, offers, reporter, limits, plan, None, None,
-            )
-            .await?;
+            let io = SenderIo {
+                control: stream,
+                data,
+                sender,
+                frames,
+                control_out: offers,
+                reporter,
+            };
+            let run = SendRun {
+                limits,
+                plan,
+                welcome: None,
+                awaiting: None,
+            };
+            let result = drive_sender(io, run).await?;
             let (summary, sender) = (result.summary, result.sender);
             let _ = tokio::task::spawn_blocking(move || sender.finish()).await;
             info!(files = summary.files, bytes = summary.bytes, "get complete");

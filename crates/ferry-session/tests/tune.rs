@@ -4,8 +4,10 @@
 
 use std::time::Duration;
 
-use ferry_core::tune::sim::{gbit, mbit, run, Path, Sim, Trace};
-use ferry_core::tune::{Action, Knob, Phase, TuneError, Tuner, TunerConfig, TunerState, Verdict};
+use ferry_session::tune::sim::{gbit, mbit, run, Path, Sim, Trace};
+use ferry_session::tune::{
+    Action, Knob, Phase, TuneError, Tuner, TunerConfig, TunerState, Verdict,
+};
 use proptest::prelude::*;
 
 const MIB: f64 = 1024.0 * 1024.0;

@@ -8,11 +8,11 @@ use std::time::Duration;
 use serde::Serialize;
 
 /// The resolution a transfer starts with.
-pub(crate) const TIMELINE_INTERVAL: Duration = Duration::from_millis(250);
+pub const TIMELINE_INTERVAL: Duration = Duration::from_millis(250);
 
 /// Intervals kept: past this the intervals are merged in pairs (twice as long, half as many),
 /// so a transfer of any length costs at most this many numbers.
-pub(crate) const MAX_INTERVALS: usize = 2400;
+pub const MAX_INTERVALS: usize = 2400;
 
 /// Payload bytes per interval since the data phase started (the sender counts what TCP says
 /// reached the peer, acknowledged or selectively acknowledged; a receiver what its writers
@@ -27,7 +27,7 @@ pub struct Timeline {
 }
 
 impl Timeline {
-    pub(crate) fn new() -> Self {
+    pub fn new() -> Self {
         Self {
             interval_ms: TIMELINE_INTERVAL.as_millis() as u32,
             bytes: Vec::new(),
@@ -41,14 +41,14 @@ impl Timeline {
 
     /// Whether an interval has ended by `elapsed` that is not recorded yet: callers sample
     /// their counter only then.
-    pub(crate) fn due(&self, elapsed: Duration) -> bool {
+    pub fn due(&self, elapsed: Duration) -> bool {
         elapsed >= self.interval() * (self.bytes.len() as u32 + 1)
     }
 
     /// Records the running `total` at `elapsed`. Intervals that ended without a sample (a late
     /// tick) get nothing and the next one gets their bytes: the sum stays exact, and a
     /// scheduling hiccup shows as what it was.
-    pub(crate) fn record(&mut self, elapsed: Duration, total: u64) {
+    pub fn record(&mut self, elapsed: Duration, total: u64) {
         if !self.due(elapsed) {
             return;
         }

@@ -17,6 +17,8 @@ pub mod sim;
 use std::collections::VecDeque;
 use std::time::Duration;
 
+use ferry_units::stats::median_and_spread;
+
 /// Which knob a tuner drives; only used to label its actions and logs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Knob {
@@ -964,20 +966,6 @@ fn pool((r1, s1): (f64, f64), (r2, s2): (f64, f64)) -> (f64, f64) {
         0.0
     };
     (rate, (s1.hypot(s2) / 2.0).max(apart))
-}
-
-/// Median of the samples, and their half-range relative to it: a cheap noise estimate that
-/// needs no history beyond one measurement.
-fn median_and_spread(samples: &mut [f64]) -> (f64, f64) {
-    let Some(median) = crate::stats::median(samples) else {
-        return (0.0, 0.0);
-    };
-    let spread = if median > 0.0 {
-        (samples[samples.len() - 1] - samples[0]) / (2.0 * median)
-    } else {
-        0.0
-    };
-    (median, spread)
 }
 
 #[cfg(test)]

@@ -7,7 +7,7 @@
 //! quarter per eight round trips, and a flow in ProbeRTT sends four segments per round trip):
 //! in 2 of 14 puts of 1 GiB at 100 ms on the bed, the last 2 % took 0.8–1.0 s instead of
 //! 0.17 s, carried by two connections with windows of 70 segments while the others were idle.
-//! Cutting the last blocks small (`ferry_core::send::TAIL_SPLIT`) shortens that, but only a
+//! Cutting the last blocks small ([`crate::cut::TAIL_SPLIT`]) shortens that, but only a
 //! second copy on an idle connection removes it. The receiver keeps byte ranges: it writes a
 //! copy's bytes where it does not have them all yet and counts each range once, so a copy
 //! costs only bandwidth, and is sent only while the path has room for it (or to get past a
@@ -39,14 +39,14 @@ use ferry_proto::{Block, FileId, Frame};
 /// Bytes a connection may hold above what its TCP socket reports as not yet acknowledged: its
 /// write buffer (256 KiB) and what TLS has encrypted but not yet handed to the socket (rustls
 /// holds up to 64 KiB), with room to spare. Overestimating only sends a block twice.
-pub(crate) const UNSEEN_SLACK: u64 = 384 << 10;
+pub const UNSEEN_SLACK: u64 = 384 << 10;
 
 /// Added to two round trips before a connection's backlog counts as late: at short RTTs,
 /// connections ending a few milliseconds apart are the normal end, not a straggler.
-pub(crate) const LATE_FLOOR: Duration = Duration::from_millis(100);
+pub const LATE_FLOOR: Duration = Duration::from_millis(100);
 
 /// Added to four round trips before a block counts as stuck, whatever the rate says.
-pub(crate) const STALLED_AFTER: Duration = Duration::from_millis(200);
+pub const STALLED_AFTER: Duration = Duration::from_millis(200);
 
 /// The shortest span over which the path's rate is measured (at least one round trip).
 const RATE_WINDOW: Duration = Duration::from_millis(100);
@@ -54,7 +54,7 @@ const RATE_WINDOW: Duration = Duration::from_millis(100);
 /// Most block bytes one connection remembers: memory stays bounded even when the kernel does
 /// not say what it holds. Blocks beyond it are forgotten oldest first (they cannot be sent
 /// again, which only costs the endgame's help for them).
-pub(crate) const HISTORY_CAP: u64 = 16 << 20;
+pub const HISTORY_CAP: u64 = 16 << 20;
 
 /// Frame bytes counted per block on top of its data (header, file metadata, digests): an
 /// approximation well inside [`UNSEEN_SLACK`].
@@ -70,7 +70,7 @@ struct Sent {
 /// What one data connection was given and may not yet have delivered. Its task records each
 /// frame before writing it ([`History::begin`], [`History::end`]); the driver prunes it.
 #[derive(Default)]
-pub(crate) struct History {
+pub struct History {
     /// Bytes of frames written to the connection, counted when their write ends: while a
     /// large frame is under way, part of it may be in the kernel already, and counting it
     /// whole from the start would let blocks before it look delivered too early.
@@ -95,7 +95,7 @@ pub(crate) struct History {
 
 impl History {
     /// `confirmed`: the connection was welcomed before it carried anything.
-    pub(crate) fn new(confirmed: bool) -> Self {
+    pub fn new(confirmed: bool) -> Self {
         Self {
             unwelcomed: !confirmed,
             ..Self::default()
@@ -103,24 +103,24 @@ impl History {
     }
 
     /// Bytes of the frames it remembers (a small frame counted as [`BLOCK_OVERHEAD`]).
-    pub(crate) fn held(&self) -> u64 {
+    pub fn held(&self) -> u64 {
         self.held + BLOCK_OVERHEAD * self.unwelcomed_other.len() as u64
     }
 
     /// Whether the server has yet to welcome the connection.
-    pub(crate) fn is_unwelcomed(&self) -> bool {
+    pub fn is_unwelcomed(&self) -> bool {
         self.unwelcomed
     }
 
     /// The server welcomed the connection: what TCP delivered, it has.
-    pub(crate) fn confirm(&mut self) {
+    pub fn confirm(&mut self) {
         self.unwelcomed = false;
         self.unwelcomed_other = Vec::new();
     }
 
     /// Every frame the connection was given and may not have delivered, for a connection the
     /// server refused: they go again on another.
-    pub(crate) fn take_frames(&mut self) -> Vec<Frame> {
+    pub fn take_frames(&mut self) -> Vec<Frame> {
         self.held = 0;
         let mut frames = std::mem::take(&mut self.unwelcomed_other);
         frames.extend(self.blocks.drain(..).map(|s| Frame::Block(s.block)));
@@ -128,7 +128,7 @@ impl History {
     }
 
     /// A frame is about to be written; `len` is its size on the wire (or close to it).
-    pub(crate) fn begin(&mut self, frame: &Frame) {
+    pub fn begin(&mut self, frame: &Frame) {
         let len = match frame {
             Frame::Block(b) => b.data.len() as u64 + BLOCK_OVERHEAD,
             // Directory, symlink and failure frames are small and not sent twice: the
@@ -154,12 +154,12 @@ impl History {
     }
 
     /// The frame begun last has been written (to the connection's buffers).
-    pub(crate) fn end(&mut self) {
+    pub fn end(&mut self) {
         self.written += self.writing.take().unwrap_or(0);
     }
 
     /// The connection has flushed its buffers and waits for a frame (or is parked).
-    pub(crate) fn wait(&mut self) {
+    pub fn wait(&mut self) {
         self.waiting = true;
     }
 
@@ -197,22 +197,22 @@ impl History {
 }
 
 /// What the driver knows about one data connection at a tick.
-pub(crate) struct Conn<'a> {
-    pub(crate) history: &'a mut History,
+pub struct Conn<'a> {
+    pub history: &'a mut History,
     /// Bytes its socket holds unsent or unacknowledged (`None`: `TCP_INFO` failed).
-    pub(crate) unacked: Option<u64>,
+    pub unacked: Option<u64>,
     /// Its current sending rate, bytes per second (0 when unknown).
-    pub(crate) rate: u64,
+    pub rate: u64,
     /// Bytes it has delivered so far (`TcpInfo::delivered`).
-    pub(crate) delivered: u64,
+    pub delivered: u64,
     /// Whether it takes frames from the queue (the stream tuner may park it).
-    pub(crate) active: bool,
+    pub active: bool,
 }
 
 /// What one tick decided: blocks to send again, and the idle connections to carry them.
 /// Cut and assigned by [`Copies::pieces`], after the driver has let go of the histories.
 #[derive(Default)]
-pub(crate) struct Copies {
+pub struct Copies {
     blocks: Vec<Block>,
     to: Vec<usize>,
 }
@@ -220,7 +220,7 @@ pub(crate) struct Copies {
 impl Copies {
     /// Each block cut into as many pieces as there are idle connections (see [`slices`]),
     /// the pieces dealt to them in turn: (connection, frame).
-    pub(crate) fn pieces(&self) -> impl Iterator<Item = (usize, Frame)> + '_ {
+    pub fn pieces(&self) -> impl Iterator<Item = (usize, Frame)> + '_ {
         let ways = self.to.len();
         self.blocks
             .iter()
@@ -233,7 +233,7 @@ impl Copies {
 /// The session's endgame: which blocks went out a second time, and the path's rate since it
 /// was armed.
 #[derive(Default)]
-pub(crate) struct Endgame {
+pub struct Endgame {
     /// (file, offset, length) of every block copied: a piece of a copy starts where its
     /// block does but is shorter, so a stuck copy can itself be copied, in smaller pieces.
     copied: HashSet<(FileId, u64, u64)>,
@@ -250,7 +250,7 @@ impl Endgame {
     /// One tick: prunes every history and, when `armed` (everything is read and queued, the
     /// queue is empty), says which blocks to send again and which idle connections take
     /// them. Each block (file, offset, length) is copied at most once per session.
-    pub(crate) fn tick(
+    pub fn tick(
         &mut self,
         now: Instant,
         rtt: Duration,
@@ -355,13 +355,13 @@ impl Endgame {
     }
 
     /// Blocks and data bytes sent a second time so far.
-    pub(crate) fn copied(&self) -> (u64, u64) {
+    pub fn copied(&self) -> (u64, u64) {
         (self.blocks, self.bytes)
     }
 }
 
-/// The smallest piece a copy is cut into (`ferry_core::send::MIN_CUT_BLOCK`).
-const MIN_SLICE: usize = ferry_core::send::MIN_CUT_BLOCK as usize;
+/// The smallest piece a copy is cut into ([`crate::cut::MIN_CUT_BLOCK`]).
+const MIN_SLICE: usize = crate::cut::MIN_CUT_BLOCK as usize;
 
 /// A block's copy, cut into up to `ways` pieces of at least [`MIN_SLICE`] (whole 64 KiB
 /// multiples) so that every idle connection can carry part of it: a put ended 0.44 s after a
@@ -381,7 +381,7 @@ fn slices(block: &Block, ways: usize) -> impl Iterator<Item = Frame> + '_ {
         Frame::Block(Block {
             file: block.file.clone(),
             offset: block.offset + at as u64,
-            digest: ferry_core::digest::block_digest(&data),
+            digest: ferry_proto::block_digest(&data),
             file_digest: if end { block.file_digest.clone() } else { None },
             // A copy means what its block meant to the receiver.
             early: block.early,
@@ -705,7 +705,7 @@ mod tests {
                 mtime_ns: 0,
             },
             offset: 1 << 30,
-            digest: ferry_core::digest::block_digest(&data),
+            digest: ferry_proto::block_digest(&data),
             file_digest: Some(Bytes::from_static(b"file digest")),
             early: true,
             data: data.clone(),
@@ -721,7 +721,7 @@ mod tests {
             let mut at = whole.offset;
             for (k, p) in pieces.iter().enumerate() {
                 assert_eq!(p.offset, at, "contiguous");
-                assert_eq!(p.digest, ferry_core::digest::block_digest(&p.data));
+                assert_eq!(p.digest, ferry_proto::block_digest(&p.data));
                 let last = k + 1 == pieces.len();
                 assert_eq!(p.file_digest.is_some(), last, "only the end carries it");
                 if !last {
