@@ -21,7 +21,7 @@ use crate::autotune::{bottleneck, cores};
 use crate::conn::{expect_frame, send};
 use crate::engine::{
     drive_receiver, drive_sender, frame_queue, Joined, Joins, Limits, ReceiverIo, RecvRun, SendRun,
-    SenderIo, StreamPlan, StreamReport, Writers,
+    SenderIo, SenderOutcome, StreamPlan, StreamReport, Writers,
 };
 use crate::error::SessionError;
 use crate::stream::{Recorder, Stream};
@@ -1166,6 +1166,18 @@ async fn put_once(
         awaiting: Some(session),
     };
     let out = drive_sender(io, run).await?;
+    Ok(put_report(cfg, out, t0, (dialled, same_host), security).await)
+}
+
+/// A finished put's report: what the server granted, what each end's tuner did, the files'
+/// digests. `(dialled, same_host)`: data connections opened, and whether to a loopback server.
+async fn put_report(
+    cfg: &ClientConfig,
+    out: SenderOutcome,
+    t0: Instant,
+    (dialled, same_host): (usize, bool),
+    security: (bool, Option<String>),
+) -> TransferReport {
     let mut opts = cfg.opts.clone();
     if let Some((streams, block_size)) = out.granted {
         opts.streams = streams;
@@ -1195,12 +1207,18 @@ async fn put_once(
     tokio::task::spawn_blocking(move || sender.finish())
         .await
         .ok();
-    let mut report = report(
-        "put", &opts, summary, t0, streams, tuning, errors, manifest, security,
-    );
+    let ended = Ended {
+        summary,
+        streams,
+        tuning,
+        errors,
+        manifest,
+        security,
+    };
+    let mut report = report("put", &opts, t0, ended);
     report.timeline = timeline;
     report.block_size_from = cfg.block_from;
-    Ok(report)
+    report
 }
 
 /// Fetches `src` from the server into the local `dest`, retrying (and resuming) on failures
@@ -1274,9 +1292,15 @@ async fn get_once(
     );
     let errors = receiver.errors();
     let manifest = receiver.manifest();
-    let mut report = report(
-        "get", &opts, summary, t0, streams, tuning, errors, manifest, security,
-    );
+    let ended = Ended {
+        summary,
+        streams,
+        tuning,
+        errors,
+        manifest,
+        security,
+    };
+    let mut report = report("get", &opts, t0, ended);
     report.timeline = out.timeline;
     report.block_size_from = cfg.block_from;
     Ok(report)
@@ -1328,18 +1352,26 @@ fn security_of(control: &Stream, tls: Option<&Arc<ClientTls>>) -> (bool, Option<
     )
 }
 
-#[allow(clippy::too_many_arguments)]
-fn report(
-    direction: &'static str,
-    opts: &TransferOpts,
-    s: ferry_proto::CompleteSummary,
-    t0: Instant,
+/// What a finished transfer brings to its report.
+struct Ended {
+    summary: ferry_proto::CompleteSummary,
     streams: Vec<StreamReport>,
     tuning: Tuning,
     errors: Vec<String>,
     manifest: Vec<(String, String)>,
-    (encrypted, server_fingerprint): (bool, Option<String>),
-) -> TransferReport {
+    /// Whether it was encrypted, and the server's fingerprint.
+    security: (bool, Option<String>),
+}
+
+fn report(direction: &'static str, opts: &TransferOpts, t0: Instant, e: Ended) -> TransferReport {
+    let Ended {
+        summary: s,
+        streams,
+        tuning,
+        errors,
+        manifest,
+        security: (encrypted, server_fingerprint),
+    } = e;
     let seconds = t0.elapsed().as_secs_f64();
     let mut tuning = tuning;
     if s.bytes == 0 {

@@ -7,7 +7,7 @@
 //!  (client put)  Awaiting ──Welcome──▶ Welcomed ──Ready──▶ Granted ─┐
 //!  (server get)  ──────────────────────────────────────▶ Granted ─┤
 //!                                                                  ▼
-//!   Granted: Resend/Decisions/Skipped/FileFailed ─▶ file side; the walk over ─▶ `Sent`
+//!   Granted: Decisions/Resend/FileFailed ─▶ file side; the walk over ─▶ `Sent`
 //!            every block on a connection ─▶ early `Tuned` (and the endgame's copies)
 //!            a data connection fails after it ─▶ Ending (grace) ─▶ failed unless `Complete`
 //!   `Complete` ─▶ Done(summary)        `Error`, a protocol breach, a failure ─▶ Done(fault)

@@ -7,9 +7,10 @@
 //!
 //! ```text
 //!   sender                                   receiver
+//!     │── Offer / Skipped ──────────────▶ (control; offers ahead of their data)
 //!     │── Block/Dir/Symlink/FileFailed ─▶ (any data connection)
 //!     │── Sent{totals} ─────────────────▶ (control; as soon as the walk is over)
-//!     │◀─ Resend / Skipped / FileFailed ─ (control; whenever they happen)
+//!     │◀─ Decisions / Resend / FileFailed / EntryFailed ─ (control; whenever they happen)
 //!     │── Tuned{report} ────────────────▶ (control; with EARLY_TUNED, once every block is
 //!     │                                     on a connection)
 //!     │◀─ Complete{summary} ──────────── (control; once every entry is resolved)
@@ -41,7 +42,7 @@ mod send;
 
 pub(crate) use crate::autotune::StreamPlan;
 pub(crate) use recv::{drive_receiver, ReceiverIo, RecvRun, Writers};
-pub(crate) use send::{drive_sender, frame_queue, SendRun, SenderIo};
+pub(crate) use send::{drive_sender, frame_queue, SendRun, SenderIo, SenderOutcome};
 
 /// A failure the session named, as the driver reports it (a connection's own failure is the
 /// driver's to name: see `SendDriver::error_of`).

@@ -9,7 +9,7 @@
 //! fingerprint is refused, never silently accepted.
 //!
 //! Only TLS 1.3 is offered; the cipher suites are rustls's with the aws-lc-rs provider, whose
-//! AES-GCM runs at 3.1–3.6 GiB/s per core here (BENCHMARKS.md: what it costs a transfer).
+//! AES-GCM runs at 3.1–3.6 GiB/s per core here (docs/bench/NOTEBOOK.md, "What encryption costs").
 
 use std::fmt;
 use std::io::Write;
