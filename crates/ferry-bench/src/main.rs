@@ -21,7 +21,8 @@ use anyhow::{bail, Context, Result};
 use clap::Parser;
 use serde::{Deserialize, Serialize};
 
-use plan::{parse_regime, parse_size, Dataset, Direction, Spec, Tool};
+use ferry_units::units::{parse_duration_tc, parse_rate_tc, parse_size_fractional};
+use plan::{parse_regime, Dataset, Direction, Spec, Tool};
 use runner::{Options, Runner, Target};
 
 #[derive(Parser, Debug)]
@@ -249,7 +250,7 @@ fn machine() -> Vec<(String, String)> {
 }
 
 fn parse_rtt(s: &str) -> Result<u32> {
-    let d = ferry_netem::parse_duration(s).map_err(anyhow::Error::msg)?;
+    let d = parse_duration_tc(s).map_err(anyhow::Error::msg)?;
     Ok(d.as_millis() as u32)
 }
 
@@ -265,7 +266,7 @@ fn build_spec(cli: &Cli) -> Result<Spec> {
     if let Some(v) = &cli.rate {
         s.rates = v
             .iter()
-            .map(|x| ferry_netem::parse_rate(x).map_err(anyhow::Error::msg))
+            .map(|x| parse_rate_tc(x).map_err(anyhow::Error::msg))
             .collect::<Result<_>>()?;
     }
     if let Some(v) = &cli.regime {
@@ -285,7 +286,11 @@ fn build_spec(cli: &Cli) -> Result<Spec> {
             Some(v) if v.iter().any(|x| x == "none") => vec![],
             Some(v) => v
                 .iter()
-                .map(|x| parse_size(x).map(|bytes| Dataset::File { bytes }))
+                .map(|x| {
+                    parse_size_fractional(x)
+                        .map_err(String::from)
+                        .map(|bytes| Dataset::File { bytes })
+                })
                 .collect::<Result<_, String>>()
                 .map_err(anyhow::Error::msg)?,
             None => s.datasets.iter().filter(|d| d.is_file()).cloned().collect(),
@@ -328,7 +333,10 @@ fn build_spec(cli: &Cli) -> Result<Spec> {
                 if x == "default" {
                     Ok(None)
                 } else {
-                    parse_size(x).map(Some).map_err(anyhow::Error::msg)
+                    parse_size_fractional(x)
+                        .map_err(String::from)
+                        .map(Some)
+                        .map_err(anyhow::Error::msg)
                 }
             })
             .collect::<Result<_>>()?;

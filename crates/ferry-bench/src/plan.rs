@@ -137,11 +137,6 @@ pub const MIXED_SEED: u64 = 0x6665_7272_795f_6d78;
 pub const MIXED_MIN: u64 = KIB;
 pub const MIXED_MAX: u64 = 8 * MIB;
 
-/// [`parse_size_fractional`] with the `String` error the argument parsing collects.
-pub fn parse_size(s: &str) -> Result<u64, String> {
-    Ok(parse_size_fractional(s)?)
-}
-
 impl Dataset {
     pub fn label(&self) -> String {
         match self {
@@ -174,12 +169,12 @@ impl Dataset {
                 .map_err(|_| format!("bad tree {s:?} (use 10000x10K)"))?;
             return Ok(Dataset::Tree {
                 files,
-                file_bytes: parse_size(size)?,
+                file_bytes: parse_size_fractional(size)?,
             });
         }
         let t3 = t.strip_prefix("file-").unwrap_or(t);
         Ok(Dataset::File {
-            bytes: parse_size(t3)?,
+            bytes: parse_size_fractional(t3)?,
         })
     }
 
@@ -615,13 +610,13 @@ mod tests {
 
     #[test]
     fn sizes_and_labels() {
-        assert_eq!(parse_size("35M").unwrap(), 35 * MIB);
-        assert_eq!(parse_size("1G").unwrap(), GIB);
-        assert_eq!(parse_size("10KiB").unwrap(), 10 * KIB);
-        assert_eq!(parse_size("1.5g").unwrap(), 3 * GIB / 2);
-        assert_eq!(parse_size("4096").unwrap(), 4096);
-        assert!(parse_size("12 parsecs").is_err());
-        assert!(parse_size("0").is_err());
+        assert_eq!(parse_size_fractional("35M").unwrap(), 35 * MIB);
+        assert_eq!(parse_size_fractional("1G").unwrap(), GIB);
+        assert_eq!(parse_size_fractional("10KiB").unwrap(), 10 * KIB);
+        assert_eq!(parse_size_fractional("1.5g").unwrap(), 3 * GIB / 2);
+        assert_eq!(parse_size_fractional("4096").unwrap(), 4096);
+        assert!(parse_size_fractional("12 parsecs").is_err());
+        assert!(parse_size_fractional("0").is_err());
         assert_eq!(size_label(GIB), "1GiB");
         assert_eq!(size_label(100 * MIB), "100MiB");
         assert_eq!(size_label(102_400_000), "100000KiB");

@@ -8,54 +8,10 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use ferry_net::{ClientConfig, KnownHosts, Security, ServerTrust};
 use ferry_proto::{ExistingPolicy, TransferOpts, MAX_BLOCK_DATA};
+use ferry_units::units::{parse_duration, parse_size};
 
 use crate::args::{AuthArgs, ConnArgs, GetArgs, LsArgs, PutArgs, TransferArgs, WaitArgs};
 use crate::remote::Remote;
-
-/// Parses `8M`, `16MiB`, `4096`, `1G` (binary units; a trailing `B`/`iB` is optional).
-pub fn parse_size(s: &str) -> Result<u64> {
-    let t = s.trim();
-    let lower = t.to_ascii_lowercase();
-    let digits_end = lower
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(lower.len());
-    let (num, unit) = lower.split_at(digits_end);
-    let n: u64 = num
-        .parse()
-        .with_context(|| format!("`{s}` is not a size (try 8M, 16MiB or 4096)"))?;
-    let mult: u64 = match unit.trim_end_matches("ib").trim_end_matches('b') {
-        "" => 1,
-        "k" => 1 << 10,
-        "m" => 1 << 20,
-        "g" => 1 << 30,
-        "t" => 1 << 40,
-        _ => bail!("`{s}`: unknown size unit (use K, M, G or T)"),
-    };
-    n.checked_mul(mult)
-        .with_context(|| format!("`{s}` is too large"))
-}
-
-/// Parses `90s`, `3m`, `1h`, `7d`, `250ms` or a plain number of seconds: the one duration
-/// syntax of every option that takes a time.
-pub fn parse_duration(s: &str) -> Result<Duration> {
-    let t = s.trim().to_ascii_lowercase();
-    let end = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (num, unit) = t.split_at(end);
-    let n: u64 = num
-        .parse()
-        .with_context(|| format!("`{s}` is not a duration (try 90s, 3m or 1h)"))?;
-    let (n, per) = match unit.trim() {
-        "ms" => return Ok(Duration::from_millis(n)),
-        "" | "s" => (n, 1),
-        "m" | "min" => (n, 60),
-        "h" => (n, 3600),
-        "d" => (n, 86_400),
-        _ => bail!("`{s}`: unknown duration unit (use ms, s, m, h or d)"),
-    };
-    n.checked_mul(per)
-        .map(Duration::from_secs)
-        .with_context(|| format!("`{s}` is too long"))
-}
 
 /// The client config file: a default token and per-host tokens.
 #[derive(Debug, Default, serde::Deserialize)]

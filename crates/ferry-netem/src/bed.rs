@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Context, Result};
 use serde::{Deserialize, Serialize};
 
-use crate::forward::{self, Control, DirStats, Shared};
+use crate::forward::{self, Control, DirStats, ForwarderState};
 use crate::sched::bdp_bytes;
 
 /// Address of the client host (inside its namespace only).
@@ -419,7 +419,7 @@ pub struct TestBed {
     config: BedConfig,
     client: Netns,
     server: Netns,
-    shared: Arc<Shared>,
+    shared: Arc<ForwarderState>,
     thread: Option<JoinHandle<io::Result<()>>>,
     started: Instant,
     notes: Vec<String>,
@@ -600,7 +600,7 @@ impl TestBed {
             config.rate_bps.unwrap_or(0),
             config.effective_queue_bytes(),
         );
-        let shared = Arc::new(Shared::new(control));
+        let shared = Arc::new(ForwarderState::new(control));
         let seed = opts
             .seed
             .or_else(|| {

@@ -195,9 +195,10 @@ impl DirCounters {
     }
 }
 
-/// State shared between the forwarder thread and its owner.
+/// The forwarder thread's control, counters and scheduling facts, shared with its owner
+/// (the test bed), which steers it and reads its statistics.
 #[derive(Debug)]
-pub struct Shared {
+pub struct ForwarderState {
     pub control: Control,
     /// Client -> server.
     pub c2s: DirCounters,
@@ -213,9 +214,9 @@ pub struct Shared {
     pub realtime: AtomicBool,
 }
 
-impl Shared {
+impl ForwarderState {
     pub fn new(control: Control) -> Self {
-        Shared {
+        ForwarderState {
             control,
             c2s: DirCounters::default(),
             s2c: DirCounters::default(),
@@ -375,7 +376,7 @@ pub fn run(
     mtu: u32,
     seed: u64,
     rt_priority: Option<i32>,
-    shared: Arc<Shared>,
+    shared: Arc<ForwarderState>,
 ) -> io::Result<()> {
     // SAFETY: plain syscalls on this thread.
     unsafe {

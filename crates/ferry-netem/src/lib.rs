@@ -69,11 +69,6 @@ pub fn set_thread_realtime(priority: i32) -> std::io::Result<()> {
     Ok(())
 }
 
-/// The tc-like syntax of `--rtt`, `--rate` and `--queue`, under the names the bed's callers use.
-pub use ferry_units::units::{
-    parse_bytes_tc as parse_bytes, parse_duration_tc as parse_duration, parse_rate_tc as parse_rate,
-};
-
 /// Parses a loss probability: "0.01" or "1%".
 pub fn parse_loss(s: &str) -> Result<f64, String> {
     let t = s.trim();
@@ -91,6 +86,10 @@ pub fn parse_loss(s: &str) -> Result<f64, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ferry_units::units::{
+        parse_bytes_tc as parse_bytes, parse_duration_tc as parse_duration,
+        parse_rate_tc as parse_rate,
+    };
     use std::time::Duration;
 
     #[test]

@@ -11,9 +11,10 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use ferry_netem::{
-    delete_netns, find_in_path, parse_bytes, parse_duration, parse_loss, parse_rate, reap_stale,
-    BedConfig, BedOptions, Host, Regime, TestBed, CLIENT_ADDR, DEVICE, SERVER_ADDR,
+    delete_netns, find_in_path, parse_loss, reap_stale, BedConfig, BedOptions, Host, Regime,
+    TestBed, CLIENT_ADDR, DEVICE, SERVER_ADDR,
 };
+use ferry_units::units::{parse_bytes_tc, parse_duration_tc, parse_rate_tc};
 use serde_json::json;
 
 const STATE_ROOT: &str = "/run/ferry-netem";
@@ -134,15 +135,15 @@ struct UpArgs {
 impl UpArgs {
     fn config(&self) -> Result<(BedConfig, BedOptions)> {
         let cfg = BedConfig {
-            rtt: parse_duration(&self.rtt).map_err(anyhow::Error::msg)?,
-            rate_bps: parse_rate(&self.rate).map_err(anyhow::Error::msg)?,
+            rtt: parse_duration_tc(&self.rtt).map_err(anyhow::Error::msg)?,
+            rate_bps: parse_rate_tc(&self.rate).map_err(anyhow::Error::msg)?,
             loss: parse_loss(&self.loss).map_err(anyhow::Error::msg)?,
             mtu: self.mtu,
             regime: self.regime,
             queue_bytes: self
                 .queue
                 .as_deref()
-                .map(parse_bytes)
+                .map(parse_bytes_tc)
                 .transpose()
                 .map_err(anyhow::Error::msg)?,
             initial_window: self.initial_window,
@@ -404,9 +405,9 @@ fn apply_control(bed: &TestBed, text: &str) -> Result<()> {
         let v = v.trim();
         match k.trim() {
             "loss" => bed.set_loss(parse_loss(v).map_err(anyhow::Error::msg)?),
-            "rtt" => bed.set_rtt(parse_duration(v).map_err(anyhow::Error::msg)?),
-            "rate" => bed.set_rate(parse_rate(v).map_err(anyhow::Error::msg)?),
-            "queue" => bed.set_queue_bytes(parse_bytes(v).map_err(anyhow::Error::msg)?),
+            "rtt" => bed.set_rtt(parse_duration_tc(v).map_err(anyhow::Error::msg)?),
+            "rate" => bed.set_rate(parse_rate_tc(v).map_err(anyhow::Error::msg)?),
+            "queue" => bed.set_queue_bytes(parse_bytes_tc(v).map_err(anyhow::Error::msg)?),
             "blackhole" => bed.set_blackhole(matches!(v, "1" | "on" | "true")),
             other => bail!("unknown control key {other:?}"),
         }

@@ -10,13 +10,14 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use ferry_net::{Server, ServerConfig};
+use ferry_units::units::{format_bytes_2dp as human_bytes, parse_size};
 use serde::Serialize;
 
 use super::transfer::summary_line;
 use crate::args::{AuthArgs, ConnArgs, DemoArgs, OutputArgs, TransferArgs, WaitArgs};
-use crate::config::{client_config, parse_size};
+use crate::config::client_config;
 use crate::error::usage;
-use crate::progress::{human_bytes, Progress};
+use crate::progress::Progress;
 use crate::remote::Remote;
 
 #[derive(Serialize)]
@@ -132,8 +133,8 @@ fn same_tree(a: &Path, b: &Path) -> Result<bool> {
 }
 
 pub async fn run(args: DemoArgs, quiet: bool) -> Result<ExitCode> {
-    let big = parse_size(&args.file_size).map_err(usage)?;
-    let small = parse_size(&args.small_size).map_err(usage)?;
+    let big = parse_size(&args.file_size).map_err(|e| usage(e.into()))?;
+    let small = parse_size(&args.small_size).map_err(|e| usage(e.into()))?;
     let _tmp;
     let work = match &args.dir {
         Some(d) => {

@@ -8,9 +8,9 @@ use anyhow::{Context, Result};
 use ferry_net::probe::{ProbeDirection, ProbePoint, MAX_PROBE_DURATION};
 use ferry_probe::net::{NetOptions, NetReport, NetSample};
 use ferry_probe::ProbeProgress;
+use ferry_units::units::parse_size;
 
 use crate::args::{ProbeCommand, ProbeDiskArgs, ProbeHostArgs, ProbeNetArgs};
-use crate::config::parse_size;
 use crate::error::usage;
 use crate::remote::Remote;
 
@@ -200,7 +200,7 @@ fn net_options(a: &ProbeNetArgs) -> Result<NetOptions> {
         opts.windows = vec![0];
         if a.windows.trim() != "none" {
             for w in a.windows.split(',').filter(|w| !w.trim().is_empty()) {
-                let n = parse_size(w).map_err(usage)?;
+                let n = parse_size(w).map_err(|e| usage(e.into()))?;
                 if n == 0 || n > u64::from(u32::MAX / 2) {
                     return Err(usage(anyhow::anyhow!(
                         "--windows: {w} is out of range (1 byte to 2G)"

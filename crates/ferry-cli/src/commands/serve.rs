@@ -10,6 +10,7 @@ use std::sync::Arc;
 use anyhow::{Context, Result};
 use ferry_net::access::{self, Access, AccessList};
 use ferry_net::{Identity, Server, ServerConfig};
+use ferry_units::units::{format_bytes_2dp, parse_duration};
 
 use crate::args::ServeArgs;
 use crate::error::usage;
@@ -67,9 +68,9 @@ pub async fn run(args: ServeArgs, quiet: bool) -> Result<ExitCode> {
     if !quiet && (report.kept_files > 0 || report.removed_files > 0) {
         eprintln!(
             "ferry: interrupted transfers hold {} in {} files (kept for resume); removed {} in {} files older than {}",
-            crate::progress::human_bytes(report.kept_bytes),
+            format_bytes_2dp(report.kept_bytes),
             report.kept_files,
-            crate::progress::human_bytes(report.removed_bytes),
+            format_bytes_2dp(report.removed_bytes),
             report.removed_files,
             args.partial_max_age
         );
@@ -124,11 +125,11 @@ fn limits(config: &mut ServerConfig, args: &ServeArgs) -> Result<()> {
     config.max_streams = args.max_streams.max(1);
     config.max_unauthenticated_per_address = args.max_unauthenticated;
     config.max_sessions_per_token = args.max_sessions_per_token.max(1);
-    config.idle_timeout = crate::config::parse_duration(&args.idle_timeout)
+    config.idle_timeout = parse_duration(&args.idle_timeout)
         .context("--idle-timeout")
         .map_err(usage)?
         .max(Duration::from_secs(5));
-    config.partial_max_age = crate::config::parse_duration(&args.partial_max_age).map_err(usage)?;
+    config.partial_max_age = parse_duration(&args.partial_max_age).map_err(|e| usage(e.into()))?;
     Ok(())
 }
 
@@ -238,7 +239,7 @@ async fn oneshot(args: ServeArgs) -> Result<ExitCode> {
     config.base = base;
     config.max_connections = args.max_connections.clamp(1, 128);
     config.max_streams = args.max_streams.max(1);
-    config.idle_timeout = crate::config::parse_duration(&args.idle_timeout)
+    config.idle_timeout = parse_duration(&args.idle_timeout)
         .context("--idle-timeout")
         .map_err(usage)?
         .max(Duration::from_secs(5));

@@ -7,12 +7,13 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use ferry_net::{ClientConfig, SessionError, TransferReport};
+use ferry_units::units::format_bytes_2dp as human_bytes;
 
 use crate::args::ConnArgs;
 use crate::config::{apply_disk_profile, apply_profile, apply_ramp_helpers, Job, Transfer};
 use crate::error::Hinted;
 use crate::profiles::Profiles;
-use crate::progress::{human_bytes, Progress};
+use crate::progress::Progress;
 use crate::remote::Remote;
 use crate::ssh::Oneshot;
 

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use ferry_proto::{Frame, FrameHeader, FrameType, ProbeStream, HEADER_LEN};
+use ferry_units::stats::upper_median;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
@@ -107,10 +108,10 @@ async fn send_filler(
     if let (true, Some(i)) = (samples.is_empty(), &last) {
         samples.push((i.rtt_us, i.snd_cwnd, i.snd_mss));
     }
+    // The upper median: a sampled value, never an average of two.
     let med = |f: fn(&(u32, u32, u32)) -> u32| {
-        let mut v: Vec<u32> = samples.iter().map(f).collect();
-        v.sort_unstable();
-        v.get(v.len() / 2).copied().unwrap_or(0)
+        let mut v: Vec<f64> = samples.iter().map(|x| f64::from(f(x))).collect();
+        upper_median(&mut v).map_or(0, |m| m as u32)
     };
     let report = ProbeStream {
         bytes,

@@ -19,6 +19,7 @@ use std::time::Duration;
 
 use ferry_core::Reporter;
 use ferry_proto::{ErrorCode, Frame, ProbeStream, MAX_CONTROL_PAYLOAD};
+use ferry_units::stats::{mean, median_of_positive};
 use serde::Serialize;
 use tokio::time::Instant;
 
@@ -111,7 +112,7 @@ impl ProbeResult {
 
     /// Median smoothed RTT under load over the data connections, in ms (0 when unknown).
     pub fn rtt_load_ms(&self) -> f64 {
-        median(self.per_stream.iter().map(|s| f64::from(s.rtt_us) / 1000.0))
+        median_of_positive(self.per_stream.iter().map(|s| f64::from(s.rtt_us) / 1000.0))
     }
 
     /// Retransmitted segments over all data connections.
@@ -129,18 +130,8 @@ impl ProbeResult {
             .iter()
             .map(|s| s.cwnd_bytes() as f64)
             .collect();
-        if v.is_empty() {
-            0.0
-        } else {
-            v.iter().sum::<f64>() / v.len() as f64
-        }
+        mean(&v).unwrap_or(0.0)
     }
-}
-
-/// Median of the positive values (0 = not measured), 0 if there are none.
-fn median(it: impl Iterator<Item = f64>) -> f64 {
-    let mut v: Vec<f64> = it.filter(|x| *x > 0.0).collect();
-    ferry_core::stats::median(&mut v).unwrap_or(0.0)
 }
 
 fn direction_name(d: ProbeDirection) -> &'static str {
