@@ -16,7 +16,5 @@ pub mod root;
 pub mod send;
 
 pub use error::{FsError, PathError};
-/// The median moved to ferry-units; this path stays until ferry-net names it there.
-pub use ferry_units::stats;
 pub use report::{NoReporter, Reporter};
 pub use root::Root;
