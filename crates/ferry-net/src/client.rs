@@ -479,17 +479,24 @@ async fn read_welcome<R: tokio::io::AsyncRead + Unpin>(
     stream: &mut R,
     timeout: Duration,
 ) -> Result<(SessionId, [u8; 32]), SessionError> {
-    let reply = tokio::time::timeout(
+    welcome_of(read_frame_within(stream, timeout).await?)
+}
+
+/// The server's next control frame (its `Welcome`), within `timeout`.
+async fn read_frame_within<R: tokio::io::AsyncRead + Unpin>(
+    stream: &mut R,
+    timeout: Duration,
+) -> Result<Frame, SessionError> {
+    tokio::time::timeout(
         timeout,
         expect_frame(stream, MAX_CONTROL_PAYLOAD, "control"),
     )
     .await
-    .map_err(|_| SessionError::Timeout("waiting for the server's welcome"))??;
-    welcome_of(reply)
+    .map_err(|_| SessionError::Timeout("waiting for the server's welcome"))?
 }
 
 /// The session a `Welcome` names, once its version is one this build speaks.
-pub(crate) fn welcome_of(reply: Frame) -> Result<(SessionId, [u8; 32]), SessionError> {
+fn welcome_of(reply: Frame) -> Result<(SessionId, [u8; 32]), SessionError> {
     match reply {
         Frame::Welcome {
             version,
@@ -510,27 +517,15 @@ pub(crate) fn welcome_of(reply: Frame) -> Result<(SessionId, [u8; 32]), SessionE
     }
 }
 
-/// The control `Welcome`, which must name the session this client chose.
+/// The control `Welcome`, which must name the session this client chose
+/// (`ferry_session::send::check_welcome`, the same check the sender makes of a late one).
 async fn welcomed<R: tokio::io::AsyncRead + Unpin>(
     stream: &mut R,
     timeout: Duration,
     ours: (SessionId, [u8; 32]),
 ) -> Result<(), SessionError> {
-    let theirs = read_welcome(stream, timeout).await?;
-    same_session(theirs, ours)
-}
-
-/// The server welcomed the session the client chose, not another.
-pub(crate) fn same_session(
-    theirs: (SessionId, [u8; 32]),
-    ours: (SessionId, [u8; 32]),
-) -> Result<(), SessionError> {
-    if theirs != ours {
-        return Err(SessionError::Protocol(
-            "the server welcomed another session than the one asked for".into(),
-        ));
-    }
-    Ok(())
+    let reply = read_frame_within(stream, timeout).await?;
+    ferry_session::send::check_welcome(reply, ours).map_err(crate::engine::fault_error)
 }
 
 /// A new session's identity and the secret its data connections join with. The client
@@ -1214,11 +1209,9 @@ async fn put_report(
         errors,
         manifest,
         security,
+        timeline,
     };
-    let mut report = report("put", &opts, t0, ended);
-    report.timeline = timeline;
-    report.block_size_from = cfg.block_from;
-    report
+    report("put", cfg, &opts, t0, ended)
 }
 
 /// Fetches `src` from the server into the local `dest`, retrying (and resuming) on failures
@@ -1299,11 +1292,9 @@ async fn get_once(
         errors,
         manifest,
         security,
+        timeline: out.timeline,
     };
-    let mut report = report("get", &opts, t0, ended);
-    report.timeline = out.timeline;
-    report.block_size_from = cfg.block_from;
-    Ok(report)
+    Ok(report("get", cfg, &opts, t0, ended))
 }
 
 /// Lists a remote directory (or describes a single remote file).
@@ -1361,9 +1352,16 @@ struct Ended {
     manifest: Vec<(String, String)>,
     /// Whether it was encrypted, and the server's fingerprint.
     security: (bool, Option<String>),
+    timeline: Timeline,
 }
 
-fn report(direction: &'static str, opts: &TransferOpts, t0: Instant, e: Ended) -> TransferReport {
+fn report(
+    direction: &'static str,
+    cfg: &ClientConfig,
+    opts: &TransferOpts,
+    t0: Instant,
+    e: Ended,
+) -> TransferReport {
     let Ended {
         summary: s,
         streams,
@@ -1371,6 +1369,7 @@ fn report(direction: &'static str, opts: &TransferOpts, t0: Instant, e: Ended) -
         errors,
         manifest,
         security: (encrypted, server_fingerprint),
+        timeline,
     } = e;
     let seconds = t0.elapsed().as_secs_f64();
     let mut tuning = tuning;
@@ -1388,7 +1387,7 @@ fn report(direction: &'static str, opts: &TransferOpts, t0: Instant, e: Ended) -
         seconds,
         mib_per_s: s.bytes as f64 / (1 << 20) as f64 / seconds.max(1e-9),
         block_size: opts.block_size,
-        block_size_from: "default",
+        block_size_from: cfg.block_from,
         checksum: digest::algo_name(opts.checksum),
         streams,
         tuning,
@@ -1396,7 +1395,7 @@ fn report(direction: &'static str, opts: &TransferOpts, t0: Instant, e: Ended) -
         encrypted,
         server_fingerprint,
         errors,
-        timeline: Timeline::default(),
+        timeline,
         manifest,
     }
 }

@@ -46,14 +46,8 @@ pub struct SenderConfig {
 /// Whole-file digests by (path on the wire, size, mtime).
 pub type DigestCache = Mutex<HashMap<(String, u64, i64), Vec<u8>>>;
 
-/// Totals known when the walk is over; they become the `Sent` frame.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct WalkTotals {
-    pub files: u64,
-    pub dirs: u64,
-    pub symlinks: u64,
-    pub bytes: u64,
-}
+/// Totals known when the walk is over; the session sends them as the `Sent` frame.
+pub use ferry_session::send::Totals as WalkTotals;
 
 /// What the sender remembers of a file so that a block can be read again on request.
 pub(super) struct FileRecord {

@@ -17,7 +17,7 @@ use ferry_core::send::Sender;
 use ferry_core::Reporter;
 use ferry_proto::{CompleteSummary, Frame, SessionId, TuneReport, MAX_CONTROL_PAYLOAD};
 use ferry_session::endgame::History;
-use ferry_session::send::{SendAction, SendConfig, SendSample, SendSession, StreamEnd, Totals};
+use ferry_session::send::{SendAction, SendConfig, SendSample, SendSession, StreamEnd};
 use ferry_session::{ConnSample, Fault};
 use tokio::io::{AsyncWriteExt, BufWriter, ReadHalf, WriteHalf};
 use tokio::sync::{mpsc, watch};
@@ -128,7 +128,7 @@ struct SendDriver {
     ctrl_w: WriteHalf<Stream>,
     ctrl_rx: mpsc::Receiver<Result<Frame, SessionError>>,
     control_out: flume::Receiver<Frame>,
-    totals: flume::Receiver<ferry_core::send::WalkTotals>,
+    totals: flume::Receiver<ferry_session::send::Totals>,
     /// Only the stream tasks and this probe hold the frame queue: dropped at the end, so
     /// readers blocked on a full queue see it disconnected and stop.
     probe: flume::Receiver<Frame>,
@@ -262,12 +262,7 @@ impl SendDriver {
             );
             tokio::select! {
                 t = self.totals.recv_async(), if !self.session.walk_over() => {
-                    self.session.walked(t.ok().map(|t| Totals {
-                        files: t.files,
-                        dirs: t.dirs,
-                        symlinks: t.symlinks,
-                        bytes: t.bytes,
-                    }));
+                    self.session.walked(t.ok());
                 }
                 Ok(frame) = self.control_out.recv_async(), if self.session.may_offer() => {
                     let n = write_frame(&mut self.ctrl_w, &frame, &mut self.scratch).await?;
