@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 
-use crate::plan::{mixed_sizes, splitmix64, Dataset};
+use crate::plan::{splitmix64, Dataset};
 
 /// Bumped when the generator changes, so that cached data sets are made again.
 const GENERATOR_VERSION: u32 = 1;
@@ -118,10 +118,9 @@ pub fn ensure(dir: &Path, ds: &Dataset) -> Result<(PathBuf, Digest)> {
     remove_path(&tmp)?;
     match ds {
         Dataset::File { bytes } => write_random(&tmp, *bytes, seed_of(&label, 0))?,
-        Dataset::Tree { files, file_bytes } => {
-            write_tree(&tmp, &label, (0..*files).map(|_| *file_bytes))?
+        Dataset::Tree { .. } | Dataset::Mixed { .. } | Dataset::Real { .. } => {
+            write_tree(&tmp, &label, ds.sizes().into_iter())?
         }
-        Dataset::Mixed { files } => write_tree(&tmp, &label, mixed_sizes(*files).into_iter())?,
     }
     fs::rename(&tmp, &path)?;
     let d = digest_path(&path)?;

@@ -2,7 +2,10 @@
 //! the emulated WAN bed (or against a real `ferry serve`), with iperf3 as the ceiling and the
 //! peer tools Debian packages (rsync, scp, XRootD, GridFTP) side by side. See docs/bench/NOTEBOOK.md.
 
+mod cpu;
 mod data;
+mod host;
+mod hostreport;
 mod iperf;
 mod peers;
 mod plan;
@@ -10,6 +13,7 @@ mod plot;
 mod report;
 mod runner;
 mod stop;
+mod storage;
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -34,6 +38,24 @@ use runner::{Options, Runner, Target};
                   `cargo build --release -p ferry-cli` and `bash scripts/bench-deps.sh`."
 )]
 struct Cli {
+    /// bed: the emulated WAN (the default). host: this host alone, over loopback, no emulator:
+    /// ferry (TLS and --no-encrypt) put and get with both ends' CPU seconds per GiB, iperf3 -P
+    /// 1/4/8 and `ferry probe net` as ceilings, rsync's daemon beside it; defaults --sizes 1G,
+    /// --trees 64x64M,10000x10K,real, --direction put,get, --runs 5, --peers rsync.
+    #[arg(long, default_value = "bed", value_parser = ["bed", "host"])]
+    mode: String,
+    /// Host mode: ferry's transports, tls (its defaults: TLS, BLAKE3) and plain (--no-encrypt).
+    #[arg(long, value_delimiter = ',')]
+    transports: Option<Vec<String>>,
+    /// Host mode: iperf3's -P counts (default 1,4,8).
+    #[arg(long, value_delimiter = ',')]
+    iperf3_streams: Option<Vec<u16>>,
+    /// Host mode: do not run `ferry probe net` (ferry's own memory-to-memory ceiling).
+    #[arg(long)]
+    no_probe_net: bool,
+    /// Host mode: seconds per point of `ferry probe net` (default 2).
+    #[arg(long, default_value_t = 2)]
+    probe_secs: u32,
     /// RTT 0/50 ms, 1 Gbit/s, default regime, put, 100 MiB and 2,000 × 10 KiB, streams 1/4/8,
     /// 16 MiB blocks, n = 3, rsync and scp when installed. The default.
     #[arg(long, conflicts_with = "full")]
@@ -58,8 +80,8 @@ struct Cli {
     /// Single-file sizes (binary units): 35M,100M,500M,1G,5G; "none" for no single file.
     #[arg(long, value_delimiter = ',')]
     sizes: Option<Vec<String>>,
-    /// Trees: 10000x10K, 2000x10K, mixed (1,000 files, log-uniform 1 KiB–8 MiB), mixed:300;
-    /// "none" for no tree.
+    /// Trees: 10000x10K, 2000x10K, mixed (1,000 files, log-uniform 1 KiB–8 MiB), mixed:300,
+    /// real (20,000 files, most under 16 KiB, a few over 8 MiB), real:2000; "none" for no tree.
     #[arg(long, value_delimiter = ',')]
     trees: Option<Vec<String>>,
     /// Stream counts, e.g. 1,2,3,4,8,16; 0 runs ferry with its defaults (no --streams: auto),
@@ -570,6 +592,9 @@ fn run(cli: Cli) -> Result<ExitCode> {
         write_outputs(dir, &rows, &meta)?;
         return Ok(ExitCode::SUCCESS);
     }
+    if cli.mode == "host" {
+        return run_host(&cli);
+    }
     let spec = build_spec(&cli)?;
     let iperf_secs = cli.iperf3_secs.unwrap_or(if cli.full { 10 } else { 5 });
     let plan = plan::plan(&spec);
@@ -635,39 +660,28 @@ fn run(cli: Cli) -> Result<ExitCode> {
         std::env::set_var("FERRY_STATE_DIR", out.join("ferry-state"));
         std::env::set_var("FERRY_KNOWN_HOSTS", out.join("ferry-state/known_hosts"));
     }
-    let (work, tmp_work) = if cli.tmpfs {
-        reap_tmpfs_work(Path::new(TMPFS));
-        let w = PathBuf::from(format!("{TMPFS}/ferry-bench-{}", std::process::id()));
-        (w.clone(), Some(w))
-    } else {
-        (
-            cli.work
-                .clone()
-                .unwrap_or_else(|| PathBuf::from("target/bench/work")),
-            None,
-        )
-    };
-    std::fs::create_dir_all(&work)?;
-    let work = work.canonicalize()?;
+    let (work, tmp_work) = work_dir(&cli)?;
+    let fs = storage::fs_type(&work).unwrap_or_else(|e| format!("file system unknown: {e:#}"));
+    // Data sets not yet made, and one copy of the largest at each destination.
+    let largest = plan
+        .datasets()
+        .iter()
+        .map(Dataset::bytes)
+        .max()
+        .unwrap_or(0);
+    let need = plan.datasets().iter().map(Dataset::bytes).sum::<u64>()
+        + largest * spec.directions.len() as u64;
+    let room = storage::check_room(
+        &work,
+        &fs,
+        storage::free_bytes(&work).unwrap_or(u64::MAX),
+        need,
+    )?;
+    eprintln!("ferry-bench: {room}");
     let storage = if cli.tmpfs {
-        format!("tmpfs ({}), both ends", work.display())
+        format!("{fs} ({}), both ends", work.display())
     } else {
-        let fs = std::process::Command::new("df")
-            .args(["--output=source,fstype"])
-            .arg(&work)
-            .output()
-            .ok()
-            .map(|o| {
-                String::from_utf8_lossy(&o.stdout)
-                    .lines()
-                    .nth(1)
-                    .unwrap_or("")
-                    .split_whitespace()
-                    .collect::<Vec<_>>()
-                    .join(" ")
-            })
-            .unwrap_or_default();
-        format!("disk ({}, {fs}), both ends share it", work.display())
+        format!("{fs} ({}), both ends share it", work.display())
     } + if cli.drop_caches {
         "; page cache dropped before every run"
     } else {
@@ -749,6 +763,204 @@ fn run(cli: Cli) -> Result<ExitCode> {
     let failed = runner.rows.iter().filter(|r| !r.ok()).count();
     if failed > 0 {
         eprintln!("ferry-bench: {failed} runs failed (see results.csv, error column)");
+    }
+    Ok(if result.is_err() {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+/// The work directory: `--work`, else target/bench/work on the real file system; with
+/// `--tmpfs` one under /dev/shm for this process (returned twice: it is removed at the end).
+fn work_dir(cli: &Cli) -> Result<(PathBuf, Option<PathBuf>)> {
+    let (work, tmp_work) = if cli.tmpfs {
+        reap_tmpfs_work(Path::new(TMPFS));
+        let w = PathBuf::from(format!("{TMPFS}/ferry-bench-{}", std::process::id()));
+        (w.clone(), Some(w))
+    } else {
+        (
+            cli.work
+                .clone()
+                .unwrap_or_else(|| PathBuf::from("target/bench/work")),
+            None,
+        )
+    };
+    std::fs::create_dir_all(&work).with_context(|| format!("creating {}", work.display()))?;
+    let work = work.canonicalize()?;
+    Ok((work, tmp_work))
+}
+
+/// Flags of the bed only, refused in host mode rather than ignored.
+fn bed_only_flags(cli: &Cli) -> Vec<&'static str> {
+    let mut v = Vec::new();
+    let mut bad = |set: bool, name: &'static str| {
+        if set {
+            v.push(name)
+        }
+    };
+    bad(cli.full, "--full");
+    bad(cli.rtt.is_some(), "--rtt");
+    bad(cli.rate.is_some(), "--rate");
+    bad(cli.regime.is_some(), "--regime");
+    bad(cli.streams.is_some(), "--streams");
+    bad(cli.peer_streams.is_some(), "--peer-streams");
+    bad(cli.block_sizes.is_some(), "--block-sizes");
+    bad(cli.no_ferry, "--no-ferry");
+    bad(cli.targets, "--targets");
+    bad(cli.remote.is_some(), "--remote");
+    bad(cli.replot.is_some(), "--replot");
+    bad(cli.drop_caches, "--drop-caches");
+    bad(cli.initial_window.is_some(), "--initial-window");
+    bad(cli.tcp_fastopen, "--tcp-fastopen");
+    v
+}
+
+fn parse_list<T>(v: &[String], f: impl Fn(&str) -> Result<T, String>) -> Result<Vec<T>> {
+    v.iter().map(|x| f(x).map_err(anyhow::Error::msg)).collect()
+}
+
+/// Host mode's options from the command line (its own defaults where a flag is not given).
+fn host_options(cli: &Cli, work: PathBuf, out: PathBuf) -> Result<host::HostOptions> {
+    let sizes = cli.sizes.clone().unwrap_or_else(|| vec!["1G".into()]);
+    let trees = cli
+        .trees
+        .clone()
+        .unwrap_or_else(|| vec!["64x64M".into(), "10000x10K".into(), "real".into()]);
+    let mut datasets = Vec::new();
+    if !sizes.iter().any(|x| x == "none") {
+        for x in &sizes {
+            let bytes = parse_size_fractional(x).map_err(anyhow::Error::msg)?;
+            datasets.push(Dataset::File { bytes });
+        }
+    }
+    if !trees.iter().any(|x| x == "none") {
+        let t = parse_list(&trees, Dataset::parse)?;
+        if t.iter().any(Dataset::is_file) {
+            bail!("--trees takes trees (64x64M, 10000x10K, real:5000); single files go in --sizes");
+        }
+        datasets.extend(t);
+    }
+    if datasets.is_empty() {
+        bail!("nothing to transfer: no --sizes and no --trees");
+    }
+    let directions = match &cli.direction {
+        Some(v) => parse_list(v, Direction::parse)?,
+        None => vec![Direction::Put, Direction::Get],
+    };
+    let transports = match &cli.transports {
+        Some(v) => parse_list(v, host::Transport::parse)?,
+        None => vec![host::Transport::Tls, host::Transport::Plain],
+    };
+    let peers = match &cli.peers {
+        Some(v) if v.iter().any(|x| x == "none") => vec![],
+        Some(v) => parse_list(v, Tool::parse)?,
+        None => vec![Tool::Rsync],
+    };
+    let iperf_streams = if cli.no_iperf3 {
+        vec![]
+    } else {
+        cli.iperf3_streams.clone().unwrap_or_else(|| vec![1, 4, 8])
+    };
+    if iperf_streams.contains(&0) || directions.is_empty() || transports.is_empty() {
+        bail!("--iperf3-streams start at 1; --direction and --transports need one each");
+    }
+    Ok(host::HostOptions {
+        ferry: find_ferry(cli)?,
+        work,
+        out,
+        datasets,
+        directions,
+        transports,
+        runs: cli.runs.unwrap_or(5).max(1),
+        iperf_streams,
+        iperf_secs: cli.iperf3_secs.unwrap_or(3),
+        iperf_omit: cli.iperf3_omit.min(5),
+        probe_secs: (!cli.no_probe_net).then_some(cli.probe_secs.clamp(1, 30)),
+        peers,
+        max_run: std::time::Duration::from_secs(cli.max_run_secs.max(1)),
+        verbose: cli.verbose,
+    })
+}
+
+/// The host's lines of the host-mode summary: CPU, cores, memory, kernel, load.
+fn host_lines() -> Vec<(String, String)> {
+    let mut v: Vec<(String, String)> = machine()
+        .into_iter()
+        .filter(|(k, _)| !k.ends_with("(host)"))
+        .collect();
+    let n = std::thread::available_parallelism().map_or(0, |n| n.get());
+    v.insert(1, ("nproc".into(), n.to_string()));
+    v
+}
+
+/// `--mode host`: see [`host`].
+fn run_host(cli: &Cli) -> Result<ExitCode> {
+    let bad = bed_only_flags(cli);
+    if !bad.is_empty() {
+        bail!("--mode host: {} apply to the bed only", bad.join(", "));
+    }
+    let started = now_secs();
+    let out = cli
+        .out
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("target/bench").join(format!("host-{}", stamp(started))));
+    std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+    let out = out.canonicalize()?;
+    let (work, tmp_work) = work_dir(cli)?;
+    let o = host_options(cli, work.clone(), out.clone())?;
+    let fs = storage::fs_type(&work).unwrap_or_else(|e| format!("unknown: {e:#}"));
+    let free = storage::free_bytes(&work).unwrap_or(u64::MAX);
+    eprintln!(
+        "ferry-bench host: {}",
+        storage::check_room(&work, &fs, free, host::room_needed(&o))?
+    );
+    let mut meta = hostreport::HostMeta {
+        command: std::env::args().collect::<Vec<_>>().join(" "),
+        started: human_time(started),
+        host: host_lines(),
+        runs: o.runs,
+        ..Default::default()
+    };
+    meta.host
+        .push(("ferry binary".into(), o.ferry.display().to_string()));
+    let t0 = Instant::now();
+    let mut r = host::HostRunner::new(&o)?;
+    let result = r.prepare_data().and_then(|_| r.run());
+    runner::empty_trash(&work);
+    if let Err(e) = &result {
+        eprintln!("ferry-bench host: {e:#}");
+        r.notes.push(format!("stopped: {e:#}"));
+    }
+    for (what, sub) in [
+        ("data sets (put's source, get's server side)", "data"),
+        ("put destination (server side)", "put-dest"),
+        ("get destination (client side)", "get-dest"),
+    ] {
+        let p = work.join(sub);
+        let ty = storage::fs_type(&p).unwrap_or_else(|_| fs.clone());
+        meta.storage
+            .push((what.into(), p.display().to_string(), ty));
+    }
+    meta.duration_s = t0.elapsed().as_secs_f64();
+    meta.host
+        .push(("load average at end".into(), read_trim("/proc/loadavg")));
+    meta.notes = r.notes.clone();
+    let meds = hostreport::medians(&r.rows);
+    let md = hostreport::summary(&meds, &meta);
+    std::fs::write(out.join("summary.md"), &md)?;
+    std::fs::write(out.join("meta.json"), serde_json::to_string_pretty(&meta)?)?;
+    if let Some(w) = tmp_work {
+        let _ = data::remove_path(&w);
+    }
+    println!("{md}");
+    eprintln!(
+        "ferry-bench host: wrote {}/{{results.csv,summary.md}}",
+        out.display()
+    );
+    let failed = r.rows.iter().filter(|x| !x.ok()).count();
+    if failed > 0 {
+        eprintln!("ferry-bench host: {failed} runs failed (see results.csv, error column)");
     }
     Ok(if result.is_err() {
         ExitCode::from(1)

@@ -130,12 +130,31 @@ pub enum Dataset {
     Tree { files: u64, file_bytes: u64 },
     /// `files` files with sizes log-uniform in 1 KiB..8 MiB, from a fixed seed.
     Mixed { files: u64 },
+    /// A "real" tree (issue 37): `files` files, most under 16 KiB, some of tens to hundreds of
+    /// KiB, a few over 8 MiB, from a fixed seed ([`real_sizes`]).
+    Real { files: u64 },
 }
 
 /// Fixed seed of the mixed tree (sizes and contents).
 pub const MIXED_SEED: u64 = 0x6665_7272_795f_6d78;
 pub const MIXED_MIN: u64 = KIB;
 pub const MIXED_MAX: u64 = 8 * MIB;
+
+/// Fixed seed of the real tree's sizes.
+pub const REAL_SEED: u64 = 0x6665_7272_795f_7274;
+/// Files of the real tree when its spec names no count ("real").
+pub const REAL_DEFAULT_FILES: u64 = 20_000;
+/// Small files of the real tree: log-uniform in [`REAL_SMALL_MIN`, `REAL_SMALL_MAX`).
+pub const REAL_SMALL_MIN: u64 = 256;
+pub const REAL_SMALL_MAX: u64 = 16 * KIB;
+/// Medium files: log-uniform in [16 KiB, 1 MiB], one in [`REAL_MEDIUM_EVERY`] on average.
+pub const REAL_MEDIUM_MAX: u64 = MIB;
+pub const REAL_MEDIUM_EVERY: u64 = 20;
+/// Large files: log-uniform in (8 MiB, 32 MiB], one per [`REAL_LARGE_EVERY`] files (at least
+/// one), at evenly spaced places.
+pub const REAL_LARGE_MIN: u64 = 8 * MIB + 1;
+pub const REAL_LARGE_MAX: u64 = 32 * MIB;
+pub const REAL_LARGE_EVERY: u64 = 2000;
 
 impl Dataset {
     pub fn label(&self) -> String {
@@ -145,13 +164,29 @@ impl Dataset {
                 format!("tree-{files}x{}", size_label(*file_bytes))
             }
             Dataset::Mixed { files } => format!("mixed-{files}"),
+            Dataset::Real { files } => format!("real-{files}"),
         }
     }
 
     /// Parses a label or a tree spec: "file-1GiB", "1G" (a file), "tree-10000x10KiB",
-    /// "10000x10K", "mixed-1000", "mixed" (1,000 files).
+    /// "10000x10K", "mixed-1000", "mixed" (1,000 files), "real-5000", "real:5000", "real"
+    /// (20,000 files).
     pub fn parse(s: &str) -> Result<Dataset, String> {
         let t = s.trim();
+        if let Some(rest) = t.strip_prefix("real") {
+            let rest = rest.trim_start_matches(['-', ':']);
+            let files = if rest.is_empty() {
+                REAL_DEFAULT_FILES
+            } else {
+                rest.replace(['_', ','], "")
+                    .parse()
+                    .map_err(|_| format!("bad real tree {s:?} (use real or real:5000)"))?
+            };
+            if files == 0 {
+                return Err(format!("real tree {s:?}: no files"));
+            }
+            return Ok(Dataset::Real { files });
+        }
         if let Some(rest) = t.strip_prefix("mixed") {
             let rest = rest.trim_start_matches(['-', ':']);
             let files = if rest.is_empty() {
@@ -186,7 +221,9 @@ impl Dataset {
     pub fn files(&self) -> u64 {
         match self {
             Dataset::File { .. } => 1,
-            Dataset::Tree { files, .. } | Dataset::Mixed { files } => *files,
+            Dataset::Tree { files, .. } | Dataset::Mixed { files } | Dataset::Real { files } => {
+                *files
+            }
         }
     }
 
@@ -196,6 +233,17 @@ impl Dataset {
             Dataset::File { bytes } => *bytes,
             Dataset::Tree { files, file_bytes } => files * file_bytes,
             Dataset::Mixed { files } => mixed_sizes(*files).iter().sum(),
+            Dataset::Real { files } => real_sizes(*files).iter().sum(),
+        }
+    }
+
+    /// Sizes of its files in the order the generator writes them.
+    pub fn sizes(&self) -> Vec<u64> {
+        match self {
+            Dataset::File { bytes } => vec![*bytes],
+            Dataset::Tree { files, file_bytes } => vec![*file_bytes; *files as usize],
+            Dataset::Mixed { files } => mixed_sizes(*files),
+            Dataset::Real { files } => real_sizes(*files),
         }
     }
 }
@@ -217,6 +265,39 @@ pub fn mixed_sizes(files: u64) -> Vec<u64> {
         .map(|_| {
             let u = (splitmix64(&mut st) >> 11) as f64 / (1u64 << 53) as f64;
             ((lo + u * (hi - lo)).exp().round() as u64).clamp(MIXED_MIN, MIXED_MAX)
+        })
+        .collect()
+}
+
+/// A uniform draw in [0, 1) from the generator.
+fn unit(st: &mut u64) -> f64 {
+    (splitmix64(st) >> 11) as f64 / (1u64 << 53) as f64
+}
+
+/// Log-uniform in [lo, hi].
+fn log_uniform(st: &mut u64, lo: u64, hi: u64) -> u64 {
+    let (a, b) = ((lo as f64).ln(), (hi as f64).ln());
+    ((a + unit(st) * (b - a)).exp().round() as u64).clamp(lo, hi)
+}
+
+/// File sizes of the real tree, from [`REAL_SEED`]: what a source tree or a run directory
+/// holds, mostly small files with a few large ones, the mix the issue's ext4 figures met.
+/// `files / REAL_LARGE_EVERY` (at least one) large files at evenly spaced places, about one in
+/// [`REAL_MEDIUM_EVERY`] medium, the rest small (under 16 KiB).
+pub fn real_sizes(files: u64) -> Vec<u64> {
+    let mut st = REAL_SEED;
+    let large = (files / REAL_LARGE_EVERY).max(1).min(files);
+    let stride = files / large.max(1);
+    (0..files)
+        .map(|i| {
+            let u = unit(&mut st);
+            if stride > 0 && i % stride == stride / 2 && i / stride < large {
+                log_uniform(&mut st, REAL_LARGE_MIN, REAL_LARGE_MAX)
+            } else if u < 1.0 / REAL_MEDIUM_EVERY as f64 {
+                log_uniform(&mut st, REAL_SMALL_MAX, REAL_MEDIUM_MAX)
+            } else {
+                log_uniform(&mut st, REAL_SMALL_MIN, REAL_SMALL_MAX - 1)
+            }
         })
         .collect()
 }
@@ -666,6 +747,55 @@ mod tests {
         // Mean of log-uniform(1K, 8M) = (8M - 1K) / ln(8192) ≈ 0.93 MB.
         let mean = a.iter().sum::<u64>() as f64 / a.len() as f64;
         assert!((700e3..1200e3).contains(&mean), "{mean}");
+    }
+
+    #[test]
+    fn real_tree_sizes_are_fixed_and_mostly_small() {
+        let a = real_sizes(20_000);
+        assert_eq!(a, real_sizes(20_000), "same seed, same sizes");
+        assert_eq!(a.len(), 20_000);
+        assert!(a
+            .iter()
+            .all(|&s| (REAL_SMALL_MIN..=REAL_LARGE_MAX).contains(&s)));
+        let small = a.iter().filter(|&&s| s < 16 * KIB).count();
+        let large = a.iter().filter(|&&s| s > 8 * MIB).count();
+        let medium = a.len() - small - large;
+        // Most under 16 KiB (about 95%), one in 20 medium, one per 2,000 over 8 MiB.
+        assert!(small > 18_600, "{small}");
+        assert!((800..1200).contains(&medium), "{medium}");
+        assert_eq!(large, 10);
+        assert!(
+            a.iter().all(|&s| s <= MIB || s > 8 * MIB),
+            "no size between"
+        );
+        // Tens to hundreds of MiB in all, so that it runs on a 2-core machine's disk.
+        let total = Dataset::Real { files: 20_000 }.bytes();
+        assert!((200 * MIB..800 * MIB).contains(&total), "{total}");
+        // A small one still has a large file; the same count gives the same sizes.
+        let b = real_sizes(300);
+        assert_eq!(b.iter().filter(|&&s| s > 8 * MIB).count(), 1);
+        assert_eq!(real_sizes(1).len(), 1);
+        assert_eq!(Dataset::Real { files: 300 }.sizes(), b);
+        assert_eq!(Dataset::Real { files: 300 }.files(), 300);
+    }
+
+    #[test]
+    fn real_tree_specs() {
+        assert_eq!(
+            Dataset::parse("real").unwrap(),
+            Dataset::Real {
+                files: REAL_DEFAULT_FILES
+            }
+        );
+        assert_eq!(
+            Dataset::parse("real:5000").unwrap(),
+            Dataset::Real { files: 5000 }
+        );
+        let ds = Dataset::Real { files: 1234 };
+        assert_eq!(ds.label(), "real-1234");
+        assert_eq!(Dataset::parse(&ds.label()).unwrap(), ds);
+        assert!(Dataset::parse("real:0").is_err());
+        assert!(Dataset::parse("real:many").is_err());
     }
 
     #[test]

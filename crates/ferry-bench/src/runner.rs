@@ -144,7 +144,7 @@ pub fn run_timed(mut cmd: Command, timeout: Duration) -> Result<Outcome> {
     })
 }
 
-fn short(s: &str) -> String {
+pub(crate) fn short(s: &str) -> String {
     let t: String = s
         .lines()
         .map(str::trim)
@@ -159,7 +159,7 @@ fn short(s: &str) -> String {
 }
 
 /// syncfs(2) of the file system holding `p`; returns how long it took.
-fn syncfs(p: &Path) -> Duration {
+pub(crate) fn syncfs(p: &Path) -> Duration {
     let t0 = Instant::now();
     if let Ok(f) = fs::File::open(p) {
         use std::os::fd::AsRawFd;
@@ -169,7 +169,7 @@ fn syncfs(p: &Path) -> Duration {
     t0.elapsed()
 }
 
-fn sync_all() {
+pub(crate) fn sync_all() {
     // SAFETY: sync(2) has no arguments.
     unsafe { libc::sync() };
 }
@@ -179,17 +179,17 @@ fn drop_page_cache() {
     let _ = fs::write("/proc/sys/vm/drop_caches", "1");
 }
 
-/// A server process inside the bed, stopped on drop.
-struct Server {
-    name: String,
-    child: Child,
-    log: PathBuf,
+/// A server process (inside the bed, or on loopback in host mode), stopped on drop.
+pub(crate) struct Server {
+    pub(crate) name: String,
+    pub(crate) child: Child,
+    pub(crate) log: PathBuf,
     /// The server's own log, when it writes one beside stdout/stderr.
-    own_log: Option<PathBuf>,
+    pub(crate) own_log: Option<PathBuf>,
 }
 
 impl Server {
-    fn logs(&self) -> String {
+    pub(crate) fn logs(&self) -> String {
         let mut t = fs::read_to_string(&self.log).unwrap_or_default();
         if let Some(p) = &self.own_log {
             t.push('\n');
@@ -323,7 +323,7 @@ fn spawn_server(bed: &TestBed, name: &str, cmd: &Command, logs: &Path) -> Result
 }
 
 /// Timeout of one run: generous (a peer at 100 ms RTT can be slow), at most `cap`.
-fn run_timeout(ds: &Dataset, cap: Duration) -> Duration {
+pub(crate) fn run_timeout(ds: &Dataset, cap: Duration) -> Duration {
     (Duration::from_secs(90)
         + Duration::from_secs_f64(ds.bytes() as f64 / 2e6)
         + Duration::from_millis(20 * ds.files()))
@@ -352,7 +352,7 @@ pub fn empty_trash(dir: &Path) {
     walk(dir, 2);
 }
 
-fn make_dest(p: &Path) -> Result<()> {
+pub(crate) fn make_dest(p: &Path) -> Result<()> {
     static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     // Only many-file destinations: large files free few inodes, and keeping them would fill
     // the disk over a sweep.
