@@ -7,7 +7,6 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
 use anyhow::{bail, Context, Result};
-use ferry_units::units::size_label;
 
 /// Name of a statfs `f_type` magic number (linux/magic.h), else its hex value.
 pub fn fs_type_name(magic: u64) -> String {
@@ -52,6 +51,10 @@ pub fn free_bytes(p: &Path) -> Result<u64> {
     Ok((st.f_bavail as u64).saturating_mul(st.f_bsize as u64))
 }
 
+fn gib(b: u64) -> String {
+    format!("{:.1} GiB", b as f64 / (1u64 << 30) as f64)
+}
+
 /// Fails with a clear message when `free` bytes cannot hold `need` (with 5% and 256 MiB to
 /// spare for logs and metadata); else says how much room there is.
 pub fn check_room(dir: &Path, fs: &str, free: u64, need: u64) -> Result<String> {
@@ -62,15 +65,15 @@ pub fn check_room(dir: &Path, fs: &str, free: u64, need: u64) -> Result<String> 
              their copies); free some space, pass --work on a larger file system, or choose \
              smaller data sets",
             dir.display(),
-            size_label(free),
-            size_label(want)
+            gib(free),
+            gib(want)
         );
     }
     Ok(format!(
         "{} ({fs}): {} free, about {} needed",
         dir.display(),
-        size_label(free),
-        size_label(want)
+        gib(free),
+        gib(want)
     ))
 }
 
@@ -85,12 +88,15 @@ mod tests {
         assert_eq!(fs_type_name(0x1234), "0x1234");
         let d = Path::new("/work");
         let ok = check_room(d, "ext4", 10 << 30, 1 << 30).unwrap();
-        assert!(ok.contains("10GiB free"), "{ok}");
+        assert!(ok.contains("10.0 GiB free, about 1.3 GiB needed"), "{ok}");
         let e = check_room(d, "ext4", 1 << 30, 2 << 30)
             .unwrap_err()
             .to_string();
         assert!(e.contains("not enough room in /work (ext4)"), "{e}");
-        assert!(e.contains("1GiB free"), "{e}");
+        assert!(
+            e.contains("1.0 GiB free, this sweep needs about 2.3 GiB"),
+            "{e}"
+        );
     }
 
     #[test]
