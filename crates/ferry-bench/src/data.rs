@@ -315,6 +315,23 @@ mod tests {
     }
 
     #[test]
+    fn real_tree_is_written_with_its_sizes() {
+        let t = tempfile::tempdir().unwrap();
+        let ds = Dataset::Real { files: 60 };
+        let (p, d) = ensure(t.path(), &ds).unwrap();
+        assert_eq!((d.files, d.bytes), (60, ds.bytes()));
+        for (i, want) in ds.sizes().into_iter().enumerate() {
+            let got = fs::metadata(p.join(tree_file_path(i as u64)))
+                .unwrap()
+                .len();
+            assert_eq!(got, want, "file {i}");
+        }
+        // Made again elsewhere, the same bytes.
+        let t2 = tempfile::tempdir().unwrap();
+        assert_eq!(ensure(t2.path(), &ds).unwrap().1, d);
+    }
+
+    #[test]
     fn single_file_digest_is_b3sum() {
         let t = tempfile::tempdir().unwrap();
         let ds = Dataset::File { bytes: 100_003 };

@@ -1,6 +1,8 @@
 //! ferry-bench: ferry's throughput against streams, RTT, TCP regime, file size and block size on
 //! the emulated WAN bed (or against a real `ferry serve`), with iperf3 as the ceiling and the
-//! peer tools Debian packages (rsync, scp, XRootD, GridFTP) side by side. See docs/bench/NOTEBOOK.md.
+//! peer tools Debian packages (rsync, scp, XRootD, GridFTP) side by side; or, with `--mode host`,
+//! one host alone over loopback, where the cores are the limit (see [`host`]). See
+//! docs/bench/NOTEBOOK.md.
 
 mod cpu;
 mod data;
