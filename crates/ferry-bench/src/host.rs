@@ -67,6 +67,10 @@ pub struct HostOptions {
     pub peers: Vec<Tool>,
     pub max_run: Duration,
     pub verbose: bool,
+    /// Move many-file destinations aside until the end, as the bed does ([`runner::make_dest`]:
+    /// ext4's inode reuse); on tmpfs, where that does not matter and RAM is the space, they are
+    /// deleted after each run.
+    pub keep_aside: bool,
 }
 
 fn now_unix() -> u64 {
@@ -511,6 +515,13 @@ impl<'a> HostRunner<'a> {
         row
     }
 
+    fn clear(&self, dest: &Path) -> Result<()> {
+        if !self.o.keep_aside {
+            data::remove_path(dest)?;
+        }
+        runner::make_dest(dest)
+    }
+
     /// Local destination directory of a transfer (put: under the server's root).
     fn dest(&self, dir: Direction) -> PathBuf {
         self.o.work.join(match dir {
@@ -527,7 +538,7 @@ impl<'a> HostRunner<'a> {
             return row;
         };
         let dest = self.dest(j.dir);
-        if let Err(e) = runner::make_dest(&dest) {
+        if let Err(e) = self.clear(&dest) {
             row.error = format!("clearing the destination: {e:#}");
             return row;
         }
@@ -615,7 +626,7 @@ impl<'a> HostRunner<'a> {
             return row;
         };
         let dest = self.dest(dir);
-        if let Err(e) = runner::make_dest(&dest) {
+        if let Err(e) = self.clear(&dest) {
             row.error = format!("clearing the destination: {e:#}");
             return row;
         }
@@ -684,7 +695,7 @@ pub fn room_needed(o: &HostOptions) -> u64 {
     for ds in &o.datasets {
         need += ds.bytes();
         largest = largest.max(ds.bytes());
-        if ds.files() > 2000 {
+        if ds.files() > 2000 && o.keep_aside {
             need += ds.bytes() * per_ds * o.runs as u64;
         }
     }
@@ -730,9 +741,15 @@ mod tests {
             peers: vec![],
             max_run: Duration::from_secs(1),
             verbose: false,
+            keep_aside: true,
         };
         let tree = 10_000 * (10 << 10);
         // Data, 2 × 2 × 5 kept tree copies, the largest copy per direction.
         assert_eq!(room_needed(&o), GIB + tree + 20 * tree + 2 * GIB);
+        let tmpfs = HostOptions {
+            keep_aside: false,
+            ..o
+        };
+        assert_eq!(room_needed(&tmpfs), GIB + tree + 2 * GIB);
     }
 }

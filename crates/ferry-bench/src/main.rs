@@ -824,6 +824,7 @@ fn parse_list<T>(v: &[String], f: impl Fn(&str) -> Result<T, String>) -> Result<
 
 /// Host mode's options from the command line (its own defaults where a flag is not given).
 fn host_options(cli: &Cli, work: PathBuf, out: PathBuf) -> Result<host::HostOptions> {
+    let keep_aside = storage::fs_type(&work).map_or(true, |t| t != "tmpfs");
     let sizes = cli.sizes.clone().unwrap_or_else(|| vec!["1G".into()]);
     let trees = cli
         .trees
@@ -882,6 +883,7 @@ fn host_options(cli: &Cli, work: PathBuf, out: PathBuf) -> Result<host::HostOpti
         peers,
         max_run: std::time::Duration::from_secs(cli.max_run_secs.max(1)),
         verbose: cli.verbose,
+        keep_aside,
     })
 }
 
