@@ -912,13 +912,23 @@ fn run_host(cli: &Cli) -> Result<ExitCode> {
     std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
     let out = out.canonicalize()?;
     let (work, tmp_work) = work_dir(cli)?;
-    let o = host_options(cli, work.clone(), out.clone())?;
     let fs = storage::fs_type(&work).unwrap_or_else(|e| format!("unknown: {e:#}"));
-    let free = storage::free_bytes(&work).unwrap_or(u64::MAX);
-    eprintln!(
-        "ferry-bench host: {}",
-        storage::check_room(&work, &fs, free, host::room_needed(&o))?
-    );
+    let checked = host_options(cli, work.clone(), out.clone()).and_then(|o| {
+        let free = storage::free_bytes(&work).unwrap_or(u64::MAX);
+        let room = storage::check_room(&work, &fs, free, host::room_needed(&o))?;
+        eprintln!("ferry-bench host: {room}");
+        Ok(o)
+    });
+    let o = match checked {
+        Ok(o) => o,
+        Err(e) => {
+            // A /dev/shm directory of this process holds RAM: not left for the next run to reap.
+            if let Some(w) = &tmp_work {
+                let _ = data::remove_path(w);
+            }
+            return Err(e);
+        }
+    };
     let mut meta = hostreport::HostMeta {
         command: std::env::args().collect::<Vec<_>>().join(" "),
         started: human_time(started),
