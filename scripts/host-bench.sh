@@ -5,7 +5,8 @@
 # MANY files (64 x 64 MiB), the tiny tree (10,000 x 10 KiB) and a real tree (10,000 files, most
 # under 16 KiB, a few over 8 MiB); GiB/s until durable, every copy verified, CPU seconds per GiB
 # of the client and of the server; iperf3 -P 1/4/8 and `ferry probe net` on the same host as the
-# ceilings; rsync's daemon beside it where installed. About 4-5 minutes on 16 cores.
+# ceilings; rsync's daemon beside it where installed. Estimated 4-5 minutes on 16 cores (not yet
+# run on one); 1 minute here on 2 cores with the small sizes below.
 #
 # Build here, copy the two binaries and this script to the big host, run it there as any user
 # (no root, no network beyond 127.0.0.1):
