@@ -6,8 +6,8 @@ mod autotune;
 pub mod client;
 mod engine;
 pub mod error;
-pub mod probe;
 pub mod server;
+pub mod speedtest;
 mod transport;
 
 pub use server::access;

@@ -437,6 +437,225 @@ impl Drop for SetupGuard {
     }
 }
 
+/// The limits a bed's link accepts.
+fn check_config(config: &BedConfig) -> Result<()> {
+    if !(0.0..=1.0).contains(&config.loss) {
+        bail!("loss must be in 0..=1, got {}", config.loss);
+    }
+    if !(68..=65535).contains(&config.mtu) {
+        bail!("mtu must be in 68..=65535, got {}", config.mtu);
+    }
+    if config.rate_bps == Some(0) {
+        bail!("rate 0: use None for unlimited");
+    }
+    if let Some(w) = config.initial_window {
+        if !(1..=MAX_INITIAL_WINDOW).contains(&w) {
+            bail!("initial window must be in 1..={MAX_INITIAL_WINDOW} segments, got {w}");
+        }
+    }
+    Ok(())
+}
+
+/// What making the two hosts found out on the way.
+#[derive(Default)]
+struct Made {
+    /// Sysctls a namespace could not set, for the bed's notes.
+    notes: Vec<String>,
+    /// A `net.core.*` sysctl was refused: the kernel keeps it global (see `core_max_notes`).
+    core_denied: bool,
+}
+
+/// Creates one host's namespace (registered with `guard` for cleanup), its sysctls, its TUN
+/// device, address, MTU and route.
+fn make_host(
+    name: &str,
+    host: Host,
+    config: &BedConfig,
+    guard: &mut SetupGuard,
+    made: &mut Made,
+) -> Result<(Netns, OwnedFd)> {
+    let ns = format!("{name}-{}", host.suffix());
+    if std::path::Path::new("/run/netns").join(&ns).exists() {
+        bail!("namespace {ns} already exists (another bed named {name}? `ferry-netem down --name {name}`)");
+    }
+    ip(&["netns", "add", &ns])?;
+    guard.0.push(ns.clone());
+    let file =
+        File::open(format!("/run/netns/{ns}")).with_context(|| format!("opening netns {ns}"))?;
+    let mut sysctls = regime_sysctls(config.regime);
+    if config.fast_open {
+        sysctls.push(("net.ipv4.tcp_fastopen".into(), "3".into()));
+    }
+    let (tun, sys_notes, core_denied) =
+        run_in_fd(file.as_raw_fd(), || open_tun_with_sysctls(&ns, &sysctls))?
+            .with_context(|| format!("creating TUN {DEVICE} in {ns}"))?;
+    made.notes.extend(sys_notes);
+    made.core_denied |= core_denied;
+    let addr = match host {
+        Host::Client => CLIENT_ADDR,
+        Host::Server => SERVER_ADDR,
+    };
+    configure_link(&ns, addr, config)?;
+    Ok((Netns { name: ns, file }, tun))
+}
+
+/// Inside a new namespace: its sysctls and its TUN device. Returns the device, notes on the
+/// sysctls it could not set, and whether a global `net.core.*` one was refused.
+fn open_tun_with_sysctls(
+    ns: &str,
+    sysctls: &[(String, String)],
+) -> io::Result<(OwnedFd, Vec<String>, bool)> {
+    // The bed is IPv4-only: keep the kernel from sending IPv6
+    // noise (MLD reports etc.) over the emulated link.
+    let _ = write_sysctl("net.ipv6.conf.default.disable_ipv6", "1");
+    let tun = open_tun(DEVICE)?;
+    let mut sys_notes = Vec::new();
+    let mut core_denied = false;
+    for (k, v) in sysctls {
+        if let Err(e) = write_sysctl(k, v) {
+            // net.core.{r,w}mem_max are global on many kernels:
+            // summarised by `core_max_notes`.
+            if !(k.starts_with("net.core.") && e.kind() == io::ErrorKind::PermissionDenied) {
+                sys_notes.push(format!("{ns}: cannot set {k}={v}: {e}"));
+            } else {
+                core_denied = true;
+            }
+        }
+    }
+    Ok((tun, sys_notes, core_denied))
+}
+
+/// Brings up `lo` and the TUN device of namespace `ns` with its address and MTU, and the
+/// initial windows on its route when asked for.
+fn configure_link(ns: &str, addr: Ipv4Addr, config: &BedConfig) -> Result<()> {
+    let mtu = config.mtu.to_string();
+    ip(&["-n", ns, "link", "set", "lo", "up"])?;
+    ip(&[
+        "-n",
+        ns,
+        "addr",
+        "add",
+        &format!("{addr}/{PREFIX_LEN}"),
+        "dev",
+        DEVICE,
+    ])?;
+    ip(&[
+        "-n",
+        ns,
+        "link",
+        "set",
+        DEVICE,
+        "mtu",
+        &mtu,
+        "txqueuelen",
+        "1000",
+        "up",
+    ])?;
+    if let Some(w) = config.initial_window {
+        // `change` replaces the route the address created: repeat what it had.
+        let mask = u32::MAX << (32 - u32::from(PREFIX_LEN));
+        let net = Ipv4Addr::from(u32::from(addr) & mask);
+        let w = w.to_string();
+        ip(&[
+            "-n",
+            ns,
+            "route",
+            "change",
+            &format!("{net}/{PREFIX_LEN}"),
+            "dev",
+            DEVICE,
+            "proto",
+            "kernel",
+            "scope",
+            "link",
+            "src",
+            &addr.to_string(),
+            "initcwnd",
+            &w,
+            "initrwnd",
+            &w,
+        ])?;
+    }
+    Ok(())
+}
+
+/// The tuned regime where a namespace may not set `net.core.{r,w}mem_max`: says what the
+/// host's global values are, raising them first if `opts` asks to.
+fn core_max_notes(opts: &BedOptions, notes: &mut Vec<String>) -> Result<()> {
+    for key in ["net.core.rmem_max", "net.core.wmem_max"] {
+        let host_val: u64 = read_sysctl(key)
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0);
+        if host_val >= TUNED_BUF {
+            notes.push(format!(
+                "{key} is global and already {host_val} on the host"
+            ));
+        } else if opts.raise_host_core_max {
+            write_sysctl(key, &TUNED_BUF.to_string())
+                .with_context(|| format!("raising host {key}"))?;
+            notes.push(format!(
+                "raised the host's global {key} from {host_val} to {TUNED_BUF}"
+            ));
+        } else {
+            notes.push(format!(
+                "{key} stays {host_val}: this kernel keeps it global (read-only in a namespace); \
+                 TCP autotuning is bounded by the per-namespace tcp_rmem/tcp_wmem instead; \
+                 explicit SO_SNDBUF/SO_RCVBUF are capped by it unless set with SO_*BUFFORCE as root \
+                 (or use --raise-host-core-max)"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Starts the forwarder thread between the two TUN devices and waits (bounded) until it runs,
+/// so that stats have a tid.
+fn start_forwarder(
+    name: &str,
+    config: &BedConfig,
+    opts: &BedOptions,
+    ctun: OwnedFd,
+    stun: OwnedFd,
+) -> Result<(Arc<ForwarderState>, JoinHandle<io::Result<()>>)> {
+    let rtt_ns = config.rtt.as_nanos() as u64;
+    let control = Control::new(
+        config.loss,
+        rtt_ns / 2,
+        config.rate_bps.unwrap_or(0),
+        config.effective_queue_bytes(),
+    );
+    let shared = Arc::new(ForwarderState::new(control));
+    let seed = opts
+        .seed
+        .or_else(|| {
+            std::env::var("FERRY_NETEM_SEED")
+                .ok()
+                .and_then(|s| s.parse().ok())
+        })
+        .unwrap_or_else(|| forward::mono_ns() ^ ((std::process::id() as u64) << 32));
+    let mtu = config.mtu;
+    let sh = shared.clone();
+    let rt = match opts.rt_priority {
+        Some(0) => None,
+        Some(p) => Some(p.clamp(1, 99)),
+        None if std::env::var_os("FERRY_NETEM_NO_RT").is_some() => None,
+        None => Some(10),
+    };
+    let thread = std::thread::Builder::new()
+        .name(format!("netem-{name}"))
+        .spawn(move || forward::run(ctun, stun, mtu, seed, rt, sh))
+        .context("spawning the forwarder thread")?;
+    let t0 = Instant::now();
+    while shared.tid.load(Relaxed) == 0
+        && t0.elapsed() < Duration::from_secs(2)
+        && !thread.is_finished()
+    {
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    Ok((shared, thread))
+}
+
 impl TestBed {
     /// Brings a bed up with default options.
     pub fn up(config: BedConfig) -> Result<TestBed> {
@@ -446,20 +665,7 @@ impl TestBed {
     /// Brings a bed up.
     pub fn up_with(config: BedConfig, opts: BedOptions) -> Result<TestBed> {
         can_run().map_err(|e| anyhow!(e))?;
-        if !(0.0..=1.0).contains(&config.loss) {
-            bail!("loss must be in 0..=1, got {}", config.loss);
-        }
-        if !(68..=65535).contains(&config.mtu) {
-            bail!("mtu must be in 68..=65535, got {}", config.mtu);
-        }
-        if config.rate_bps == Some(0) {
-            bail!("rate 0: use None for unlimited");
-        }
-        if let Some(w) = config.initial_window {
-            if !(1..=MAX_INITIAL_WINDOW).contains(&w) {
-                bail!("initial window must be in 1..={MAX_INITIAL_WINDOW} segments, got {w}");
-            }
-        }
+        check_config(&config)?;
         reap_stale();
         let name = opts.name.clone().unwrap_or_else(|| {
             format!(
@@ -469,166 +675,14 @@ impl TestBed {
             )
         });
         let mut guard = SetupGuard(Vec::new());
-        let mut notes = Vec::new();
-        let mut core_denied = false;
-        let mut make = |host: Host| -> Result<(Netns, OwnedFd)> {
-            let ns = format!("{name}-{}", host.suffix());
-            if std::path::Path::new("/run/netns").join(&ns).exists() {
-                bail!("namespace {ns} already exists (another bed named {name}? `ferry-netem down --name {name}`)");
-            }
-            ip(&["netns", "add", &ns])?;
-            guard.0.push(ns.clone());
-            let file = File::open(format!("/run/netns/{ns}"))
-                .with_context(|| format!("opening netns {ns}"))?;
-            let mut sysctls = regime_sysctls(config.regime);
-            if config.fast_open {
-                sysctls.push(("net.ipv4.tcp_fastopen".into(), "3".into()));
-            }
-            let (tun, sys_notes) = run_in_fd(
-                file.as_raw_fd(),
-                || -> io::Result<(OwnedFd, Vec<String>)> {
-                    // The bed is IPv4-only: keep the kernel from sending IPv6
-                    // noise (MLD reports etc.) over the emulated link.
-                    let _ = write_sysctl("net.ipv6.conf.default.disable_ipv6", "1");
-                    let tun = open_tun(DEVICE)?;
-                    let mut sys_notes = Vec::new();
-                    for (k, v) in &sysctls {
-                        if let Err(e) = write_sysctl(k, v) {
-                            // net.core.{r,w}mem_max are global on many kernels:
-                            // summarised below.
-                            if !(k.starts_with("net.core.")
-                                && e.kind() == io::ErrorKind::PermissionDenied)
-                            {
-                                sys_notes.push(format!("{ns}: cannot set {k}={v}: {e}"));
-                            } else {
-                                core_denied = true;
-                            }
-                        }
-                    }
-                    Ok((tun, sys_notes))
-                },
-            )?
-            .with_context(|| format!("creating TUN {DEVICE} in {ns}"))?;
-            notes.extend(sys_notes);
-            let addr = match host {
-                Host::Client => CLIENT_ADDR,
-                Host::Server => SERVER_ADDR,
-            };
-            let mtu = config.mtu.to_string();
-            ip(&["-n", &ns, "link", "set", "lo", "up"])?;
-            ip(&[
-                "-n",
-                &ns,
-                "addr",
-                "add",
-                &format!("{addr}/{PREFIX_LEN}"),
-                "dev",
-                DEVICE,
-            ])?;
-            ip(&[
-                "-n",
-                &ns,
-                "link",
-                "set",
-                DEVICE,
-                "mtu",
-                &mtu,
-                "txqueuelen",
-                "1000",
-                "up",
-            ])?;
-            if let Some(w) = config.initial_window {
-                // `change` replaces the route the address created: repeat what it had.
-                let mask = u32::MAX << (32 - u32::from(PREFIX_LEN));
-                let net = Ipv4Addr::from(u32::from(addr) & mask);
-                let w = w.to_string();
-                ip(&[
-                    "-n",
-                    &ns,
-                    "route",
-                    "change",
-                    &format!("{net}/{PREFIX_LEN}"),
-                    "dev",
-                    DEVICE,
-                    "proto",
-                    "kernel",
-                    "scope",
-                    "link",
-                    "src",
-                    &addr.to_string(),
-                    "initcwnd",
-                    &w,
-                    "initrwnd",
-                    &w,
-                ])?;
-            }
-            Ok((Netns { name: ns, file }, tun))
-        };
-        let (client, ctun) = make(Host::Client)?;
-        let (server, stun) = make(Host::Server)?;
-        if config.regime == Regime::Tuned && core_denied {
-            for key in ["net.core.rmem_max", "net.core.wmem_max"] {
-                let host_val: u64 = read_sysctl(key)
-                    .ok()
-                    .and_then(|s| s.parse().ok())
-                    .unwrap_or(0);
-                if host_val >= TUNED_BUF {
-                    notes.push(format!(
-                        "{key} is global and already {host_val} on the host"
-                    ));
-                } else if opts.raise_host_core_max {
-                    write_sysctl(key, &TUNED_BUF.to_string())
-                        .with_context(|| format!("raising host {key}"))?;
-                    notes.push(format!(
-                        "raised the host's global {key} from {host_val} to {TUNED_BUF}"
-                    ));
-                } else {
-                    notes.push(format!(
-                        "{key} stays {host_val}: this kernel keeps it global (read-only in a namespace); \
-                         TCP autotuning is bounded by the per-namespace tcp_rmem/tcp_wmem instead; \
-                         explicit SO_SNDBUF/SO_RCVBUF are capped by it unless set with SO_*BUFFORCE as root \
-                         (or use --raise-host-core-max)"
-                    ));
-                }
-            }
+        let mut made = Made::default();
+        let (client, ctun) = make_host(&name, Host::Client, &config, &mut guard, &mut made)?;
+        let (server, stun) = make_host(&name, Host::Server, &config, &mut guard, &mut made)?;
+        let mut notes = made.notes;
+        if config.regime == Regime::Tuned && made.core_denied {
+            core_max_notes(&opts, &mut notes)?;
         }
-
-        let rtt_ns = config.rtt.as_nanos() as u64;
-        let control = Control::new(
-            config.loss,
-            rtt_ns / 2,
-            config.rate_bps.unwrap_or(0),
-            config.effective_queue_bytes(),
-        );
-        let shared = Arc::new(ForwarderState::new(control));
-        let seed = opts
-            .seed
-            .or_else(|| {
-                std::env::var("FERRY_NETEM_SEED")
-                    .ok()
-                    .and_then(|s| s.parse().ok())
-            })
-            .unwrap_or_else(|| forward::mono_ns() ^ ((std::process::id() as u64) << 32));
-        let mtu = config.mtu;
-        let sh = shared.clone();
-        let rt = match opts.rt_priority {
-            Some(0) => None,
-            Some(p) => Some(p.clamp(1, 99)),
-            None if std::env::var_os("FERRY_NETEM_NO_RT").is_some() => None,
-            None => Some(10),
-        };
-        let thread = std::thread::Builder::new()
-            .name(format!("netem-{name}"))
-            .spawn(move || forward::run(ctun, stun, mtu, seed, rt, sh))
-            .context("spawning the forwarder thread")?;
-        // Wait until it runs, so that stats have a tid.
-        let t0 = Instant::now();
-        while shared.tid.load(Relaxed) == 0
-            && t0.elapsed() < Duration::from_secs(2)
-            && !thread.is_finished()
-        {
-            std::thread::sleep(Duration::from_micros(200));
-        }
+        let (shared, thread) = start_forwarder(&name, &config, &opts, ctun, stun)?;
         guard.0.clear();
         Ok(TestBed {
             name,

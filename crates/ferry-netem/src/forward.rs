@@ -277,6 +277,17 @@ impl Pool {
 }
 
 impl Dir<'_> {
+    fn new(in_fd: RawFd, out_fd: RawFd, counters: &DirCounters) -> Dir<'_> {
+        Dir {
+            in_fd,
+            out_fd,
+            link: Link::new(),
+            queue: VecDeque::new(),
+            held_bytes: 0,
+            counters,
+        }
+    }
+
     fn release_due(&mut self, now: u64, pool: &mut Pool) {
         while let Some(head) = self.queue.front() {
             if head.release > now {
@@ -378,6 +389,71 @@ pub fn run(
     rt_priority: Option<i32>,
     shared: Arc<ForwarderState>,
 ) -> io::Result<()> {
+    enter_thread(rt_priority, &shared);
+    shared.running.store(true, Relaxed);
+    let buf_size = mtu as usize + 128;
+    let mut pool = Pool {
+        free: Vec::new(),
+        buf_size,
+        allocated: 0,
+        max_buffers: (MAX_HELD_BUFFER_BYTES / buf_size).max(64),
+    };
+    let mut scratch = vec![0u8; 65536];
+    let mut rng = Rng::new(seed);
+    let (cfd, sfd) = (client.as_raw_fd(), server.as_raw_fd());
+    let mut dirs = [
+        Dir::new(cfd, sfd, &shared.c2s),
+        Dir::new(sfd, cfd, &shared.s2c),
+    ];
+    let mut fds = [cfd, sfd].map(|fd| libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    });
+    let mut last_cpu = 0u64;
+    let mut more = [false; 2];
+    let control = &shared.control;
+    let mut spin = Spin::new(mono_ns());
+    while !control.stop.load(Relaxed) {
+        let now = mono_ns();
+        spin.refill(now);
+        for d in dirs.iter_mut() {
+            d.release_due(now, &mut pool);
+        }
+        if now.saturating_sub(last_cpu) > 100_000_000 {
+            shared.cpu_ns.store(thread_cpu_ns(), Relaxed);
+            last_cpu = now;
+        }
+        let timeout_ns = if more[0] || more[1] {
+            0
+        } else {
+            let next = dirs
+                .iter()
+                .filter_map(|d| d.queue.front().map(|p| p.release))
+                .min();
+            spin.timeout_ns(next)
+        };
+        match poll(&mut fds, timeout_ns) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => {
+                shared.running.store(false, Relaxed);
+                return Err(e);
+            }
+        }
+        for i in 0..2 {
+            more[i] = fds[i].revents & libc::POLLIN != 0
+                && dirs[i].ingest(control, &mut rng, &mut pool, &mut scratch);
+        }
+    }
+    shared.cpu_ns.store(thread_cpu_ns(), Relaxed);
+    shared.running.store(false, Relaxed);
+    Ok(())
+}
+
+/// Readies the forwarder's thread: timer slack, its tid for the stats, and the real-time
+/// priority when asked for.
+fn enter_thread(rt_priority: Option<i32>, shared: &ForwarderState) {
     // SAFETY: plain syscalls on this thread.
     unsafe {
         // Wake up from timed sleeps with ~no slack (default is 50 us).
@@ -395,123 +471,77 @@ pub fn run(
             }
         }
     }
-    shared.running.store(true, Relaxed);
-    let buf_size = mtu as usize + 128;
-    let mut pool = Pool {
-        free: Vec::new(),
-        buf_size,
-        allocated: 0,
-        max_buffers: (MAX_HELD_BUFFER_BYTES / buf_size).max(64),
+}
+
+/// Waits up to `timeout_ns` for either TUN fd to be readable. A failed fd is an error, as is
+/// a failed `ppoll` (`Interrupted` included: the caller polls again).
+fn poll(fds: &mut [libc::pollfd; 2], timeout_ns: u64) -> io::Result<()> {
+    let ts = libc::timespec {
+        tv_sec: (timeout_ns / 1_000_000_000) as libc::time_t,
+        tv_nsec: (timeout_ns % 1_000_000_000) as libc::c_long,
     };
-    let mut scratch = vec![0u8; 65536];
-    let mut rng = Rng::new(seed);
-    let (cfd, sfd) = (client.as_raw_fd(), server.as_raw_fd());
-    let mut dirs = [
-        Dir {
-            in_fd: cfd,
-            out_fd: sfd,
-            link: Link::new(),
-            queue: VecDeque::new(),
-            held_bytes: 0,
-            counters: &shared.c2s,
-        },
-        Dir {
-            in_fd: sfd,
-            out_fd: cfd,
-            link: Link::new(),
-            queue: VecDeque::new(),
-            held_bytes: 0,
-            counters: &shared.s2c,
-        },
-    ];
-    let mut fds = [
-        libc::pollfd {
-            fd: cfd,
-            events: libc::POLLIN,
-            revents: 0,
-        },
-        libc::pollfd {
-            fd: sfd,
-            events: libc::POLLIN,
-            revents: 0,
-        },
-    ];
-    let mut last_cpu = 0u64;
-    let mut more = [false; 2];
-    let control = &shared.control;
-    let mut spin_budget = SPIN_BUDGET_CAP_NS;
-    let mut last_budget_update = mono_ns();
-    let mut spinning_since: Option<u64> = None;
-    while !control.stop.load(Relaxed) {
-        let now = mono_ns();
-        // Token bucket of spin time.
-        spin_budget = (spin_budget + (now - last_budget_update) * SPIN_SHARE_PERCENT / 100)
-            .min(SPIN_BUDGET_CAP_NS);
-        last_budget_update = now;
-        if let Some(t) = spinning_since.take() {
-            spin_budget = spin_budget.saturating_sub(now - t);
-        }
-        for d in dirs.iter_mut() {
-            d.release_due(now, &mut pool);
-        }
-        if now.saturating_sub(last_cpu) > 100_000_000 {
-            shared.cpu_ns.store(thread_cpu_ns(), Relaxed);
-            last_cpu = now;
-        }
-        let timeout_ns = if more[0] || more[1] {
-            0
-        } else {
-            let next = dirs
-                .iter()
-                .filter_map(|d| d.queue.front().map(|p| p.release))
-                .min();
-            match next {
-                Some(t) => {
-                    let now = mono_ns();
-                    let r = t.saturating_sub(now);
-                    let can_spin = spin_budget > SPIN_NS;
-                    if r > 2 * PRE_WAKE_NS {
-                        (r - PRE_WAKE_NS).min(MAX_SLEEP_NS)
-                    } else if !can_spin {
-                        r
-                    } else if r > SPIN_NS {
-                        r - SPIN_NS
-                    } else {
-                        spinning_since = Some(now);
-                        0
-                    }
-                }
-                None => MAX_SLEEP_NS,
-            }
-        };
-        let ts = libc::timespec {
-            tv_sec: (timeout_ns / 1_000_000_000) as libc::time_t,
-            tv_nsec: (timeout_ns % 1_000_000_000) as libc::c_long,
-        };
-        // SAFETY: fds is a valid array of 2 pollfds; ts valid.
-        let r = unsafe { libc::ppoll(fds.as_mut_ptr(), 2, &ts, std::ptr::null()) };
-        if r < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            shared.running.store(false, Relaxed);
-            return Err(e);
-        }
-        for i in 0..2 {
-            let rev = fds[i].revents;
-            if rev & (libc::POLLERR | libc::POLLNVAL) != 0 {
-                shared.running.store(false, Relaxed);
-                return Err(io::Error::other(format!(
-                    "TUN fd {} failed (revents {rev:#x})",
-                    fds[i].fd
-                )));
-            }
-            more[i] = rev & libc::POLLIN != 0
-                && dirs[i].ingest(control, &mut rng, &mut pool, &mut scratch);
+    // SAFETY: fds is a valid array of 2 pollfds; ts valid.
+    let r = unsafe { libc::ppoll(fds.as_mut_ptr(), 2, &ts, std::ptr::null()) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    for fd in fds.iter() {
+        let rev = fd.revents;
+        if rev & (libc::POLLERR | libc::POLLNVAL) != 0 {
+            return Err(io::Error::other(format!(
+                "TUN fd {} failed (revents {rev:#x})",
+                fd.fd
+            )));
         }
     }
-    shared.cpu_ns.store(thread_cpu_ns(), Relaxed);
-    shared.running.store(false, Relaxed);
     Ok(())
+}
+
+/// A token bucket of busy-wait time: releases due within [`SPIN_NS`] are waited for by
+/// spinning, at most [`SPIN_SHARE_PERCENT`] of the time, so the loop cannot hog a core.
+struct Spin {
+    budget: u64,
+    last_update: u64,
+    spinning_since: Option<u64>,
+}
+
+impl Spin {
+    fn new(now: u64) -> Self {
+        Self {
+            budget: SPIN_BUDGET_CAP_NS,
+            last_update: now,
+            spinning_since: None,
+        }
+    }
+
+    /// Adds the share of the time since the last call, and takes out the last spin.
+    fn refill(&mut self, now: u64) {
+        self.budget = (self.budget + (now - self.last_update) * SPIN_SHARE_PERCENT / 100)
+            .min(SPIN_BUDGET_CAP_NS);
+        self.last_update = now;
+        if let Some(t) = self.spinning_since.take() {
+            self.budget = self.budget.saturating_sub(now - t);
+        }
+    }
+
+    /// How long to wait for the next release (`next`, if any packet is held): sleep until
+    /// shortly before it, then spin if the budget allows.
+    fn timeout_ns(&mut self, next: Option<u64>) -> u64 {
+        let Some(t) = next else {
+            return MAX_SLEEP_NS;
+        };
+        let now = mono_ns();
+        let r = t.saturating_sub(now);
+        let can_spin = self.budget > SPIN_NS;
+        if r > 2 * PRE_WAKE_NS {
+            (r - PRE_WAKE_NS).min(MAX_SLEEP_NS)
+        } else if !can_spin {
+            r
+        } else if r > SPIN_NS {
+            r - SPIN_NS
+        } else {
+            self.spinning_since = Some(now);
+            0
+        }
+    }
 }

@@ -378,39 +378,8 @@ pub fn probe_disk(
 ) -> Result<DiskReport, ProbeError> {
     let started = Instant::now();
     opts.validate()?;
-    let io_err = |what: &'static str, p: &Path| {
-        let p = p.to_path_buf();
-        move |source| ProbeError::Io {
-            what,
-            path: p,
-            source,
-        }
-    };
-    let meta = std::fs::metadata(path).map_err(io_err("stat", path))?;
-    if !meta.is_dir() {
-        return Err(ProbeError::NotADirectory {
-            path: path.to_path_buf(),
-        });
-    }
-    let path = std::fs::canonicalize(path).map_err(io_err("resolve", path))?;
-    let free = fsio::free_bytes(&path).ok();
+    let (path, free) = check_target(path, opts)?;
     let reads = opts.directions.contains(&Direction::Read);
-    let writes = opts.directions.contains(&Direction::Write);
-    let needed = if reads { opts.bytes_per_point } else { 0 }
-        + if writes { opts.bytes_per_point } else { 0 }
-        + (opts.small_files * opts.small_file_size.max(4096)) as u64
-            * opts.small_file_threads.len().max(1) as u64
-        + opts.fsync_samples as u64 * 4096
-        + 16 * MIB;
-    if let Some(free) = free {
-        if free < needed {
-            return Err(ProbeError::NoSpace {
-                path: path.clone(),
-                needed,
-                free,
-            });
-        }
-    }
     let (filesystem, device) = fsio::describe(&path);
     let mut notes = Vec::new();
     if let Some(fs) = &filesystem {
@@ -450,20 +419,7 @@ pub fn probe_disk(
         skipped: Vec::new(),
     };
 
-    for dir in [Direction::Write, Direction::Read] {
-        if !opts.directions.contains(&dir) {
-            continue;
-        }
-        if dir == Direction::Read {
-            progress.on_step(&format!(
-                "read: writing a {} test file",
-                bytes(opts.bytes_per_point)
-            ));
-            ctx.make_read_file()
-                .map_err(io_err("write the read test file in", tmp.path()))?;
-        }
-        ctx.sweep(dir);
-    }
+    ctx.sweep_directions()?;
 
     let small_files = opts
         .small_file_threads
@@ -521,7 +477,68 @@ pub fn probe_disk(
     Ok(report)
 }
 
+/// Wraps an I/O error with what was being done to which path.
+fn io_err(what: &'static str, p: &Path) -> impl FnOnce(std::io::Error) -> ProbeError {
+    let p = p.to_path_buf();
+    move |source| ProbeError::Io {
+        what,
+        path: p,
+        source,
+    }
+}
+
+/// The directory to probe, resolved, and its free space, refused when it is not a directory
+/// or has less free space than the probe's files need.
+fn check_target(path: &Path, opts: &DiskOptions) -> Result<(PathBuf, Option<u64>), ProbeError> {
+    let meta = std::fs::metadata(path).map_err(io_err("stat", path))?;
+    if !meta.is_dir() {
+        return Err(ProbeError::NotADirectory {
+            path: path.to_path_buf(),
+        });
+    }
+    let path = std::fs::canonicalize(path).map_err(io_err("resolve", path))?;
+    let free = fsio::free_bytes(&path).ok();
+    let reads = opts.directions.contains(&Direction::Read);
+    let writes = opts.directions.contains(&Direction::Write);
+    let needed = if reads { opts.bytes_per_point } else { 0 }
+        + if writes { opts.bytes_per_point } else { 0 }
+        + (opts.small_files * opts.small_file_size.max(4096)) as u64
+            * opts.small_file_threads.len().max(1) as u64
+        + opts.fsync_samples as u64 * 4096
+        + 16 * MIB;
+    if let Some(free) = free {
+        if free < needed {
+            return Err(ProbeError::NoSpace {
+                path: path.clone(),
+                needed,
+                free,
+            });
+        }
+    }
+    Ok((path, free))
+}
+
 impl Ctx<'_> {
+    /// The sweeps of every direction asked for: writes first, then reads (from a test file
+    /// written for them).
+    fn sweep_directions(&mut self) -> Result<(), ProbeError> {
+        for dir in [Direction::Write, Direction::Read] {
+            if !self.opts.directions.contains(&dir) {
+                continue;
+            }
+            if dir == Direction::Read {
+                self.progress.on_step(&format!(
+                    "read: writing a {} test file",
+                    bytes(self.opts.bytes_per_point)
+                ));
+                self.make_read_file()
+                    .map_err(io_err("write the read test file in", &self.dir))?;
+            }
+            self.sweep(dir);
+        }
+        Ok(())
+    }
+
     fn primary_mode(&self) -> Option<IoMode> {
         if self.opts.modes.contains(&IoMode::Buffered) {
             Some(IoMode::Buffered)
@@ -1149,6 +1166,18 @@ impl DiskReport {
     /// A plain-text report for a terminal (no colours).
     pub fn render_text(&self) -> String {
         let mut s = String::new();
+        self.render_setup(&mut s);
+        let mut marks = self.render_tables(&mut s);
+        self.render_orders(&mut s, &mut marks.singles);
+        self.render_singles_and_errors(&mut s, &marks);
+        self.render_small_files_and_fsync(&mut s);
+        self.render_recommendation(&mut s);
+        self.render_footer(&mut s);
+        s
+    }
+
+    /// What was probed and how: file system, device, free space, bounds, direct I/O, cache.
+    fn render_setup(&self, s: &mut String) {
         let o = &self.options;
         let _ = writeln!(s, "disk probe of {}", self.path.display());
         if let Some(fs) = &self.filesystem {
@@ -1206,8 +1235,11 @@ impl DiskReport {
             }
         );
         let _ = writeln!(s, "  page cache   {}", self.cache.note);
+    }
 
-        // Tables: one per (direction, mode, order) with at least two points.
+    /// Tables: one per (direction, mode, order) with at least two points. Returns the points
+    /// left for a line of their own and the marks the tables used.
+    fn render_tables<'a>(&'a self, s: &mut String) -> Marks<'a> {
         let mut groups: Vec<(Direction, IoMode, IssueOrder)> = self
             .points
             .iter()
@@ -1216,9 +1248,7 @@ impl DiskReport {
             .into_iter()
             .collect();
         groups.sort();
-        let mut singles = Vec::new();
-        let mut any_timed_out = false;
-        let mut any_noisy = false;
+        let mut marks = Marks::default();
         for g in groups {
             let pts: Vec<&DiskPoint> = self
                 .points
@@ -1226,61 +1256,17 @@ impl DiskReport {
                 .filter(|p| (p.direction, p.mode, p.order) == g)
                 .collect();
             if pts.len() < 2 {
-                singles.extend(pts);
+                marks.singles.extend(pts);
                 continue;
             }
-            let threads: Vec<usize> = pts
-                .iter()
-                .map(|p| p.threads)
-                .collect::<BTreeSet<_>>()
-                .into_iter()
-                .collect();
-            let sizes: Vec<u64> = pts
-                .iter()
-                .map(|p| p.request_size)
-                .collect::<BTreeSet<_>>()
-                .into_iter()
-                .collect();
-            let _ = writeln!(
-                s,
-                "\n{}s, {}, {} order (MiB/s)",
-                g.0.name(),
-                g.1.name(),
-                g.2
-            );
-            let mut head = format!("  {:<10}", "request");
-            for t in &threads {
-                let _ = write!(head, "{:>10}", format!("{t} thr"));
-            }
-            let _ = writeln!(s, "{}", head.trim_end());
-            for sz in &sizes {
-                let mut row = format!("  {:<10}", bytes(*sz));
-                for t in &threads {
-                    let cell = match pts
-                        .iter()
-                        .find(|p| p.threads == *t && p.request_size == *sz)
-                    {
-                        None => "-".to_string(),
-                        Some(p) if p.error.is_some() => "error".to_string(),
-                        Some(p) => {
-                            any_timed_out |= p.timed_out;
-                            let noisy = p.noisy();
-                            any_noisy |= noisy;
-                            format!(
-                                "{}{}{}",
-                                num(p.mib_per_s),
-                                if p.timed_out { "*" } else { "" },
-                                if noisy { "~" } else { "" }
-                            )
-                        }
-                    };
-                    let _ = write!(row, "{cell:>10}");
-                }
-                let _ = writeln!(s, "{}", row.trim_end());
-            }
+            render_table(s, g, &pts, &mut marks);
         }
+        marks
+    }
 
-        // Issue orders side by side at each direction's best setting.
+    /// Issue orders side by side at each direction's best setting; the points shown here
+    /// leave `singles`.
+    fn render_orders(&self, s: &mut String, singles: &mut Vec<&DiskPoint>) {
         let mut order_lines = Vec::new();
         for dir in [Direction::Write, Direction::Read] {
             let Some(r) = self.recommendations.iter().find(|r| r.direction == dir) else {
@@ -1327,9 +1313,14 @@ impl DiskReport {
                 let _ = writeln!(s, "{l}");
             }
         }
+    }
+
+    /// Points outside every table, the legend of the tables' marks, and the errors.
+    fn render_singles_and_errors(&self, s: &mut String, marks: &Marks<'_>) {
+        let singles = &marks.singles;
         if !singles.is_empty() {
             s.push_str("\nother points (MiB/s)\n");
-            for p in singles {
+            for p in singles.iter() {
                 let _ = writeln!(
                     s,
                     "  {}s, {} threads, {}, {} order, {}: {}",
@@ -1346,13 +1337,13 @@ impl DiskReport {
             }
         }
         let errors: Vec<&DiskPoint> = self.points.iter().filter(|p| p.error.is_some()).collect();
-        if any_timed_out || any_noisy {
+        if marks.timed_out || marks.noisy {
             s.push('\n');
         }
-        if any_timed_out {
+        if marks.timed_out {
             s.push_str("  * stopped at the time limit before all its bytes\n");
         }
-        if any_noisy {
+        if marks.noisy {
             s.push_str(
                 "  ~ its runs differed by more than 30% of the median: other load on the machine?\n",
             );
@@ -1372,7 +1363,10 @@ impl DiskReport {
                 );
             }
         }
+    }
 
+    /// The small-file and fsync measurements, when they ran.
+    fn render_small_files_and_fsync(&self, s: &mut String) {
         if !self.small_files.is_empty() {
             s.push_str("\nsmall files (create + write + close, no fsync per file)\n");
             for f in &self.small_files {
@@ -1414,7 +1408,10 @@ impl DiskReport {
                     .unwrap_or_default()
             );
         }
+    }
 
+    /// The recommendation per direction, and the block size for both.
+    fn render_recommendation(&self, s: &mut String) {
         s.push_str("\nrecommendation\n");
         for dir in [Direction::Write, Direction::Read] {
             if !self.recommendations.iter().any(|r| r.direction == dir) {
@@ -1442,6 +1439,10 @@ impl DiskReport {
                 size_flag(u64::from(block_size_for(c)))
             );
         }
+    }
+
+    /// Notes, the totals, and the profile saved.
+    fn render_footer(&self, s: &mut String) {
         if !self.notes.is_empty() || !self.skipped.is_empty() {
             s.push_str("\nnotes\n");
             for n in &self.notes {
@@ -1484,7 +1485,75 @@ impl DiskReport {
                 }
             );
         }
-        s
+    }
+}
+
+/// What the tables leave for the rest of the report.
+#[derive(Default)]
+struct Marks<'a> {
+    /// Points of a (direction, mode, order) with no other point: shown one per line.
+    singles: Vec<&'a DiskPoint>,
+    /// A cell stopped at the time limit (`*`).
+    timed_out: bool,
+    /// A cell's runs differed widely (`~`).
+    noisy: bool,
+}
+
+/// One table: a row per request size, a column per thread count (MiB/s).
+fn render_table(
+    s: &mut String,
+    g: (Direction, IoMode, IssueOrder),
+    pts: &[&DiskPoint],
+    marks: &mut Marks<'_>,
+) {
+    let threads: Vec<usize> = pts
+        .iter()
+        .map(|p| p.threads)
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    let sizes: Vec<u64> = pts
+        .iter()
+        .map(|p| p.request_size)
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    let _ = writeln!(
+        s,
+        "\n{}s, {}, {} order (MiB/s)",
+        g.0.name(),
+        g.1.name(),
+        g.2
+    );
+    let mut head = format!("  {:<10}", "request");
+    for t in &threads {
+        let _ = write!(head, "{:>10}", format!("{t} thr"));
+    }
+    let _ = writeln!(s, "{}", head.trim_end());
+    for sz in &sizes {
+        let mut row = format!("  {:<10}", bytes(*sz));
+        for t in &threads {
+            let cell = match pts
+                .iter()
+                .find(|p| p.threads == *t && p.request_size == *sz)
+            {
+                None => "-".to_string(),
+                Some(p) if p.error.is_some() => "error".to_string(),
+                Some(p) => {
+                    marks.timed_out |= p.timed_out;
+                    let noisy = p.noisy();
+                    marks.noisy |= noisy;
+                    format!(
+                        "{}{}{}",
+                        num(p.mib_per_s),
+                        if p.timed_out { "*" } else { "" },
+                        if noisy { "~" } else { "" }
+                    )
+                }
+            };
+            let _ = write!(row, "{cell:>10}");
+        }
+        let _ = writeln!(s, "{}", row.trim_end());
     }
 }
 

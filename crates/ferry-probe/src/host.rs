@@ -183,32 +183,8 @@ pub fn probe_host(opts: &HostOptions, progress: &dyn ProbeProgress) -> HostRepor
     let irqbalance_running = irqbalance_running(&sys);
 
     progress.on_step("TCP settings");
-    let mut tcp = TcpSettings::default();
-    for &(field, path) in TCP_FILES {
-        if let Some(text) = sys.read(path, "TCP setting") {
-            if !tcp.set(field, &text) {
-                notes.push(format!("{path}: could not parse {:?}", text.trim()));
-            }
-        }
-    }
-
-    let fastest = nics
-        .iter()
-        .filter(|n| !n.is_virtual && n.operstate.as_deref() == Some("up"))
-        .filter_map(|n| n.speed_mbps)
-        .max();
-    let target_mbps = match (opts.target_mbps, fastest) {
-        (Some(t), _) => t,
-        (None, Some(s)) => s as f64,
-        (None, None) => {
-            notes.push(
-                "no NIC that is up reports a link speed (virtual NICs often do not): advice \
-                 assumes a 10 Gbit/s target"
-                    .into(),
-            );
-            10_000.0
-        }
-    };
+    let tcp = read_tcp(&mut sys, &mut notes);
+    let target_mbps = target_mbps(opts, &nics, &mut notes);
     let advice_inputs = AdviceInputs {
         rtt_ms: opts.rtt_ms,
         target_mbps,
@@ -264,6 +240,41 @@ pub fn probe_host(opts: &HostOptions, progress: &dyn ProbeProgress) -> HostRepor
         advice,
         notes,
         unreadable: sys.unreadable,
+    }
+}
+
+/// The TCP settings under /proc/sys; those that do not parse are noted.
+fn read_tcp(sys: &mut Sys, notes: &mut Vec<String>) -> TcpSettings {
+    let mut tcp = TcpSettings::default();
+    for &(field, path) in TCP_FILES {
+        if let Some(text) = sys.read(path, "TCP setting") {
+            if !tcp.set(field, &text) {
+                notes.push(format!("{path}: could not parse {:?}", text.trim()));
+            }
+        }
+    }
+    tcp
+}
+
+/// The rate the advice aims at: the one asked for, else the fastest NIC that is up, else
+/// 10 Gbit/s (noted).
+fn target_mbps(opts: &HostOptions, nics: &[Nic], notes: &mut Vec<String>) -> f64 {
+    let fastest = nics
+        .iter()
+        .filter(|n| !n.is_virtual && n.operstate.as_deref() == Some("up"))
+        .filter_map(|n| n.speed_mbps)
+        .max();
+    match (opts.target_mbps, fastest) {
+        (Some(t), _) => t,
+        (None, Some(s)) => s as f64,
+        (None, None) => {
+            notes.push(
+                "no NIC that is up reports a link speed (virtual NICs often do not): advice \
+                 assumes a 10 Gbit/s target"
+                    .into(),
+            );
+            10_000.0
+        }
     }
 }
 
@@ -609,7 +620,15 @@ impl HostReport {
             opt(&self.hostname),
             opt(&self.kernel)
         );
+        self.render_cpu(&mut s);
+        self.render_nics(&mut s);
+        self.render_tcp(&mut s);
+        self.render_advice(&mut s);
+        s
+    }
 
+    /// CPUs, their features and frequency governor, NUMA nodes.
+    fn render_cpu(&self, s: &mut String) {
         let c = &self.cpu;
         s.push_str("\ncpu\n");
         let _ = writeln!(s, "  model        {}", opt(&c.model));
@@ -650,7 +669,10 @@ impl HostReport {
                     .unwrap_or_default()
             );
         }
+    }
 
+    /// Physical NICs with their interrupts, virtual ones in a line, IRQ affinity conflicts.
+    fn render_nics(&self, s: &mut String) {
         s.push_str("\nnics\n");
         for n in self.nics.iter().filter(|n| !n.is_virtual) {
             let _ = writeln!(
@@ -668,32 +690,7 @@ impl HostReport {
                 opt(&n.driver),
                 opt(&n.bus_id)
             );
-            for i in &n.irqs {
-                let aff = i
-                    .affinity
-                    .as_ref()
-                    .map_or("?".into(), |a| format_cpulist(a));
-                let eff = i.effective_affinity.as_ref().map_or(String::new(), |a| {
-                    format!(" (effective {})", format_cpulist(a))
-                });
-                let on: Vec<String> = i
-                    .per_cpu
-                    .iter()
-                    .map(|(c, n)| format!("cpu{c}:{n}"))
-                    .collect();
-                let _ = writeln!(
-                    s,
-                    "    irq {:<5} {:<22} affinity {aff}{eff}, {} interrupts{}",
-                    i.irq,
-                    opt(&i.name),
-                    i.count,
-                    if on.is_empty() {
-                        String::new()
-                    } else {
-                        format!(" ({})", on.join(" "))
-                    }
-                );
-            }
+            render_irqs(s, &n.irqs);
         }
         let virt: Vec<String> = self
             .nics
@@ -718,7 +715,10 @@ impl HostReport {
                 None => "unknown",
             }
         );
+    }
 
+    /// The TCP settings and what one stream can carry with them.
+    fn render_tcp(&self, s: &mut String) {
         let t = &self.tcp;
         let triple = |v: &Option<[u64; 3]>| {
             v.map_or("?".into(), |[a, b, c]| {
@@ -775,7 +775,10 @@ impl HostReport {
                 );
             }
         }
+    }
 
+    /// Per-core speeds, advice, notes, and what could not be read.
+    fn render_advice(&self, s: &mut String) {
         if !self.speeds.is_empty() {
             s.push_str("\nper-core speed (MiB/s)\n");
             for sp in &self.speeds {
@@ -816,7 +819,36 @@ impl HostReport {
                 let _ = writeln!(s, "  - … and {} more", self.unreadable.len() - 12);
             }
         }
-        s
+    }
+}
+
+/// One line per interrupt of a NIC: its affinity and counts per CPU.
+fn render_irqs(s: &mut String, irqs: &[NicIrq]) {
+    for i in irqs {
+        let aff = i
+            .affinity
+            .as_ref()
+            .map_or("?".into(), |a| format_cpulist(a));
+        let eff = i.effective_affinity.as_ref().map_or(String::new(), |a| {
+            format!(" (effective {})", format_cpulist(a))
+        });
+        let on: Vec<String> = i
+            .per_cpu
+            .iter()
+            .map(|(c, n)| format!("cpu{c}:{n}"))
+            .collect();
+        let _ = writeln!(
+            s,
+            "    irq {:<5} {:<22} affinity {aff}{eff}, {} interrupts{}",
+            i.irq,
+            opt(&i.name),
+            i.count,
+            if on.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", on.join(" "))
+            }
+        );
     }
 }
 

@@ -2,7 +2,7 @@
 //! and the profile transfers start from.
 //!
 //! No sockets here (this crate has no async runtime): the caller measures each point through a
-//! closure; `ferry-cli` runs `ferry_net::probe::run` against a `ferry serve`. The analysis
+//! closure; `ferry-cli` runs `ferry_net::speedtest::run` against a `ferry serve`. The analysis
 //! ([`explain`]) is a pure function of the measurements and the local TCP settings.
 
 use std::collections::BTreeMap;

@@ -158,12 +158,7 @@ impl Frame {
                 target: r.str("target", MAX_PATH)?,
                 mtime_ns: r.i64("mtime_ns")?,
             },
-            FrameType::SENT => Frame::Sent {
-                files: r.u64("files")?,
-                dirs: r.u64("dirs")?,
-                symlinks: r.u64("symlinks")?,
-                bytes: r.u64("bytes")?,
-            },
+            FrameType::SENT => decode_sent(&mut r)?,
             FrameType::RESEND => Frame::Resend {
                 file: FileId(r.u64("file")?),
                 offset: r.u64("offset")?,
@@ -177,14 +172,7 @@ impl Frame {
                 code: ErrorCode(r.u16("code")?),
                 message: r.str("message", MAX_MESSAGE)?,
             },
-            FrameType::COMPLETE => Frame::Complete(CompleteSummary {
-                files: r.u64("files")?,
-                bytes: r.u64("bytes")?,
-                skipped: r.u64("skipped")?,
-                failed: r.u64("failed")?,
-                bad_blocks: r.u64("bad_blocks")?,
-                receiver: decode_load(&mut r)?,
-            }),
+            FrameType::COMPLETE => Frame::Complete(decode_complete(&mut r)?),
             FrameType::TUNED => Frame::Tuned(decode_tuned(&mut r)?),
             FrameType::OFFER => decode_offer(&mut r)?,
             FrameType::DECISIONS => decode_decisions(&mut r)?,
@@ -193,16 +181,7 @@ impl Frame {
                 code: ErrorCode(r.u16("code")?),
                 message: r.str("message", MAX_MESSAGE)?,
             },
-            FrameType::PROBE_REQUEST => Frame::ProbeRequest {
-                direction: match r.u8("direction")? {
-                    0 => ProbeDirection::ClientToServer,
-                    1 => ProbeDirection::ServerToClient,
-                    other => return Err(invalid("direction", other)),
-                },
-                streams: decode_streams(&mut r)?,
-                duration_ms: r.u32("duration_ms")?,
-                window: r.u32("window")?,
-            },
+            FrameType::PROBE_REQUEST => decode_probe_request(&mut r)?,
             FrameType::PROBE_RESULT => decode_probe_result(&mut r)?,
             FrameType::PROBE_DATA => {
                 let len = r.u32("data_len")?;
@@ -229,86 +208,10 @@ impl Frame {
         encode_frame(out, self.frame_type(), 0, |out| self.encode_payload(out));
     }
 
+    /// The payload of a frame of a transfer (files, their blocks and the session's end); the
+    /// frames that set a session up, list or probe go to [`Self::encode_setup_payload`].
     fn encode_payload(&self, out: &mut BytesMut) {
         match self {
-            Frame::Hello {
-                version,
-                capabilities,
-                role,
-            } => {
-                out.put_slice(&MAGIC);
-                out.put_u16(*version);
-                out.put_u64(capabilities.0);
-                match role {
-                    Role::Control {
-                        token,
-                        session,
-                        secret,
-                    } => {
-                        out.put_u8(ROLE_CONTROL);
-                        put_str(out, token);
-                        out.put_u64(session.0);
-                        out.put_slice(secret);
-                    }
-                    Role::Data {
-                        session,
-                        secret,
-                        stream,
-                    } => {
-                        out.put_u8(ROLE_DATA);
-                        out.put_u64(session.0);
-                        out.put_slice(secret);
-                        out.put_u16(*stream);
-                    }
-                }
-            }
-            Frame::Welcome {
-                version,
-                capabilities,
-                session,
-                secret,
-            } => {
-                out.put_u16(*version);
-                out.put_u64(capabilities.0);
-                out.put_u64(session.0);
-                out.put_slice(secret);
-            }
-            Frame::Error { code, message } => {
-                out.put_u16(code.0);
-                put_message(out, message);
-            }
-            Frame::PutRequest {
-                dest,
-                sources,
-                opts,
-            } => {
-                put_str(out, dest);
-                out.put_u32(*sources);
-                put_opts(out, opts);
-            }
-            Frame::GetRequest { src, opts } => {
-                put_str(out, src);
-                put_opts(out, opts);
-            }
-            Frame::ListRequest { path } => put_str(out, path),
-            Frame::Ready {
-                streams,
-                block_size,
-            } => {
-                out.put_u16(*streams);
-                out.put_u32(*block_size);
-            }
-            Frame::ListEntries { entries } => {
-                out.put_u16(wire_len(entries.len(), "list entries"));
-                for entry in entries {
-                    put_str(out, &entry.name);
-                    out.put_u8(entry.kind as u8);
-                    out.put_u64(entry.size);
-                    out.put_u32(entry.mode);
-                    out.put_i64(entry.mtime_ns);
-                }
-            }
-            Frame::ListEnd => {}
             Frame::Block(block) => {
                 put_block_head(out, block);
                 out.put_slice(&block.data);
@@ -356,43 +259,9 @@ impl Frame {
                 out.put_u16(code.0);
                 put_message(out, message);
             }
-            Frame::Complete(CompleteSummary {
-                files,
-                bytes,
-                skipped,
-                failed,
-                bad_blocks,
-                receiver,
-            }) => {
-                for n in [files, bytes, skipped, failed, bad_blocks] {
-                    out.put_u64(*n);
-                }
-                put_load(out, receiver);
-            }
-            Frame::Tuned(t) => {
-                out.put_u16(t.streams);
-                out.put_u16(t.start);
-                out.put_u8(t.flags);
-                put_load(out, &t.sender);
-                out.put_u8(wire_len(t.steps.len(), "tune steps"));
-                for step in &t.steps {
-                    out.put_u32(step.at_ms);
-                    out.put_u16(step.streams);
-                    out.put_u64(step.rate);
-                    out.put_u16(step.noise_permille);
-                    out.put_u8(step.verdict as u8);
-                }
-            }
-            Frame::Offer { entries } => {
-                out.put_u16(wire_len(entries.len(), "offer entries"));
-                for e in entries {
-                    out.put_u64(e.file.0);
-                    put_str(out, &e.path);
-                    out.put_u64(e.size);
-                    out.put_u32(e.mode);
-                    out.put_i64(e.mtime_ns);
-                }
-            }
+            Frame::Complete(c) => put_complete(out, c),
+            Frame::Tuned(t) => put_tuned(out, t),
+            Frame::Offer { entries } => put_offer(out, entries),
             Frame::EntryFailed {
                 path,
                 code,
@@ -402,13 +271,68 @@ impl Frame {
                 out.put_u16(code.0);
                 put_message(out, message);
             }
-            Frame::Decisions { entries } => {
-                out.put_u16(wire_len(entries.len(), "decisions"));
-                for e in entries {
-                    out.put_u64(e.file.0);
-                    put_decision(out, &e.decision);
-                }
+            Frame::Decisions { entries } => put_decisions(out, entries),
+            Frame::Hello { .. }
+            | Frame::Welcome { .. }
+            | Frame::Error { .. }
+            | Frame::PutRequest { .. }
+            | Frame::GetRequest { .. }
+            | Frame::ListRequest { .. }
+            | Frame::Ready { .. }
+            | Frame::ListEntries { .. }
+            | Frame::ListEnd
+            | Frame::ProbeRequest { .. }
+            | Frame::ProbeResult { .. }
+            | Frame::ProbeData { .. } => self.encode_setup_payload(out),
+        }
+    }
+
+    /// The payload of a frame that sets a session up, lists a directory or probes the network.
+    fn encode_setup_payload(&self, out: &mut BytesMut) {
+        match self {
+            Frame::Hello {
+                version,
+                capabilities,
+                role,
+            } => put_hello(out, *version, *capabilities, role),
+            Frame::Welcome {
+                version,
+                capabilities,
+                session,
+                secret,
+            } => {
+                out.put_u16(*version);
+                out.put_u64(capabilities.0);
+                out.put_u64(session.0);
+                out.put_slice(secret);
             }
+            Frame::Error { code, message } => {
+                out.put_u16(code.0);
+                put_message(out, message);
+            }
+            Frame::PutRequest {
+                dest,
+                sources,
+                opts,
+            } => {
+                put_str(out, dest);
+                out.put_u32(*sources);
+                put_opts(out, opts);
+            }
+            Frame::GetRequest { src, opts } => {
+                put_str(out, src);
+                put_opts(out, opts);
+            }
+            Frame::ListRequest { path } => put_str(out, path),
+            Frame::Ready {
+                streams,
+                block_size,
+            } => {
+                out.put_u16(*streams);
+                out.put_u32(*block_size);
+            }
+            Frame::ListEntries { entries } => put_list_entries(out, entries),
+            Frame::ListEnd => {}
             Frame::ProbeRequest {
                 direction,
                 streams,
@@ -424,26 +348,24 @@ impl Frame {
                 interval_ms,
                 intervals,
                 streams,
-            } => {
-                out.put_u16(*interval_ms);
-                out.put_u16(wire_len(intervals.len(), "probe intervals"));
-                for b in intervals {
-                    out.put_u64(*b);
-                }
-                out.put_u16(wire_len(streams.len(), "probe streams"));
-                for s in streams {
-                    out.put_u64(s.bytes);
-                    out.put_u32(s.rtt_us);
-                    out.put_u32(s.min_rtt_us);
-                    out.put_u32(s.snd_cwnd);
-                    out.put_u32(s.snd_mss);
-                    out.put_u32(s.total_retrans);
-                }
-            }
+            } => put_probe_result(out, *interval_ms, intervals, streams),
             Frame::ProbeData { data } => {
                 out.put_u32(wire_len(data.len(), "probe data"));
                 out.put_slice(data);
             }
+            // Encoded by `encode_payload`, which never sends them here.
+            Frame::Block(_)
+            | Frame::Dir { .. }
+            | Frame::Symlink { .. }
+            | Frame::Sent { .. }
+            | Frame::Resend { .. }
+            | Frame::Skipped { .. }
+            | Frame::FileFailed { .. }
+            | Frame::Complete(_)
+            | Frame::Tuned(_)
+            | Frame::Offer { .. }
+            | Frame::EntryFailed { .. }
+            | Frame::Decisions { .. } => {}
         }
     }
 }
@@ -496,6 +418,141 @@ fn put_block_head(out: &mut BytesMut, block: &Block) {
     out.put_slice(file_digest);
     out.put_u8(if *early { BLOCK_EARLY } else { 0 });
     out.put_u32(wire_len(data.len(), "block data"));
+}
+
+fn put_hello(out: &mut BytesMut, version: u16, capabilities: Capabilities, role: &Role) {
+    out.put_slice(&MAGIC);
+    out.put_u16(version);
+    out.put_u64(capabilities.0);
+    match role {
+        Role::Control {
+            token,
+            session,
+            secret,
+        } => {
+            out.put_u8(ROLE_CONTROL);
+            put_str(out, token);
+            out.put_u64(session.0);
+            out.put_slice(secret);
+        }
+        Role::Data {
+            session,
+            secret,
+            stream,
+        } => {
+            out.put_u8(ROLE_DATA);
+            out.put_u64(session.0);
+            out.put_slice(secret);
+            out.put_u16(*stream);
+        }
+    }
+}
+
+fn put_complete(out: &mut BytesMut, c: &CompleteSummary) {
+    for n in [c.files, c.bytes, c.skipped, c.failed, c.bad_blocks] {
+        out.put_u64(n);
+    }
+    put_load(out, &c.receiver);
+}
+
+fn put_decisions(out: &mut BytesMut, entries: &[FileDecision]) {
+    out.put_u16(wire_len(entries.len(), "decisions"));
+    for e in entries {
+        out.put_u64(e.file.0);
+        put_decision(out, &e.decision);
+    }
+}
+
+fn put_list_entries(out: &mut BytesMut, entries: &[ListEntry]) {
+    out.put_u16(wire_len(entries.len(), "list entries"));
+    for entry in entries {
+        put_str(out, &entry.name);
+        out.put_u8(entry.kind as u8);
+        out.put_u64(entry.size);
+        out.put_u32(entry.mode);
+        out.put_i64(entry.mtime_ns);
+    }
+}
+
+fn put_tuned(out: &mut BytesMut, t: &TuneReport) {
+    out.put_u16(t.streams);
+    out.put_u16(t.start);
+    out.put_u8(t.flags);
+    put_load(out, &t.sender);
+    out.put_u8(wire_len(t.steps.len(), "tune steps"));
+    for step in &t.steps {
+        out.put_u32(step.at_ms);
+        out.put_u16(step.streams);
+        out.put_u64(step.rate);
+        out.put_u16(step.noise_permille);
+        out.put_u8(step.verdict as u8);
+    }
+}
+
+fn put_offer(out: &mut BytesMut, entries: &[OfferEntry]) {
+    out.put_u16(wire_len(entries.len(), "offer entries"));
+    for e in entries {
+        out.put_u64(e.file.0);
+        put_str(out, &e.path);
+        out.put_u64(e.size);
+        out.put_u32(e.mode);
+        out.put_i64(e.mtime_ns);
+    }
+}
+
+fn put_probe_result(
+    out: &mut BytesMut,
+    interval_ms: u16,
+    intervals: &[u64],
+    streams: &[ProbeStream],
+) {
+    out.put_u16(interval_ms);
+    out.put_u16(wire_len(intervals.len(), "probe intervals"));
+    for b in intervals {
+        out.put_u64(*b);
+    }
+    out.put_u16(wire_len(streams.len(), "probe streams"));
+    for s in streams {
+        out.put_u64(s.bytes);
+        out.put_u32(s.rtt_us);
+        out.put_u32(s.min_rtt_us);
+        out.put_u32(s.snd_cwnd);
+        out.put_u32(s.snd_mss);
+        out.put_u32(s.total_retrans);
+    }
+}
+
+fn decode_sent(r: &mut Reader<'_>) -> Result<Frame, DecodeError> {
+    Ok(Frame::Sent {
+        files: r.u64("files")?,
+        dirs: r.u64("dirs")?,
+        symlinks: r.u64("symlinks")?,
+        bytes: r.u64("bytes")?,
+    })
+}
+
+fn decode_complete(r: &mut Reader<'_>) -> Result<CompleteSummary, DecodeError> {
+    Ok(CompleteSummary {
+        files: r.u64("files")?,
+        bytes: r.u64("bytes")?,
+        skipped: r.u64("skipped")?,
+        failed: r.u64("failed")?,
+        bad_blocks: r.u64("bad_blocks")?,
+        receiver: decode_load(r)?,
+    })
+}
+
+fn decode_probe_request(r: &mut Reader<'_>) -> Result<Frame, DecodeError> {
+    Ok(Frame::ProbeRequest {
+        direction: match r.u8("direction")? {
+            0 => ProbeDirection::ClientToServer,
+            1 => ProbeDirection::ServerToClient,
+            other => return Err(invalid("direction", other)),
+        },
+        streams: decode_streams(r)?,
+        duration_ms: r.u32("duration_ms")?,
+        window: r.u32("window")?,
+    })
 }
 
 fn put_opts(out: &mut BytesMut, opts: &TransferOpts) {

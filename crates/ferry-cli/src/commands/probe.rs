@@ -5,7 +5,7 @@ use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use anyhow::{Context, Result};
-use ferry_net::probe::{ProbeDirection, ProbePoint, MAX_PROBE_DURATION};
+use ferry_net::speedtest::{ProbeDirection, ProbePoint, MAX_PROBE_DURATION};
 use ferry_probe::net::{NetOptions, NetReport, NetSample};
 use ferry_probe::ProbeProgress;
 use ferry_units::units::parse_size;
@@ -118,7 +118,7 @@ impl ferry_core::Reporter for Notices {
 }
 
 /// `ferry probe net`: the sweep runs on a blocking thread (ferry-probe has no async runtime)
-/// and measures each point with `ferry_net::probe::run` on this runtime.
+/// and measures each point with `ferry_net::speedtest::run` on this runtime.
 async fn net(a: ProbeNetArgs, steps: Steps, quiet: bool) -> Result<ferry_probe::net::NetReport> {
     let remote = Remote::parse_endpoint(&a.endpoint).map_err(usage)?;
     let opts = net_options(&a)?;
@@ -244,7 +244,7 @@ async fn sweep(
                 duration: std::time::Duration::from_secs_f64(p.seconds),
                 window: p.window,
             };
-            match handle.block_on(ferry_net::probe::run(&cfg, &point, &notices)) {
+            match handle.block_on(ferry_net::speedtest::run(&cfg, &point, &notices)) {
                 Ok(r) => Ok(sample(&r, p.skip)),
                 Err(e) => {
                     let msg = e.to_string();
@@ -262,7 +262,7 @@ async fn sweep(
 
 /// One point's measurement as the sweep records it, leaving out the first `skip` seconds
 /// (slow start) from the rate.
-fn sample(r: &ferry_net::probe::ProbeResult, skip: f64) -> NetSample {
+fn sample(r: &ferry_net::speedtest::ProbeResult, skip: f64) -> NetSample {
     NetSample {
         streams: r.streams,
         rate_mbps: r.rate_mbps(std::time::Duration::from_secs_f64(skip)),

@@ -1,5 +1,6 @@
-//! The server's side of a network probe (`ferry probe net`): the request checked and bounded,
-//! the data connections gathered as for a transfer, filler sent or counted, the result sent.
+//! The server's side of a speed test (`ferry probe net`, [`crate::speedtest`]): the request
+//! checked and bounded, the data connections gathered as for a transfer, filler sent or
+//! counted, the result sent.
 
 use std::time::Duration;
 
@@ -10,7 +11,7 @@ use super::access::Grant;
 use super::registry::{gather, Named};
 use super::state::ServerState;
 use crate::error::SessionError;
-use crate::probe::flow::{
+use crate::speedtest::flow::{
     run_streams, Buckets, DRAIN_GRACE, MAX_PROBE_DURATION, MIN_PROBE_DURATION, PROBE_FRAME_DATA,
     PROBE_INTERVAL,
 };

@@ -33,6 +33,8 @@ pub struct TestServer {
     pub root: PathBuf,
     /// `None` when the test configured a plain-TCP-only server.
     pub fingerprint: Option<Fingerprint>,
+    /// How long no session has run: zero while one does.
+    pub idle: ferry_net::server::IdleProbe,
     _dir: tempfile::TempDir,
     stop: Option<oneshot::Sender<()>>,
     task: Option<tokio::task::JoinHandle<()>>,
@@ -63,6 +65,7 @@ impl TestServer {
             .await
             .unwrap();
         let addr = server.local_addr().unwrap();
+        let idle = server.idle_probe();
         let (tx, rx) = oneshot::channel();
         let task = tokio::spawn(server.run(async {
             let _ = rx.await;
@@ -71,6 +74,7 @@ impl TestServer {
             addr,
             root,
             fingerprint,
+            idle,
             _dir: dir,
             stop: Some(tx),
             task: Some(task),

@@ -1,11 +1,11 @@
-//! `ferry_net::probe` against an in-process server on loopback: both directions count the same
+//! `ferry_net::speedtest` against an in-process server on loopback: both directions count the same
 //! bytes, the intervals are bounded, and the server bounds what it is asked for.
 
 mod util;
 
 use std::time::Duration;
 
-use ferry_net::probe::{
+use ferry_net::speedtest::{
     run, ProbeDirection, ProbePoint, DRAIN_GRACE, MAX_PROBE_DURATION, PROBE_INTERVAL,
 };
 use ferry_net::SessionError;

@@ -1,4 +1,4 @@
-//! The data connections' side of a network probe, the same for client and server: `ProbeData`
+//! The data connections' side of a speed test, the same for client and server: `ProbeData`
 //! filler written for the sending period, or read and counted per interval.
 
 use std::sync::atomic::{AtomicU64, Ordering};

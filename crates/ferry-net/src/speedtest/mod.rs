@@ -1,4 +1,7 @@
-//! Memory-to-memory throughput probe over ferry's own connections (`ferry probe net`).
+//! The speed test: memory-to-memory throughput over ferry's own connections, what
+//! `ferry probe net` measures each point of its sweep with. (Named apart from the `ferry-probe`
+//! crate, which analyses the sweep, and the `ferry probe` command; the wire frames keep their
+//! `Probe*` names.)
 //!
 //! The client sends `ProbeRequest` on an authenticated control connection; the server answers
 //! `Ready` and the data connections join exactly as for a transfer (same TLS, same session
