@@ -3,6 +3,7 @@
 # when something is missing):
 #   ip, iperf3, ping                       via scripts/netem-deps.sh (the emulated WAN bed)
 #   DejaVu Sans (fonts-dejavu-core)        text in the PNG plots (loaded at run time)
+#   b3sum                                  the tests that check ferry's BLAKE3 against it
 #   rsync                                  peer: rsync daemon in the server namespace
 #   sshd + ssh/scp (openssh-server/-client) tests of ssh-started sessions; peer: scp
 #   xrootd + xrdcp (xrootd-server/-client) peer: XRootD
@@ -26,6 +27,7 @@ fi
 # command-or-file -> package
 declare -a want=(
     "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf=fonts-dejavu-core"
+    "b3sum=b3sum"
     # The tests of ssh-started sessions (`ferry put FILES user@host:PATH`) run a local sshd.
     "ssh=openssh-client"
     "ssh-keygen=openssh-client"

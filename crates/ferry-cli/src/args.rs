@@ -318,6 +318,11 @@ pub struct ServeArgs {
     /// Sessions one token may run at once; more are refused as busy.
     #[arg(long, default_value_t = 16)]
     pub max_sessions_per_token: usize,
+    /// Most reader or writer threads one session may run: what a client's --writers (put) or
+    /// --readers (get) may ask for, and how far the server's own tuning may grow a pool.
+    /// Default: the host's cores, at least 16.
+    #[arg(long, value_name = "N")]
+    pub max_storage_threads: Option<usize>,
     /// End a session after this long without traffic (e.g. 120s, 2m; a plain number is
     /// seconds; at least 5s).
     #[arg(long, default_value = "120s", value_name = "DURATION")]
@@ -362,7 +367,10 @@ pub struct TransferArgs {
     /// TCP autotuning for them; leave it unset unless you have measured that it helps.
     #[arg(long)]
     pub tcp_window: Option<String>,
-    /// End-to-end file digest: blake3, xxh3, sha256 or md5 (md5 is ~380 MiB/s per core).
+    /// End-to-end file digest: blake3, xxh3, sha256 or md5. BLAKE3 (the default) is a tree, so
+    /// several readers read and hash one large file at once; with the others one reader reads
+    /// each file in order, so a single file goes at most at one core's hash rate (md5 ~400
+    /// MiB/s).
     #[arg(long, default_value = "blake3")]
     pub checksum: String,
     /// Replace files that exist at the destination.
@@ -375,7 +383,9 @@ pub struct TransferArgs {
     /// the file system, else 4, then tuned while the transfer runs; a number fixes it
     #[arg(long)]
     pub readers: Option<usize>,
-    /// Threads writing on the receiving side. Default: like --readers; a number fixes it
+    /// Threads writing on the receiving side. Default: like --readers; a number fixes it (on a
+    /// put, the server's writers: asked of it, within its --max-storage-threads; a --readers
+    /// number on a get likewise asks the server for its readers)
     #[arg(long)]
     pub writers: Option<usize>,
     #[command(flatten)]

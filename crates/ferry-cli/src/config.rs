@@ -124,6 +124,7 @@ pub fn control_config(
             existing: ExistingPolicy::Fail,
             tcp_window: 0,
             auto_start: 0,
+            storage_threads: 0,
         },
         readers: 1,
         writers: 1,
@@ -262,6 +263,8 @@ pub fn client_config(args: &TransferArgs, remote: &Remote) -> Result<ClientConfi
             existing,
             tcp_window,
             auto_start,
+            // Set by `put`/`get`, which know whose pool a number is.
+            storage_threads: 0,
         },
         readers: args.readers.unwrap_or(DEFAULT_STORAGE).clamp(1, 64),
         writers: args.writers.unwrap_or(DEFAULT_STORAGE).clamp(1, 64),
@@ -334,6 +337,8 @@ impl Transfer {
             bail!("`{s}` looks remote; put sends local paths (use get to fetch)");
         }
         let mut client = client_config(&args.transfer, &remote)?;
+        // A --writers number is the server's writers: asked of it (it caps them).
+        client.opts.storage_threads = asked_threads(args.transfer.writers);
         // This process ends with the put (the demo, which hosts a server, leaves it off).
         client.drain_at_end = true;
         let job = Job::Put(sources.iter().map(PathBuf::from).collect());
@@ -345,6 +350,8 @@ impl Transfer {
         let remote = Remote::parse(&args.remote)
             .context("the first argument of get is the source, HOST[:PORT]:PATH")?;
         let mut client = client_config(&args.transfer, &remote)?;
+        // A --readers number is the server's readers: asked of it (it caps them).
+        client.opts.storage_threads = asked_threads(args.transfer.readers);
         if args.safe_links {
             client.links = ferry_core::recv::Links::InTree;
         }
@@ -394,6 +401,14 @@ impl Listing {
             json: args.output.json,
         })
     }
+}
+
+/// What a `--readers`/`--writers` number asks of the server's pool: 0 (the server chooses)
+/// when none was given.
+fn asked_threads(n: Option<usize>) -> u16 {
+    n.map_or(0, |n| {
+        n.clamp(1, usize::from(ferry_proto::MAX_STORAGE_THREADS)) as u16
+    })
 }
 
 #[cfg(test)]

@@ -3,19 +3,28 @@
 //! A block buffer is megabytes; the allocator serves such sizes with fresh `mmap`s, so every
 //! block would cost thousands of page faults and the kernel zeroing each page (seen as
 //! `clear_page_erms` at the top of a profile). Buffers are instead returned here when the last
-//! `Bytes` slice of them is dropped and handed out again. The pool is bounded in bytes (a few
-//! blocks' worth beyond what is in flight), and a server empties it with [`release`] when it
-//! has no session left, so an idle daemon does not sit on the memory of its last burst.
+//! `Bytes` slice of them is dropped and handed out again. The pool keeps as many bytes as were
+//! ever in flight at once since it was last emptied (at least [`MAX_POOLED_BYTES`], at most
+//! [`MOST_POOLED_BYTES`]): a smaller pool freed buffers that the next blocks then faulted in
+//! afresh, and what was in flight was held anyway. A server empties it with [`release`] when
+//! it has no session left, so an idle daemon does not sit on the memory of its last burst.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use bytes::Bytes;
 
 /// Buffers smaller than this come from the allocator as usual: it recycles them cheaply.
 const MIN_POOLED: usize = 256 << 10;
-/// Most memory the pool keeps idle: eight default-sized blocks.
+/// Memory the pool may always keep idle: eight default-sized blocks.
 const MAX_POOLED_BYTES: usize = 64 << 20;
+/// The most it keeps however much was in flight: a server session's default memory bound.
+const MOST_POOLED_BYTES: usize = 1 << 30;
+
+/// Bytes of pooled buffers handed out and not back yet, and their most since the pool was
+/// last emptied: the pool keeps up to that much.
+static IN_FLIGHT: AtomicUsize = AtomicUsize::new(0);
+static PEAK: AtomicUsize = AtomicUsize::new(0);
 
 static POOL: Mutex<Vec<Vec<u8>>> = Mutex::new(Vec::new());
 /// Set by [`drain`]: buffers coming back are freed, not kept.
@@ -24,6 +33,8 @@ static DRAINING: AtomicBool = AtomicBool::new(false);
 /// Gives every idle buffer back to the allocator.
 pub fn release() {
     let idle = std::mem::take(&mut *POOL.lock().unwrap_or_else(|e| e.into_inner()));
+    // The next burst learns its own size.
+    PEAK.store(IN_FLIGHT.load(Ordering::Relaxed), Ordering::Relaxed);
     drop(idle);
 }
 
@@ -80,6 +91,8 @@ pub fn freeze(buf: Vec<u8>) -> Bytes {
     if buf.capacity() < MIN_POOLED {
         return Bytes::from(buf);
     }
+    let now = IN_FLIGHT.fetch_add(buf.capacity(), Ordering::Relaxed) + buf.capacity();
+    PEAK.fetch_max(now, Ordering::Relaxed);
     Bytes::from_owner(Pooled(buf))
 }
 
@@ -94,13 +107,17 @@ impl AsRef<[u8]> for Pooled {
 impl Drop for Pooled {
     fn drop(&mut self) {
         let buf = std::mem::take(&mut self.0);
+        IN_FLIGHT.fetch_sub(buf.capacity(), Ordering::Relaxed);
+        let most = PEAK
+            .load(Ordering::Relaxed)
+            .clamp(MAX_POOLED_BYTES, MOST_POOLED_BYTES);
         let mut pool = POOL.lock().unwrap_or_else(|e| e.into_inner());
         if DRAINING.load(Ordering::Relaxed) {
             drop(pool);
             return; // `buf` is freed here, outside the lock
         }
         let held: usize = pool.iter().map(Vec::capacity).sum();
-        if held + buf.capacity() <= MAX_POOLED_BYTES {
+        if held + buf.capacity() <= most {
             pool.push(buf);
         }
     }

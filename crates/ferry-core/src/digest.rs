@@ -88,6 +88,88 @@ pub struct Piece {
 
 const CHUNK: u64 = blake3::CHUNK_LEN as u64;
 
+impl Piece {
+    /// The piece for the subtree of `len` bytes at `at` (a span of [`Blake3Tree::spans`]).
+    fn at(at: u64, len: u64, cv: blake3::hazmat::ChainingValue) -> Self {
+        let level = (len.max(CHUNK) / CHUNK).trailing_zeros() as u8;
+        Self {
+            level,
+            index: at / (CHUNK << level),
+            cv,
+        }
+    }
+}
+
+/// The BLAKE3 subtrees of one range of a file, hashed as the range's bytes come in order:
+/// what one reader of a segment computes, so that several readers hash one file at once and
+/// a [`Blake3Tree`] merges their pieces into exactly `blake3::hash` of the file.
+pub struct RangeHasher {
+    /// The subtrees still to hash, last first.
+    spans: Vec<(u64, u64)>,
+    /// The subtree being hashed: its start, its end and its hasher.
+    current: Option<(u64, u64, blake3::Hasher)>,
+    /// The next byte expected.
+    at: u64,
+    out: Vec<Piece>,
+}
+
+impl RangeHasher {
+    /// For `[start, end)` of a file of `size` bytes (more than [`Blake3Tree::MIN_SIZE`]):
+    /// `start` on a chunk edge (1 KiB), `end` too unless it is the file's end. `None` for a
+    /// range that is not one.
+    pub fn new(size: u64, start: u64, end: u64) -> Option<Self> {
+        let valid = size > Blake3Tree::MIN_SIZE
+            && start <= end
+            && end <= size
+            && start.is_multiple_of(CHUNK)
+            && (end == size || end.is_multiple_of(CHUNK));
+        valid.then(|| {
+            let mut spans = Blake3Tree::spans(size, start, end);
+            spans.reverse();
+            Self {
+                spans,
+                current: None,
+                at: start,
+                out: Vec::new(),
+            }
+        })
+    }
+
+    /// The next bytes of the range, following the last ones given. Bytes past its end are
+    /// ignored.
+    pub fn update(&mut self, mut data: &[u8]) {
+        use blake3::hazmat::HasherExt as _;
+        while !data.is_empty() {
+            let (start, end, hasher) = match &mut self.current {
+                Some(c) => c,
+                None => {
+                    let Some((at, len)) = self.spans.pop() else {
+                        return;
+                    };
+                    let mut h = blake3::Hasher::new();
+                    h.set_input_offset(at);
+                    self.current.insert((at, at + len, h))
+                }
+            };
+            let take = ((*end - self.at) as usize).min(data.len());
+            hasher.update(&data[..take]);
+            self.at += take as u64;
+            data = &data[take..];
+            if self.at == *end {
+                let piece = Piece::at(*start, *end - *start, hasher.finalize_non_root());
+                self.out.push(piece);
+                self.current = None;
+            }
+        }
+    }
+
+    /// The range's pieces, for [`Blake3Tree::insert`]; `None` unless every byte of the range
+    /// was given.
+    pub fn finish(self) -> Option<Vec<Piece>> {
+        (self.current.is_none() && self.spans.is_empty()).then_some(self.out)
+    }
+}
+
 impl Blake3Tree {
     /// Files of up to this many bytes are not worth a tree: they arrive as one block, hashed
     /// in order from memory anyway.
@@ -133,23 +215,42 @@ impl Blake3Tree {
     /// without any lock; a range outside the file gives nothing.
     pub fn pieces(size: u64, offset: u64, data: &[u8]) -> Vec<Piece> {
         use blake3::hazmat::HasherExt as _;
-        let mut out = Vec::new();
         let Some(end) = offset.checked_add(data.len() as u64) else {
-            return out;
+            return Vec::new();
         };
         if size <= Self::MIN_SIZE || end > size {
-            return out;
+            return Vec::new();
         }
-        let mut at = offset.next_multiple_of(CHUNK);
+        let start = offset.next_multiple_of(CHUNK);
         // Only the file's end may cut a chunk short.
         let stop = if end == size { end } else { end - end % CHUNK };
+        Self::spans(size, start, stop)
+            .into_iter()
+            .map(|(at, len)| {
+                let from = (at - offset) as usize;
+                let cv = blake3::Hasher::new()
+                    .set_input_offset(at)
+                    .update(&data[from..from + len as usize])
+                    .finalize_non_root();
+                Piece::at(at, len, cv)
+            })
+            .collect()
+    }
+
+    /// The subtrees that `[start, stop)` of a file of `size` bytes splits into, in order, as
+    /// (offset, length): aligned power-of-two runs of chunks, each as large as its alignment
+    /// allows, none the whole file (the root is merged, not hashed), and the file's last,
+    /// short chunk. `start` is on a chunk edge, and so is `stop` unless it is the file's end.
+    fn spans(size: u64, start: u64, stop: u64) -> Vec<(u64, u64)> {
+        let mut out = Vec::new();
+        let mut at = start;
         while at < stop {
             let left = stop - at;
             let len = if left < CHUNK {
                 left // the last chunk of the file
             } else {
                 // The largest power of two that `at` is aligned to, that fits, and that is
-                // not the whole file (that would be the root, which is merged, not hashed).
+                // not the whole file.
                 let mut len = 1u64 << (63 - left.leading_zeros());
                 if at > 0 {
                     len = len.min(1u64 << at.trailing_zeros());
@@ -159,17 +260,7 @@ impl Blake3Tree {
                 }
                 len
             };
-            let level = (len.max(CHUNK) / CHUNK).trailing_zeros() as u8;
-            let from = (at - offset) as usize;
-            let cv = blake3::Hasher::new()
-                .set_input_offset(at)
-                .update(&data[from..from + len as usize])
-                .finalize_non_root();
-            out.push(Piece {
-                level,
-                index: at / (CHUNK << level),
-                cv,
-            });
+            out.push((at, len));
             at += len;
         }
         out
@@ -376,6 +467,65 @@ mod tests {
         }
         assert!(tree.missing().is_empty(), "read-back filled every gap");
         tree.finish().expect("complete")
+    }
+
+    /// A file cut into aligned segments, each hashed by a [`RangeHasher`] fed in uneven
+    /// pieces, the segments merged in a scrambled order: exactly `blake3::hash`, at and around
+    /// every edge a sender cuts on (chunks, segments, powers of two).
+    #[test]
+    fn segments_hashed_apart_merge_to_blake3() {
+        const SEG: u64 = 256 << 10;
+        let mut sizes = vec![Blake3Tree::MIN_SIZE + 1, 3 * SEG + 12_345, 1 << 22];
+        for edge in [SEG, 2 * SEG, 4 * SEG, 5 * SEG] {
+            sizes.extend([edge - CHUNK - 1, edge - 1, edge, edge + 1, edge + CHUNK + 1]);
+        }
+        for size in sizes {
+            let d = data(size);
+            let count = size.div_ceil(SEG);
+            let mut tree = Blake3Tree::new(size).unwrap();
+            // Odd segments first, then even ones backwards: merge order does not matter.
+            let order = (0..count)
+                .filter(|i| i % 2 == 1)
+                .chain((0..count).filter(|i| i % 2 == 0).rev());
+            for i in order {
+                let (start, end) = (i * SEG, ((i + 1) * SEG).min(size));
+                let mut h = RangeHasher::new(size, start, end).expect("a valid range");
+                let mut at = start;
+                let mut step = 1u64;
+                while at < end {
+                    // 1, 3, 9, ... bytes, then whatever is left: every alignment.
+                    let len = step.min(end - at);
+                    h.update(&d[at as usize..(at + len) as usize]);
+                    at += len;
+                    step = step * 3 % 70_001 + 1;
+                }
+                for p in h.finish().expect("the whole range was given") {
+                    tree.insert(p);
+                }
+            }
+            assert_eq!(tree.missing(), vec![], "size {size}");
+            assert_eq!(
+                tree.finish().unwrap(),
+                blake3::hash(&d).as_bytes().to_vec(),
+                "size {size}"
+            );
+        }
+    }
+
+    #[test]
+    fn range_hasher_refuses_bad_ranges_and_short_input() {
+        let size = 1u64 << 20;
+        assert!(RangeHasher::new(Blake3Tree::MIN_SIZE, 0, 1024).is_none());
+        assert!(RangeHasher::new(size, 1, 2048).is_none());
+        assert!(RangeHasher::new(size, 0, 1500).is_none());
+        assert!(RangeHasher::new(size, 2048, 1024).is_none());
+        assert!(RangeHasher::new(size, 0, size + 1024).is_none());
+        let mut h = RangeHasher::new(size, 0, 4096).unwrap();
+        h.update(&[0; 4000]);
+        assert!(h.finish().is_none(), "96 bytes were never given");
+        let mut h = RangeHasher::new(size, 0, 4096).unwrap();
+        h.update(&[0; 5000]);
+        assert_eq!(h.finish().map(|p| p.len()), Some(1), "one 4 KiB subtree");
     }
 
     #[test]

@@ -130,10 +130,16 @@ pub(crate) fn host_sample() -> HostSample {
 }
 
 /// A reader or writer pool's gate: `start` threads working; with `tune`, room to grow to
-/// [`AUTO_MAX_STORAGE_THREADS`].
-pub(crate) fn storage_gate(start: usize, tune: bool) -> Arc<Gate> {
-    let start = u32::try_from(start).unwrap_or(u32::MAX).max(1);
-    Arc::new(Gate::new(start, pool_max(start, tune)))
+/// the host's cores, at least [`AUTO_MAX_STORAGE_THREADS`]; never more than `most`.
+pub(crate) fn storage_gate(start: usize, tune: bool, most: usize) -> Arc<Gate> {
+    let most = u32::try_from(most).unwrap_or(u32::MAX).max(1);
+    let start = u32::try_from(start).unwrap_or(u32::MAX).clamp(1, most);
+    let max = if tune {
+        pool_max(start, tune).max(cores()).min(most)
+    } else {
+        start
+    };
+    Arc::new(Gate::new(start, max))
 }
 
 /// The sending end's data sockets as its driver samples them, and the `watch` of the active

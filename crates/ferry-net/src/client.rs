@@ -18,6 +18,9 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpSocket, TcpStream};
 
 use crate::autotune::{bottleneck, cores};
+
+/// The most storage threads a client's own pool may run: what a request may ask of a server.
+const CLIENT_MOST: usize = ferry_proto::MAX_STORAGE_THREADS as usize;
 use crate::conn::{expect_frame, send};
 use crate::engine::{
     drive_receiver, drive_sender, frame_queue, Joined, Joins, Limits, ReceiverIo, RecvRun, SendRun,
@@ -1117,7 +1120,7 @@ async fn put_once(
         block_size: cfg.opts.block_size,
         streams: cfg.opts.streams,
         checksum: cfg.opts.checksum,
-        readers: crate::autotune::storage_gate(cfg.readers, cfg.tune_storage),
+        readers: crate::autotune::storage_gate(cfg.readers, cfg.tune_storage, CLIENT_MOST),
         corrupt_blocks: cfg.corrupt_blocks.clone(),
         digest_cache,
     };
@@ -1256,7 +1259,7 @@ async fn get_once(
     let receiver = Receiver::new(destination, config, tx, reporter)?;
     let same_host = c.addr.ip().is_loopback();
     let connections = usize::from(opts.streams);
-    let writers = Writers::new(cfg.writers, cfg.tune_storage);
+    let writers = Writers::new(cfg.writers, cfg.tune_storage, CLIENT_MOST);
     let io = ReceiverIo {
         control: c.control,
         joins,

@@ -143,3 +143,43 @@ async fn early_blocks_on_connections_beyond_the_grant_are_sent_again() {
     assert!(leftovers(&server.root).is_empty());
     server.stop().await;
 }
+
+/// A client's writer count on a put (and reader count on a get) reaches the server, which
+/// runs that many within its own `max_storage_threads`; asking nothing leaves the server's
+/// own tuned pool. The count is what the server reports working at the end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_asks_the_server_for_storage_threads_within_its_cap() {
+    let server = TestServer::start_with(|c| {
+        c.writers = 2;
+        c.readers = 2;
+        c.tune_storage = false;
+        c.max_storage_threads = 6;
+    })
+    .await;
+    let src = tempfile::tempdir().unwrap();
+    let file = src.path().join("f.bin");
+    write(&file, &bytes(3 * BLOCK as usize + 5, 9));
+    for (asked, want) in [(0u16, 2u32), (3, 3), (9, 6)] {
+        let mut cfg = server.client();
+        cfg.opts.storage_threads = asked;
+        let dest = format!("/asked{asked}/");
+        let put = ferry_net::client::put(&cfg, std::slice::from_ref(&file), &dest, reporter())
+            .await
+            .unwrap();
+        assert!(put.is_success(), "{:?}", put.errors);
+        assert_eq!(put.tuning.writers.side, "server");
+        assert_eq!(put.tuning.writers.threads, Some(want), "put asking {asked}");
+        let back = tempfile::tempdir().unwrap();
+        let get = ferry_net::client::get(&cfg, &format!("{dest}f.bin"), back.path(), reporter())
+            .await
+            .unwrap();
+        assert!(get.is_success(), "{:?}", get.errors);
+        assert_eq!(get.tuning.readers.side, "server");
+        assert_eq!(get.tuning.readers.threads, Some(want), "get asking {asked}");
+        assert_eq!(
+            std::fs::read(back.path().join("f.bin")).unwrap(),
+            std::fs::read(&file).unwrap()
+        );
+    }
+    server.stop().await;
+}

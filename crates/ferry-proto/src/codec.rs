@@ -21,8 +21,8 @@ use crate::frame::{
     ExistingPolicy, FileDecision, FileId, FileMeta, Frame, FrameType, ListEntry, Load, OfferEntry,
     ProbeDirection, ProbeStream, Role, SessionId, TransferOpts, TuneReport, TuneStep, TuneVerdict,
     HEADER_LEN, MAGIC, MAX_BLOCK_DATA, MAX_DIGEST, MAX_LIST_ENTRIES, MAX_MESSAGE,
-    MAX_OFFER_ENTRIES, MAX_PATH, MAX_PROBE_INTERVALS, MAX_RESUME_RANGES, MAX_STREAMS, MAX_TOKEN,
-    MAX_TUNE_STEPS, MIN_BLOCK_SIZE,
+    MAX_OFFER_ENTRIES, MAX_PATH, MAX_PROBE_INTERVALS, MAX_RESUME_RANGES, MAX_STORAGE_THREADS,
+    MAX_STREAMS, MAX_TOKEN, MAX_TUNE_STEPS, MIN_BLOCK_SIZE,
 };
 
 const ROLE_CONTROL: u8 = 0;
@@ -562,6 +562,7 @@ fn put_opts(out: &mut BytesMut, opts: &TransferOpts) {
     out.put_u8(opts.existing as u8);
     out.put_u32(opts.tcp_window);
     out.put_u16(opts.auto_start);
+    out.put_u16(opts.storage_threads);
 }
 
 fn put_load(out: &mut BytesMut, load: &Load) {
@@ -687,6 +688,10 @@ fn decode_opts(r: &mut Reader<'_>) -> Result<TransferOpts, DecodeError> {
         auto_start: match r.u16("auto_start")? {
             n @ 0..=MAX_STREAMS => n,
             other => return Err(invalid("auto_start", other)),
+        },
+        storage_threads: match r.u16("storage_threads")? {
+            n @ 0..=MAX_STORAGE_THREADS => n,
+            other => return Err(invalid("storage_threads", other)),
         },
     })
 }

@@ -10,7 +10,7 @@ use bytes::Bytes;
 pub const MAGIC: [u8; 8] = *b"FERRY\r\n\x1a";
 
 /// The protocol version this build speaks. Bumped on any incompatible change to a frame layout.
-pub const PROTOCOL_VERSION: u16 = 5;
+pub const PROTOCOL_VERSION: u16 = 6;
 
 /// Size of the fixed frame header: type (1) and payload length (4).
 pub const HEADER_LEN: usize = 5;
@@ -258,7 +258,14 @@ pub struct TransferOpts {
     /// [`RAMP_HELPERS_FROM`] on are ramp helpers, outside the tuning; the receiver treats every
     /// connection alike.
     pub auto_start: u16,
+    /// Storage threads the client asks of the server for this transfer: its writers on a put,
+    /// its readers on a get (`--writers`/`--readers` given to the client). 0: the server
+    /// chooses and tunes them. The server caps the number at its own maximum. (Protocol v6.)
+    pub storage_threads: u16,
 }
+
+/// The most storage threads a request may ask for ([`TransferOpts::storage_threads`]).
+pub const MAX_STORAGE_THREADS: u16 = 256;
 
 impl TransferOpts {
     /// Whether the sending side tunes the number of streams that carry data.

@@ -54,15 +54,19 @@ fn opts() -> impl Strategy<Value = TransferOpts> {
         ],
         any::<u32>(),
         0..=MAX_STREAMS,
+        0..=MAX_STORAGE_THREADS,
     )
         .prop_map(
-            |(streams, block_size, checksum, existing, tcp_window, auto_start)| TransferOpts {
-                streams,
-                block_size,
-                checksum,
-                existing,
-                tcp_window,
-                auto_start,
+            |(streams, block_size, checksum, existing, tcp_window, auto_start, storage_threads)| {
+                TransferOpts {
+                    streams,
+                    block_size,
+                    checksum,
+                    existing,
+                    tcp_window,
+                    auto_start,
+                    storage_threads,
+                }
             },
         )
 }
@@ -482,6 +486,7 @@ fn sample_opts() -> TransferOpts {
         existing: ExistingPolicy::Overwrite,
         tcp_window: 0,
         auto_start: 4,
+        storage_threads: 0,
     }
 }
 
@@ -782,11 +787,12 @@ fn pinned_get_request() {
             existing: ExistingPolicy::Skip,
             tcp_window: 0x0100_0000,
             auto_start: 4,
+            storage_threads: 12,
         },
     };
     #[rustfmt::skip]
     let expected: &[u8] = &[
-        0x11, 0, 0, 0, 17,                  // type, payload length
+        0x11, 0, 0, 0, 19,                  // type, payload length
         0, 1, b'd',                         // src
         0, 16,                              // streams (the most, with auto)
         0, 0x80, 0, 0,                      // block_size 8 MiB
@@ -794,6 +800,7 @@ fn pinned_get_request() {
         2,                                  // existing: skip
         0x01, 0, 0, 0,                      // tcp_window 16 MiB
         0, 4,                               // auto_start: tuned, starting with 4
+        0, 12,                              // storage_threads: 12 readers asked of the server
     ];
     assert_eq!(&encode(&frame)[..], expected);
     assert_eq!(decode(expected.into()), Ok(frame));
@@ -1131,6 +1138,14 @@ fn transfer_options_are_range_checked() {
             },
             "auto_start",
             u64::from(MAX_STREAMS) + 1,
+        ),
+        (
+            TransferOpts {
+                storage_threads: MAX_STORAGE_THREADS + 1,
+                ..sample_opts()
+            },
+            "storage_threads",
+            u64::from(MAX_STORAGE_THREADS) + 1,
         ),
     ];
     for (opts, field, value) in cases {

@@ -125,6 +125,9 @@ fn limits(config: &mut ServerConfig, args: &ServeArgs) -> Result<()> {
     config.max_streams = args.max_streams.max(1);
     config.max_unauthenticated_per_address = args.max_unauthenticated;
     config.max_sessions_per_token = args.max_sessions_per_token.max(1);
+    if let Some(n) = args.max_storage_threads {
+        config.max_storage_threads = n.clamp(1, usize::from(ferry_proto::MAX_STORAGE_THREADS));
+    }
     config.idle_timeout = parse_duration(&args.idle_timeout)
         .context("--idle-timeout")
         .map_err(usage)?

@@ -221,6 +221,12 @@ pub fn summary_line(r: &TransferReport) -> String {
     // A run that moved nothing (all skipped, say) was limited by nothing worth naming.
     let limited = if r.bytes == 0 {
         String::new()
+    } else if r.tuning.bottleneck == "source storage" && r.checksum != "blake3" {
+        // Only BLAKE3 is a tree that several readers can hash one file with.
+        format!(
+            ", limited by source storage ({} reads each file on one thread)",
+            r.checksum
+        )
     } else {
         format!(", limited by {}", r.tuning.bottleneck)
     };

@@ -6,9 +6,9 @@
 //!    └────── Dir / Symlink ──────┘
 //!  resend worker ◀── Resend requests from the receiver ──┘
 //! ```
-//! The walker streams jobs as it discovers files, so sending starts before the walk ends. Each
-//! reader owns one file at a time and reads it in order, so the file digest is computed in the
-//! same pass as the reads. Frames go into one bounded queue that every stream pulls from: any
+//! The walker streams jobs as it discovers files, so sending starts before the walk ends. A
+//! reader takes a file and reads it in order, computing the file digest in the same pass; a
+//! large BLAKE3 file is cut into segments that idle readers help read and hash (`segments`). Frames go into one bounded queue that every stream pulls from: any
 //! stream carries any block of any file, and the bound is what limits memory.
 
 //!
@@ -17,11 +17,13 @@
 //! - `cut`: how long each block is (small at both ends of a transfer);
 //! - `state`: the settings and the state the walker, the readers and the resend worker share;
 //! - `reading`: reading a file in blocks, early or as its decision asks, and reading one again;
+//! - `segments`: one large file read by several readers, its BLAKE3 merged from subtrees;
 //! - `walk`: walking the sources, offering files in batches, handing them to the readers;
 //! - `sender`: the [`Sender`], which starts those threads, and its public API.
 
 mod cut;
 mod reading;
+mod segments;
 mod sender;
 mod state;
 mod walk;

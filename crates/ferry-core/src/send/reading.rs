@@ -5,11 +5,13 @@
 use std::fs::File;
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use bytes::Bytes;
 use ferry_proto::{Block, ChecksumAlgo, Decision, ErrorCode, FileId, Frame};
 
 use super::cut::{clip_to_ranges, covered};
+use super::segments::{read_split, record_digest, segment_size, Place};
 use super::state::{FileRecord, SenderState};
 use crate::digest::{block_digest, FileHasher};
 use crate::error::FsError;
@@ -73,7 +75,7 @@ pub(super) fn describe_type(kind: rustix::fs::FileType) -> &'static str {
 /// back (DESIGN.md, "Starting a session in few round trips"). The receiver uses early blocks
 /// only for a file it decided to receive: after a decision other than `Send` or `Resume` they
 /// were bandwidth spent for nothing, never data written.
-pub(super) fn send_file(shared: &SenderState, record: &FileRecord) -> bool {
+pub(super) fn send_file(shared: &SenderState, record: &Arc<FileRecord>) -> bool {
     let meta = &record.meta;
     // Counted as it is read, or all at once when this reader is done with the file.
     let mut unpassed = Unpassed {
@@ -118,7 +120,7 @@ pub(super) fn send_file(shared: &SenderState, record: &FileRecord) -> bool {
 /// false when the transfer is over.
 pub(super) fn answer(
     shared: &SenderState,
-    record: &FileRecord,
+    record: &Arc<FileRecord>,
     decision: Decision,
     unpassed: &mut Unpassed<'_>,
 ) -> bool {
@@ -185,7 +187,7 @@ impl Streamed {
     }
 
     /// After telling the receiver that a file failed: `told` is whether the queue took it.
-    fn failed(told: bool) -> Self {
+    pub(super) fn failed(told: bool) -> Self {
         if told {
             Self::Finished
         } else {
@@ -240,7 +242,7 @@ impl Drop for Unpassed<'_> {
 /// other ends the reading.
 pub(super) fn stream_file(
     shared: &SenderState,
-    record: &FileRecord,
+    record: &Arc<FileRecord>,
     mut have: Vec<(u64, u64)>,
     unpassed: &mut Unpassed<'_>,
     mut early: bool,
@@ -250,6 +252,12 @@ pub(super) fn stream_file(
         Ok(r) => r,
         Err(over) => return over,
     };
+    let block = shared.block_size();
+    if let Some(seg) = segment_size(shared.config.checksum, meta.size, block) {
+        let place = Place { have, early };
+        let opened = (reading.file, reading.before);
+        return read_split(shared, record, opened, seg, place, unpassed);
+    }
     let mut offset = 0u64;
     loop {
         if shared.is_skipped(meta.id) {
@@ -294,7 +302,10 @@ pub(super) fn stream_file(
 
 /// The decision on a file being sent early, if it has come; once the early budget is spent,
 /// waits for it. `Err` when the session ended first.
-fn early_decision(shared: &SenderState, id: FileId) -> Result<Option<Decision>, Streamed> {
+pub(super) fn early_decision(
+    shared: &SenderState,
+    id: FileId,
+) -> Result<Option<Decision>, Streamed> {
     match shared.take_decision(id) {
         Some(d) => Ok(Some(d)),
         None if shared.early_room() => Ok(None),
@@ -309,7 +320,7 @@ fn early_decision(shared: &SenderState, id: FileId) -> Result<Option<Decision>, 
 /// The length of the next block at `offset`, `left` bytes before the end of the file. What
 /// the receiver has is read (for the file digest) in whole blocks; the cuts are for what is
 /// sent.
-fn next_len(shared: &SenderState, have: &[(u64, u64)], offset: u64, left: u64) -> u64 {
+pub(super) fn next_len(shared: &SenderState, have: &[(u64, u64)], offset: u64, left: u64) -> u64 {
     let whole = clip_to_ranges(have, offset, left.min(shared.block_size()));
     if whole < left && covered(have, offset, offset + whole) {
         whole
@@ -320,7 +331,7 @@ fn next_len(shared: &SenderState, have: &[(u64, u64)], offset: u64, left: u64) -
 
 /// Queues a block read (altered first if a test asked for it). False when the transfer is
 /// over.
-fn queue_block(
+pub(super) fn queue_block(
     shared: &SenderState,
     record: &FileRecord,
     offset: u64,
@@ -361,10 +372,10 @@ fn queue_block(
 }
 
 /// A block read: its bytes, their digest, and on the file's last block the file digest.
-struct BlockRead {
-    data: Vec<u8>,
-    digest: u128,
-    file_digest: Option<Bytes>,
+pub(super) struct BlockRead {
+    pub(super) data: Vec<u8>,
+    pub(super) digest: u128,
+    pub(super) file_digest: Option<Bytes>,
 }
 
 /// One file being read in order, its digest computed as it goes.
@@ -456,24 +467,14 @@ impl<'a> FileReading<'a> {
 
     /// The file digest, kept for the manifest, the digest cache and a resend of the last block.
     fn finish(&mut self) -> Result<Bytes, Streamed> {
-        let meta = &self.record.meta;
         // The end of the file: make sure it did not change under us before vouching for it.
         let after = rustix::fs::fstat(&self.file).map(|st| Meta::from_stat(&st));
         if after.ok() != Some(self.before) {
             return Err(self.fail(self.changed()));
         }
         let d = std::mem::replace(&mut self.hasher, FileHasher::new(ChecksumAlgo::Xxh3)).finalize();
-        let bytes = Bytes::from(d.clone());
-        *self
-            .record
-            .final_digest
-            .lock()
-            .unwrap_or_else(|e| e.into_inner()) = Some(bytes.clone());
-        self.shared
-            .cache()
-            .insert((meta.path.clone(), meta.size, meta.mtime_ns), d.clone());
-        *self.record.digest.lock().unwrap_or_else(|e| e.into_inner()) = Some(d);
-        Ok(bytes)
+        record_digest(self.shared, self.record, &d);
+        Ok(Bytes::from(d))
     }
 }
 

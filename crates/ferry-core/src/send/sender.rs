@@ -8,6 +8,7 @@ use std::thread::JoinHandle;
 use ferry_proto::{Decision, FileDecision, FileId, Frame};
 
 use super::reading::{resend_block, send_file};
+use super::segments::Segments;
 use super::state::{Job, SenderConfig, SenderState, Source, WalkTotals};
 use super::walk::walk;
 use crate::gate::Gate;
@@ -61,6 +62,7 @@ impl Sender {
             streams: AtomicU32::new(streams),
             granted: AtomicBool::new(false),
             early_sent: AtomicU64::new(0),
+            helpers: flume::unbounded(),
         });
         // The walk runs ahead of the readers by up to this many files (a few hundred bytes
         // each). It is also how far offers run ahead of the data: with a 256-deep queue only
@@ -251,16 +253,49 @@ fn start_readers(shared: &Arc<SenderState>, jobs: &flume::Receiver<Job>) -> Vec<
             let jobs = jobs.clone();
             std::thread::Builder::new()
                 .name(format!("ferry-read-{i}"))
-                .spawn(move || {
-                    while shared.config.readers.wait_turn(i, || shared.is_over()) {
-                        let Ok(job) = jobs.recv() else { break };
-                        if !send_file(&shared, &job.record) {
-                            break;
-                        }
-                        shared.passed_files.fetch_add(1, Ordering::Release);
-                    }
-                })
+                .spawn(move || read_files(&shared, i, &jobs))
                 .expect("spawning a thread")
         })
         .collect()
+}
+
+/// What an idle reader takes next.
+enum Work {
+    /// A file being read in segments: help with it.
+    Help(Arc<Segments>),
+    /// A new file from the walk.
+    File(Job),
+}
+
+/// One reader's loop: while the gate lets it work, it helps read a file already started, or
+/// else takes the next file from the walk. Ends when the walk is done and its files taken, or
+/// the session is over.
+fn read_files(shared: &SenderState, i: u32, jobs: &flume::Receiver<Job>) {
+    let helpers = &shared.helpers.1;
+    while shared.config.readers.wait_turn(i, || shared.is_over()) {
+        // A file already started first: its blocks are due now, a new file can wait.
+        let work = match helpers.try_recv() {
+            Ok(s) => Ok(Work::Help(s)),
+            Err(_) => flume::Selector::new()
+                .recv(helpers, |r| r.map(Work::Help))
+                .recv(jobs, |r| r.map(Work::File))
+                .wait(),
+        };
+        match work {
+            Ok(Work::Help(segments)) => segments.help(shared),
+            Ok(Work::File(job)) => {
+                if !send_file(shared, &job.record) {
+                    break;
+                }
+                shared.passed_files.fetch_add(1, Ordering::Release);
+            }
+            // The walk is over and its files are taken: help with what is left, then stop.
+            Err(_) => {
+                while let Ok(segments) = helpers.try_recv() {
+                    segments.help(shared);
+                }
+                break;
+            }
+        }
+    }
 }

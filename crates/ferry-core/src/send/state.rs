@@ -10,6 +10,7 @@ use bytes::Bytes;
 use ferry_proto::{ChecksumAlgo, Decision, ErrorCode, FileId, FileMeta, Frame};
 
 use super::cut::cut;
+use super::segments::Segments;
 use crate::gate::Gate;
 use crate::report::Reporter;
 use crate::root::Root;
@@ -103,6 +104,9 @@ pub(super) struct SenderState {
     pub(super) granted: AtomicBool,
     /// Bytes sent early so far (see [`EARLY_PER_STREAM`]).
     pub(super) early_sent: AtomicU64,
+    /// Files being read in segments that idle readers may help with: a reader looks here
+    /// before it takes a new file (both ends kept, so it never disconnects).
+    pub(super) helpers: (flume::Sender<Arc<Segments>>, flume::Receiver<Arc<Segments>>),
 }
 
 pub use ferry_session::cut::EARLY_PER_STREAM;

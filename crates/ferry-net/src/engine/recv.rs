@@ -35,10 +35,11 @@ pub(crate) struct Writers {
 }
 
 impl Writers {
-    /// A pool starting with `start` threads; with `tune`, it may grow to the auto maximum.
-    pub(crate) fn new(start: usize, tune: bool) -> Self {
+    /// A pool starting with `start` threads; with `tune`, it may grow to the auto maximum,
+    /// never past `most`.
+    pub(crate) fn new(start: usize, tune: bool, most: usize) -> Self {
         Self {
-            gate: crate::autotune::storage_gate(start, tune),
+            gate: crate::autotune::storage_gate(start, tune, most),
             tune,
         }
     }

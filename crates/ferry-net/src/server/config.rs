@@ -50,6 +50,10 @@ pub struct ServerConfig {
     pub writers: usize,
     /// Tune each session's reader or writer threads while it runs, from that start.
     pub tune_storage: bool,
+    /// Most reader or writer threads one session may run: what a client may ask for
+    /// (`TransferOpts::storage_threads`) and how far tuning may grow a pool. Default: the
+    /// host's cores, at least [`crate::AUTO_MAX_STORAGE_THREADS`].
+    pub max_storage_threads: usize,
     /// Partial files and journals untouched for this long are removed by the periodic scan.
     pub partial_max_age: Duration,
     /// How often the root is scanned for such leftovers.
@@ -82,9 +86,25 @@ impl ServerConfig {
             readers: 4,
             writers: 4,
             tune_storage: true,
+            max_storage_threads: crate::autotune::cores().max(crate::AUTO_MAX_STORAGE_THREADS)
+                as usize,
             partial_max_age: Duration::from_secs(24 * 3600),
             partial_scan_interval: Duration::from_secs(3600),
             modes: Modes::default(),
+        }
+    }
+
+    /// A session's storage pool: `default` threads tuned from there (the server's choice), or
+    /// the number the client asked for (`TransferOpts::storage_threads`), fixed, within
+    /// [`Self::max_storage_threads`]. Returns (threads, tune, most threads).
+    pub(crate) fn storage_pool(&self, default: usize, asked: u16) -> (usize, bool, usize) {
+        let most = self.max_storage_threads.max(1);
+        match asked {
+            0 => (default.clamp(1, most), self.tune_storage, most),
+            n => {
+                let n = usize::from(n).min(most);
+                (n, false, n)
+            }
         }
     }
 }

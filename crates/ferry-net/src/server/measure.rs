@@ -63,6 +63,7 @@ pub(super) async fn serve(
         existing: ExistingPolicy::Fail,
         tcp_window: window,
         auto_start: 0,
+        storage_threads: 0,
     };
     // Data connections hold connection-cap permits for as long as they are open.
     let (data, _permits, _registered) =

@@ -32,6 +32,8 @@ pub(super) enum Work<'a> {
         receiver: Arc<Receiver>,
         control: flume::Receiver<Frame>,
         block_size: u32,
+        /// Writers the client asked for (`TransferOpts::storage_threads`, capped): 0, ours.
+        writers: u16,
         joins: Joins,
         pending: Unregister<'a>,
     },
@@ -147,6 +149,7 @@ async fn prepare_put<'a>(
         receiver,
         control,
         block_size: opts.block_size,
+        writers: opts.storage_threads,
         joins,
         pending,
     })
@@ -199,7 +202,11 @@ async fn prepare_get<'a>(
         block_size: opts.block_size,
         streams: opts.streams,
         checksum: opts.checksum,
-        readers: crate::autotune::storage_gate(shared.config.readers, shared.config.tune_storage),
+        readers: {
+            let config = &shared.config;
+            let (start, tune, most) = config.storage_pool(config.readers, opts.storage_threads);
+            crate::autotune::storage_gate(start, tune, most)
+        },
         corrupt_blocks: Vec::new(),
         digest_cache: Arc::default(),
     };
@@ -285,8 +292,12 @@ fn clamp(shared: &ServerState, mut opts: TransferOpts) -> TransferOpts {
         opts.streams = opts.streams.min(floor.max(spare)).max(1);
         opts.auto_start = opts.auto_start.min(opts.streams);
     }
+    opts.storage_threads = opts
+        .storage_threads
+        .min(u16::try_from(config.max_storage_threads).unwrap_or(u16::MAX));
     // Frames in flight per session: one per stream, the writer queue and one per writer.
-    let slots = u64::from(opts.streams) + 3 * config.writers.max(1) as u64;
+    let writers = config.storage_pool(config.writers, opts.storage_threads).0;
+    let slots = u64::from(opts.streams) + 3 * writers.max(1) as u64;
     // Never below `MIN_GRANTED_BLOCK` (unless asked): a client's early blocks are cut to it.
     while u64::from(opts.block_size) * slots > config.session_memory
         && opts.block_size > ferry_proto::MIN_GRANTED_BLOCK

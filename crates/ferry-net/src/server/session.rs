@@ -329,11 +329,13 @@ async fn control_session(
             receiver,
             control,
             block_size,
+            writers,
             joins,
             pending,
         } => {
             receiver.forget_manifest();
-            let writers = Writers::new(shared.config.writers, shared.config.tune_storage);
+            let (start, tune, most) = shared.config.storage_pool(shared.config.writers, writers);
+            let writers = Writers::new(start, tune, most);
             let limits = Limits::new(idle, block_size);
             // Registered while it runs (closed to joins once all have joined), so that a
             // connection dialled beyond the grant is refused at once.

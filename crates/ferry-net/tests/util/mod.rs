@@ -115,6 +115,7 @@ pub fn client_config(server: String) -> ClientConfig {
             existing: ExistingPolicy::Fail,
             tcp_window: 0,
             auto_start: 0,
+            storage_threads: 0,
         },
         readers: 3,
         writers: 3,
@@ -392,6 +393,7 @@ pub fn raw_opts(existing: ExistingPolicy) -> TransferOpts {
         existing,
         tcp_window: 0,
         auto_start: 0,
+        storage_threads: 0,
     }
 }
 
