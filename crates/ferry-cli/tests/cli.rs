@@ -436,6 +436,77 @@ fn manifest_matches_blake3_and_md5() {
     }
 }
 
+/// Files of every size, one large enough to be read by several readers at once (segments):
+/// the manifest's digest of each, and the stored copy, are what `b3sum` prints for the source.
+#[test]
+fn manifest_digests_are_what_b3sum_prints_for_every_size() {
+    let sb = Sandbox::new();
+    let root = sb.mkdir("root");
+    let src = sb.mkdir("sizes");
+    let sizes = [
+        0,
+        1,
+        1023,
+        1024,
+        1025,
+        8 * MIB - 1,
+        8 * MIB + 1,
+        70 * MIB + 333,
+    ];
+    for (i, &n) in sizes.iter().enumerate() {
+        write_pattern(&src.join(format!("f{i}")), n, i as u64 + 40);
+    }
+    let s = Server::start(&sb, &root, Some(&sb.path("token")), &[]);
+    let manifest = sb.path("manifest.txt");
+    let out = run(
+        sb.client(&s.token)
+            .args(["put", "--manifest"])
+            .arg(&manifest)
+            .arg(&src)
+            .arg(s.remote("/in/")),
+        CMD_TIMEOUT,
+    );
+    assert_code(&out, 0);
+    let text = fs::read_to_string(&manifest).expect("manifest written");
+    let listed: BTreeMap<String, String> = text
+        .lines()
+        .map(|l| {
+            let (hex, path) = l.split_once("  ").expect("`<hex>  <path>`");
+            let name = path.rsplit('/').next().unwrap().to_owned();
+            (name, hex.to_owned())
+        })
+        .collect();
+    assert_eq!(listed.len(), sizes.len(), "one line per file:\n{text}");
+    let names: Vec<String> = (0..sizes.len()).map(|i| format!("f{i}")).collect();
+    let b3sum = std::process::Command::new("b3sum")
+        .arg("--no-names")
+        .args(names.iter().map(|n| src.join(n)))
+        .output();
+    let sums: Vec<String> = match b3sum {
+        Ok(o) if o.status.success() => String::from_utf8(o.stdout)
+            .unwrap()
+            .lines()
+            .map(str::to_owned)
+            .collect(),
+        other => {
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "b3sum is needed (scripts/bench-deps.sh installs it): {other:?}"
+            );
+            eprintln!("b3sum is not installed: comparing with the blake3 crate");
+            names.iter().map(|n| file_b3(&src.join(n))).collect()
+        }
+    };
+    for (name, sum) in names.iter().zip(&sums) {
+        assert_eq!(&listed[name], sum, "{name}: the manifest's digest");
+        assert_eq!(
+            &file_b3(&root.join("in/sizes").join(name)),
+            sum,
+            "{name}: the stored copy"
+        );
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // exit codes
 
