@@ -3,7 +3,6 @@
 
 use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
@@ -102,24 +101,7 @@ pub fn run_measured(mut cmd: Command, timeout: Duration) -> Result<Measured> {
     let pid = child.id() as i32;
     let out = drain(child.stdout.take().context("no stdout")?);
     let err = drain(child.stderr.take().context("no stderr")?);
-    let (tx, rx) = mpsc::channel::<()>();
-    let dog = std::thread::spawn(move || {
-        let deadline = Instant::now() + timeout;
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match rx.recv_timeout(left.min(Duration::from_millis(100))) {
-                Err(mpsc::RecvTimeoutError::Timeout)
-                    if left.is_zero() || crate::stop::requested() =>
-                {
-                    // SAFETY: kill(2) on the child's process group.
-                    unsafe { libc::kill(-pid, libc::SIGKILL) };
-                    return left.is_zero();
-                }
-                Err(mpsc::RecvTimeoutError::Timeout) => {}
-                _ => return false,
-            }
-        }
-    });
+    let (tx, dog) = crate::runner::watchdog(pid, timeout);
     let mut status = 0;
     // SAFETY: an all-zero rusage is a valid value for wait4 to fill.
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };

@@ -108,6 +108,31 @@ pub fn run_timed(mut cmd: Command, timeout: Duration) -> Result<Outcome> {
         .spawn()
         .with_context(|| format!("starting {:?}", cmd.get_program()))?;
     let pid = child.id() as i32;
+    let (tx, dog) = watchdog(pid, timeout);
+    let out = child.wait_with_output()?;
+    let wall = t0.elapsed();
+    let _ = tx.send(());
+    let timed_out = dog.join().unwrap_or(false);
+    Ok(Outcome {
+        success: out.status.success() && !timed_out,
+        code: match out.status.code() {
+            Some(c) => format!("exit {c}"),
+            None => "killed".into(),
+        },
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        wall,
+        timed_out,
+    })
+}
+
+/// Kills the process group `pid` once `timeout` has passed or the sweep is being stopped,
+/// unless told first (a send on the returned channel, once the child is reaped). The thread
+/// returns whether the timeout killed it.
+pub(crate) fn watchdog(
+    pid: i32,
+    timeout: Duration,
+) -> (mpsc::Sender<()>, std::thread::JoinHandle<bool>) {
     let (tx, rx) = mpsc::channel::<()>();
     let dog = std::thread::spawn(move || {
         // Wakes every 100 ms to see whether the sweep is being stopped.
@@ -127,21 +152,7 @@ pub fn run_timed(mut cmd: Command, timeout: Duration) -> Result<Outcome> {
             }
         }
     });
-    let out = child.wait_with_output()?;
-    let wall = t0.elapsed();
-    let _ = tx.send(());
-    let timed_out = dog.join().unwrap_or(false);
-    Ok(Outcome {
-        success: out.status.success() && !timed_out,
-        code: match out.status.code() {
-            Some(c) => format!("exit {c}"),
-            None => "killed".into(),
-        },
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-        wall,
-        timed_out,
-    })
+    (tx, dog)
 }
 
 pub(crate) fn short(s: &str) -> String {
