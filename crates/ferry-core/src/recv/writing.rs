@@ -11,7 +11,7 @@ use ferry_proto::{Block, ErrorCode, ExistingPolicy, Frame};
 
 use super::config::RecvError;
 use super::receiver::Receiver;
-use super::state::{cannot_create, free_parts, lock, FileEntry, Slot};
+use super::state::{cannot_create, free_parts, lock, start_writeback, FileEntry, Slot};
 use crate::digest::{block_digest, Blake3Tree, FileHasher, Piece};
 use crate::error::FsError;
 
@@ -337,6 +337,7 @@ impl Claim {
                     pieces,
                 };
             }
+            start_writeback(&self.file, s, e - s);
             if self.tree {
                 pieces.extend(Blake3Tree::pieces(size, s, data));
             }
