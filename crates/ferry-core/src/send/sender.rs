@@ -8,7 +8,6 @@ use std::thread::JoinHandle;
 use ferry_proto::{Decision, FileDecision, FileId, Frame};
 
 use super::reading::{resend_block, send_file};
-use super::segments::Segments;
 use super::state::{Job, SenderConfig, SenderState, Source, WalkTotals};
 use super::walk::walk;
 use crate::gate::Gate;
@@ -259,13 +258,10 @@ fn start_readers(shared: &Arc<SenderState>, jobs: &flume::Receiver<Job>) -> Vec<
         .collect()
 }
 
-/// What an idle reader takes next.
-enum Work {
-    /// A file being read in segments: help with it.
-    Help(Arc<Segments>),
-    /// A new file from the walk.
-    File(Job),
-}
+/// How often a reader waiting for the walk's next file looks for a file it could help with.
+/// A poll, not a select over both queues: flume's `Selector` can lose a message when several
+/// threads select on one MPMC channel (zesterer/flume#135), and a lost job is a file never sent.
+const HELP_POLL: std::time::Duration = std::time::Duration::from_millis(5);
 
 /// One reader's loop: while the gate lets it work, it helps read a file already started, or
 /// else takes the next file from the walk. Ends when the walk is done and its files taken, or
@@ -274,23 +270,20 @@ fn read_files(shared: &SenderState, i: u32, jobs: &flume::Receiver<Job>) {
     let helpers = &shared.helpers.1;
     while shared.config.readers.wait_turn(i, || shared.is_over()) {
         // A file already started first: its blocks are due now, a new file can wait.
-        let work = match helpers.try_recv() {
-            Ok(s) => Ok(Work::Help(s)),
-            Err(_) => flume::Selector::new()
-                .recv(helpers, |r| r.map(Work::Help))
-                .recv(jobs, |r| r.map(Work::File))
-                .wait(),
-        };
-        match work {
-            Ok(Work::Help(segments)) => segments.help(shared),
-            Ok(Work::File(job)) => {
+        if let Ok(segments) = helpers.try_recv() {
+            segments.help(shared);
+            continue;
+        }
+        match jobs.recv_timeout(HELP_POLL) {
+            Ok(job) => {
                 if !send_file(shared, &job.record) {
                     break;
                 }
                 shared.passed_files.fetch_add(1, Ordering::Release);
             }
+            Err(flume::RecvTimeoutError::Timeout) => {}
             // The walk is over and its files are taken: help with what is left, then stop.
-            Err(_) => {
+            Err(flume::RecvTimeoutError::Disconnected) => {
                 while let Ok(segments) = helpers.try_recv() {
                     segments.help(shared);
                 }
