@@ -419,10 +419,7 @@ impl<'a> FileReading<'a> {
     }
 
     fn changed(&self) -> String {
-        format!(
-            "{} changed while being sent; not stored; run again to send it",
-            self.record.meta.path
-        )
+        changed(&self.record.meta.path)
     }
 
     /// Reads and hashes `len` bytes at `offset`; the last block of the file also gets the file
@@ -436,18 +433,7 @@ impl<'a> FileReading<'a> {
         let meta = &self.record.meta;
         let data = match read_block(&self.file, offset, len) {
             Ok(d) => d,
-            Err(e) => {
-                // A file that shrank under us is a changed file, not a broken disk.
-                let now = rustix::fs::fstat(&self.file)
-                    .map(|st| Meta::from_stat(&st))
-                    .ok();
-                let msg = if now != Some(self.before) {
-                    self.changed()
-                } else {
-                    format!("reading {}: {e}", meta.path)
-                };
-                return Err(self.fail(msg));
-            }
+            Err(e) => return Err(self.fail(read_failed(&self.file, self.before, &meta.path, &e))),
         };
         self.shared.read_bytes.fetch_add(len, Ordering::Relaxed);
         unpassed.pass(len);
@@ -546,4 +532,20 @@ pub(super) fn resend_block(shared: &SenderState, id: FileId, offset: u64, len: u
         data: crate::buf::freeze(data),
     });
     shared.push(frame)
+}
+
+/// What a reader reports when a source file changed under it.
+pub(super) fn changed(path: &str) -> String {
+    format!("{path} changed while being sent; not stored; run again to send it")
+}
+
+/// Why a read of a source file failed: a file that shrank or changed under the reader (it is
+/// no longer what it was when opened, `before`) is a changed file, not a broken disk.
+pub(super) fn read_failed(file: &File, before: Meta, path: &str, e: &std::io::Error) -> String {
+    let now = rustix::fs::fstat(file).map(|st| Meta::from_stat(&st)).ok();
+    if now != Some(before) {
+        changed(path)
+    } else {
+        format!("reading {path}: {e}")
+    }
 }

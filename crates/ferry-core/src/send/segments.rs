@@ -4,7 +4,8 @@
 //! segment is read in order by one reader, which hashes it into its BLAKE3 subtrees
 //! ([`RangeHasher`]) and queues its blocks; the subtrees merge in a [`Blake3Tree`] into
 //! exactly `blake3::hash` of the file (what `b3sum` prints), whatever reader hashed what and in
-//! what order. So one file is no longer limited to one core's read-and-hash rate.
+//! what order. So one file's reading and hashing is spread over
+//! several cores (the gain is for a many-core host: scripts/host-bench.sh, not yet run on one).
 //!
 //! The reader that took the file from the walk (its origin) reads the first segments alone
 //! while the file is read early (before its decision) and then hands out the rest: it puts
@@ -23,7 +24,8 @@ use ferry_proto::{ChecksumAlgo, Decision, ErrorCode};
 
 use super::cut::covered;
 use super::reading::{
-    early_decision, next_len, open_checked, queue_block, read_block, BlockRead, Streamed, Unpassed,
+    changed, early_decision, next_len, open_checked, queue_block, read_block, read_failed,
+    BlockRead, Streamed, Unpassed,
 };
 use super::state::{FileRecord, SenderState};
 use crate::digest::{block_digest, Blake3Tree, RangeHasher};
@@ -138,10 +140,7 @@ impl Segments {
     }
 
     fn changed(&self) -> String {
-        format!(
-            "{} changed while being sent; not stored; run again to send it",
-            self.record.meta.path
-        )
+        changed(&self.record.meta.path)
     }
 
     /// Reads segment `i` in order: hashes all of it, queues the blocks the receiver does not
@@ -187,12 +186,7 @@ impl Segments {
             let data = match read_block(file, offset, len) {
                 Ok(d) => d,
                 Err(e) => {
-                    let now = rustix::fs::fstat(file).map(|st| Meta::from_stat(&st)).ok();
-                    let msg = if now != Some(self.before) {
-                        self.changed()
-                    } else {
-                        format!("reading {}: {e}", meta.path)
-                    };
+                    let msg = read_failed(file, self.before, &meta.path, &e);
                     return Err(self.fail(shared, msg));
                 }
             };
@@ -345,7 +339,7 @@ pub(super) fn read_split(
 ) -> Streamed {
     let segs = Arc::new(Segments::new(record.clone(), before, seg, unpassed));
     *segs.have.lock().unwrap_or_else(|e| e.into_inner()) = place.have.clone();
-    let publish = {
+    let mut publish = {
         let segs = segs.clone();
         move |shared: &SenderState| {
             let others = shared.config.readers.active().saturating_sub(1);
@@ -357,7 +351,6 @@ pub(super) fn read_split(
             }
         }
     };
-    let mut publish = publish;
     if !place.early {
         publish(shared);
     }
