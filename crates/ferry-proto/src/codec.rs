@@ -15,6 +15,8 @@ use std::ops::Range;
 
 use bytes::{BufMut, Bytes, BytesMut};
 
+mod copy;
+
 use crate::error::DecodeError;
 use crate::frame::{
     Block, Capabilities, ChecksumAlgo, CompleteSummary, Decision, EntryKind, ErrorCode,
@@ -103,6 +105,11 @@ impl Frame {
             Frame::ProbeRequest { .. } => FrameType::PROBE_REQUEST,
             Frame::ProbeResult { .. } => FrameType::PROBE_RESULT,
             Frame::ProbeData { .. } => FrameType::PROBE_DATA,
+            Frame::GrantRequest { .. } => FrameType::GRANT_REQUEST,
+            Frame::Granted { .. } => FrameType::GRANTED,
+            Frame::CopyRequest(_) => FrameType::COPY_REQUEST,
+            Frame::CopyProgress(_) => FrameType::COPY_PROGRESS,
+            Frame::CopyDone { .. } => FrameType::COPY_DONE,
         }
     }
 
@@ -189,6 +196,13 @@ impl Frame {
                     data: r.bytes(usize::try_from(len).unwrap_or(usize::MAX), "data")?,
                 }
             }
+            FrameType::GRANT_REQUEST => Frame::GrantRequest {
+                dest: r.str("dest", MAX_PATH)?,
+            },
+            FrameType::GRANTED => copy::decode_granted(&mut r)?,
+            FrameType::COPY_REQUEST => copy::decode_copy_request(&mut r)?,
+            FrameType::COPY_PROGRESS => copy::decode_copy_progress(&mut r)?,
+            FrameType::COPY_DONE => copy::decode_copy_done(&mut r)?,
             _ => return Err(DecodeError::UnknownFrameType(ty.0)),
         };
         r.finish(ty)?;
@@ -284,6 +298,11 @@ impl Frame {
             | Frame::ProbeRequest { .. }
             | Frame::ProbeResult { .. }
             | Frame::ProbeData { .. } => self.encode_setup_payload(out),
+            Frame::GrantRequest { dest } => put_str(out, dest),
+            Frame::Granted { grant, ttl_ms } => copy::put_granted(out, grant, *ttl_ms),
+            Frame::CopyRequest(c) => copy::put_copy_request(out, c),
+            Frame::CopyProgress(p) => copy::put_copy_progress(out, p),
+            Frame::CopyDone { summary, report } => copy::put_copy_done(out, summary, report),
         }
     }
 
@@ -365,7 +384,12 @@ impl Frame {
             | Frame::Tuned(_)
             | Frame::Offer { .. }
             | Frame::EntryFailed { .. }
-            | Frame::Decisions { .. } => {}
+            | Frame::Decisions { .. }
+            | Frame::GrantRequest { .. }
+            | Frame::Granted { .. }
+            | Frame::CopyRequest(_)
+            | Frame::CopyProgress(_)
+            | Frame::CopyDone { .. } => {}
         }
     }
 }

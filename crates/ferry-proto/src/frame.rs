@@ -64,6 +64,13 @@ pub const MAX_TUNE_STEPS: usize = 64;
 /// plus its drain, needs about 350).
 pub const MAX_PROBE_INTERVALS: usize = 1024;
 
+/// Longest server address (`host:port`) a `CopyRequest` may name.
+pub const MAX_ADDR: usize = 1024;
+
+/// Longest transfer report (JSON) a `CopyDone` may carry; a source server leaves out what
+/// does not fit (the per-file manifest first).
+pub const MAX_REPORT: usize = 512 << 10;
+
 /// Frame type byte. Values are part of the protocol and never reused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct FrameType(pub u8);
@@ -93,6 +100,11 @@ impl FrameType {
     pub const PROBE_REQUEST: Self = Self(0x16);
     pub const PROBE_RESULT: Self = Self(0x17);
     pub const PROBE_DATA: Self = Self(0x23);
+    pub const GRANT_REQUEST: Self = Self(0x18);
+    pub const GRANTED: Self = Self(0x19);
+    pub const COPY_REQUEST: Self = Self(0x1A);
+    pub const COPY_PROGRESS: Self = Self(0x39);
+    pub const COPY_DONE: Self = Self(0x3A);
 
     /// The largest payload a frame of this type may declare, or `None` for an unknown type.
     /// Checked on the header alone, before any payload is read or allocated.
@@ -121,7 +133,12 @@ impl FrameType {
             | Self::TUNED
             | Self::PROBE_REQUEST
             | Self::PROBE_RESULT
-            | Self::PROBE_DATA => Some(MAX_CONTROL_PAYLOAD),
+            | Self::PROBE_DATA
+            | Self::GRANT_REQUEST
+            | Self::GRANTED
+            | Self::COPY_REQUEST
+            | Self::COPY_PROGRESS
+            | Self::COPY_DONE => Some(MAX_CONTROL_PAYLOAD),
             _ => None,
         }
     }
@@ -153,6 +170,11 @@ impl FrameType {
             Self::PROBE_REQUEST => "probe_request",
             Self::PROBE_RESULT => "probe_result",
             Self::PROBE_DATA => "probe_data",
+            Self::GRANT_REQUEST => "grant_request",
+            Self::GRANTED => "granted",
+            Self::COPY_REQUEST => "copy_request",
+            Self::COPY_PROGRESS => "copy_progress",
+            Self::COPY_DONE => "copy_done",
             _ => "unknown",
         }
     }
@@ -188,6 +210,10 @@ impl Capabilities {
     /// the start and then parks it, and never counts it among the streams it tunes (the
     /// client opens them only for a path it has measured as long and fast; docs/DESIGN.md).
     pub const RAMP_HELPERS: u64 = 1 << 2;
+    /// The server takes part in third-party copies (`serve --third-party`): it mints grants
+    /// for puts into it and copies to another server when a client asks. Set in its
+    /// `Welcome` only; a client never needs to offer it.
+    pub const THIRD_PARTY: u64 = 1 << 3;
 
     /// Everything this build supports.
     pub const fn ours() -> Self {
@@ -592,6 +618,57 @@ pub enum Frame {
     ProbeData {
         data: Bytes,
     },
+    /// Client to the destination of a third-party copy (control): mint a grant that lets
+    /// another server put into `dest`, within this token's write scope, for one transfer.
+    GrantRequest {
+        dest: String,
+    },
+    /// The destination's answer: the grant, a bearer credential the source presents as its
+    /// token, good for `ttl_ms` before its first use (and between retries).
+    Granted {
+        grant: String,
+        ttl_ms: u32,
+    },
+    /// Client to the source of a third-party copy (control): put `src` into `dest` on the
+    /// server at `peer`, pinned by `fingerprint`, logging in with `grant`.
+    CopyRequest(Box<CopyRequest>),
+    /// Source to client (control), while a copy runs: what the walk found and what is sent.
+    CopyProgress(CopyProgress),
+    /// Source to client (control): the copy ended; the destination's `Complete` as the source
+    /// received it, and the source's transfer report as JSON.
+    CopyDone {
+        summary: CompleteSummary,
+        report: String,
+    },
+}
+
+/// What a client asks a source server to copy, and to where (`Frame::CopyRequest`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CopyRequest {
+    /// Path on the source server, under the client's read scope there.
+    pub src: String,
+    /// Path on the destination server, exactly the one the grant was minted for.
+    pub dest: String,
+    /// The destination's `host:port` as the source reaches it.
+    pub peer: String,
+    /// SHA-256 of the destination's certificate: the key the client trusts it by.
+    pub fingerprint: [u8; 32],
+    /// The grant the destination minted (`Granted.grant`).
+    pub grant: String,
+    pub opts: TransferOpts,
+}
+
+/// Progress of a third-party copy as its source sees it (`Frame::CopyProgress`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CopyProgress {
+    /// Files and bytes the walk has found so far.
+    pub found_files: u64,
+    pub found_bytes: u64,
+    /// The walk is over: the found totals are final.
+    pub walk_done: bool,
+    /// Files read completely and payload bytes handed to the data connections.
+    pub files: u64,
+    pub bytes: u64,
 }
 
 /// Error code carried on the wire in `Error` and `FileFailed`.

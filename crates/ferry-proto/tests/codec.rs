@@ -366,6 +366,50 @@ fn frame() -> impl Strategy<Value = Frame> {
                 data: Bytes::from(d)
             })
             .boxed(),
+        text().prop_map(|dest| Frame::GrantRequest { dest }).boxed(),
+        (text(), any::<u32>())
+            .prop_map(|(grant, ttl_ms)| Frame::Granted { grant, ttl_ms })
+            .boxed(),
+        (text(), text(), text(), any::<[u8; 32]>(), text(), opts())
+            .prop_map(|(src, dest, peer, fingerprint, grant, opts)| {
+                Frame::CopyRequest(Box::new(CopyRequest {
+                    src,
+                    dest,
+                    peer,
+                    fingerprint,
+                    grant,
+                    opts,
+                }))
+            })
+            .boxed(),
+        (any::<[u64; 4]>(), any::<bool>())
+            .prop_map(|([found_files, found_bytes, files, bytes], walk_done)| {
+                Frame::CopyProgress(CopyProgress {
+                    found_files,
+                    found_bytes,
+                    walk_done,
+                    files,
+                    bytes,
+                })
+            })
+            .boxed(),
+        (any::<[u64; 5]>(), load(), "[ -~]{0,300}")
+            .prop_map(
+                |([files, bytes, skipped, failed, bad_blocks], receiver, report)| {
+                    Frame::CopyDone {
+                        summary: CompleteSummary {
+                            files,
+                            bytes,
+                            skipped,
+                            failed,
+                            bad_blocks,
+                            receiver,
+                        },
+                        report,
+                    }
+                }
+            )
+            .boxed(),
     ]
 }
 
@@ -680,14 +724,48 @@ fn sample_frames() -> Vec<Frame> {
         Frame::ProbeData {
             data: Bytes::from_static(&[0; 16]),
         },
+        Frame::GrantRequest {
+            dest: "/incoming/run42/".into(),
+        },
+        Frame::Granted {
+            grant: "ferry-grant:0123456789abcdef0123456789abcdef.00".into(),
+            ttl_ms: 60_000,
+        },
+        Frame::CopyRequest(Box::new(sample_copy_request())),
+        Frame::CopyProgress(CopyProgress {
+            found_files: 10,
+            found_bytes: 1 << 30,
+            walk_done: true,
+            files: 3,
+            bytes: 1 << 20,
+        }),
+        Frame::CopyDone {
+            summary: CompleteSummary {
+                files: 2,
+                bytes: 4096,
+                ..CompleteSummary::default()
+            },
+            report: "{\"direction\":\"put\"}".into(),
+        },
     ]
+}
+
+fn sample_copy_request() -> CopyRequest {
+    CopyRequest {
+        src: "/data/run42".into(),
+        dest: "/incoming/".into(),
+        peer: "dtn2:7070".into(),
+        fingerprint: [0x5a; 32],
+        grant: "g".into(),
+        opts: sample_opts(),
+    }
 }
 
 #[test]
 fn samples_cover_every_frame_type() {
     let mut types: Vec<u8> = sample_frames().iter().map(|f| f.frame_type().0).collect();
     types.dedup();
-    assert_eq!(types.len(), 24);
+    assert_eq!(types.len(), 29);
     for ty in 0..=u8::MAX {
         assert_eq!(
             FrameType(ty).max_payload().is_some(),
@@ -1383,4 +1461,83 @@ fn probe_frames_are_range_checked() {
         Frame::decode(FrameType::PROBE_DATA, p.into()),
         Err(DecodeError::Truncated { field: "data" })
     );
+}
+
+#[test]
+fn pinned_copy_progress() {
+    let frame = Frame::CopyProgress(CopyProgress {
+        found_files: 1,
+        found_bytes: 2,
+        walk_done: true,
+        files: 3,
+        bytes: 4,
+    });
+    assert_eq!(
+        &encode(&frame)[..],
+        &[
+            0x39, 0, 0, 0, 33, // header
+            0, 0, 0, 0, 0, 0, 0, 1, // found_files
+            0, 0, 0, 0, 0, 0, 0, 2, // found_bytes
+            1, // walk_done
+            0, 0, 0, 0, 0, 0, 0, 3, // files
+            0, 0, 0, 0, 0, 0, 0, 4, // bytes
+        ]
+    );
+}
+
+#[test]
+fn pinned_granted() {
+    let frame = Frame::Granted {
+        grant: "ab".into(),
+        ttl_ms: 1000,
+    };
+    assert_eq!(
+        &encode(&frame)[..],
+        &[0x19, 0, 0, 0, 8, 0, 2, b'a', b'b', 0, 0, 0x03, 0xe8]
+    );
+}
+
+#[test]
+fn copy_frames_are_range_checked() {
+    // walk_done is a boolean byte.
+    let mut p = payload_of(&Frame::CopyProgress(CopyProgress::default())).to_vec();
+    p[16] = 2;
+    assert!(matches!(
+        Frame::decode(FrameType::COPY_PROGRESS, Bytes::from(p)),
+        Err(DecodeError::InvalidValue {
+            field: "walk_done",
+            ..
+        })
+    ));
+    // A peer address longer than MAX_ADDR is refused before it is read.
+    let mut long = sample_copy_request();
+    long.peer = "p".repeat(MAX_ADDR + 1);
+    assert!(matches!(
+        decode(encode(&Frame::CopyRequest(Box::new(long)))),
+        Err(DecodeError::TooLong { field: "peer", .. })
+    ));
+    // A grant is a token: at most MAX_TOKEN bytes.
+    let long = Frame::Granted {
+        grant: "g".repeat(MAX_TOKEN + 1),
+        ttl_ms: 0,
+    };
+    assert!(matches!(
+        decode(encode(&long)),
+        Err(DecodeError::TooLong { field: "grant", .. })
+    ));
+    // A report's u32 length is checked against MAX_REPORT before anything is copied.
+    let mut p = payload_of(&Frame::CopyDone {
+        summary: CompleteSummary::default(),
+        report: String::new(),
+    })
+    .to_vec();
+    let at = p.len() - 4;
+    p[at..].copy_from_slice(&u32::try_from(MAX_REPORT + 1).unwrap().to_be_bytes());
+    assert!(matches!(
+        Frame::decode(FrameType::COPY_DONE, Bytes::from(p)),
+        Err(DecodeError::TooLong {
+            field: "report",
+            ..
+        })
+    ));
 }

@@ -1,0 +1,96 @@
+//! The frames of a third-party copy: the grant a destination mints, the request a source
+//! takes, and what the source reports back to the client.
+
+use bytes::{BufMut, BytesMut};
+
+use super::{decode_complete, decode_opts, invalid, put_complete, put_opts, put_str, Reader};
+use crate::error::DecodeError;
+use crate::frame::{
+    CompleteSummary, CopyProgress, CopyRequest, Frame, MAX_ADDR, MAX_PATH, MAX_REPORT, MAX_TOKEN,
+};
+
+pub(super) fn put_copy_request(out: &mut BytesMut, c: &CopyRequest) {
+    put_str(out, &c.src);
+    put_str(out, &c.dest);
+    put_str(out, &c.peer);
+    out.put_slice(&c.fingerprint);
+    put_str(out, &c.grant);
+    put_opts(out, &c.opts);
+}
+
+pub(super) fn decode_copy_request(r: &mut Reader<'_>) -> Result<Frame, DecodeError> {
+    Ok(Frame::CopyRequest(Box::new(CopyRequest {
+        src: r.str("src", MAX_PATH)?,
+        dest: r.str("dest", MAX_PATH)?,
+        peer: r.str("peer", MAX_ADDR)?,
+        fingerprint: r.array("fingerprint")?,
+        grant: r.str("grant", MAX_TOKEN)?,
+        opts: decode_opts(r)?,
+    })))
+}
+
+pub(super) fn put_copy_progress(out: &mut BytesMut, p: &CopyProgress) {
+    out.put_u64(p.found_files);
+    out.put_u64(p.found_bytes);
+    out.put_u8(u8::from(p.walk_done));
+    out.put_u64(p.files);
+    out.put_u64(p.bytes);
+}
+
+pub(super) fn decode_copy_progress(r: &mut Reader<'_>) -> Result<Frame, DecodeError> {
+    let found_files = r.u64("found_files")?;
+    let found_bytes = r.u64("found_bytes")?;
+    let walk_done = match r.u8("walk_done")? {
+        0 => false,
+        1 => true,
+        other => return Err(invalid("walk_done", other)),
+    };
+    Ok(Frame::CopyProgress(CopyProgress {
+        found_files,
+        found_bytes,
+        walk_done,
+        files: r.u64("files")?,
+        bytes: r.u64("bytes")?,
+    }))
+}
+
+pub(super) fn put_copy_done(out: &mut BytesMut, summary: &CompleteSummary, report: &str) {
+    put_complete(out, summary);
+    put_long_str(out, report);
+}
+
+pub(super) fn decode_copy_done(r: &mut Reader<'_>) -> Result<Frame, DecodeError> {
+    let summary = decode_complete(r)?;
+    let len = r.u32("report_len")?;
+    let len = usize::try_from(len).unwrap_or(usize::MAX);
+    if len > MAX_REPORT {
+        return Err(DecodeError::TooLong {
+            field: "report",
+            len,
+            max: MAX_REPORT,
+        });
+    }
+    let bytes = r.take(len, "report")?;
+    let report = std::str::from_utf8(bytes)
+        .map_err(|_| DecodeError::InvalidUtf8 { field: "report" })?
+        .to_owned();
+    Ok(Frame::CopyDone { summary, report })
+}
+
+/// A string with a `u32` length: a report may be longer than a `str`'s 64 KiB.
+fn put_long_str(out: &mut BytesMut, s: &str) {
+    out.put_u32(super::wire_len(s.len(), "report"));
+    out.put_slice(s.as_bytes());
+}
+
+pub(super) fn put_granted(out: &mut BytesMut, grant: &str, ttl_ms: u32) {
+    put_str(out, grant);
+    out.put_u32(ttl_ms);
+}
+
+pub(super) fn decode_granted(r: &mut Reader<'_>) -> Result<Frame, DecodeError> {
+    Ok(Frame::Granted {
+        grant: r.str("grant", MAX_TOKEN)?,
+        ttl_ms: r.u32("ttl_ms")?,
+    })
+}
