@@ -347,7 +347,7 @@ pub(crate) struct Connected {
     pub(crate) control: Stream,
     /// The TLS setup data connections use, pinned to the certificate the control connection
     /// accepted; `None` for plain TCP.
-    tls: Option<Arc<ClientTls>>,
+    pub(crate) tls: Option<Arc<ClientTls>>,
     addr: SocketAddr,
     session: SessionId,
     secret: [u8; 32],
@@ -1081,17 +1081,37 @@ pub async fn put(
     dest: &str,
     reporter: Arc<dyn Reporter>,
 ) -> Result<TransferReport, SessionError> {
+    put_sources(
+        cfg,
+        || sources.iter().map(|p| local_source(p)).collect(),
+        dest,
+        reporter,
+    )
+    .await
+}
+
+/// A put of what `sources` opens (afresh for each attempt): local paths for the CLI, a
+/// server's confined scope for the source of a third-party copy.
+pub async fn put_sources<F>(
+    cfg: &ClientConfig,
+    sources: F,
+    dest: &str,
+    reporter: Arc<dyn Reporter>,
+) -> Result<TransferReport, SessionError>
+where
+    F: Fn() -> Result<Vec<Source>, SessionError>,
+{
     // Digests survive attempts: a retry proves complete files identical without reading them.
     let cache: Arc<DigestCache> = Arc::default();
-    with_retries(cfg, &reporter, || {
-        put_once(cfg, sources, dest, reporter.clone(), cache.clone())
+    with_retries(cfg, &reporter, || async {
+        put_once(cfg, sources()?, dest, reporter.clone(), cache.clone()).await
     })
     .await
 }
 
 async fn put_once(
     cfg: &ClientConfig,
-    sources: &[PathBuf],
+    srcs: Vec<Source>,
     dest: &str,
     reporter: Arc<dyn Reporter>,
     digest_cache: Arc<DigestCache>,
@@ -1099,10 +1119,6 @@ async fn put_once(
     if cfg.drain_at_end {
         // An earlier attempt may have drained the pool before it failed.
         ferry_core::buf::undrain();
-    }
-    let mut srcs = Vec::with_capacity(sources.len());
-    for p in sources {
-        srcs.push(local_source(p)?);
     }
     let t0 = Instant::now();
     let request = Frame::PutRequest {

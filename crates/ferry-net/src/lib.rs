@@ -4,6 +4,7 @@
 
 mod autotune;
 pub mod client;
+pub mod copy;
 mod engine;
 pub mod error;
 pub mod server;
@@ -23,6 +24,7 @@ pub use autotune::{
     DEFAULT_STORAGE_THREADS, DEFAULT_STREAMS, MAX_RAMP_HELPERS,
 };
 pub use client::{ClientConfig, Pool, Security, StartFrom, TransferReport, Tuning};
+pub use copy::{CopyConfig, CopyReport};
 pub use engine::StreamReport;
 pub use error::SessionError;
 pub use ferry_session::Timeline;

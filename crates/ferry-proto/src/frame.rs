@@ -210,10 +210,6 @@ impl Capabilities {
     /// the start and then parks it, and never counts it among the streams it tunes (the
     /// client opens them only for a path it has measured as long and fast; docs/DESIGN.md).
     pub const RAMP_HELPERS: u64 = 1 << 2;
-    /// The server takes part in third-party copies (`serve --third-party`): it mints grants
-    /// for puts into it and copies to another server when a client asks. Set in its
-    /// `Welcome` only; a client never needs to offer it.
-    pub const THIRD_PARTY: u64 = 1 << 3;
 
     /// Everything this build supports.
     pub const fn ours() -> Self {

@@ -242,6 +242,15 @@ impl Sender {
     }
 }
 
+/// A sender dropped without [`Sender::close`] (its session's future was dropped: a
+/// third-party copy whose client left) still stops its threads instead of leaving readers
+/// waiting for decisions that never come.
+impl Drop for Sender {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
 /// Starts the reader pool: `readers.max()` threads, of which the gate lets the first
 /// `readers.active()` take files; the rest are parked until a tuner raises it or the session
 /// ends.

@@ -60,6 +60,13 @@ pub struct ServerConfig {
     pub partial_scan_interval: Duration,
     /// Which permission bits a put stores (setuid, setgid and world-write cleared by default).
     pub modes: Modes,
+    /// Take part in third-party copies (`serve --third-party`): mint grants that let another
+    /// server put here, and copy to another server when a client asks. Off by default: a
+    /// source dials out wherever its clients say.
+    pub third_party: bool,
+    /// How long a grant stays usable before its first use, and between a failed session and
+    /// the source's retry.
+    pub grant_ttl: Duration,
 }
 
 impl ServerConfig {
@@ -91,6 +98,8 @@ impl ServerConfig {
             partial_max_age: Duration::from_secs(24 * 3600),
             partial_scan_interval: Duration::from_secs(3600),
             modes: Modes::default(),
+            third_party: false,
+            grant_ttl: Duration::from_secs(60),
         }
     }
 

@@ -5,11 +5,15 @@
 //! to `session` (TLS, `Hello`, login, then the transfer), which takes its request from
 //! `request` (scopes, limits; a network probe in `measure`). Data connections find their
 //! session in `registry`. `admission` bounds who gets in, `access` says what a token may
-//! touch, `state` is what all connections share.
+//! touch, `state` is what all connections share. Third-party copies: `grants` (the
+//! destination's side) and `copy` (the source's, which runs the client's put to the other
+//! server).
 
 pub mod access;
 mod admission;
 mod config;
+mod copy;
+mod grants;
 mod listener;
 mod measure;
 mod registry;

@@ -14,10 +14,10 @@ use ferry_proto::{
 use tokio::sync::OwnedSemaphorePermit as Permit;
 
 use super::access::{self, Grant};
-use super::measure;
 use super::registry::{announce, gather, Named, Unregister};
 use super::state::ServerState;
 use super::wire::welcome;
+use super::{copy, measure};
 use crate::engine::{frame_queue, Joins, StreamPlan};
 use crate::error::SessionError;
 use crate::transport::conn::{expect_frame, send};
@@ -94,6 +94,27 @@ pub(super) async fn prepare<'a>(
             measure::serve(shared, stream, grant, named, probe).await?;
             Ok(Work::Done)
         }
+        Frame::GrantRequest { dest } => {
+            copy::allowed(shared)?;
+            let rel = resolve(shared, &dest)?;
+            let scope = grant
+                .third_party(&rel)
+                .ok_or_else(|| denied(grant, "write to", &dest))?;
+            copy::mint(shared, stream, scope).await?;
+            Ok(Work::Done)
+        }
+        Frame::CopyRequest(request) => {
+            copy::allowed(shared)?;
+            let src = request.src.clone();
+            // Checked now, so that a path out of scope is refused before anything is dialled;
+            // opened again for each attempt.
+            source_of(shared, grant, &src)?;
+            let sources = || source_of(shared, grant, &src).map(|s| vec![s]);
+            let mut request = *request;
+            request.opts = clamp(shared, request.opts);
+            copy::copy(shared, stream, request, sources).await?;
+            Ok(Work::Done)
+        }
         other => Err(SessionError::Protocol(format!(
             "unexpected {:?} as a request",
             other.frame_type()
@@ -166,27 +187,7 @@ async fn prepare_get<'a>(
     src: &str,
     opts: TransferOpts,
 ) -> Result<Work<'a>, SessionError> {
-    let rel = resolve(shared, src)?;
-    let Some(prefix) = grant.read_scope(&rel) else {
-        return Err(denied(grant, "read", src));
-    };
-    let inner = access::inside(&rel, prefix).to_owned();
-    let scope = shared
-        .root
-        .scope(prefix, false)
-        .and_then(|scope| scope.lstat(&inner).map(|_| scope))
-        .map_err(|e| as_requested(e.into(), src))?;
-    let name = path::split_parent(&rel).1;
-    let name = if name.is_empty() {
-        "root".to_owned()
-    } else {
-        name.to_owned()
-    };
-    let source = Source {
-        root: scope,
-        rel: inner,
-        name,
-    };
+    let source = source_of(shared, grant, src)?;
     let opts = clamp(shared, opts);
     // The walk starts now and its offers go out while the data connections join: a
     // client that answers them meanwhile has its decisions here when they have.
@@ -230,6 +231,32 @@ async fn prepare_get<'a>(
         data,
         permits,
         pending,
+    })
+}
+
+/// What a get (or a third-party copy from here) reads: `src` under the token's read scope,
+/// confined beneath the prefix that grants it.
+fn source_of(shared: &ServerState, grant: &Grant, src: &str) -> Result<Source, SessionError> {
+    let rel = resolve(shared, src)?;
+    let Some(prefix) = grant.read_scope(&rel) else {
+        return Err(denied(grant, "read", src));
+    };
+    let inner = access::inside(&rel, prefix).to_owned();
+    let scope = shared
+        .root
+        .scope(prefix, false)
+        .and_then(|scope| scope.lstat(&inner).map(|_| scope))
+        .map_err(|e| as_requested(e.into(), src))?;
+    let name = path::split_parent(&rel).1;
+    let name = if name.is_empty() {
+        "root".to_owned()
+    } else {
+        name.to_owned()
+    };
+    Ok(Source {
+        root: scope,
+        rel: inner,
+        name,
     })
 }
 
@@ -280,7 +307,7 @@ fn ramp_helpers_asked(caps: Capabilities, opts: &TransferOpts) -> u16 {
 }
 
 /// Lowers what a client asked for to what this server allows, keeping memory bounded.
-fn clamp(shared: &ServerState, mut opts: TransferOpts) -> TransferOpts {
+pub(super) fn clamp(shared: &ServerState, mut opts: TransferOpts) -> TransferOpts {
     let config = &shared.config;
     opts.streams = opts.streams.clamp(1, config.max_streams.max(1));
     if opts.is_auto() {

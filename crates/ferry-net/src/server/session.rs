@@ -15,6 +15,7 @@ use tracing::{info, warn};
 
 use super::access::Grant;
 use super::admission::{TokenSession, Unproven};
+use super::grants::{self, Lease};
 use super::registry::{find_session, Found, Opening};
 use super::request::{prepare, Work};
 use super::state::{ActiveSession, ServerState};
@@ -60,10 +61,11 @@ pub(super) async fn handle(
         } => {
             // Its data connections may be waiting already: they wait while this one lives.
             let _opening = Opening::enter(&shared.registry, session);
-            let grant = log_in(&shared, &mut stream, peer, &token).await?;
+            let (grant, lease) = log_in(&shared, &mut stream, peer, &token).await?;
             drop(unproven);
             let _running = enter_token_session(&shared, &mut stream, peer, &grant).await?;
-            control_session(&shared, stream, grant, session, secret, caps).await
+            let login = Login { grant, lease };
+            control_session(&shared, stream, login, session, secret, caps).await
         }
         Role::Data {
             session,
@@ -139,13 +141,19 @@ async fn read_hello(stream: &mut Stream) -> Result<(Role, Capabilities), Session
     Ok((hello.role, caps))
 }
 
+/// Who logged in: a token's scopes, or a third-party grant's with its lease.
+struct Login {
+    grant: Grant,
+    lease: Option<Lease>,
+}
+
 /// Logs a control connection in, or tells the client why not and closes.
 async fn log_in(
     shared: &ServerState,
     stream: &mut Stream,
     peer: SocketAddr,
     token: &str,
-) -> Result<Grant, SessionError> {
+) -> Result<(Grant, Option<Lease>), SessionError> {
     match login(shared, peer, token).await {
         Ok(g) => Ok(g),
         Err(frame) => {
@@ -250,8 +258,13 @@ async fn data_connection(
     )))
 }
 
-/// Checks a token, slowing down addresses that keep failing. The error is the frame to send.
-async fn login(shared: &ServerState, peer: SocketAddr, token: &str) -> Result<Grant, Frame> {
+/// Checks a token (or a third-party grant), slowing down addresses that keep failing. The
+/// error is the frame to send.
+async fn login(
+    shared: &ServerState,
+    peer: SocketAddr,
+    token: &str,
+) -> Result<(Grant, Option<Lease>), Frame> {
     let ip = peer.ip();
     let braked = shared
         .brake
@@ -278,11 +291,32 @@ async fn login(shared: &ServerState, peer: SocketAddr, token: &str) -> Result<Gr
             });
         }
     };
-    match list.authenticate(token) {
-        Some(g) => {
+    let is_grant = token.starts_with(grants::PREFIX);
+    let found = if is_grant {
+        shared.grants.redeem(token).map(|(g, l)| (g, Some(l)))
+    } else {
+        list.authenticate(token).map(|g| (g, None))
+    };
+    match found {
+        Some((g, lease)) => {
             // Failures stay counted: a success with one token must not buy guesses at others.
-            info!(%peer, token = %g.name, "login");
-            Ok(g)
+            info!(%peer, token = %g.name, grant = is_grant, "login");
+            Ok((g, lease))
+        }
+        None if is_grant => {
+            warn!(%peer, "grant refused");
+            shared
+                .brake
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .failed(ip, Instant::now());
+            tokio::time::sleep(shared.config.auth_failure_delay).await;
+            Err(Frame::Error {
+                code: ErrorCode::AUTH,
+                message: "third-party grant refused: unknown, revoked, expired, spent, or in \
+                          use by another session"
+                    .into(),
+            })
         }
         None => {
             warn!(%peer, "wrong token");
@@ -304,12 +338,13 @@ async fn login(shared: &ServerState, peer: SocketAddr, token: &str) -> Result<Gr
 async fn control_session(
     shared: &ServerState,
     mut stream: Stream,
-    grant: Grant,
+    login: Login,
     session: SessionId,
     secret: [u8; 32],
     caps: Capabilities,
 ) -> Result<(), SessionError> {
     let _active = ActiveSession::enter(shared);
+    let Login { grant, lease } = login;
     // Errors before the transfer starts are reported here; the engines report their own.
     let work = match prepare(shared, &mut stream, &grant, session, secret, caps).await {
         Ok(w) => w,
@@ -356,6 +391,9 @@ async fn control_session(
             drop(pending);
             let summary = outcome?.summary;
             info!(files = summary.files, bytes = summary.bytes, "put complete");
+            if let Some(lease) = lease {
+                lease.complete(summary);
+            }
             Ok(())
         }
         Work::Get {

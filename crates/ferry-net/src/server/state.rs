@@ -11,6 +11,7 @@ use tokio_rustls::TlsAcceptor;
 
 use super::admission::{LoginBrake, PerAddress, PerToken};
 use super::config::ServerConfig;
+use super::grants::Grants;
 use super::registry::Registry;
 
 pub(super) struct ServerState {
@@ -27,6 +28,11 @@ pub(super) struct ServerState {
     pub(super) unproven: Arc<PerAddress>,
     /// Sessions running now, per token name.
     pub(super) per_token: PerToken,
+    /// Third-party grants minted and not revoked.
+    pub(super) grants: Grants,
+    /// Stream counts the tuner held at the end of third-party copies, per destination, so
+    /// that the next copy there starts from them: (streams, whether the search had ended).
+    pub(super) paths: Mutex<std::collections::HashMap<String, (u16, bool)>>,
     /// Sessions running now; when the last ends, idle buffers go back to the system.
     active: AtomicUsize,
 }
@@ -41,6 +47,8 @@ impl ServerState {
         Self {
             registry: Registry::new(config.handshake_timeout, config.unknown_session_grace),
             per_token: PerToken::new(config.max_sessions_per_token),
+            grants: Grants::new(config.grant_ttl),
+            paths: Mutex::default(),
             config,
             root,
             tls,

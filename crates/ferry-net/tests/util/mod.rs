@@ -90,6 +90,14 @@ impl TestServer {
         c
     }
 
+    /// Ends the server at once, as a kill -9 of its process would: every task it runs is
+    /// dropped where it stands, no session ends cleanly.
+    pub fn kill(mut self) {
+        if let Some(t) = self.task.take() {
+            t.abort();
+        }
+    }
+
     pub async fn stop(mut self) {
         if let Some(tx) = self.stop.take() {
             let _ = tx.send(());

@@ -58,6 +58,8 @@ pub struct Grant {
     pub name: String,
     read: Vec<String>,
     write: Vec<String>,
+    /// A third-party grant's one destination: the only path a put may name.
+    dest: Option<String>,
 }
 
 impl Grant {
@@ -67,7 +69,27 @@ impl Grant {
             name: name.into(),
             read: vec![String::new()],
             write: vec![String::new()],
+            dest: None,
         }
+    }
+
+    /// What a third-party grant minted by this token for `dest` allows: a put into exactly
+    /// `dest` (normalised, covered by one of this token's write prefixes), confined beneath
+    /// that prefix as the token's own put would be; no reads, no listings, no probes. It
+    /// keeps the token's name, so its session counts against the token's cap.
+    pub fn third_party(&self, dest: &str) -> Option<Self> {
+        let prefix = self.write_scope(dest)?;
+        Some(Self {
+            name: self.name.clone(),
+            read: Vec::new(),
+            write: vec![prefix.to_owned()],
+            dest: Some(dest.to_owned()),
+        })
+    }
+
+    /// The one destination of a third-party grant.
+    pub fn pinned_dest(&self) -> Option<&str> {
+        self.dest.as_deref()
     }
 
     pub(super) fn from_entry(e: &TokenEntry) -> Result<Self, AccessError> {
@@ -88,6 +110,7 @@ impl Grant {
             } else {
                 norm(&e.write)?
             },
+            dest: None,
         })
     }
 
@@ -102,7 +125,7 @@ impl Grant {
     }
 
     pub fn may_write(&self, rel: &str) -> bool {
-        self.write.iter().any(|p| under(rel, p))
+        self.write_scope(rel).is_some()
     }
 
     /// The read prefix that covers `rel` (the widest, when several do): the directory its
@@ -113,6 +136,9 @@ impl Grant {
 
     /// The write prefix that covers `rel` (the widest, when several do).
     pub fn write_scope(&self, rel: &str) -> Option<&str> {
+        if self.dest.as_deref().is_some_and(|d| d != rel) {
+            return None;
+        }
         widest(&self.write, rel)
     }
 }

@@ -1,0 +1,321 @@
+//! The client of a third-party copy: server A puts into server B while this client only
+//! holds a control session to each. B mints a grant for this one transfer; A presents it,
+//! pinning B by the key this client trusts B by; the data flows from A to B directly.
+//! docs/PROTOCOL.md, "Third-party copies".
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ferry_core::Reporter;
+use ferry_proto::{
+    CompleteSummary, CopyProgress, CopyRequest, ErrorCode, Frame, MAX_CONTROL_PAYLOAD,
+};
+use serde::Serialize;
+
+use crate::client::{connect, retrying, ClientConfig, Connected};
+use crate::conn::{expect_frame, send};
+use crate::error::SessionError;
+use crate::stream::Stream;
+
+/// How long the client waits for the destination's own word once the source says it is done:
+/// the destination tells its minting session right after it sent its `Complete` to the source.
+const CONFIRM_WITHIN: Duration = Duration::from_secs(30);
+
+/// The two servers of a copy, each as this client reaches it (its own token, trust and
+/// timeouts). `source.opts` are the transfer's options (streams, block size, checksum, the
+/// existing-file policy); `source.retry_for` is how long the whole copy is retried.
+#[derive(Clone, Debug)]
+pub struct CopyConfig {
+    pub source: ClientConfig,
+    pub dest: ClientConfig,
+    /// The destination's `host:port` as the source reaches it, when it differs from the one
+    /// this client uses (another network, a data interface); default `dest.server`.
+    pub dest_addr: Option<String>,
+}
+
+/// What a finished copy did, as `--json` prints it.
+#[derive(Clone, Debug, Serialize)]
+pub struct CopyReport {
+    pub direction: &'static str,
+    /// What the destination itself says it stored (its `Complete` to this client).
+    pub files: u64,
+    pub bytes: u64,
+    pub skipped: u64,
+    pub failed: u64,
+    pub bad_blocks: u64,
+    pub seconds: f64,
+    pub mib_per_s: f64,
+    /// Sessions it took: more than 1 when the copy resumed after a failure.
+    pub attempts: u32,
+    pub source: String,
+    pub destination: String,
+    /// The destination's key, as this client pinned it and handed it to the source.
+    pub destination_fingerprint: String,
+    /// The source's report of its put to the destination (streams, tuning, bottleneck), as
+    /// it sent it.
+    pub source_report: serde_json::Value,
+    pub errors: Vec<String>,
+}
+
+impl CopyReport {
+    pub fn is_success(&self) -> bool {
+        self.failed == 0 && self.errors.is_empty()
+    }
+}
+
+/// Copies `src` on the source server into `dest` on the destination, retrying (and resuming:
+/// the destination keeps what is verified) on failures that a retry can fix.
+pub async fn copy(
+    cfg: &CopyConfig,
+    src: &str,
+    dest: &str,
+    reporter: Arc<dyn Reporter>,
+) -> Result<CopyReport, SessionError> {
+    let t0 = Instant::now();
+    let (mut report, attempts) = retrying(cfg.source.retry_for, reporter.as_ref(), || {
+        copy_once(cfg, src, dest, reporter.clone())
+    })
+    .await?;
+    report.attempts = attempts;
+    report.seconds = t0.elapsed().as_secs_f64();
+    report.mib_per_s = report.bytes as f64 / f64::from(1 << 20) / report.seconds.max(1e-9);
+    Ok(report)
+}
+
+async fn copy_once(
+    cfg: &CopyConfig,
+    src: &str,
+    dest: &str,
+    reporter: Arc<dyn Reporter>,
+) -> Result<CopyReport, SessionError> {
+    let t0 = Instant::now();
+    let (granted, grant, fingerprint) = ask_grant(cfg, dest, reporter.as_ref()).await?;
+    let mut source = connect(&cfg.source, reporter.as_ref())
+        .await
+        .map_err(|e| at("source", &cfg.source.server, e))?;
+    let request = CopyRequest {
+        src: src.to_owned(),
+        dest: dest.to_owned(),
+        peer: cfg
+            .dest_addr
+            .clone()
+            .unwrap_or_else(|| cfg.dest.server.clone()),
+        fingerprint: fingerprint.0,
+        grant,
+        opts: cfg.source.opts.clone(),
+    };
+    send(&mut source.control, &Frame::CopyRequest(Box::new(request))).await?;
+    let (done, confirmed) = watch(cfg, source.control, granted.control, reporter.as_ref()).await?;
+    let (summary, json) = done;
+    let source_report: serde_json::Value =
+        serde_json::from_str(&json).unwrap_or(serde_json::Value::Null);
+    let mut errors: Vec<String> = source_report
+        .get("errors")
+        .and_then(|e| e.as_array())
+        .map(|a| {
+            a.iter()
+                .filter_map(|m| m.as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default();
+    if confirmed.files + confirmed.skipped < summary.files + summary.skipped {
+        errors.push(format!(
+            "the source reports {} files stored, the destination {}",
+            summary.files, confirmed.files
+        ));
+    }
+    let seconds = t0.elapsed().as_secs_f64();
+    Ok(CopyReport {
+        direction: "copy",
+        files: confirmed.files,
+        bytes: confirmed.bytes,
+        skipped: confirmed.skipped,
+        failed: confirmed.failed.max(summary.failed),
+        bad_blocks: confirmed.bad_blocks,
+        seconds,
+        mib_per_s: confirmed.bytes as f64 / f64::from(1 << 20) / seconds.max(1e-9),
+        attempts: 1,
+        source: cfg.source.server.clone(),
+        destination: cfg.dest.server.clone(),
+        destination_fingerprint: fingerprint.to_string(),
+        source_report,
+        errors,
+    })
+}
+
+/// Logs in to the destination and asks it for a grant for `dest`. Returns the session that
+/// holds the grant (closing it revokes the grant), the grant, and the destination's key.
+async fn ask_grant(
+    cfg: &CopyConfig,
+    dest: &str,
+    reporter: &dyn Reporter,
+) -> Result<(Connected, String, crate::tls::Fingerprint), SessionError> {
+    let server = &cfg.dest.server;
+    let mut c = connect(&cfg.dest, reporter)
+        .await
+        .map_err(|e| at("destination", server, e))?;
+    let Some(fingerprint) = c.tls.as_ref().and_then(|t| t.pin()) else {
+        return Err(SessionError::Tls(
+            "a third-party copy needs TLS to both servers: the source pins the destination's \
+             key"
+            .into(),
+        ));
+    };
+    let ask = Frame::GrantRequest {
+        dest: dest.to_owned(),
+    };
+    send(&mut c.control, &ask).await?;
+    let reply = tokio::time::timeout(
+        cfg.dest.connect_timeout,
+        expect_frame(&mut c.control, MAX_CONTROL_PAYLOAD, "control"),
+    )
+    .await
+    .map_err(|_| SessionError::Timeout("waiting for the destination's grant"))?;
+    match reply.map_err(|e| at("destination", server, e))? {
+        Frame::Granted { grant, .. } => Ok((c, grant, fingerprint)),
+        other => Err(unexpected("destination", server, other)),
+    }
+}
+
+/// What the source said at the end (the destination's summary as it received it, and its
+/// report) and what the destination said itself.
+type Ended = ((CompleteSummary, String), CompleteSummary);
+
+/// Follows both control sessions to the end of the copy: the source's progress and
+/// `CopyDone`, the destination's `Complete`. Either one's error ends the copy.
+async fn watch(
+    cfg: &CopyConfig,
+    source: Stream,
+    dest: Stream,
+    reporter: &dyn Reporter,
+) -> Result<Ended, SessionError> {
+    // Each control connection is read by a task of its own: reading a frame is not cancel
+    // safe, so two reads cannot race in one select.
+    let (tx, mut rx) = tokio::sync::mpsc::channel(16);
+    let mut readers = tokio::task::JoinSet::new();
+    readers.spawn(read_all(source, Side::Source, tx.clone()));
+    readers.spawn(read_all(dest, Side::Dest, tx));
+    let mut seen = CopyProgress::default();
+    let mut done = None;
+    let mut confirmed = None;
+    let mut deadline = None;
+    loop {
+        if let (Some(_), Some(_)) = (&done, &confirmed) {
+            break;
+        }
+        let next = match deadline {
+            Some(d) => tokio::time::timeout_at(d, rx.recv())
+                .await
+                .map_err(|_| SessionError::Timeout("the destination to confirm the copy"))?,
+            None => rx.recv().await,
+        };
+        let Some((side, frame)) = next else {
+            return Err(SessionError::Closed("control"));
+        };
+        let frame = frame.map_err(|e| at(side.name(), side.server(cfg), e))?;
+        match (side, frame) {
+            (Side::Source, Frame::CopyProgress(p)) => seen = advance(reporter, seen, p),
+            (Side::Source, Frame::CopyDone { summary, report }) => {
+                done = Some((summary, report));
+                deadline = Some(tokio::time::Instant::now() + CONFIRM_WITHIN);
+            }
+            (Side::Dest, Frame::Complete(summary)) => confirmed = Some(summary),
+            (side, other) => return Err(unexpected(side.name(), side.server(cfg), other)),
+        }
+    }
+    Ok((done.unwrap_or_default(), confirmed.unwrap_or_default()))
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Side {
+    Source,
+    Dest,
+}
+
+impl Side {
+    fn name(self) -> &'static str {
+        match self {
+            Side::Source => "source",
+            Side::Dest => "destination",
+        }
+    }
+
+    fn server(self, cfg: &CopyConfig) -> &str {
+        match self {
+            Side::Source => &cfg.source.server,
+            Side::Dest => &cfg.dest.server,
+        }
+    }
+}
+
+/// Forwards the frames of one control connection up to its last: an error, or the frame that
+/// ends the side's part (`CopyDone`, the destination's `Complete`); a server may close right
+/// after it.
+async fn read_all(
+    mut stream: Stream,
+    side: Side,
+    tx: tokio::sync::mpsc::Sender<(Side, Result<Frame, SessionError>)>,
+) {
+    loop {
+        let frame = expect_frame(&mut stream, MAX_CONTROL_PAYLOAD, "control").await;
+        let last = !matches!(frame, Ok(Frame::CopyProgress(_)));
+        if tx.send((side, frame)).await.is_err() || last {
+            return;
+        }
+    }
+}
+
+/// Tells the reporter what changed since the last progress frame.
+fn advance(reporter: &dyn Reporter, seen: CopyProgress, now: CopyProgress) -> CopyProgress {
+    let found_files = now.found_files.saturating_sub(seen.found_files);
+    let found_bytes = now.found_bytes.saturating_sub(seen.found_bytes);
+    if found_files > 0 || found_bytes > 0 {
+        reporter.on_discovered(found_files, found_bytes);
+    }
+    if now.walk_done && !seen.walk_done {
+        reporter.on_walk_done();
+    }
+    let bytes = now.bytes.saturating_sub(seen.bytes);
+    if bytes > 0 {
+        reporter.on_bytes(bytes);
+    }
+    for _ in seen.files..now.files.min(seen.files + 100_000) {
+        reporter.on_file_done();
+    }
+    CopyProgress {
+        files: now.files.max(seen.files),
+        bytes: now.bytes.max(seen.bytes),
+        found_files: now.found_files.max(seen.found_files),
+        found_bytes: now.found_bytes.max(seen.found_bytes),
+        walk_done: now.walk_done || seen.walk_done,
+    }
+}
+
+/// A failure named with the server it came from. An `Error` frame for a request an older
+/// server does not know says so.
+fn at(side: &str, server: &str, e: SessionError) -> SessionError {
+    match e {
+        SessionError::Remote { code, message } => {
+            let message = if code == ErrorCode::PROTOCOL && message.contains("unknown frame type") {
+                format!(
+                    "{side} {server} does not support third-party copies (an older ferry): \
+                     {message}"
+                )
+            } else {
+                format!("{side} {server}: {message}")
+            };
+            SessionError::Remote { code, message }
+        }
+        other => other,
+    }
+}
+
+fn unexpected(side: &str, server: &str, frame: Frame) -> SessionError {
+    match frame {
+        Frame::Error { code, message } => at(side, server, SessionError::Remote { code, message }),
+        other => SessionError::Protocol(format!(
+            "{side} {server} sent {:?} during a third-party copy",
+            other.frame_type()
+        )),
+    }
+}

@@ -1,0 +1,275 @@
+//! Third-party copies, on each of the two servers. The destination mints a grant for a client
+//! and holds it while the client's session stays open ([`mint`]); the source runs the put a
+//! client would run, from its own confined scope to the destination, logging in with the grant
+//! and pinning the destination's key, and reports progress to the client ([`copy`]). The data
+//! flows between the two servers; the client's connections carry control frames only.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ferry_core::recv::{Links, Modes};
+use ferry_core::send::Source;
+use ferry_core::Reporter;
+use ferry_proto::{CompleteSummary, CopyProgress, CopyRequest, ErrorCode, Frame, MAX_REPORT};
+use tracing::info;
+
+use super::access::Grant;
+use super::grants::Outcome;
+use super::state::ServerState;
+use crate::client::{self, ClientConfig, Security, StartFrom, TransferReport};
+use crate::error::SessionError;
+use crate::tls::{Fingerprint, ServerTrust};
+use crate::transport::conn::send;
+use crate::transport::stream::Stream;
+use crate::transport::tcp::peer_closed;
+
+/// How often a source tells its client how the copy goes (and checks that the client is
+/// still there: a copy whose client left is abandoned, and the client's rerun resumes it).
+const PROGRESS_EVERY: Duration = Duration::from_millis(500);
+
+/// Refuses a third-party request on a server that does not take part in them.
+pub(super) fn allowed(shared: &ServerState) -> Result<(), SessionError> {
+    if shared.config.third_party {
+        return Ok(());
+    }
+    Err(SessionError::Remote {
+        code: ErrorCode::DENIED,
+        message: "this server does not take part in third-party copies; its administrator \
+                  enables them with `ferry serve --third-party`"
+            .into(),
+    })
+}
+
+/// The destination's side: mints a grant for `scope` (already checked against the client's
+/// token), sends it, and holds it until the client closes its session, which revokes it.
+/// Meanwhile it tells the client when a session with the grant has stored everything (this
+/// server's own `Complete`, not the source's word). A grant left unused for its time to live
+/// ends the session.
+pub(super) async fn mint(
+    shared: &ServerState,
+    stream: &mut Stream,
+    scope: Grant,
+) -> Result<(), SessionError> {
+    let dest = scope.pinned_dest().unwrap_or_default().to_owned();
+    let (grant, mut minted) = shared
+        .grants
+        .mint(scope)
+        .map_err(|_| SessionError::Remote {
+            code: ErrorCode::BUSY,
+            message: "this server holds too many third-party grants; try again later".into(),
+        })?;
+    let ttl = shared.grants.ttl();
+    let ttl_ms = u32::try_from(ttl.as_millis()).unwrap_or(u32::MAX);
+    send(stream, &Frame::Granted { grant, ttl_ms }).await?;
+    info!(dest = %format!("/{dest}"), "third-party grant minted");
+    let mut check = tokio::time::interval(Duration::from_millis(100));
+    let mut completed: Option<Instant> = None;
+    loop {
+        tokio::select! {
+            outcome = minted.outcome() => {
+                if let Some(Outcome::Complete(summary)) = outcome {
+                    send(stream, &Frame::Complete(summary)).await?;
+                    completed = Some(Instant::now());
+                }
+            }
+            _ = check.tick() => {
+                if peer_closed(stream.tcp()) {
+                    return Ok(());
+                }
+                match completed {
+                    // Its client has what it needs; a client that never closes is not waited
+                    // for beyond the idle timeout.
+                    Some(t) if t.elapsed() > shared.config.idle_timeout => return Ok(()),
+                    Some(_) => {}
+                    None if minted.expired() => {
+                        return Err(SessionError::Remote {
+                            code: ErrorCode::TIMEOUT,
+                            message: format!(
+                                "the third-party grant for `{dest}` was not used within {} s",
+                                ttl.as_secs()
+                            ),
+                        });
+                    }
+                    None => {}
+                }
+            }
+        }
+    }
+}
+
+/// The source's side: puts what `sources` opens into `request.dest` on `request.peer` with
+/// the grant, as a client would (parallel streams, tuning, resume, retries within the grant's
+/// time to live), while the client hears its progress. Ends with `CopyDone`, or with the
+/// error that ended the put.
+pub(super) async fn copy<F>(
+    shared: &ServerState,
+    stream: &mut Stream,
+    request: CopyRequest,
+    sources: F,
+) -> Result<(), SessionError>
+where
+    F: Fn() -> Result<Vec<Source>, SessionError>,
+{
+    let cfg = client_config(shared, &request);
+    let progress = Arc::new(Progress::default());
+    info!(peer = %request.peer, dest = %request.dest, "third-party copy");
+    let put = client::put_sources(&cfg, sources, &request.dest, progress.clone());
+    tokio::pin!(put);
+    let mut tick = tokio::time::interval(PROGRESS_EVERY);
+    let idle = shared.config.idle_timeout;
+    let result = loop {
+        tokio::select! {
+            r = &mut put => break r,
+            _ = tick.tick() => {
+                if peer_closed(stream.tcp()) {
+                    // Dropping the put closes its connections; the destination keeps what
+                    // is verified for the client's rerun.
+                    return Err(SessionError::Closed("control"));
+                }
+                let frame = Frame::CopyProgress(progress.snapshot());
+                tokio::time::timeout(idle, send(stream, &frame))
+                    .await
+                    .map_err(|_| SessionError::Timeout("the client to read progress"))??;
+            }
+        }
+    };
+    let report = result.map_err(|e| to_destination(&request.peer, e))?;
+    remember(shared, &request.peer, &report);
+    let summary = CompleteSummary {
+        files: report.files,
+        bytes: report.bytes,
+        skipped: report.skipped,
+        failed: report.failed,
+        bad_blocks: report.bad_blocks,
+        receiver: ferry_proto::Load::default(),
+    };
+    let report = report_json(&report);
+    send(stream, &Frame::CopyDone { summary, report }).await?;
+    Ok(())
+}
+
+/// The source's put to the destination: the client's options (already within this server's
+/// limits), this server's reader pool, the destination pinned by the key the client trusts,
+/// and a start from what the last copy there settled on.
+fn client_config(shared: &ServerState, request: &CopyRequest) -> ClientConfig {
+    let config = &shared.config;
+    let mut opts = request.opts.clone();
+    let mut start_from = StartFrom::Default;
+    let remembered = shared
+        .paths
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(&request.peer)
+        .copied();
+    if let (true, Some((streams, settled))) = (opts.is_auto(), remembered) {
+        opts.auto_start = streams.clamp(1, opts.streams);
+        start_from = StartFrom::Profile { settled };
+    }
+    let (readers, tune_storage, _) = config.storage_pool(config.readers, 0);
+    ClientConfig {
+        server: request.peer.clone(),
+        token: request.grant.clone(),
+        opts,
+        readers,
+        writers: config.writers,
+        tune_storage,
+        storage_from: "default",
+        block_from: "default",
+        connect_timeout: config.handshake_timeout,
+        idle_timeout: config.idle_timeout,
+        corrupt_blocks: Vec::new(),
+        // As long as the destination keeps the grant usable after a failed session.
+        retry_for: config.grant_ttl,
+        security: Security::Tls(ServerTrust::Pinned(Fingerprint(request.fingerprint))),
+        start_from,
+        force_streams: None,
+        stall_stream: None,
+        drain_at_end: false,
+        helpers: 0,
+        modes: Modes::default(),
+        links: Links::Any,
+    }
+}
+
+/// Keeps what the tuner held at the end for the next copy to the same destination.
+fn remember(shared: &ServerState, peer: &str, report: &TransferReport) {
+    let t = &report.tuning;
+    if !report.is_success() || !t.worth_remembering() {
+        return;
+    }
+    let streams = u16::try_from(t.streams).unwrap_or(u16::MAX);
+    let mut paths = shared.paths.lock().unwrap_or_else(|e| e.into_inner());
+    // One entry per destination a client named; bounded like the grant table.
+    if paths.len() < 4096 || paths.contains_key(peer) {
+        paths.insert(peer.to_owned(), (streams, t.settled));
+    }
+}
+
+/// A failed put to the destination, as the client is told: the code it failed with (so that
+/// `busy` and `timeout` stay retryable), and where.
+fn to_destination(peer: &str, e: SessionError) -> SessionError {
+    let Frame::Error { code, message } = e.to_frame() else {
+        unreachable!("to_frame makes an Error frame")
+    };
+    SessionError::Remote {
+        code,
+        message: format!("copying to {peer}: {message}"),
+    }
+}
+
+/// The source's report as JSON, within what a `CopyDone` may carry: a report too long (a
+/// very long timeline) goes without its timeline.
+fn report_json(report: &TransferReport) -> String {
+    let json = serde_json::to_string(report).unwrap_or_default();
+    if json.len() <= MAX_REPORT {
+        return json;
+    }
+    let mut short = report.clone();
+    short.timeline = Default::default();
+    short.streams.clear();
+    let json = serde_json::to_string(&short).unwrap_or_default();
+    if json.len() <= MAX_REPORT {
+        json
+    } else {
+        String::from("{}")
+    }
+}
+
+/// Counts what the source's put reports, for the client's progress.
+#[derive(Default)]
+struct Progress {
+    found_files: AtomicU64,
+    found_bytes: AtomicU64,
+    walk_done: AtomicBool,
+    files: AtomicU64,
+    bytes: AtomicU64,
+}
+
+impl Progress {
+    fn snapshot(&self) -> CopyProgress {
+        CopyProgress {
+            found_files: self.found_files.load(Ordering::Relaxed),
+            found_bytes: self.found_bytes.load(Ordering::Relaxed),
+            walk_done: self.walk_done.load(Ordering::Relaxed),
+            files: self.files.load(Ordering::Relaxed),
+            bytes: self.bytes.load(Ordering::Relaxed),
+        }
+    }
+}
+
+impl Reporter for Progress {
+    fn on_discovered(&self, files: u64, bytes: u64) {
+        self.found_files.fetch_add(files, Ordering::Relaxed);
+        self.found_bytes.fetch_add(bytes, Ordering::Relaxed);
+    }
+    fn on_walk_done(&self) {
+        self.walk_done.store(true, Ordering::Relaxed);
+    }
+    fn on_bytes(&self, n: u64) {
+        self.bytes.fetch_add(n, Ordering::Relaxed);
+    }
+    fn on_file_done(&self) {
+        self.files.fetch_add(1, Ordering::Relaxed);
+    }
+}
