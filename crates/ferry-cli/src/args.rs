@@ -30,6 +30,10 @@ pub enum Command {
     Put(PutArgs),
     /// Fetch a file or tree from a server: `ferry get dtn2:/incoming/run42 ./copy/`.
     Get(GetArgs),
+    /// Copy between two servers, the data going from one to the other directly (a
+    /// third-party copy): `ferry cp dtn1:/data/run42 dtn2:/incoming/`. Both servers run with
+    /// --third-party; this host carries only control traffic.
+    Cp(Box<CpArgs>),
     /// List a remote directory: names, sizes, mtimes.
     Ls(LsArgs),
     /// Start a local server on loopback, generate a data set, transfer and verify it, and print
@@ -51,6 +55,7 @@ impl Command {
         match self {
             Command::Put(a) => Some(&a.transfer.output),
             Command::Get(a) => Some(&a.transfer.output),
+            Command::Cp(a) => Some(&a.transfer.output),
             Command::Ls(a) => Some(&a.output),
             Command::Demo(a) => Some(&a.output),
             Command::Probe(ProbeCommand::Host(a)) => Some(&a.output),
@@ -348,6 +353,11 @@ pub struct ServeArgs {
     /// as `cp` does without --preserve).
     #[arg(long)]
     pub keep_modes: bool,
+    /// Take part in third-party copies (`ferry cp HOST1:SRC HOST2:DST`): mint grants that let
+    /// another server put here for a client, and copy to another server when a client asks.
+    /// Off by default: as a source, this server dials wherever its clients say.
+    #[arg(long)]
+    pub third_party: bool,
 }
 
 /// Options shared by put and get.
@@ -424,6 +434,35 @@ pub struct GetArgs {
     /// Keep setuid, setgid and world-writable bits as the server has them (cleared by default).
     #[arg(long)]
     pub keep_modes: bool,
+    #[command(flatten)]
+    pub transfer: TransferArgs,
+}
+
+#[derive(Args, Debug)]
+pub struct CpArgs {
+    /// Source on the first server, HOST[:PORT]:PATH (a `ferry serve --third-party`) or
+    /// USER@HOST:PATH (a session started over ssh).
+    pub source: String,
+    /// Destination on the second server, HOST[:PORT]:PATH or USER@HOST:PATH.
+    pub dest: String,
+    /// The destination's HOST:PORT as the source reaches it, when that differs from the
+    /// address this host uses (another network, a data interface).
+    #[arg(long, value_name = "HOST:PORT")]
+    pub dest_addr: Option<String>,
+    /// Token for the source server (else --token, FERRY_TOKEN or the config file's entry for
+    /// its host).
+    #[arg(long)]
+    pub source_token: Option<String>,
+    /// Token for the destination server (likewise).
+    #[arg(long)]
+    pub dest_token: Option<String>,
+    /// Accept only a source whose certificate has this SHA-256 fingerprint.
+    #[arg(long, value_name = "sha256:HEX")]
+    pub source_fingerprint: Option<String>,
+    /// Accept only a destination whose certificate has this fingerprint; the source is held
+    /// to the same key.
+    #[arg(long, value_name = "sha256:HEX")]
+    pub dest_fingerprint: Option<String>,
     #[command(flatten)]
     pub transfer: TransferArgs,
 }

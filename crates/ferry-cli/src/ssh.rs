@@ -67,7 +67,14 @@ pub fn parse_announcement(line: &str) -> Result<Announcement> {
 
 impl Oneshot {
     /// Starts the remote server and waits (bounded) for its announcement.
-    pub async fn start(conn: &ConnArgs, target: &str, host: &str, wait: Duration) -> Result<Self> {
+    /// `third_party`: the session is one end of a third-party copy (`serve --third-party`).
+    pub async fn start(
+        conn: &ConnArgs,
+        target: &str,
+        host: &str,
+        wait: Duration,
+        third_party: bool,
+    ) -> Result<Self> {
         let (ssh, remote_ferry) = (conn.ssh_command(), conn.remote_bin());
         let mut words = ssh.split_whitespace();
         let program = words.next().context("--ssh is empty")?;
@@ -78,6 +85,9 @@ impl Oneshot {
             .args(["serve", "--oneshot", "--quiet"]);
         if conn.no_encrypt {
             cmd.arg("--allow-plaintext");
+        }
+        if third_party {
+            cmd.arg("--third-party");
         }
         cmd.stdin(Stdio::piped())
             .stdout(Stdio::piped())

@@ -1,5 +1,6 @@
-//! One module per subcommand; `run` picks it. What put and get share is in `transfer`.
+//! One module per subcommand; `run` picks it. What put and get share is in `transfer`; `cp` reuses its configuration and output.
 
+mod cp;
 mod demo;
 mod get;
 mod ls;
@@ -21,6 +22,7 @@ pub async fn run(cli: Cli) -> Result<ExitCode> {
         Command::Serve(a) => serve::run(a, quiet).await,
         Command::Put(a) => put::run(a, quiet).await,
         Command::Get(a) => get::run(a, quiet).await,
+        Command::Cp(a) => cp::run(*a, quiet).await,
         Command::Ls(a) => ls::run(a, quiet).await,
         Command::Demo(a) => demo::run(a, quiet).await,
         Command::Probe(c) => probe::run(c, quiet).await,

@@ -118,6 +118,7 @@ fn access_for(args: &ServeArgs, state: &Path, quiet: bool) -> Result<Access> {
 /// The daemon's limits and policies from its options.
 fn limits(config: &mut ServerConfig, args: &ServeArgs) -> Result<()> {
     config.allow_plaintext = args.allow_plaintext;
+    config.third_party = args.third_party;
     if args.keep_modes {
         config.modes = ferry_core::recv::Modes::Keep;
     }
@@ -239,6 +240,7 @@ async fn oneshot(args: ServeArgs) -> Result<ExitCode> {
     let mut config = ServerConfig::new(&root, token.clone());
     config.tls = Some(identity);
     config.allow_plaintext = args.allow_plaintext;
+    config.third_party = args.third_party;
     config.base = base;
     config.max_connections = args.max_connections.clamp(1, 128);
     config.max_streams = args.max_streams.max(1);

@@ -38,7 +38,7 @@ pub async fn run(t: Transfer, quiet: bool) -> Result<ExitCode> {
     if let (Ok(dir), Some(local)) = (crate::state::state_dir(), local) {
         apply_disk_profile(&mut cfg, &dir, local, matches!(job, Job::Put(_)));
     }
-    let oneshot = start_oneshot(&mut cfg, &remote, &conn).await?;
+    let oneshot = start_oneshot(&mut cfg, &remote, &conn, false).await?;
     let progress = Arc::new(Progress::new(quiet || json));
     let result = match &job {
         Job::Put(sources) => {
@@ -127,16 +127,17 @@ fn path_measured(report: &TransferReport) -> Option<(u64, u64)> {
 
 /// For `USER@HOST:PATH`: starts `ferry serve --oneshot` over ssh and points `cfg` at it, pinned
 /// to the key it announced on the (ssh-authenticated) channel.
-async fn start_oneshot(
+pub(super) async fn start_oneshot(
     cfg: &mut ClientConfig,
     remote: &Remote,
     conn: &ConnArgs,
+    third_party: bool,
 ) -> Result<Option<Oneshot>> {
     let Some(target) = remote.ssh_target() else {
         return Ok(None);
     };
     let wait = cfg.connect_timeout + std::time::Duration::from_secs(30);
-    let o = Oneshot::start(conn, &target, &remote.host, wait)
+    let o = Oneshot::start(conn, &target, &remote.host, wait, third_party)
         .await
         .with_context(|| format!("starting a ferry session on {target} over ssh"))?;
     cfg.server = o.server.clone();
@@ -170,25 +171,7 @@ fn finish(
 ) -> Result<ExitCode> {
     let report = match result {
         Ok(r) => r,
-        Err(e) => {
-            let retry = e.is_retryable();
-            let unreached = e.is_unreached();
-            let error = anyhow::Error::new(e).context("transfer failed");
-            if unreached {
-                // Never reached: more often a wrong host or port than a passing outage.
-                let hint = "check the host and port (a remote is HOST[:PORT]:PATH, port 7070 by \
-                            default) and that `ferry serve` runs there"
-                    .to_owned();
-                return Err(anyhow::Error::new(Hinted { error, hint }));
-            }
-            if retry {
-                let hint = "the problem may be temporary; run the same command again to resume: \
-                            files already stored and verified blocks of partial files are kept"
-                    .to_owned();
-                return Err(anyhow::Error::new(Hinted { error, hint }));
-            }
-            return Err(error);
-        }
+        Err(e) => return Err(failure(e)),
     };
     if let Some(path) = manifest {
         let mut text = String::new();
@@ -211,6 +194,28 @@ fn finish(
     } else {
         Ok(ExitCode::from(1))
     }
+}
+
+/// A transfer's failure as the user reads it, with a hint where one helps: a server never
+/// reached is more often a wrong address than an outage; a retryable failure resumes when run
+/// again.
+pub(super) fn failure(e: SessionError) -> anyhow::Error {
+    let retry = e.is_retryable();
+    let unreached = e.is_unreached();
+    let error = anyhow::Error::new(e).context("transfer failed");
+    if unreached {
+        let hint = "check the host and port (a remote is HOST[:PORT]:PATH, port 7070 by \
+                    default) and that `ferry serve` runs there"
+            .to_owned();
+        return anyhow::Error::new(Hinted { error, hint });
+    }
+    if retry {
+        let hint = "the problem may be temporary; run the same command again to resume: \
+                    files already stored and verified blocks of partial files are kept"
+            .to_owned();
+        return anyhow::Error::new(Hinted { error, hint });
+    }
+    error
 }
 
 pub fn summary_line(r: &TransferReport) -> String {
