@@ -222,7 +222,7 @@ pub fn find_in_path(prog: &str) -> Option<std::path::PathBuf> {
         })
 }
 
-fn ip_bin() -> std::path::PathBuf {
+pub(crate) fn ip_bin() -> std::path::PathBuf {
     find_in_path("ip").unwrap_or_else(|| "ip".into())
 }
 
@@ -257,6 +257,14 @@ pub fn list_netns(prefix: &str) -> Vec<String> {
     v
 }
 
+/// Whether `s` may name a host: 1 to 8 lowercase ASCII letters or digits, so that it fits
+/// namespace names and cannot be mistaken for another part of them.
+pub(crate) fn is_host_name(s: &str) -> bool {
+    (1..=8).contains(&s.len())
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+}
+
 /// Kills every process inside namespace `ns` and deletes it. Idempotent.
 pub fn delete_netns(ns: &str) -> Result<()> {
     if !std::path::Path::new("/run/netns").join(ns).exists() {
@@ -278,12 +286,12 @@ pub fn delete_netns(ns: &str) -> Result<()> {
     }
 }
 
-/// Deletes `fnm-<pid>-<n>-{c,s}` namespaces left by processes that died
-/// without cleaning up (e.g. SIGKILLed test runs).
+/// Deletes `fnm-<pid>-<n>-<host>` namespaces (a bed's `c` and `s`, a topology's hosts) left
+/// by processes that died without cleaning up (e.g. SIGKILLed test runs).
 pub fn reap_stale() {
     for ns in list_netns("fnm-") {
         let mut parts = ns.split('-');
-        let (Some("fnm"), Some(pid), Some(_n), Some("c" | "s"), None) = (
+        let (Some("fnm"), Some(pid), Some(_n), Some(host), None) = (
             parts.next(),
             parts.next(),
             parts.next(),
@@ -292,6 +300,9 @@ pub fn reap_stale() {
         ) else {
             continue;
         };
+        if !is_host_name(host) {
+            continue;
+        }
         let Ok(pid) = pid.parse::<u32>() else {
             continue;
         };
@@ -301,7 +312,7 @@ pub fn reap_stale() {
     }
 }
 
-fn setns_net(fd: i32) -> io::Result<()> {
+pub(crate) fn setns_net(fd: i32) -> io::Result<()> {
     // SAFETY: setns on a namespace fd.
     if unsafe { libc::setns(fd, libc::CLONE_NEWNET) } != 0 {
         return Err(io::Error::last_os_error());
@@ -311,7 +322,7 @@ fn setns_net(fd: i32) -> io::Result<()> {
 
 /// Runs `f` on a fresh thread that has joined the network namespace
 /// open at `ns_fd`. Sockets created there stay in that namespace.
-fn run_in_fd<T: Send, F: FnOnce() -> T + Send>(ns_fd: i32, f: F) -> io::Result<T> {
+pub(crate) fn run_in_fd<T: Send, F: FnOnce() -> T + Send>(ns_fd: i32, f: F) -> io::Result<T> {
     std::thread::scope(|s| {
         let h = s.spawn(move || -> io::Result<T> {
             setns_net(ns_fd)?;
@@ -365,7 +376,7 @@ fn read_sysctl(key: &str) -> io::Result<String> {
     Ok(s.split_whitespace().collect::<Vec<_>>().join(" "))
 }
 
-fn write_sysctl(key: &str, value: &str) -> io::Result<()> {
+pub(crate) fn write_sysctl(key: &str, value: &str) -> io::Result<()> {
     std::fs::write(format!("/proc/sys/{}", key.replace('.', "/")), value)
 }
 
@@ -406,12 +417,13 @@ pub fn regime_sysctls(regime: Regime) -> Vec<(String, String)> {
     }
 }
 
-struct Netns {
-    name: String,
-    file: File,
+pub(crate) struct Netns {
+    pub(crate) name: String,
+    pub(crate) file: File,
 }
 
-static COUNTER: AtomicU64 = AtomicU64::new(0);
+/// Numbers beds and topologies of this process, so that their names never collide.
+pub(crate) static COUNTER: AtomicU64 = AtomicU64::new(0);
 
 /// A running test bed. Dropping it tears everything down.
 pub struct TestBed {
@@ -438,7 +450,7 @@ impl Drop for SetupGuard {
 }
 
 /// The limits a bed's link accepts.
-fn check_config(config: &BedConfig) -> Result<()> {
+pub(crate) fn check_config(config: &BedConfig) -> Result<()> {
     if !(0.0..=1.0).contains(&config.loss) {
         bail!("loss must be in 0..=1, got {}", config.loss);
     }
@@ -509,6 +521,13 @@ fn open_tun_with_sysctls(
     // noise (MLD reports etc.) over the emulated link.
     let _ = write_sysctl("net.ipv6.conf.default.disable_ipv6", "1");
     let tun = open_tun(DEVICE)?;
+    let (sys_notes, core_denied) = apply_sysctls(ns, sysctls);
+    Ok((tun, sys_notes, core_denied))
+}
+
+/// Inside namespace `ns`: sets `sysctls`. Returns notes on those it could not set, and
+/// whether a global `net.core.*` one was refused.
+pub(crate) fn apply_sysctls(ns: &str, sysctls: &[(String, String)]) -> (Vec<String>, bool) {
     let mut sys_notes = Vec::new();
     let mut core_denied = false;
     for (k, v) in sysctls {
@@ -522,7 +541,7 @@ fn open_tun_with_sysctls(
             }
         }
     }
-    Ok((tun, sys_notes, core_denied))
+    (sys_notes, core_denied)
 }
 
 /// Brings up `lo` and the TUN device of namespace `ns` with its address and MTU, and the
@@ -581,7 +600,7 @@ fn configure_link(ns: &str, addr: Ipv4Addr, config: &BedConfig) -> Result<()> {
 
 /// The tuned regime where a namespace may not set `net.core.{r,w}mem_max`: says what the
 /// host's global values are, raising them first if `opts` asks to.
-fn core_max_notes(opts: &BedOptions, notes: &mut Vec<String>) -> Result<()> {
+pub(crate) fn core_max_notes(opts: &BedOptions, notes: &mut Vec<String>) -> Result<()> {
     for key in ["net.core.rmem_max", "net.core.wmem_max"] {
         let host_val: u64 = read_sysctl(key)
             .ok()
@@ -611,7 +630,7 @@ fn core_max_notes(opts: &BedOptions, notes: &mut Vec<String>) -> Result<()> {
 
 /// Starts the forwarder thread between the two TUN devices and waits (bounded) until it runs,
 /// so that stats have a tid.
-fn start_forwarder(
+pub(crate) fn start_forwarder(
     name: &str,
     config: &BedConfig,
     opts: &BedOptions,

@@ -6,6 +6,9 @@
 //! drop-tail queue, serialisation at the link rate and a one-way delay of
 //! RTT/2. The kernels at both ends see the real RTT.
 //!
+//! A [`Topology`] does the same for N hosts joined by any number of links (several between
+//! the same two hosts too), each link with its own RTT, rate, loss and forwarder thread.
+//!
 //! ```no_run
 //! use ferry_netem::{can_run, BedConfig, Host, Regime, TestBed};
 //! use std::time::Duration;
@@ -40,6 +43,7 @@ mod bed;
 pub mod forward;
 mod needs;
 pub mod sched;
+mod topology;
 
 pub use bed::{
     can_run, delete_netns, find_in_path, list_netns, open_tun, reap_stale, regime_sysctls,
@@ -48,6 +52,10 @@ pub use bed::{
 };
 pub use forward::DirStats;
 pub use needs::{in_ci, needs, MARKER_DIR_ENV};
+pub use topology::{
+    link_addr, link_device, End, LinkConfig, LinkStats, Topology, TopologyConfig, LINK_PREFIX_LEN,
+    MAX_LINKS,
+};
 
 /// Puts the calling thread under SCHED_FIFO at `priority` (1..=99), or
 /// back to normal scheduling with 0. Tests that time round trips through a
