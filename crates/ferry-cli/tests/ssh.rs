@@ -205,3 +205,40 @@ fn put_and_get_over_an_ssh_started_session() {
         "{out:?}"
     );
 }
+
+#[test]
+fn cp_between_two_ssh_started_sessions() {
+    let sb = Sandbox::new();
+    let Some(sshd) = Sshd::start(&sb, "cp_between_two_ssh_started_sessions") else {
+        return;
+    };
+    let bin = env!("CARGO_BIN_EXE_ferry");
+    let target = format!("{}@127.0.0.1", user());
+    let src = sb.path("h1/tree");
+    write_pattern(&src.join("big.bin"), 5 << 20, 3);
+    for i in 0..20 {
+        write_pattern(&src.join(format!("small/f{i}.dat")), 500 + i * 91, i + 7);
+    }
+    let dest = sb.mkdir("h2");
+    // Each end is a `serve --oneshot --third-party` started over ssh, pinned by the key it
+    // announced there; no daemon, token or known-hosts entry anywhere.
+    let mut cmd = sb.ferry();
+    cmd.env("FERRY_SSH", sshd.ssh_command())
+        .env("FERRY_REMOTE_BIN", bin)
+        .env_remove("FERRY_TOKEN");
+    let out = run(
+        cmd.args(["cp", "--json"])
+            .arg(format!("{target}:{}", src.display()))
+            .arg(format!("{target}:{}/", dest.display())),
+        CMD_TIMEOUT,
+    );
+    assert_code(&out, 0);
+    let report: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+    assert_eq!(report["files"], 21, "{report}");
+    assert_eq!(tree_digest(&dest.join("tree")), tree_digest(&src));
+    assert!(!sb.xdg_config().join("ferry/known_hosts").exists());
+    assert!(
+        wait_until(Duration::from_secs(10), || oneshots_running(bin) == 0),
+        "serve --oneshot still running after the copy"
+    );
+}

@@ -11,7 +11,7 @@ use ferry_net::{ClientConfig, Security, ServerTrust};
 use ferry_units::units::format_bytes_2dp as human_bytes;
 
 use super::transfer::{failure, start_oneshot};
-use crate::args::CpArgs;
+use crate::args::{CpArgs, TransferArgs};
 use crate::config::client_config;
 use crate::error::usage;
 use crate::progress::Progress;
@@ -62,10 +62,19 @@ fn resolve(args: &CpArgs) -> Result<(Remote, Remote, CopyConfig)> {
         .context("the first argument of cp is the source, HOST[:PORT]:PATH")?;
     let dst = Remote::parse(&args.dest)
         .context("the second argument of cp is the destination, HOST[:PORT]:PATH")?;
-    let mut source = client_config(t, &src)?;
-    let mut dest = client_config(t, &dst)?;
-    side(&mut source, args.source_token.as_deref(), args.source_fingerprint.as_deref())?;
-    side(&mut dest, args.dest_token.as_deref(), args.dest_fingerprint.as_deref())?;
+    let source = side(
+        t,
+        &src,
+        args.source_token.as_ref(),
+        args.source_fingerprint.as_deref(),
+    );
+    let dest = side(
+        t,
+        &dst,
+        args.dest_token.as_ref(),
+        args.dest_fingerprint.as_deref(),
+    );
+    let (mut source, dest) = (source?, dest?);
     // A --writers number is the destination's writers, as on a put; the source tunes its own
     // readers.
     source.opts.storage_threads = t.writers.map_or(0, |n| n.clamp(1, 256) as u16);
@@ -80,15 +89,23 @@ fn resolve(args: &CpArgs) -> Result<(Remote, Remote, CopyConfig)> {
     ))
 }
 
-/// One server's own token and pin, where given.
-fn side(cfg: &mut ClientConfig, token: Option<&str>, fingerprint: Option<&str>) -> Result<()> {
-    if let Some(t) = token {
-        cfg.token = t.to_owned();
+/// How this host reaches one of the servers: as a put or get would, with the server's own
+/// token and pin where given.
+fn side(
+    t: &TransferArgs,
+    remote: &Remote,
+    token: Option<&String>,
+    fingerprint: Option<&str>,
+) -> Result<ClientConfig> {
+    let mut args = t.clone();
+    if let Some(token) = token {
+        args.auth.token = Some(token.clone());
     }
+    let mut cfg = client_config(&args, remote)?;
     if let Some(fp) = fingerprint {
         cfg.security = Security::Tls(ServerTrust::Pinned(fp.parse()?));
     }
-    Ok(())
+    Ok(cfg)
 }
 
 pub fn summary_line(r: &CopyReport) -> String {
