@@ -282,33 +282,40 @@ async fn servers_without_third_party_refuse_a_copy_and_say_how_to_allow_it() {
     assert!(!plain_b.root.join("t").exists());
 }
 
-#[tokio::test]
-async fn a_copy_cut_by_the_death_of_its_source_resumes_when_run_again() {
-    let b = TestServer::start_with(third_party).await;
-    let a_dir = tempfile::tempdir().unwrap();
-    let a_root = a_dir.path().join("root");
-    std::fs::create_dir(&a_root).unwrap();
+/// Which party of a copy dies mid-way.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Dies {
+    Source,
+    Destination,
+    Client,
+}
+
+/// A server over `root` (kept across its restarts) that takes part in third-party copies.
+async fn start_over(root: &Path) -> TestServer {
+    let root = root.to_path_buf();
+    TestServer::start_in(tempfile::tempdir().unwrap(), |c| {
+        c.root = root;
+        c.third_party = true;
+    })
+    .await
+}
+
+/// Cuts a copy by killing `who` once the destination holds a third of the file (its tasks
+/// end at once, as in a kill -9 of its process; for the client, the copy's future is dropped
+/// with its connections), restarts it, and runs the copy again: it must complete, identical,
+/// carrying well under the whole file between the servers.
+async fn cut_and_resume(who: Dies) {
+    let dirs = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (a_root, b_root) = (dirs.0.path().to_path_buf(), dirs.1.path().to_path_buf());
     let data = bytes(24 << 20, 42);
     write(&a_root.join("big"), &data);
-    let start_a = |root: std::path::PathBuf| async move {
-        let dir = tempfile::tempdir().unwrap();
-        let a = TestServer::start_in(dir, |c| {
-            c.root = root;
-            c.third_party = true;
-        })
-        .await;
-        a
-    };
-    // A reaches B through a relay paced to 8 MB/s, so that the copy is under way when A dies.
+    let (mut a, mut b) = (start_over(&a_root).await, start_over(&b_root).await);
+    // A reaches B through a relay paced to 8 MB/s, so that the copy is under way when the
+    // cut comes.
     let paced = Relay::start(b.addr, Some(8 << 20)).await;
-    let a = start_a(a_root.clone()).await;
     let mut cfg = copy_config(&a, &b, a.addr, b.addr);
     cfg.dest_addr = Some(paced.addr.to_string());
-    let first = {
-        let cfg = cfg.clone();
-        tokio::spawn(async move { copy(&cfg, "/big", "/", reporter()).await })
-    };
-    // Kill A (its tasks end at once, as in a kill -9 of its process) once B holds a part.
+    let first = tokio::spawn(async move { copy(&cfg, "/big", "/", reporter()).await });
     for _ in 0..200 {
         if paced.bytes() > (8 << 20) {
             break;
@@ -316,29 +323,67 @@ async fn a_copy_cut_by_the_death_of_its_source_resumes_when_run_again() {
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
     assert!(paced.bytes() > (8 << 20), "the copy got under way");
-    a.kill();
-    let first = tokio::time::timeout(Duration::from_secs(20), first)
-        .await
-        .expect("the client notices")
-        .unwrap();
-    assert!(first.is_err(), "the first run fails with its source");
+    match who {
+        Dies::Source => a.kill(),
+        Dies::Destination => b.kill(),
+        Dies::Client => first.abort(),
+    }
+    if who == Dies::Client {
+        // The source notices on its next progress tick and drops its put; both servers
+        // go idle.
+        let idle = |s: &TestServer| s.idle.idle_for() > Duration::ZERO;
+        for _ in 0..100 {
+            if idle(&a) && idle(&b) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(
+            idle(&a) && idle(&b),
+            "a copy whose client left ends on both servers"
+        );
+    } else {
+        let first = tokio::time::timeout(Duration::from_secs(20), first)
+            .await
+            .expect("the client notices")
+            .unwrap();
+        assert!(first.is_err(), "the first run fails when {who:?} dies");
+    }
     assert!(
-        !b.root.join("big").exists(),
+        !b_root.join("big").exists(),
         "nothing under the final name yet"
     );
-    // The rerun, against a restarted A, sends only what B does not hold.
-    let a = start_a(a_root.clone()).await;
-    let paced_again = Relay::start(b.addr, None).await;
+    match who {
+        Dies::Source => a = start_over(&a_root).await,
+        Dies::Destination => b = start_over(&b_root).await,
+        Dies::Client => {}
+    }
+    let counted = Relay::start(b.addr, None).await;
     let mut cfg = copy_config(&a, &b, a.addr, b.addr);
-    cfg.dest_addr = Some(paced_again.addr.to_string());
+    cfg.dest_addr = Some(counted.addr.to_string());
     let report = copy(&cfg, "/big", "/", reporter()).await.expect("rerun");
     assert!(report.is_success(), "{report:?}");
-    assert_eq!(std::fs::read(b.root.join("big")).unwrap(), data);
-    assert!(leftovers(&b.root).is_empty());
-    let resent = paced_again.bytes();
+    assert_eq!(std::fs::read(b_root.join("big")).unwrap(), data);
+    assert!(leftovers(&b_root).is_empty());
+    let resent = counted.bytes();
     assert!(
         resent < data.len() as u64 * 3 / 4,
-        "the rerun carried {resent} bytes of {}: it did not resume",
+        "the rerun after {who:?} died carried {resent} bytes of {}: it did not resume",
         data.len()
     );
+}
+
+#[tokio::test]
+async fn a_copy_cut_by_the_death_of_its_source_resumes_when_run_again() {
+    cut_and_resume(Dies::Source).await;
+}
+
+#[tokio::test]
+async fn a_copy_cut_by_the_death_of_its_destination_resumes_when_run_again() {
+    cut_and_resume(Dies::Destination).await;
+}
+
+#[tokio::test]
+async fn a_copy_whose_client_dies_ends_on_both_servers_and_resumes_when_run_again() {
+    cut_and_resume(Dies::Client).await;
 }

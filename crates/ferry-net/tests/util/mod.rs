@@ -92,7 +92,7 @@ impl TestServer {
 
     /// Ends the server at once, as a kill -9 of its process would: every task it runs is
     /// dropped where it stands, no session ends cleanly.
-    pub fn kill(mut self) {
+    pub fn kill(&mut self) {
         if let Some(t) = self.task.take() {
             t.abort();
         }
