@@ -463,6 +463,11 @@ pub struct CpArgs {
     /// to the same key.
     #[arg(long, value_name = "sha256:HEX")]
     pub dest_fingerprint: Option<String>,
+    /// Move the data through this host on purpose (for servers without --third-party): fetch
+    /// into a spool directory in the state directory (needs the space), then send it on. A
+    /// rerun resumes both legs; the spool is removed once the copy is stored.
+    #[arg(long, conflicts_with = "dest_addr")]
+    pub via_client: bool,
     #[command(flatten)]
     pub transfer: TransferArgs,
 }

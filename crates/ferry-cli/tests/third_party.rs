@@ -203,3 +203,47 @@ fn partial_bytes(root: &Path) -> u64 {
         })
         .unwrap_or(0)
 }
+
+#[test]
+fn servers_without_third_party_are_refused_and_via_client_moves_the_data_here_on_purpose() {
+    let sb = Sandbox::new();
+    let (root_a, root_b) = (sb.mkdir("a"), sb.mkdir("b"));
+    let src = root_a.join("run7");
+    write_pattern(&src.join("big.bin"), 3 << 20, 5);
+    for i in 0..10 {
+        write_pattern(&src.join(format!("f{i}")), 100 + i * 10, i + 1);
+    }
+    let a = Server::start(&sb, &root_a, Some(&sb.path("token-a")), &[]);
+    let b = Server::start(&sb, &root_b, Some(&sb.path("token-b")), &[]);
+    let cmd = |extra: &[&str]| {
+        let mut c = sb.ferry();
+        c.arg("cp")
+            .args(extra)
+            .args(["--source-token", &a.token, "--dest-token", &b.token])
+            .arg(a.remote("/run7"))
+            .arg(b.remote("/"));
+        c
+    };
+    // Without the server setting: refused, saying how to allow it, and nothing moved.
+    let out = run(&mut cmd(&[]), CMD_TIMEOUT);
+    assert_code(&out, 1);
+    assert!(
+        out.stderr.contains("--third-party") && out.stderr.contains("--via-client"),
+        "{}",
+        out.stderr
+    );
+    assert!(!root_b.join("run7").exists());
+    // On purpose: through this host, and it says so.
+    let out = run(&mut cmd(&["--via-client", "--json"]), CMD_TIMEOUT);
+    assert_code(&out, 0);
+    assert!(out.stderr.contains("crosses this host"), "{}", out.stderr);
+    let report = one_json(&out.stdout);
+    assert_eq!(report["direction"], "copy via client");
+    assert_eq!(tree_digest(&root_b.join("run7")), tree_digest(&src));
+    let spools = sb.state_dir().join("via-client");
+    assert_eq!(
+        std::fs::read_dir(&spools).map(|d| d.count()).unwrap_or(0),
+        0,
+        "the spool is removed once the copy is stored"
+    );
+}

@@ -23,13 +23,20 @@ pub async fn run(args: CpArgs, quiet: bool) -> Result<ExitCode> {
     let source_ssh = start_oneshot(&mut cfg.source, &src, conn, true).await?;
     let dest_ssh = start_oneshot(&mut cfg.dest, &dst, conn, true).await?;
     let json = args.transfer.output.json;
+    if args.via_client {
+        let result = via_client(&cfg, &src, &dst, json, quiet).await;
+        for o in [source_ssh, dest_ssh].into_iter().flatten() {
+            o.finish().await;
+        }
+        return result;
+    }
     let progress = Arc::new(Progress::new(quiet || json));
     let result = ferry_net::copy::copy(&cfg, &src.path, &dst.path, progress.clone()).await;
     progress.finish();
     for o in [source_ssh, dest_ssh].into_iter().flatten() {
         o.finish().await;
     }
-    let report = result.map_err(failure)?;
+    let report = result.map_err(refused_or_failed)?;
     for e in report.errors.iter().filter(|e| !progress.was_shown(e)) {
         eprintln!("error: {}", crate::output::clean(e));
     }
@@ -39,6 +46,79 @@ pub async fn run(args: CpArgs, quiet: bool) -> Result<ExitCode> {
         eprintln!("{}", summary_line(&report));
     }
     Ok(if report.is_success() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
+/// A copy's failure; a server that does not take part in third-party copies gets the way out.
+fn refused_or_failed(e: ferry_net::SessionError) -> anyhow::Error {
+    if e.to_string().contains("--third-party") {
+        let hint = "or pass --via-client to move the data through this host on purpose".to_owned();
+        let error = anyhow::Error::new(e).context("transfer failed");
+        return anyhow::Error::new(crate::error::Hinted { error, hint });
+    }
+    failure(e)
+}
+
+/// `--via-client`: a get into a spool directory here, then a put from it, each resuming as
+/// the plain commands do; the spool (named after the two remotes, so that a rerun finds it) is
+/// removed once the put has stored everything. Always says that the data crosses this host.
+async fn via_client(
+    cfg: &CopyConfig,
+    src: &Remote,
+    dst: &Remote,
+    json: bool,
+    quiet: bool,
+) -> Result<ExitCode> {
+    let key = format!(
+        "{}:{}\n{}:{}",
+        src.server(),
+        src.path,
+        dst.server(),
+        dst.path
+    );
+    let spool = crate::state::state_dir()?
+        .join("via-client")
+        .join(&ferry_core::digest::hex(blake3::hash(key.as_bytes()).as_bytes())[..16]);
+    std::fs::create_dir_all(&spool)
+        .with_context(|| format!("creating the spool directory {}", spool.display()))?;
+    eprintln!(
+        "ferry: --via-client: the data crosses this host, spooled in {}",
+        spool.display()
+    );
+    let progress = Arc::new(Progress::new(quiet || json));
+    let got = ferry_net::client::get(&cfg.source, &src.path, &spool, progress.clone()).await;
+    progress.finish();
+    let got = got.map_err(failure)?;
+    if !got.is_success() {
+        bail!(
+            "fetching {} failed; run the same command again to resume",
+            src.path
+        );
+    }
+    let sources: Vec<_> = std::fs::read_dir(&spool)?
+        .filter_map(Result::ok)
+        .filter(|e| !e.file_name().to_string_lossy().starts_with(".ferry-"))
+        .map(|e| e.path())
+        .collect();
+    let progress = Arc::new(Progress::new(quiet || json));
+    let put = ferry_net::client::put(&cfg.dest, &sources, &dst.path, progress.clone()).await;
+    progress.finish();
+    let put = put.map_err(failure)?;
+    if put.is_success() {
+        std::fs::remove_dir_all(&spool)
+            .with_context(|| format!("removing the spool {}", spool.display()))?;
+    }
+    if json {
+        let doc = serde_json::json!({ "direction": "copy via client", "get": got, "put": put });
+        println!("{}", serde_json::to_string_pretty(&doc)?);
+    } else if !quiet {
+        eprintln!("{}", super::transfer::summary_line(&got));
+        eprintln!("{}", super::transfer::summary_line(&put));
+    }
+    Ok(if put.is_success() {
         ExitCode::SUCCESS
     } else {
         ExitCode::from(1)
