@@ -108,6 +108,7 @@ impl Frame {
             Frame::GrantRequest { .. } => FrameType::GRANT_REQUEST,
             Frame::Granted { .. } => FrameType::GRANTED,
             Frame::CopyRequest(_) => FrameType::COPY_REQUEST,
+            Frame::Paths { .. } => FrameType::PATHS,
             Frame::CopyProgress(_) => FrameType::COPY_PROGRESS,
             Frame::CopyDone { .. } => FrameType::COPY_DONE,
         }
@@ -201,6 +202,7 @@ impl Frame {
             },
             FrameType::GRANTED => copy::decode_granted(&mut r)?,
             FrameType::COPY_REQUEST => copy::decode_copy_request(&mut r)?,
+            FrameType::PATHS => copy::decode_paths(&mut r)?,
             FrameType::COPY_PROGRESS => copy::decode_copy_progress(&mut r)?,
             FrameType::COPY_DONE => copy::decode_copy_done(&mut r)?,
             _ => return Err(DecodeError::UnknownFrameType(ty.0)),
@@ -301,6 +303,7 @@ impl Frame {
             Frame::GrantRequest { dest } => put_str(out, dest),
             Frame::Granted { grant, ttl_ms } => copy::put_granted(out, grant, *ttl_ms),
             Frame::CopyRequest(c) => copy::put_copy_request(out, c),
+            Frame::Paths { addrs } => copy::put_paths(out, addrs),
             Frame::CopyProgress(p) => copy::put_copy_progress(out, p),
             Frame::CopyDone { summary, report } => copy::put_copy_done(out, summary, report),
         }
@@ -388,6 +391,7 @@ impl Frame {
             | Frame::GrantRequest { .. }
             | Frame::Granted { .. }
             | Frame::CopyRequest(_)
+            | Frame::Paths { .. }
             | Frame::CopyProgress(_)
             | Frame::CopyDone { .. } => {}
         }

@@ -64,7 +64,10 @@ pub const MAX_TUNE_STEPS: usize = 64;
 /// plus its drain, needs about 350).
 pub const MAX_PROBE_INTERVALS: usize = 1024;
 
-/// Longest server address (`host:port`) a `CopyRequest` may name.
+/// Most data addresses one `Paths` frame may list.
+pub const MAX_PATHS: usize = 64;
+
+/// Longest server address (`host:port`) a `CopyRequest` or `Paths` may name.
 pub const MAX_ADDR: usize = 1024;
 
 /// Longest transfer report (JSON) a `CopyDone` may carry; a source server leaves out what
@@ -103,6 +106,7 @@ impl FrameType {
     pub const GRANT_REQUEST: Self = Self(0x18);
     pub const GRANTED: Self = Self(0x19);
     pub const COPY_REQUEST: Self = Self(0x1A);
+    pub const PATHS: Self = Self(0x1B);
     pub const COPY_PROGRESS: Self = Self(0x39);
     pub const COPY_DONE: Self = Self(0x3A);
 
@@ -137,6 +141,7 @@ impl FrameType {
             | Self::GRANT_REQUEST
             | Self::GRANTED
             | Self::COPY_REQUEST
+            | Self::PATHS
             | Self::COPY_PROGRESS
             | Self::COPY_DONE => Some(MAX_CONTROL_PAYLOAD),
             _ => None,
@@ -173,6 +178,7 @@ impl FrameType {
             Self::GRANT_REQUEST => "grant_request",
             Self::GRANTED => "granted",
             Self::COPY_REQUEST => "copy_request",
+            Self::PATHS => "paths",
             Self::COPY_PROGRESS => "copy_progress",
             Self::COPY_DONE => "copy_done",
             _ => "unknown",
@@ -210,10 +216,21 @@ impl Capabilities {
     /// the start and then parks it, and never counts it among the streams it tunes (the
     /// client opens them only for a path it has measured as long and fast; docs/DESIGN.md).
     pub const RAMP_HELPERS: u64 = 1 << 2;
+    /// The client dials its data connections over several network paths (`--multipath`):
+    /// the server answers its control `Welcome` with `Paths`, the addresses it takes data
+    /// connections on. Not in [`Capabilities::ours`]: a client offers it only when it will
+    /// read the frame.
+    pub const MULTIPATH: u64 = 1 << 3;
 
     /// Everything this build supports.
     pub const fn ours() -> Self {
         Self(Self::RESEND | Self::EARLY_TUNED | Self::RAMP_HELPERS)
+    }
+
+    /// Everything this build understands: what it offers by default and what it offers on
+    /// request ([`Capabilities::MULTIPATH`]). A server keeps these bits of a client's `Hello`.
+    pub const fn known() -> Self {
+        Self(Self::ours().0 | Self::MULTIPATH)
     }
 
     pub fn intersect(self, other: Self) -> Self {
@@ -624,6 +641,12 @@ pub enum Frame {
     Granted {
         grant: String,
         ttl_ms: u32,
+    },
+    /// Server to client (control), right after `Welcome` when the client offered
+    /// `multipath`: the `host:port` addresses it takes data connections on, one per network
+    /// path.
+    Paths {
+        addrs: Vec<String>,
     },
     /// Client to the source of a third-party copy (control): put `src` into `dest` on the
     /// server at `peer`, pinned by `fingerprint`, logging in with `grant`.

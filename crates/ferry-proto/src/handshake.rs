@@ -39,7 +39,7 @@ pub struct Hello {
 impl Hello {
     /// What the session may use: the bits both sides have.
     pub fn session_capabilities(&self) -> Capabilities {
-        self.capabilities.intersect(Capabilities::ours())
+        self.capabilities.intersect(Capabilities::known())
     }
 
     /// The frame this `Hello` was parsed from, for encoding (clients, tests, fuzzing).

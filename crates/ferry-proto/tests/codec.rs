@@ -732,6 +732,9 @@ fn sample_frames() -> Vec<Frame> {
             ttl_ms: 60_000,
         },
         Frame::CopyRequest(Box::new(sample_copy_request())),
+        Frame::Paths {
+            addrs: vec!["10.0.1.2:7070".into(), "[fd00::2]:7070".into()],
+        },
         Frame::CopyProgress(CopyProgress {
             found_files: 10,
             found_bytes: 1 << 30,
@@ -765,7 +768,7 @@ fn sample_copy_request() -> CopyRequest {
 fn samples_cover_every_frame_type() {
     let mut types: Vec<u8> = sample_frames().iter().map(|f| f.frame_type().0).collect();
     types.dedup();
-    assert_eq!(types.len(), 29);
+    assert_eq!(types.len(), 30);
     for ty in 0..=u8::MAX {
         assert_eq!(
             FrameType(ty).max_payload().is_some(),
@@ -1539,5 +1542,23 @@ fn copy_frames_are_range_checked() {
             field: "report",
             ..
         })
+    ));
+}
+
+#[test]
+fn pinned_paths_and_their_limit() {
+    let frame = Frame::Paths {
+        addrs: vec!["a:1".into()],
+    };
+    assert_eq!(
+        &encode(&frame)[..],
+        &[0x1B, 0, 0, 0, 7, 0, 1, 0, 3, b'a', b':', b'1']
+    );
+    let many = Frame::Paths {
+        addrs: vec![String::new(); MAX_PATHS + 1],
+    };
+    assert!(matches!(
+        decode(encode(&many)),
+        Err(DecodeError::TooLong { field: "count", .. })
     ));
 }

@@ -1,12 +1,15 @@
-//! The frames of a third-party copy: the grant a destination mints, the request a source
-//! takes, and what the source reports back to the client.
+//! The frames of a third-party copy (the grant a destination mints, the request a source
+//! takes, and what the source reports back to the client) and of several paths (`Paths`).
 
 use bytes::{BufMut, BytesMut};
 
-use super::{decode_complete, decode_opts, invalid, put_complete, put_opts, put_str, Reader};
+use super::{
+    count, decode_complete, decode_opts, invalid, put_complete, put_opts, put_str, Reader,
+};
 use crate::error::DecodeError;
 use crate::frame::{
-    CompleteSummary, CopyProgress, CopyRequest, Frame, MAX_ADDR, MAX_PATH, MAX_REPORT, MAX_TOKEN,
+    CompleteSummary, CopyProgress, CopyRequest, Frame, MAX_ADDR, MAX_PATH, MAX_PATHS, MAX_REPORT,
+    MAX_TOKEN,
 };
 
 pub(super) fn put_copy_request(out: &mut BytesMut, c: &CopyRequest) {
@@ -93,4 +96,20 @@ pub(super) fn decode_granted(r: &mut Reader<'_>) -> Result<Frame, DecodeError> {
         grant: r.str("grant", MAX_TOKEN)?,
         ttl_ms: r.u32("ttl_ms")?,
     })
+}
+
+pub(super) fn put_paths(out: &mut BytesMut, addrs: &[String]) {
+    out.put_u16(super::wire_len(addrs.len(), "paths"));
+    for a in addrs {
+        put_str(out, a);
+    }
+}
+
+pub(super) fn decode_paths(r: &mut Reader<'_>) -> Result<Frame, DecodeError> {
+    let n = count(r, "count", MAX_PATHS)?;
+    let mut addrs = Vec::with_capacity(n);
+    for _ in 0..n {
+        addrs.push(r.str("addr", MAX_ADDR)?);
+    }
+    Ok(Frame::Paths { addrs })
 }
