@@ -143,6 +143,8 @@ pub fn control_config(
         helpers: 0,
         modes: Default::default(),
         links: Default::default(),
+        multipath: false,
+        bind: Vec::new(),
     })
 }
 
@@ -292,6 +294,8 @@ pub fn client_config(args: &TransferArgs, remote: &Remote) -> Result<ClientConfi
         helpers: 0,
         modes: Default::default(),
         links: Default::default(),
+        multipath: false,
+        bind: Vec::new(),
     })
 }
 

@@ -86,6 +86,13 @@ pub struct ClientConfig {
     pub modes: Modes,
     /// Which symlinks a get makes (`--safe-links`: none that leave the tree).
     pub links: Links,
+    /// Dial the data connections over the server's several network paths (`--multipath`):
+    /// ask for its `Paths` and spread the connections over them, connection `i` to path
+    /// `i mod paths`. One round trip slower to start: the connections wait for the paths.
+    pub multipath: bool,
+    /// Local addresses the data connections leave from (`--bind`), connection `i` from
+    /// `bind[i mod len]`: one per network card. Empty: the kernel chooses.
+    pub bind: Vec<std::net::IpAddr>,
 }
 
 /// Where an auto-tuned transfer's first stream count came from.
@@ -395,12 +402,31 @@ async fn dial(
     data: bool,
     fast_open: bool,
 ) -> Result<TcpStream, SessionError> {
+    dial_from(addr, None, window, timeout, (data, fast_open)).await
+}
+
+/// [`dial`] from the local address `local`, where given (`--bind`).
+async fn dial_from(
+    addr: SocketAddr,
+    local: Option<std::net::IpAddr>,
+    window: u32,
+    timeout: Duration,
+    (data, fast_open): (bool, bool),
+) -> Result<TcpStream, SessionError> {
     let socket = if addr.is_ipv4() {
         TcpSocket::new_v4()
     } else {
         TcpSocket::new_v6()
     }
     .map_err(|e| unreached(addr, e))?;
+    if let Some(ip) = local {
+        socket.bind(SocketAddr::new(ip, 0)).map_err(|e| {
+            unreached(
+                addr,
+                std::io::Error::new(e.kind(), format!("binding to {ip}: {e}")),
+            )
+        })?;
+    }
     if window > 0 {
         // Before connect, so the window scale offered in the SYN matches.
         socket.set_send_buffer_size(window)?;
@@ -474,6 +500,15 @@ fn hello_frame(role: Role) -> Frame {
     Frame::Hello {
         version: PROTOCOL_VERSION,
         capabilities: Capabilities::ours(),
+        role,
+    }
+}
+
+/// A control `Hello` that also asks for the server's `Paths`.
+fn hello_for_paths(role: Role) -> Frame {
+    Frame::Hello {
+        version: PROTOCOL_VERSION,
+        capabilities: Capabilities(Capabilities::ours().0 | Capabilities::MULTIPATH),
         role,
     }
 }
@@ -749,6 +784,70 @@ async fn answered(
     Ok((c, opts, joining))
 }
 
+/// A multipath session's opening: log in asking for the server's `Paths`, send the request,
+/// and once the server is ready dial connection `i` to path `i mod paths` (from local address
+/// `i mod bind`). One round trip slower than [`open`]: no connection can leave before the
+/// paths are known. Returns what [`answered`] does.
+async fn open_paths(
+    cfg: &ClientConfig,
+    reporter: &dyn Reporter,
+    request: &Frame,
+) -> Result<(Connected, TransferOpts, Joining), SessionError> {
+    let session = new_session();
+    let (mut control, tls, addr) = secure_control(cfg, reporter, |_, _| {}).await?;
+    send(&mut control, &hello_for_paths(control_role(cfg, session))).await?;
+    welcomed(&mut control, cfg.connect_timeout, session).await?;
+    let paths = read_paths(&mut control, cfg.connect_timeout, addr).await?;
+    send(&mut control, request).await?;
+    let opts = ready(cfg, &mut control).await?;
+    let mut dials = tokio::task::JoinSet::new();
+    for index in 0..opts.streams {
+        let to = paths[usize::from(index) % paths.len()];
+        let data_tls = tls.clone().map(DataTls::Now);
+        dials.spawn(DataDial::new(cfg, to, data_tls, session, index).run());
+    }
+    let c = Connected {
+        control,
+        tls,
+        addr,
+        session: session.0,
+        secret: session.1,
+    };
+    let joining = Joining::new(cfg, &opts, dials);
+    Ok((c, opts, joining))
+}
+
+/// The server's `Paths`, as addresses to dial: an unspecified address (a server listening on
+/// all of its own) stands for the one the control connection reached.
+async fn read_paths(
+    control: &mut Stream,
+    timeout: Duration,
+    reached: SocketAddr,
+) -> Result<Vec<SocketAddr>, SessionError> {
+    let frame = read_frame_within(control, timeout).await?;
+    let Frame::Paths { addrs } = frame else {
+        return Err(SessionError::Protocol(format!(
+            "expected Paths, got {:?}",
+            frame.frame_type()
+        )));
+    };
+    let mut paths = Vec::with_capacity(addrs.len());
+    for a in &addrs {
+        let mut path = match a.parse::<SocketAddr>() {
+            Ok(p) => p,
+            Err(_) => resolve(a).await?,
+        };
+        if path.ip().is_unspecified() {
+            path.set_ip(reached.ip());
+        }
+        paths.push(path);
+    }
+    if paths.is_empty() {
+        paths.push(reached);
+    }
+    Ok(paths)
+}
+
 /// The data connections of a session that the server has accepted, still joining it: each
 /// has sent its `Hello`; those beyond the grant are dropped (the server refuses them).
 pub(crate) struct Joining {
@@ -944,6 +1043,7 @@ impl DataTls {
 /// session's secret), so it runs alongside the login.
 struct DataDial {
     addr: SocketAddr,
+    local: Option<std::net::IpAddr>,
     window: u32,
     timeout: Duration,
     tls: Option<DataTls>,
@@ -960,8 +1060,10 @@ impl DataDial {
         session: (SessionId, [u8; 32]),
         index: u16,
     ) -> Self {
+        let local = (!cfg.bind.is_empty()).then(|| cfg.bind[usize::from(index) % cfg.bind.len()]);
         Self {
             addr,
+            local,
             window: cfg.opts.tcp_window,
             timeout: cfg.connect_timeout,
             tls,
@@ -972,12 +1074,12 @@ impl DataDial {
     }
 
     async fn run(self) -> Result<(u16, Stream), SessionError> {
-        let tcp = dial(
+        let tcp = dial_from(
             self.addr,
+            self.local,
             self.window,
             self.timeout,
-            true,
-            self.tls.is_some(),
+            (true, self.tls.is_some()),
         )
         .await?;
         let mut s = match self.tls {
@@ -1142,17 +1244,28 @@ async fn put_once(
     };
     let sender = Sender::start(srcs, config, tx, ctl_tx, reporter.clone());
     let opened = async {
+        if cfg.multipath {
+            let (c, opts, joining) = open_paths(cfg, reporter.as_ref(), &request).await?;
+            let data = joining.finish().await?;
+            let session = (c.session, c.secret);
+            return Ok((c.control, c.tls, c.addr, session, data, Some(opts)));
+        }
         let o = open(cfg, reporter.as_ref(), &request).await?;
         let data = all_dialled(o.dials).await?;
-        Ok::<_, SessionError>((o.control, o.tls, o.addr, o.session, data))
+        Ok::<_, SessionError>((o.control, o.tls, o.addr, o.session, data, None))
     };
-    let (control, tls, addr, session, data) = match opened.await {
+    let (control, tls, addr, session, data, granted) = match opened.await {
         Ok(o) => o,
         Err(e) => {
             sender.close();
             return Err(e);
         }
     };
+    // A multipath session has read `Welcome` and `Ready` already: its blocks are cut by the
+    // grant from now on, and the engine awaits neither.
+    if let Some(o) = &granted {
+        sender.grant(o.block_size, o.streams);
+    }
     let security = security_of(&control, tls.as_ref());
     let plan = StreamPlan {
         force: cfg.force_streams,
@@ -1174,12 +1287,15 @@ async fn put_once(
         reporter,
     };
     let run = SendRun {
-        limits: limits(cfg, &cfg.opts),
+        limits: limits(cfg, granted.as_ref().unwrap_or(&cfg.opts)),
         plan,
-        welcome: Some(cfg.connect_timeout),
-        awaiting: Some(session),
+        welcome: granted.is_none().then_some(cfg.connect_timeout),
+        awaiting: granted.is_none().then_some(session),
     };
-    let out = drive_sender(io, run).await?;
+    let mut out = drive_sender(io, run).await?;
+    if let Some(o) = &granted {
+        out.granted.get_or_insert((o.streams, o.block_size));
+    }
     Ok(put_report(cfg, out, t0, (dialled, same_host), security).await)
 }
 
@@ -1259,8 +1375,12 @@ async fn get_once(
         src: src.to_owned(),
         opts: cfg.opts.clone(),
     };
-    let opening = open(cfg, reporter.as_ref(), &request).await?;
-    let (c, opts, joining) = answered(cfg, opening).await?;
+    let (c, opts, joining) = if cfg.multipath {
+        open_paths(cfg, reporter.as_ref(), &request).await?
+    } else {
+        let opening = open(cfg, reporter.as_ref(), &request).await?;
+        answered(cfg, opening).await?
+    };
     let joins = joining.into_joins();
     let security = security_of(&c.control, c.tls.as_ref());
     let (tx, rx) = flume::unbounded();

@@ -7,15 +7,11 @@ mod util;
 
 use std::net::SocketAddr;
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
 use ferry_net::copy::{copy, CopyConfig};
 use ferry_net::{ClientConfig, SessionError};
 use ferry_proto::{ErrorCode, Frame};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
 use util::*;
 
 fn third_party(c: &mut ferry_net::ServerConfig) {
@@ -34,69 +30,6 @@ fn copy_config(a: &TestServer, b: &TestServer, a_via: SocketAddr, b_via: SocketA
         dest,
         dest_addr: Some(b.addr.to_string()),
     }
-}
-
-/// A TCP relay that counts the bytes it forwards (both ways), and optionally paces them to
-/// `rate` bytes per second in each direction, so that a copy lasts long enough to be cut.
-struct Relay {
-    addr: SocketAddr,
-    bytes: Arc<AtomicU64>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Relay {
-    async fn start(target: SocketAddr, rate: Option<u64>) -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let bytes = Arc::new(AtomicU64::new(0));
-        let counted = bytes.clone();
-        let task = tokio::spawn(async move {
-            let mut pairs = tokio::task::JoinSet::new();
-            while let Ok((inbound, _)) = listener.accept().await {
-                let Ok(outbound) = TcpStream::connect(target).await else {
-                    continue;
-                };
-                let (ri, wi) = inbound.into_split();
-                let (ro, wo) = outbound.into_split();
-                pairs.spawn(pump(ri, wo, counted.clone(), rate));
-                pairs.spawn(pump(ro, wi, counted.clone(), rate));
-            }
-        });
-        Self { addr, bytes, task }
-    }
-
-    fn bytes(&self) -> u64 {
-        self.bytes.load(Ordering::Relaxed)
-    }
-}
-
-impl Drop for Relay {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-async fn pump(
-    mut from: tokio::net::tcp::OwnedReadHalf,
-    mut to: tokio::net::tcp::OwnedWriteHalf,
-    count: Arc<AtomicU64>,
-    rate: Option<u64>,
-) {
-    let mut buf = vec![0u8; 64 << 10];
-    loop {
-        let n = match from.read(&mut buf).await {
-            Ok(0) | Err(_) => break,
-            Ok(n) => n,
-        };
-        count.fetch_add(n as u64, Ordering::Relaxed);
-        if let Some(rate) = rate {
-            tokio::time::sleep(Duration::from_secs_f64(n as f64 / rate as f64)).await;
-        }
-        if to.write_all(&buf[..n]).await.is_err() {
-            break;
-        }
-    }
-    let _ = to.shutdown().await;
 }
 
 /// A tree of `files` files of `size` bytes under `root/name`, plus a subdirectory and a link.

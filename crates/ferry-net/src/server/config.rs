@@ -67,6 +67,10 @@ pub struct ServerConfig {
     /// How long a grant stays usable before its first use, and between a failed session and
     /// the source's retry.
     pub grant_ttl: Duration,
+    /// The `host:port` addresses a multipath client is told to dial its data connections to,
+    /// one per network path (`Paths`). Empty: every address the server listens on when it
+    /// listens on several, else the one the client's control connection reached.
+    pub paths: Vec<String>,
 }
 
 impl ServerConfig {
@@ -100,6 +104,7 @@ impl ServerConfig {
             modes: Modes::default(),
             third_party: false,
             grant_ttl: Duration::from_secs(60),
+            paths: Vec::new(),
         }
     }
 

@@ -189,6 +189,8 @@ fn client_config(shared: &ServerState, request: &CopyRequest) -> ClientConfig {
         helpers: 0,
         modes: Modes::default(),
         links: Links::Any,
+        multipath: false,
+        bind: Vec::new(),
     }
 }
 

@@ -26,12 +26,28 @@ use crate::transport::stream::Stream;
 use crate::transport::tcp;
 
 pub struct Server {
-    listener: TcpListener,
+    /// One per address the server listens on (`--listen` repeated: one per network path).
+    listeners: Vec<TcpListener>,
     shared: Arc<ServerState>,
 }
 
 impl Server {
     pub async fn bind(addr: SocketAddr, config: ServerConfig) -> Result<Self, SessionError> {
+        Self::bind_all(&[addr], config).await
+    }
+
+    /// Listens on every one of `addrs` (at least one), all serving the same sessions: a data
+    /// connection may join its session through any of them. With several and no
+    /// `config.paths`, they are what a multipath client is told (`Paths`).
+    pub async fn bind_all(
+        addrs: &[SocketAddr],
+        mut config: ServerConfig,
+    ) -> Result<Self, SessionError> {
+        if addrs.is_empty() {
+            return Err(SessionError::Io(std::io::Error::other(
+                "no address to listen on",
+            )));
+        }
         let root = Root::open(&config.root)?;
         let tls = match &config.tls {
             Some(id) => Some(TlsAcceptor::from(id.server_config()?)),
@@ -42,29 +58,29 @@ impl Server {
                 ))
             }
         };
-        // A deep accept queue: with the default (128), a burst of connections beyond it sees
-        // a connection the server never accepted, and hangs instead of getting BUSY.
-        let socket = if addr.is_ipv4() {
-            tokio::net::TcpSocket::new_v4()?
-        } else {
-            tokio::net::TcpSocket::new_v6()?
-        };
-        socket.set_reuseaddr(true)?;
-        socket.bind(addr)?;
-        tcp::open_listen_window(&socket);
-        if tcp::fast_open() {
-            // Inert unless the host allows server-side Fast Open (DESIGN.md, "TCP").
-            let _ = tcp::allow_fast_open_listen(std::os::fd::AsFd::as_fd(&socket));
+        let mut listeners = Vec::with_capacity(addrs.len());
+        for addr in addrs {
+            listeners.push(listen(*addr)?);
         }
-        let listener = socket.listen(4096)?;
+        if config.paths.is_empty() && listeners.len() > 1 {
+            for l in &listeners {
+                config.paths.push(l.local_addr()?.to_string());
+            }
+        }
         Ok(Self {
-            listener,
+            listeners,
             shared: Arc::new(ServerState::new(config, root, tls)),
         })
     }
 
+    /// The first address the server listens on.
     pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
-        self.listener.local_addr()
+        self.listeners[0].local_addr()
+    }
+
+    /// Every address the server listens on.
+    pub fn local_addrs(&self) -> std::io::Result<Vec<SocketAddr>> {
+        self.listeners.iter().map(TcpListener::local_addr).collect()
     }
 
     /// How long no session has been running (zero while one runs): `serve --oneshot` exits
@@ -95,7 +111,7 @@ impl Server {
         scan.tick().await; // the first tick is immediate; the caller scans at start
         loop {
             let accepted = tokio::select! {
-                a = self.listener.accept() => a,
+                a = accept_any(&self.listeners) => a,
                 _ = &mut shutdown => break,
                 Some(_) = tasks.join_next() => continue,
                 _ = scan.tick() => {
@@ -122,7 +138,7 @@ impl Server {
             "shutting down: no new connections; ending {} active",
             tasks.len()
         );
-        drop(self.listener);
+        drop(self.listeners);
         let _ = stop_tx.send(());
         let _ = tokio::time::timeout(Duration::from_secs(10), async {
             while tasks.join_next().await.is_some() {}
@@ -212,4 +228,36 @@ async fn refuse_busy(stream: TcpStream, _slot: Permit, message: String) {
         while matches!(s.read(&mut sink).await, Ok(n) if n > 0) {}
     })
     .await;
+}
+
+/// A listening socket on `addr`. A deep accept queue: with the default (128), a burst of
+/// connections beyond it sees a connection the server never accepted, and hangs instead of
+/// getting BUSY.
+fn listen(addr: SocketAddr) -> Result<TcpListener, SessionError> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    tcp::open_listen_window(&socket);
+    if tcp::fast_open() {
+        // Inert unless the host allows server-side Fast Open (DESIGN.md, "TCP").
+        let _ = tcp::allow_fast_open_listen(std::os::fd::AsFd::as_fd(&socket));
+    }
+    Ok(socket.listen(4096)?)
+}
+
+/// The next connection on any of the listeners.
+async fn accept_any(listeners: &[TcpListener]) -> std::io::Result<(TcpStream, SocketAddr)> {
+    std::future::poll_fn(|cx| {
+        for l in listeners {
+            if let std::task::Poll::Ready(r) = l.poll_accept(cx) {
+                return std::task::Poll::Ready(r);
+            }
+        }
+        std::task::Poll::Pending
+    })
+    .await
 }

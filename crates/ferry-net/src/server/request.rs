@@ -62,6 +62,9 @@ pub(super) async fn prepare<'a>(
     caps: Capabilities,
 ) -> Result<Work<'a>, SessionError> {
     welcome(stream, session, secret).await?;
+    if caps.has(Capabilities::MULTIPATH) {
+        send(stream, &paths(shared, stream)).await?;
+    }
     let request = tokio::time::timeout(
         shared.config.idle_timeout,
         expect_frame(stream, MAX_CONTROL_PAYLOAD, "control"),
@@ -120,6 +123,19 @@ pub(super) async fn prepare<'a>(
             other.frame_type()
         ))),
     }
+}
+
+/// The data addresses a multipath client dials: the configured ones, else the address its
+/// control connection reached.
+fn paths(shared: &ServerState, stream: &Stream) -> Frame {
+    let mut addrs = shared.config.paths.clone();
+    if addrs.is_empty() {
+        if let Ok(a) = stream.tcp().local_addr() {
+            addrs.push(a.to_string());
+        }
+    }
+    addrs.truncate(ferry_proto::MAX_PATHS);
+    Frame::Paths { addrs }
 }
 
 /// Checks a put against the token's write scopes, opens the destination (so that a bad one is

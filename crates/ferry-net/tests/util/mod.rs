@@ -6,11 +6,14 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use ferry_net::{ClientConfig, Fingerprint, Security, Server, ServerConfig, ServerTrust};
 use ferry_proto::{ChecksumAlgo, ExistingPolicy, TransferOpts};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::oneshot;
 
 pub const TOKEN: &str = "test-token-0123456789";
@@ -143,6 +146,8 @@ pub fn client_config(server: String) -> ClientConfig {
         helpers: 0,
         modes: Default::default(),
         links: Default::default(),
+        multipath: false,
+        bind: Vec::new(),
     }
 }
 
@@ -550,7 +555,12 @@ pub async fn refusal_message(
 
 /// An authenticated control connection with its session id and secret.
 pub async fn control(server: &TestServer) -> (Raw, ferry_proto::SessionId, [u8; 32]) {
-    let mut c = Raw::connect(server.addr).await;
+    control_at(server.addr).await
+}
+
+/// [`control`] to a server at `addr`.
+pub async fn control_at(addr: SocketAddr) -> (Raw, ferry_proto::SessionId, [u8; 32]) {
+    let mut c = Raw::connect(addr).await;
     c.send(&hello_control(TOKEN)).await.unwrap();
     match c.expect(T).await {
         ferry_proto::Frame::Welcome {
@@ -581,4 +591,93 @@ pub async fn raw_put(server: &TestServer, dest: &str) -> (Raw, Raw) {
         ferry_proto::Frame::Welcome { .. }
     ));
     (c, d)
+}
+
+/// A TCP relay that counts the bytes it forwards (both ways), and optionally paces them to
+/// `rate` bytes per second in each direction, so that a copy lasts long enough to be cut.
+pub struct Relay {
+    pub addr: SocketAddr,
+    bytes: Arc<AtomicU64>,
+    /// The address of every connection it took.
+    peers: Arc<std::sync::Mutex<Vec<SocketAddr>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Relay {
+    pub async fn start(target: SocketAddr, rate: Option<u64>) -> Self {
+        let (relay, to) = Self::start_later(rate).await;
+        let _ = to.send(target);
+        relay
+    }
+
+    /// A relay whose target is given later (a server that must know the relay's address
+    /// before it starts); connections wait in its backlog until then.
+    pub async fn start_later(rate: Option<u64>) -> (Self, oneshot::Sender<SocketAddr>) {
+        let (to, target) = oneshot::channel::<SocketAddr>();
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let bytes = Arc::new(AtomicU64::new(0));
+        let peers = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (counted, seen) = (bytes.clone(), peers.clone());
+        let task = tokio::spawn(async move {
+            let Ok(target) = target.await else {
+                return;
+            };
+            let mut pairs = tokio::task::JoinSet::new();
+            while let Ok((inbound, peer)) = listener.accept().await {
+                seen.lock().unwrap().push(peer);
+                let Ok(outbound) = TcpStream::connect(target).await else {
+                    continue;
+                };
+                let (ri, wi) = inbound.into_split();
+                let (ro, wo) = outbound.into_split();
+                pairs.spawn(pump(ri, wo, counted.clone(), rate));
+                pairs.spawn(pump(ro, wi, counted.clone(), rate));
+            }
+        });
+        let relay = Self {
+            addr,
+            bytes,
+            peers,
+            task,
+        };
+        (relay, to)
+    }
+
+    pub fn bytes(&self) -> u64 {
+        self.bytes.load(Ordering::Relaxed)
+    }
+
+    pub fn peers(&self) -> Vec<SocketAddr> {
+        self.peers.lock().unwrap().clone()
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn pump(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    count: Arc<AtomicU64>,
+    rate: Option<u64>,
+) {
+    let mut buf = vec![0u8; 64 << 10];
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        count.fetch_add(n as u64, Ordering::Relaxed);
+        if let Some(rate) = rate {
+            tokio::time::sleep(Duration::from_secs_f64(n as f64 / rate as f64)).await;
+        }
+        if to.write_all(&buf[..n]).await.is_err() {
+            break;
+        }
+    }
+    let _ = to.shutdown().await;
 }
