@@ -304,9 +304,11 @@ pub struct ServeArgs {
     #[arg(long, required_unless_present = "oneshot")]
     pub root: Option<PathBuf>,
     /// Address to listen on: control and data connections all use this one port. Default
-    /// 0.0.0.0:7070; with --oneshot, an ephemeral port.
+    /// 0.0.0.0:7070; with --oneshot, an ephemeral port. Repeat it, one address per network
+    /// card, to offer several network paths: a client with --multipath spreads its data
+    /// connections over all of them.
     #[arg(long)]
-    pub listen: Option<String>,
+    pub listen: Vec<String>,
     /// File holding the access token; created with a new random token (mode 0600) if absent.
     #[arg(long)]
     pub token_file: Option<PathBuf>,
@@ -403,6 +405,14 @@ pub struct TransferArgs {
     /// Write one line per file in `b3sum`/`md5sum` format (digest, two spaces, path).
     #[arg(long)]
     pub manifest: Option<PathBuf>,
+    /// Spread the data connections over every network path the server offers (its
+    /// repeated --listen addresses). One round trip slower to start.
+    #[arg(long)]
+    pub multipath: bool,
+    /// Local address the data connections leave from; repeat it, one per network card
+    /// (connection i leaves from the i-th mod their number). Implies --multipath.
+    #[arg(long, value_name = "IP")]
+    pub bind: Vec<std::net::IpAddr>,
     #[command(flatten)]
     pub auth: AuthArgs,
     #[command(flatten)]

@@ -294,8 +294,8 @@ pub fn client_config(args: &TransferArgs, remote: &Remote) -> Result<ClientConfi
         helpers: 0,
         modes: Default::default(),
         links: Default::default(),
-        multipath: false,
-        bind: Vec::new(),
+        multipath: args.multipath || !args.bind.is_empty(),
+        bind: args.bind.clone(),
     })
 }
 

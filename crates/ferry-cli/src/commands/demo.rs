@@ -275,6 +275,8 @@ impl DemoServer {
             writers: None,
             output: OutputArgs::default(),
             manifest: None,
+            multipath: false,
+            bind: Vec::new(),
             auth: AuthArgs {
                 token: Some(self.token.clone()),
                 config: None,

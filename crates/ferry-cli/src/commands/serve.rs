@@ -42,8 +42,15 @@ pub async fn run(args: ServeArgs, quiet: bool) -> Result<ExitCode> {
             root.display()
         )));
     }
-    let listen = args.listen.clone().unwrap_or_else(|| "0.0.0.0:7070".into());
-    let addr = lookup(&listen).await?;
+    let listen = if args.listen.is_empty() {
+        vec!["0.0.0.0:7070".to_owned()]
+    } else {
+        args.listen.clone()
+    };
+    let mut addrs = Vec::with_capacity(listen.len());
+    for l in &listen {
+        addrs.push(lookup(l).await?);
+    }
     let mut config = ServerConfig::new(&root, String::new());
     config.access = Arc::new(access);
     config.tls = Some(identity);
@@ -56,12 +63,13 @@ pub async fn run(args: ServeArgs, quiet: bool) -> Result<ExitCode> {
         );
     }
     raise_open_files(config.max_connections);
-    let server = Server::bind(addr, config)
+    let server = Server::bind_all(&addrs, config)
         .await
-        .with_context(|| format!("cannot listen on {addr}"))?;
-    let local = server.local_addr()?;
+        .with_context(|| format!("cannot listen on {}", listen.join(", ")))?;
+    let local = server.local_addrs()?;
     if !quiet {
-        eprintln!("ferry: serving {} on {local}", root.display());
+        let on: Vec<String> = local.iter().map(ToString::to_string).collect();
+        eprintln!("ferry: serving {} on {}", root.display(), on.join(", "));
         note_fast_open();
     }
     let report = server.scan_partials();
@@ -248,7 +256,11 @@ async fn oneshot(args: ServeArgs) -> Result<ExitCode> {
         .context("--idle-timeout")
         .map_err(usage)?
         .max(Duration::from_secs(5));
-    let listen = args.listen.clone().unwrap_or_else(|| "0.0.0.0:0".into());
+    let listen = args
+        .listen
+        .first()
+        .cloned()
+        .unwrap_or_else(|| "0.0.0.0:0".into());
     let addr = lookup(&listen).await?;
     raise_open_files(config.max_connections);
     let server = Server::bind(addr, config)
