@@ -163,6 +163,7 @@ async fn ask_grant(
     };
     let ask = Frame::GrantRequest {
         dest: dest.to_owned(),
+        existing: cfg.source.opts.existing,
     };
     send(&mut c.control, &ask).await?;
     let reply = tokio::time::timeout(
@@ -199,22 +200,43 @@ async fn watch(
     let mut done = None;
     let mut confirmed = None;
     let mut deadline = None;
+    // The source reports every 500 ms: silence for the idle timeout is a lost source. One
+    // that reports but moves nothing (retrying a destination that is gone) is given the
+    // client's own time to retry.
+    let (silent, stalled) = (
+        cfg.source.idle_timeout,
+        cfg.source.retry_for.max(cfg.source.idle_timeout),
+    );
+    let mut moved = tokio::time::Instant::now();
+    let mut last = CopyProgress::default();
     loop {
         if let (Some(_), Some(_)) = (&done, &confirmed) {
             break;
         }
-        let next = match deadline {
-            Some(d) => tokio::time::timeout_at(d, rx.recv())
-                .await
-                .map_err(|_| SessionError::Timeout("the destination to confirm the copy"))?,
-            None => rx.recv().await,
+        let until = match deadline {
+            Some(d) => d,
+            None => (tokio::time::Instant::now() + silent).min(moved + stalled),
         };
+        let next = tokio::time::timeout_at(until, rx.recv())
+            .await
+            .map_err(|_| {
+                SessionError::Timeout(match deadline {
+                    Some(_) => "the destination to confirm the copy",
+                    None => "the source of the copy, which went silent or stopped moving data",
+                })
+            })?;
         let Some((side, frame)) = next else {
             return Err(SessionError::Closed("control"));
         };
         let frame = frame.map_err(|e| at(side.name(), side.server(cfg), e))?;
         match (side, frame) {
-            (Side::Source, Frame::CopyProgress(p)) => seen = advance(reporter, seen, p),
+            (Side::Source, Frame::CopyProgress(p)) => {
+                if p != last {
+                    moved = tokio::time::Instant::now();
+                    last = p;
+                }
+                seen = advance(reporter, seen, p);
+            }
             (Side::Source, Frame::CopyDone { summary, report }) => {
                 done = Some((summary, report));
                 deadline = Some(tokio::time::Instant::now() + CONFIRM_WITHIN);
@@ -279,11 +301,13 @@ fn advance(reporter: &dyn Reporter, seen: CopyProgress, now: CopyProgress) -> Co
     if bytes > 0 {
         reporter.on_bytes(bytes);
     }
-    for _ in seen.files..now.files.min(seen.files + 100_000) {
+    // At most so many per frame: a source's counts are not trusted to size a loop.
+    let files = now.files.min(seen.files.saturating_add(10_000));
+    for _ in seen.files..files {
         reporter.on_file_done();
     }
     CopyProgress {
-        files: now.files.max(seen.files),
+        files: files.max(seen.files),
         bytes: now.bytes.max(seen.bytes),
         found_files: now.found_files.max(seen.found_files),
         found_bytes: now.found_bytes.max(seen.found_bytes),

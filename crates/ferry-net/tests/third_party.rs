@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use ferry_net::copy::{copy, CopyConfig};
 use ferry_net::{ClientConfig, SessionError};
+use ferry_proto::ExistingPolicy;
 use ferry_proto::{ErrorCode, Frame};
 use util::*;
 
@@ -95,9 +96,12 @@ async fn a_tree_copied_between_two_servers_is_identical_and_only_control_crosses
 /// revokes the grant).
 async fn mint(b: &TestServer, dest: &str) -> (Raw, String) {
     let (mut c, _, _) = control(b).await;
-    c.send(&Frame::GrantRequest { dest: dest.into() })
-        .await
-        .unwrap();
+    c.send(&Frame::GrantRequest {
+        dest: dest.into(),
+        existing: ExistingPolicy::Fail,
+    })
+    .await
+    .unwrap();
     match c.expect(T).await {
         Frame::Granted { grant, .. } => (c, grant),
         other => panic!("expected Granted, got {other:?}"),

@@ -199,6 +199,7 @@ impl Frame {
             }
             FrameType::GRANT_REQUEST => Frame::GrantRequest {
                 dest: r.str("dest", MAX_PATH)?,
+                existing: decode_existing(&mut r)?,
             },
             FrameType::GRANTED => copy::decode_granted(&mut r)?,
             FrameType::COPY_REQUEST => copy::decode_copy_request(&mut r)?,
@@ -300,7 +301,10 @@ impl Frame {
             | Frame::ProbeRequest { .. }
             | Frame::ProbeResult { .. }
             | Frame::ProbeData { .. } => self.encode_setup_payload(out),
-            Frame::GrantRequest { dest } => put_str(out, dest),
+            Frame::GrantRequest { dest, existing } => {
+                put_str(out, dest);
+                out.put_u8(*existing as u8);
+            }
             Frame::Granted { grant, ttl_ms } => copy::put_granted(out, grant, *ttl_ms),
             Frame::CopyRequest(c) => copy::put_copy_request(out, c),
             Frame::Paths { addrs } => copy::put_paths(out, addrs),
@@ -706,12 +710,7 @@ fn decode_opts(r: &mut Reader<'_>) -> Result<TransferOpts, DecodeError> {
             4 => ChecksumAlgo::Md5,
             other => return Err(invalid("checksum", other)),
         },
-        existing: match r.u8("existing")? {
-            0 => ExistingPolicy::Fail,
-            1 => ExistingPolicy::Overwrite,
-            2 => ExistingPolicy::Skip,
-            other => return Err(invalid("existing", other)),
-        },
+        existing: decode_existing(r)?,
         tcp_window: r.u32("tcp_window")?,
         auto_start: match r.u16("auto_start")? {
             n @ 0..=MAX_STREAMS => n,
@@ -726,6 +725,15 @@ fn decode_opts(r: &mut Reader<'_>) -> Result<TransferOpts, DecodeError> {
 
 /// Checked at decode time (not left to the session) so that no stream count or block size
 /// outside the protocol's range ever reaches code that sizes buffers or spawns tasks from it.
+fn decode_existing(r: &mut Reader<'_>) -> Result<ExistingPolicy, DecodeError> {
+    match r.u8("existing")? {
+        0 => Ok(ExistingPolicy::Fail),
+        1 => Ok(ExistingPolicy::Overwrite),
+        2 => Ok(ExistingPolicy::Skip),
+        other => Err(invalid("existing", other)),
+    }
+}
+
 fn decode_streams(r: &mut Reader<'_>) -> Result<u16, DecodeError> {
     match r.u16("streams")? {
         n @ 1..=MAX_STREAMS => Ok(n),

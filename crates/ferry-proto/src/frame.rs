@@ -635,6 +635,9 @@ pub enum Frame {
     /// another server put into `dest`, within this token's write scope, for one transfer.
     GrantRequest {
         dest: String,
+        /// What the granted put may do with files that exist: the client's `--overwrite` or
+        /// `--skip-existing`, never more than the client asked.
+        existing: ExistingPolicy,
     },
     /// The destination's answer: the grant, a bearer credential the source presents as its
     /// token, good for `ttl_ms` before its first use (and between retries).

@@ -366,7 +366,16 @@ fn frame() -> impl Strategy<Value = Frame> {
                 data: Bytes::from(d)
             })
             .boxed(),
-        text().prop_map(|dest| Frame::GrantRequest { dest }).boxed(),
+        (text(), 0u8..3)
+            .prop_map(|(dest, e)| Frame::GrantRequest {
+                dest,
+                existing: [
+                    ExistingPolicy::Fail,
+                    ExistingPolicy::Overwrite,
+                    ExistingPolicy::Skip,
+                ][usize::from(e)],
+            })
+            .boxed(),
         (text(), any::<u32>())
             .prop_map(|(grant, ttl_ms)| Frame::Granted { grant, ttl_ms })
             .boxed(),
@@ -726,6 +735,7 @@ fn sample_frames() -> Vec<Frame> {
         },
         Frame::GrantRequest {
             dest: "/incoming/run42/".into(),
+            existing: ExistingPolicy::Skip,
         },
         Frame::Granted {
             grant: "ferry-grant:0123456789abcdef0123456789abcdef.00".into(),

@@ -28,6 +28,11 @@ use crate::transport::tcp::peer_closed;
 /// still there: a copy whose client left is abandoned, and the client's rerun resumes it).
 const PROGRESS_EVERY: Duration = Duration::from_millis(500);
 
+/// How long a source retries its put at most. In practice less: the destination refuses the
+/// grant once it lapsed, and the client gives up on a source that makes no progress for its
+/// own `--retry-for`.
+const SOURCE_RETRY_FOR: Duration = Duration::from_secs(24 * 3600);
+
 /// Refuses a third-party request on a server that does not take part in them.
 pub(super) fn allowed(shared: &ServerState) -> Result<(), SessionError> {
     if shared.config.third_party {
@@ -179,8 +184,10 @@ fn client_config(shared: &ServerState, request: &CopyRequest) -> ClientConfig {
         connect_timeout: config.handshake_timeout,
         idle_timeout: config.idle_timeout,
         corrupt_blocks: Vec::new(),
-        // As long as the destination keeps the grant usable after a failed session.
-        retry_for: config.grant_ttl,
+        // Until the destination says the grant lapsed (`auth`, not retried) or the client
+        // leaves: the destination keeps it usable for its time to live after each failed
+        // session, however long the copy ran before.
+        retry_for: SOURCE_RETRY_FOR,
         security: Security::Tls(ServerTrust::Pinned(Fingerprint(request.fingerprint))),
         start_from,
         force_streams: None,

@@ -50,6 +50,8 @@ struct Entry {
     scope: Grant,
     state: State,
     report: tokio::sync::mpsc::UnboundedSender<Outcome>,
+    /// Dropped with the entry: a session using the grant ends when it is revoked.
+    revoked: tokio::sync::watch::Sender<()>,
 }
 
 /// The grants this server has minted and not yet revoked.
@@ -63,6 +65,16 @@ pub(super) struct Grants {
 #[derive(Debug)]
 pub(super) enum MintError {
     Full,
+}
+
+/// Why a grant does not log in.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Refused {
+    /// Unknown, revoked, expired, spent, or not this secret: like a wrong token.
+    Invalid,
+    /// Another session uses it now (a source's retry before this server noticed that the
+    /// session it replaces is gone): worth trying again shortly.
+    InUse,
 }
 
 impl Grants {
@@ -103,6 +115,7 @@ impl Grants {
                     deadline: Instant::now() + self.ttl,
                 },
                 report: tx,
+                revoked: tokio::sync::watch::channel(()).0,
             },
         );
         let token = format!("{PREFIX}{id:032x}.{}", ferry_core::digest::hex(&secret));
@@ -115,27 +128,28 @@ impl Grants {
     }
 
     /// Takes a grant up for one session: the scope it allows and the lease that reports the
-    /// session's end. `None` for anything but a grant that exists, matches, is not in use,
-    /// not spent and not expired; the caller treats that as a wrong token.
-    pub(super) fn redeem(&self, token: &str) -> Option<(Grant, Lease)> {
-        let (id, secret) = parse(token)?;
+    /// session's end (and its revocation).
+    pub(super) fn redeem(&self, token: &str) -> Result<(Grant, Lease), Refused> {
+        let (id, secret) = parse(token).ok_or(Refused::Invalid)?;
         let mut table = self.lock();
-        let entry = table.get_mut(&id)?;
+        let entry = table.get_mut(&id).ok_or(Refused::Invalid)?;
         let hash: [u8; 32] = Sha256::digest(secret).into();
         if !bool::from(hash.ct_eq(&entry.secret_hash)) {
-            return None;
+            return Err(Refused::Invalid);
         }
         match entry.state {
             State::Waiting { deadline } if Instant::now() < deadline => {}
-            _ => return None,
+            State::InUse => return Err(Refused::InUse),
+            _ => return Err(Refused::Invalid),
         }
         entry.state = State::InUse;
         let lease = Lease {
             grants: self.clone(),
             id,
             done: false,
+            revoked: entry.revoked.subscribe(),
         };
-        Some((entry.scope.clone(), lease))
+        Ok((entry.scope.clone(), lease))
     }
 
     fn state(&self, id: u128) -> Option<State> {
@@ -208,9 +222,17 @@ pub(super) struct Lease {
     grants: Grants,
     id: u128,
     done: bool,
+    revoked: tokio::sync::watch::Receiver<()>,
 }
 
 impl Lease {
+    /// Resolves once the grant is revoked (its minting session closed): the session using it
+    /// ends then, whatever it was doing.
+    pub(super) async fn revoked(&self) {
+        let mut rx = self.revoked.clone();
+        while rx.changed().await.is_ok() {}
+    }
+
     pub(super) fn complete(mut self, summary: CompleteSummary) {
         self.done = true;
         self.grants.end(self.id, Outcome::Complete(summary));
@@ -236,7 +258,9 @@ mod tests {
     use super::*;
 
     fn scope() -> Grant {
-        Grant::full("alice").third_party("in/x").unwrap()
+        Grant::full("alice")
+            .third_party("in/x", ferry_proto::ExistingPolicy::Fail)
+            .unwrap()
     }
 
     #[test]
@@ -245,13 +269,17 @@ mod tests {
         let (token, minted) = grants.mint(scope()).unwrap();
         let (granted, lease) = grants.redeem(&token).unwrap();
         assert_eq!(granted.pinned_dest(), Some("in/x"));
-        assert!(grants.redeem(&token).is_none(), "in use: no second session");
+        assert_eq!(
+            grants.redeem(&token).err(),
+            Some(Refused::InUse),
+            "in use: no second session"
+        );
         drop(lease);
         let (_, lease) = grants
             .redeem(&token)
             .expect("usable again after an interruption");
         lease.complete(CompleteSummary::default());
-        assert!(grants.redeem(&token).is_none(), "spent");
+        assert_eq!(grants.redeem(&token).err(), Some(Refused::Invalid), "spent");
         assert!(!minted.expired());
         drop(minted);
         assert!(grants.lock().is_empty(), "revoked with its minting session");
@@ -262,15 +290,15 @@ mod tests {
         let grants = Grants::new(Duration::ZERO);
         let (token, minted) = grants.mint(scope()).unwrap();
         assert!(minted.expired());
-        assert!(grants.redeem(&token).is_none());
+        assert!(grants.redeem(&token).is_err());
         let grants = Grants::new(Duration::from_secs(60));
         let (token, _minted) = grants.mint(scope()).unwrap();
         let mut wrong = token.clone();
         let last = wrong.pop().unwrap();
         wrong.push(if last == '0' { '1' } else { '0' });
-        assert!(grants.redeem(&wrong).is_none());
-        assert!(grants.redeem("ferry-grant:zz").is_none());
-        assert!(grants.redeem(&token).is_some());
+        assert_eq!(grants.redeem(&wrong).err(), Some(Refused::Invalid));
+        assert!(grants.redeem("ferry-grant:zz").is_err());
+        assert!(grants.redeem(&token).is_ok());
     }
 
     #[test]
@@ -284,7 +312,10 @@ mod tests {
         assert!(!g.may_write("in/y"));
         assert!(!g.may_read("in/x"));
         assert!(!g.may_read_something());
-        let narrow = Grant::full("bob");
-        assert!(narrow.third_party("a").is_some());
+        assert!(
+            g.third_party("in/x", ferry_proto::ExistingPolicy::Fail)
+                .is_none(),
+            "a grant mints no grants"
+        );
     }
 }

@@ -97,11 +97,14 @@ pub(super) async fn prepare<'a>(
             measure::serve(shared, stream, grant, named, probe).await?;
             Ok(Work::Done)
         }
-        Frame::GrantRequest { dest } => {
+        Frame::GrantRequest { dest, existing } => {
             copy::allowed(shared)?;
+            if grant.pinned_dest().is_some() {
+                return Err(denied(grant, "mint a grant with a grant for", &dest));
+            }
             let rel = resolve(shared, &dest)?;
             let scope = grant
-                .third_party(&rel)
+                .third_party(&rel, existing)
                 .ok_or_else(|| denied(grant, "write to", &dest))?;
             copy::mint(shared, stream, scope).await?;
             Ok(Work::Done)
@@ -153,19 +156,30 @@ async fn prepare_put<'a>(
     let Some(prefix) = grant.write_scope(&rel) else {
         return Err(denied(grant, "write to", dest));
     };
-    // Everything the put touches is resolved beneath its scope's directory, so a
-    // symlink stored inside the scope cannot lead a write out of it.
     let asked = dest.to_owned();
+    // Everything the put touches is resolved beneath its scope's directory, so a
+    // symlink stored inside the scope cannot lead a write out of it. A grant's scope is
+    // the granted path itself (its parent when it names a file).
+    let prefix = match grant.pinned_dest() {
+        None => prefix.to_owned(),
+        Some(_) => {
+            granted_dir(shared, prefix, &rel, dest, sources).map_err(|e| as_requested(e, &asked))?
+        }
+    };
     let dest = shared
         .root
-        .scope(prefix, true)
+        .scope(&prefix, true)
         .map_err(SessionError::from)
         .and_then(|scope| {
-            let inner = access::inside(&rel, prefix).to_owned();
+            let inner = access::inside(&rel, &prefix).to_owned();
             resolve_dest(&scope, dest, inner, sources)
         })
         .map_err(|e| as_requested(e, &asked))?;
-    let opts = clamp(shared, opts);
+    let mut opts = clamp(shared, opts);
+    if let Some(existing) = grant.pinned_existing() {
+        // What the client asked of the copy, not what the source sends.
+        opts.existing = existing;
+    }
     // Creating the destination may fail (not a directory, outside the root): find out
     // before any data connection is opened, and tell the client why.
     let (tx, control) = flume::unbounded();
@@ -176,8 +190,13 @@ async fn prepare_put<'a>(
         block_size: opts.block_size,
         modes: shared.config.modes,
         // What a stored link points to is the writer's business: the server itself
-        // never follows one out of the scope it was written in.
-        links: Links::Any,
+        // never follows one out of the scope it was written in. A grant's writer is another
+        // server: no link it stores may point out of the granted path.
+        links: if grant.pinned_dest().is_some() {
+            Links::InTree
+        } else {
+            Links::Any
+        },
     };
     let receiver = Receiver::new(dest, config, tx, Arc::new(NoReporter))
         .map_err(|e| as_requested(e.into(), &asked))?;
@@ -348,6 +367,37 @@ pub(super) fn clamp(shared: &ServerState, mut opts: TransferOpts) -> TransferOpt
         opts.block_size = (opts.block_size / 2).max(ferry_proto::MIN_GRANTED_BLOCK);
     }
     opts
+}
+
+/// The directory a third-party grant's put is confined beneath: the granted path when the
+/// put lands inside it (an existing directory, a `/` at the end, several sources), else its
+/// parent. Opened without following any link, like a token's prefix.
+fn granted_dir(
+    shared: &ServerState,
+    prefix: &str,
+    rel: &str,
+    dest: &str,
+    sources: u32,
+) -> Result<String, SessionError> {
+    let scope = shared.root.scope(prefix, true)?;
+    let inner = access::inside(rel, prefix);
+    let is_dir = match scope.lstat(inner) {
+        // A link at the granted path would take the put wherever it points.
+        Ok(m) if m.kind == Kind::Symlink => {
+            return Err(SessionError::Remote {
+                code: ErrorCode::PERMISSION,
+                message: format!("`{dest}` is a symbolic link: a grant does not write through one"),
+            })
+        }
+        Ok(m) => m.kind == Kind::Dir,
+        Err(e) if e.is_not_found() => false,
+        Err(e) => return Err(e.into()),
+    };
+    if is_dir || dest.ends_with('/') || sources > 1 || inner.is_empty() {
+        Ok(rel.to_owned())
+    } else {
+        Ok(path::split_parent(rel).0.to_owned())
+    }
 }
 
 /// Where a put lands: inside `dest` if it is a directory (or clearly meant as one), else

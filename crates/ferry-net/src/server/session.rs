@@ -13,9 +13,10 @@ use tokio::net::TcpStream;
 use tokio::sync::OwnedSemaphorePermit as Permit;
 use tracing::{info, warn};
 
+use super::access::AccessList;
 use super::access::Grant;
 use super::admission::{TokenSession, Unproven};
-use super::grants::{self, Lease};
+use super::grants::{self, Lease, Refused};
 use super::registry::{find_session, Found, Opening};
 use super::request::{prepare, Work};
 use super::state::{ActiveSession, ServerState};
@@ -63,7 +64,13 @@ pub(super) async fn handle(
             let _opening = Opening::enter(&shared.registry, session);
             let (grant, lease) = log_in(&shared, &mut stream, peer, &token).await?;
             drop(unproven);
-            let _running = enter_token_session(&shared, &mut stream, peer, &grant).await?;
+            // A grant's session is bounded by its grant (one at a time), which its client's
+            // counted session holds: not counted again, or a copy could never run under a
+            // cap of one.
+            let _running = match lease {
+                None => Some(enter_token_session(&shared, &mut stream, peer, &grant).await?),
+                Some(_) => None,
+            };
             let login = Login { grant, lease };
             control_session(&shared, stream, login, session, secret, caps).await
         }
@@ -139,6 +146,48 @@ async fn read_hello(stream: &mut Stream) -> Result<(Role, Capabilities), Session
     let hello = handshake::parse_hello(&head, &payload).map_err(refused)?;
     let caps = hello.session_capabilities();
     Ok((hello.role, caps))
+}
+
+/// Logs in with a third-party grant. A refused grant is not counted against the address's
+/// login brake: its 256-bit secret cannot be guessed, and a source that a client handed a
+/// bogus grant must not be locked out for everyone else's copies. It still waits the failure
+/// delay. A grant whose minting token was revoked since, or no longer covers its path, is
+/// refused too.
+async fn grant_login(
+    shared: &ServerState,
+    list: &AccessList,
+    peer: SocketAddr,
+    token: &str,
+) -> Result<(Grant, Option<Lease>), Frame> {
+    let redeemed = shared.grants.redeem(token).and_then(|(g, lease)| {
+        let owner = list.named(&g.name);
+        let covered = g
+            .pinned_dest()
+            .is_some_and(|d| owner.is_some_and(|o| o.may_write(d)));
+        if covered {
+            Ok((g, lease))
+        } else {
+            Err(Refused::Invalid)
+        }
+    });
+    match redeemed {
+        Ok((g, lease)) => {
+            info!(%peer, token = %g.name, "login with a third-party grant");
+            Ok((g, Some(lease)))
+        }
+        Err(Refused::InUse) => Err(Frame::Error {
+            code: ErrorCode::BUSY,
+            message: "the third-party grant is in use by another session; try again".into(),
+        }),
+        Err(Refused::Invalid) => {
+            warn!(%peer, "third-party grant refused");
+            tokio::time::sleep(shared.config.auth_failure_delay).await;
+            Err(Frame::Error {
+                code: ErrorCode::AUTH,
+                message: "third-party grant refused: unknown, revoked, expired or spent".into(),
+            })
+        }
+    }
 }
 
 /// Who logged in: a token's scopes, or a third-party grant's with its lease.
@@ -291,32 +340,14 @@ async fn login(
             });
         }
     };
-    let is_grant = token.starts_with(grants::PREFIX);
-    let found = if is_grant {
-        shared.grants.redeem(token).map(|(g, l)| (g, Some(l)))
-    } else {
-        list.authenticate(token).map(|g| (g, None))
-    };
-    match found {
-        Some((g, lease)) => {
+    if token.starts_with(grants::PREFIX) {
+        return grant_login(shared, &list, peer, token).await;
+    }
+    match list.authenticate(token) {
+        Some(g) => {
             // Failures stay counted: a success with one token must not buy guesses at others.
-            info!(%peer, token = %g.name, grant = is_grant, "login");
-            Ok((g, lease))
-        }
-        None if is_grant => {
-            warn!(%peer, "grant refused");
-            shared
-                .brake
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .failed(ip, Instant::now());
-            tokio::time::sleep(shared.config.auth_failure_delay).await;
-            Err(Frame::Error {
-                code: ErrorCode::AUTH,
-                message: "third-party grant refused: unknown, revoked, expired, spent, or in \
-                          use by another session"
-                    .into(),
-            })
+            info!(%peer, token = %g.name, "login");
+            Ok((g, None))
         }
         None => {
             warn!(%peer, "wrong token");
@@ -374,7 +405,7 @@ async fn control_session(
             let limits = Limits::new(idle, block_size);
             // Registered while it runs (closed to joins once all have joined), so that a
             // connection dialled beyond the grant is refused at once.
-            let outcome = drive_receiver(
+            let receiving = drive_receiver(
                 ReceiverIo {
                     control: stream,
                     joins,
@@ -386,8 +417,17 @@ async fn control_session(
                     limits,
                     leave_early: false,
                 },
-            )
-            .await;
+            );
+            let outcome = match &lease {
+                None => receiving.await,
+                Some(l) => tokio::select! {
+                    o = receiving => o,
+                    () = l.revoked() => Err(SessionError::Remote {
+                        code: ErrorCode::AUTH,
+                        message: "the third-party grant was revoked by its client".into(),
+                    }),
+                },
+            };
             drop(pending);
             let summary = outcome?.summary;
             info!(files = summary.files, bytes = summary.bytes, "put complete");

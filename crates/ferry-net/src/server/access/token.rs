@@ -60,6 +60,8 @@ pub struct Grant {
     write: Vec<String>,
     /// A third-party grant's one destination: the only path a put may name.
     dest: Option<String>,
+    /// A third-party grant's policy for existing files: what its client asked, never more.
+    existing: Option<ferry_proto::ExistingPolicy>,
 }
 
 impl Grant {
@@ -70,26 +72,36 @@ impl Grant {
             read: vec![String::new()],
             write: vec![String::new()],
             dest: None,
+            existing: None,
         }
     }
 
     /// What a third-party grant minted by this token for `dest` allows: a put into exactly
-    /// `dest` (normalised, covered by one of this token's write prefixes), confined beneath
-    /// that prefix as the token's own put would be; no reads, no listings, no probes. It
-    /// keeps the token's name, so its session counts against the token's cap.
-    pub fn third_party(&self, dest: &str) -> Option<Self> {
+    /// `dest` (normalised, covered by one of this token's write prefixes) with `existing` as
+    /// its policy for files already there; no reads, no listings, no probes, no further
+    /// grants (`None` when this is itself a grant). It keeps the token's name.
+    pub fn third_party(&self, dest: &str, existing: ferry_proto::ExistingPolicy) -> Option<Self> {
+        if self.dest.is_some() {
+            return None;
+        }
         let prefix = self.write_scope(dest)?;
         Some(Self {
             name: self.name.clone(),
             read: Vec::new(),
             write: vec![prefix.to_owned()],
             dest: Some(dest.to_owned()),
+            existing: Some(existing),
         })
     }
 
     /// The one destination of a third-party grant.
     pub fn pinned_dest(&self) -> Option<&str> {
         self.dest.as_deref()
+    }
+
+    /// A third-party grant's policy for existing files.
+    pub fn pinned_existing(&self) -> Option<ferry_proto::ExistingPolicy> {
+        self.existing
     }
 
     pub(super) fn from_entry(e: &TokenEntry) -> Result<Self, AccessError> {
@@ -111,6 +123,7 @@ impl Grant {
                 norm(&e.write)?
             },
             dest: None,
+            existing: None,
         })
     }
 
@@ -204,6 +217,12 @@ impl AccessList {
 
     /// The grant of the token, comparing against every entry in constant time so the time
     /// taken says nothing about which entry (or how much of one) matched.
+    /// The scopes of the token named `name`, if it is still in the list (a grant minted by
+    /// a token revoked since is refused with it).
+    pub fn named(&self, name: &str) -> Option<&Grant> {
+        self.entries.iter().map(|(_, g)| g).find(|g| g.name == name)
+    }
+
     pub fn authenticate(&self, token: &str) -> Option<Grant> {
         let h = hash_token(token);
         let mut found = None;
