@@ -49,7 +49,8 @@ struct Cli {
     /// --trees 64x64M,10000x10K,real, --direction put,get, --runs 5, --peers rsync.
     /// third-party: `ferry cp` run by a client on a 20 Mbit/s, 20 ms link to each of two servers
     /// against a put between the servers (their link: --rtt, default 50 ms; --rate, default
-    /// 1gbit); one file of --sizes (default 1G), --runs 3.
+    /// 1gbit; --regime, default default); one file of --sizes (default 1G), --runs 3, after one
+    /// unrecorded put and copy (--no-warmup skips them).
     #[arg(long, default_value = "bed", value_parser = ["bed", "host", "third-party"])]
     mode: String,
     /// Host mode: ferry's transports, tls (its defaults: TLS, BLAKE3) and plain (--no-encrypt).

@@ -178,13 +178,14 @@ pub fn summary(r: &TpReport) -> String {
     );
     let _ = writeln!(
         s,
-        "Data: {} ({} B), {}. {} rounds{}, each a `ferry put` run in a into b over a–b, then a \
+        "Data: {} ({} B), {}. {} round{}{}, each a `ferry put` run in a into b over a–b, then a \
          `ferry cp` run in c (a puts into b); times are process start to exit, every \
          destination checked (size and BLAKE3).\n",
         r.file,
         r.bytes,
         r.storage,
         r.runs,
+        if r.runs == 1 { "" } else { "s" },
         if r.warmup {
             " after one unrecorded put and copy"
         } else {
