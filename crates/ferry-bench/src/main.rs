@@ -1,8 +1,9 @@
 //! ferry-bench: ferry's throughput against streams, RTT, TCP regime, file size and block size on
 //! the emulated WAN bed (or against a real `ferry serve`), with iperf3 as the ceiling and the
 //! peer tools Debian packages (rsync, scp, XRootD, GridFTP) side by side; or, with `--mode host`,
-//! one host alone over loopback, where the cores are the limit (see [`host`]). See
-//! docs/bench/NOTEBOOK.md.
+//! one host alone over loopback, where the cores are the limit (see [`host`]); or, with `--mode
+//! third-party`, `ferry cp` between two servers against a put between them (see [`thirdparty`]).
+//! See docs/bench/NOTEBOOK.md.
 
 mod cpu;
 mod data;
@@ -16,6 +17,8 @@ mod report;
 mod runner;
 mod stop;
 mod storage;
+mod thirdparty;
+mod tpreport;
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -44,7 +47,11 @@ struct Cli {
     /// ferry (TLS and --no-encrypt) put and get with both ends' CPU seconds per GiB, iperf3 -P
     /// 1/4/8 and `ferry probe net` as ceilings, rsync's daemon beside it; defaults --sizes 1G,
     /// --trees 64x64M,10000x10K,real, --direction put,get, --runs 5, --peers rsync.
-    #[arg(long, default_value = "bed", value_parser = ["bed", "host"])]
+    /// third-party: `ferry cp` run by a client on a 20 Mbit/s, 20 ms link to each of two servers
+    /// against a put between the servers (their link: --rtt, default 50 ms; --rate, default
+    /// 1gbit; --regime, default default); one file of --sizes (default 1G), --runs 3, after one
+    /// unrecorded put and copy (--no-warmup skips them).
+    #[arg(long, default_value = "bed", value_parser = ["bed", "host", "third-party"])]
     mode: String,
     /// Host mode: ferry's transports, tls (its defaults: TLS, BLAKE3) and plain (--no-encrypt).
     #[arg(long, value_delimiter = ',')]
@@ -597,6 +604,9 @@ fn run(cli: Cli) -> Result<ExitCode> {
     if cli.mode == "host" {
         return run_host(&cli);
     }
+    if cli.mode == "third-party" {
+        return run_third_party(&cli);
+    }
     let spec = build_spec(&cli)?;
     let iperf_secs = cli.iperf3_secs.unwrap_or(if cli.full { 10 } else { 5 });
     let plan = plan::plan(&spec);
@@ -977,6 +987,167 @@ fn run_host(cli: &Cli) -> Result<ExitCode> {
         eprintln!("ferry-bench host: {failed} runs failed (see results.csv, error column)");
     }
     Ok(if result.is_err() {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+/// Flags third-party mode has no use for, refused rather than ignored.
+fn third_party_bad_flags(cli: &Cli) -> Vec<&'static str> {
+    let mut v = Vec::new();
+    let mut bad = |set: bool, name: &'static str| {
+        if set {
+            v.push(name)
+        }
+    };
+    bad(cli.quick, "--quick");
+    bad(cli.full, "--full");
+    bad(cli.transports.is_some(), "--transports");
+    bad(cli.iperf3_streams.is_some(), "--iperf3-streams");
+    bad(cli.no_probe_net, "--no-probe-net");
+    bad(cli.direction.is_some(), "--direction");
+    bad(cli.trees.is_some(), "--trees");
+    bad(cli.streams.is_some(), "--streams");
+    bad(cli.peer_streams.is_some(), "--peer-streams");
+    bad(cli.block_sizes.is_some(), "--block-sizes");
+    bad(cli.peers.is_some(), "--peers");
+    bad(cli.no_ferry, "--no-ferry");
+    bad(cli.no_iperf3, "--no-iperf3");
+    bad(cli.iperf3_secs.is_some(), "--iperf3-secs");
+    bad(cli.targets, "--targets");
+    bad(cli.remote.is_some(), "--remote");
+    bad(cli.remote_iperf3.is_some(), "--remote-iperf3");
+    bad(cli.token_file.is_some(), "--token-file");
+    bad(cli.dry_run, "--dry-run");
+    bad(cli.drop_caches, "--drop-caches");
+    bad(cli.initial_window.is_some(), "--initial-window");
+    bad(cli.tcp_fastopen, "--tcp-fastopen");
+    v
+}
+
+/// The one value of a list flag in third-party mode, or its default.
+fn one_value<'a>(v: &'a Option<Vec<String>>, flag: &str, default: &'a str) -> Result<&'a str> {
+    match v.as_deref() {
+        None => Ok(default),
+        Some([x]) => Ok(x),
+        Some(_) => bail!("--mode third-party: {flag} takes one value"),
+    }
+}
+
+/// Third-party mode's options from the command line (the bed where a flag is not
+/// given).
+fn third_party_options(cli: &Cli, work: PathBuf, out: PathBuf) -> Result<thirdparty::TpOptions> {
+    let size = one_value(&cli.sizes, "--sizes", "1G")?;
+    let bytes = parse_size_fractional(size).map_err(|e| anyhow::anyhow!("--sizes {size}: {e}"))?;
+    if bytes == 0 {
+        bail!("--sizes: the file needs at least one byte");
+    }
+    let rtt = one_value(&cli.rtt, "--rtt", "50ms")?;
+    let ab_rtt = parse_duration_tc(rtt).map_err(|e| anyhow::anyhow!("--rtt {rtt}: {e}"))?;
+    let rate = one_value(&cli.rate, "--rate", "1gbit")?;
+    let ab_rate = parse_rate_tc(rate).map_err(|e| anyhow::anyhow!("--rate {rate}: {e}"))?;
+    let regime =
+        parse_regime(one_value(&cli.regime, "--regime", "default")?).map_err(anyhow::Error::msg)?;
+    Ok(thirdparty::TpOptions {
+        ferry: find_ferry(cli)?,
+        work,
+        out,
+        bytes,
+        runs: cli.runs.unwrap_or(3).max(1),
+        ab_rtt,
+        ab_rate,
+        regime,
+        warmup: !cli.no_warmup,
+        max_run: std::time::Duration::from_secs(cli.max_run_secs.max(1)),
+        verbose: cli.verbose,
+    })
+}
+
+/// `--mode third-party`: see [`thirdparty`].
+fn run_third_party(cli: &Cli) -> Result<ExitCode> {
+    let bad = third_party_bad_flags(cli);
+    if !bad.is_empty() {
+        bail!("--mode third-party: {} do not apply", bad.join(", "));
+    }
+    let started = now_secs();
+    let out = cli.out.clone().unwrap_or_else(|| {
+        PathBuf::from("target/bench").join(format!("third-party-{}", stamp(started)))
+    });
+    // Bad values are refused before anything is made or started.
+    third_party_options(cli, out.clone(), out.clone())?;
+    if let Err(why) = ferry_netem::can_run() {
+        eprintln!("ferry-bench: the emulated bed cannot run here: {why}");
+        return Ok(ExitCode::from(2));
+    }
+    std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+    let out = out.canonicalize()?;
+    let (work, tmp_work) = work_dir(cli)?;
+    let result = third_party_in(cli, &work, &out, started);
+    // A /dev/shm directory of this process holds RAM: removed however the run ended.
+    if let Some(w) = tmp_work {
+        let _ = data::remove_path(&w);
+    }
+    result
+}
+
+fn third_party_in(cli: &Cli, work: &Path, out: &Path, started: u64) -> Result<ExitCode> {
+    let fs = storage::fs_type(work).unwrap_or_else(|e| format!("unknown: {e:#}"));
+    let o = third_party_options(cli, work.to_path_buf(), out.to_path_buf())?;
+    let free = storage::free_bytes(work).unwrap_or(u64::MAX);
+    let room = storage::check_room(work, &fs, free, thirdparty::room_needed(&o))?;
+    eprintln!("ferry-bench third-party: {room}");
+    let mut report = tpreport::TpReport {
+        command: std::env::args().collect::<Vec<_>>().join(" "),
+        started: human_time(started),
+        host: host_lines(),
+        storage: format!("{} ({fs}), both servers", work.display()),
+        bed: tpreport::TpBed {
+            client_rtt_ms: thirdparty::CLIENT_RTT.as_millis() as u64,
+            client_rate_bps: thirdparty::CLIENT_RATE,
+            ab_rtt_ms: o.ab_rtt.as_millis() as u64,
+            ab_rate_bps: o.ab_rate,
+            regime: plan::regime_name(o.regime).into(),
+        },
+        file: o.dataset().label(),
+        bytes: o.bytes,
+        runs: o.runs,
+        warmup: o.warmup,
+        ..Default::default()
+    };
+    report
+        .host
+        .push(("ferry binary".into(), o.ferry.display().to_string()));
+    let t0 = Instant::now();
+    let mut r = thirdparty::TpRunner::new(&o)?;
+    let result = r.run();
+    if let Err(e) = &result {
+        eprintln!("ferry-bench third-party: {e:#}");
+        r.notes.push(format!("stopped: {e:#}"));
+    }
+    report.duration_s = t0.elapsed().as_secs_f64();
+    report
+        .host
+        .push(("load average at end".into(), read_trim("/proc/loadavg")));
+    report.rows = std::mem::take(&mut r.rows);
+    report.notes = std::mem::take(&mut r.notes);
+    report.summarize();
+    let md = tpreport::summary(&report);
+    std::fs::write(out.join("summary.md"), &md)?;
+    std::fs::write(
+        out.join("results.json"),
+        serde_json::to_string_pretty(&report)?,
+    )?;
+    println!("{md}");
+    eprintln!(
+        "ferry-bench third-party: wrote {}/{{results.json,summary.md}}",
+        out.display()
+    );
+    let failed = report.failed();
+    if failed > 0 {
+        eprintln!("ferry-bench third-party: {failed} transfers failed (results.json, rows' error)");
+    }
+    Ok(if result.is_err() || failed > 0 {
         ExitCode::from(1)
     } else {
         ExitCode::SUCCESS
