@@ -14,6 +14,11 @@ use util::*;
 
 /// Links: 0 = c–a and 1 = c–b (20 Mbit/s, 20 ms), 2 = a–b (`ab_rate`, 10 ms).
 fn bed(test: &str, ab_rate: u64) -> Option<Topology> {
+    bed_at(test, ab_rate, Duration::from_millis(10))
+}
+
+/// [`bed`] with the a–b link's round trip `ab_rtt`.
+fn bed_at(test: &str, ab_rate: u64, ab_rtt: Duration) -> Option<Topology> {
     ferry_netem::needs(test, ferry_netem::can_run())?;
     let ms = Duration::from_millis;
     Some(
@@ -22,7 +27,7 @@ fn bed(test: &str, ab_rate: u64) -> Option<Topology> {
             links: vec![
                 LinkConfig::new(0, 1, ms(20), Some(20_000_000)),
                 LinkConfig::new(0, 2, ms(20), Some(20_000_000)),
-                LinkConfig::new(1, 2, ms(10), Some(ab_rate)),
+                LinkConfig::new(1, 2, ab_rtt, Some(ab_rate)),
             ],
             regime: Regime::Default,
         })
@@ -188,6 +193,37 @@ fn a_copy_whose_source_is_killed_resumes_when_run_again() {
         sent < size - kept / 2,
         "the rerun carried {sent} bytes with {kept} of {size} already held: it did not resume"
     );
+}
+
+#[test]
+fn a_source_opens_ramp_helpers_over_a_path_its_last_copy_measured() {
+    let test = "a_source_opens_ramp_helpers_over_a_path_its_last_copy_measured";
+    let Some(topo) = bed_at(test, 1_000_000_000, Duration::from_millis(50)) else {
+        return;
+    };
+    let sb = Sandbox::new();
+    let (root_a, root_b) = (sb.mkdir("a"), sb.mkdir("b"));
+    write_pattern(&root_a.join("one.bin"), 80 << 20, 1);
+    write_pattern(&root_a.join("two.bin"), 80 << 20, 2);
+    let (_a, token_a) = serve(&sb, &topo, "a", &root_a);
+    let (_b, token_b) = serve(&sb, &topo, "b", &root_b);
+    let helpers = |name: &str| {
+        let out = run(
+            &mut cp(&sb, &topo, (&token_a, &token_b), name, "/"),
+            CMD_TIMEOUT,
+        );
+        assert_code(&out, 0);
+        one_json(&out.stdout)["source_report"]["tuning"]["ramp_helpers"]
+            .as_u64()
+            .unwrap()
+    };
+    // The first copy to b measures the path (50 ms, 1 Gbit/s); the second starts from it.
+    assert_eq!(helpers("/one.bin"), 0);
+    assert!(
+        helpers("/two.bin") > 0,
+        "no ramp helpers over a remembered long path"
+    );
+    assert_eq!(tree_digest(&root_b), tree_digest(&root_a));
 }
 
 /// Bytes the destination's partial files (ferry's temporary names) hold on disk: blocks land

@@ -348,7 +348,31 @@ impl TransferReport {
     pub fn is_success(&self) -> bool {
         self.failed == 0 && self.errors.is_empty()
     }
+
+    /// The round trip (the data connections' smallest, µs) and the rate (bytes/s) of a
+    /// transfer large enough to tell, for the next transfer's ramp helpers. The rate is what
+    /// the transfer held in its better intervals (`Timeline::held_rate`), or its average
+    /// (payload over wall time) where that is higher or the timeline too short: a 100 MB put
+    /// at 100 ms on the bed averages 80 MB/s over a path that carries 118.
+    pub fn path_measured(&self) -> Option<(u64, u64)> {
+        if self.bytes < PATH_MIN_BYTES || self.seconds <= 0.0 {
+            return None;
+        }
+        let rtt_us = self
+            .streams
+            .iter()
+            .filter_map(|s| s.tcp.as_ref().map(|t| t.min_rtt_us))
+            .filter(|&r| r > 0)
+            .min()?;
+        let average = (self.bytes as f64 / self.seconds) as u64;
+        let rate = self.timeline.held_rate().unwrap_or(0).max(average);
+        Some((u64::from(rtt_us), rate))
+    }
 }
+
+/// Bytes below which a transfer says too little about the path's rate to size the next
+/// transfer's ramp helpers: most of it would be set-up and slow start.
+const PATH_MIN_BYTES: u64 = 64 << 20;
 
 pub(crate) struct Connected {
     pub(crate) control: Stream,

@@ -94,35 +94,11 @@ fn remember(
     }
     let t = &report.tuning;
     let streams = t.worth_remembering().then_some((t.streams, t.settled));
-    if let Err(e) = profiles.remember(&key, streams, path_measured(report)) {
+    if let Err(e) = profiles.remember(&key, streams, report.path_measured()) {
         if !quiet {
             eprintln!("warning: cannot save the server's profile: {e:#}");
         }
     }
-}
-
-/// Bytes below which a transfer says too little about the path's rate to size the next transfer's
-/// ramp helpers: most of it would be set-up and slow start.
-const PATH_MIN_BYTES: u64 = 64 << 20;
-
-/// The round trip (the data connections' smallest) and the rate of a transfer large enough to
-/// tell, for the next transfer's ramp helpers. The rate is what the transfer held in its better
-/// intervals (`Timeline::held_rate`), or its average (payload over wall time) where that is
-/// higher or the timeline too short: a 100 MB put at 100 ms on the bed averages 80 MB/s over
-/// a path that carries 118.
-fn path_measured(report: &TransferReport) -> Option<(u64, u64)> {
-    if report.bytes < PATH_MIN_BYTES || report.seconds <= 0.0 {
-        return None;
-    }
-    let rtt_us = report
-        .streams
-        .iter()
-        .filter_map(|s| s.tcp.as_ref().map(|t| t.min_rtt_us))
-        .filter(|&r| r > 0)
-        .min()?;
-    let average = (report.bytes as f64 / report.seconds) as u64;
-    let rate = report.timeline.held_rate().unwrap_or(0).max(average);
-    Some((u64::from(rtt_us), rate))
 }
 
 /// For `USER@HOST:PATH`: starts `ferry serve --oneshot` over ssh and points `cfg` at it, pinned

@@ -167,9 +167,18 @@ fn client_config(shared: &ServerState, request: &CopyRequest) -> ClientConfig {
         .unwrap_or_else(|e| e.into_inner())
         .get(&request.peer)
         .copied();
-    if let (true, Some((streams, settled))) = (opts.is_auto(), remembered) {
-        opts.auto_start = streams.clamp(1, opts.streams);
-        start_from = StartFrom::Profile { settled };
+    let remembered = remembered.unwrap_or_default();
+    let mut helpers = 0;
+    if opts.is_auto() {
+        if let Some((streams, settled)) = remembered.streams {
+            opts.auto_start = streams.clamp(1, opts.streams);
+            start_from = StartFrom::Profile { settled };
+        }
+        // Over a path an earlier copy measured as long and fast, as a client's put does.
+        if let Some((rtt_us, rate)) = remembered.path {
+            helpers = crate::ramp_helpers(Duration::from_micros(rtt_us), rate);
+            opts.streams = opts.streams.saturating_add(helpers);
+        }
     }
     let (readers, tune_storage, _) = config.storage_pool(config.readers, 0);
     ClientConfig {
@@ -193,7 +202,7 @@ fn client_config(shared: &ServerState, request: &CopyRequest) -> ClientConfig {
         force_streams: None,
         stall_stream: None,
         drain_at_end: false,
-        helpers: 0,
+        helpers,
         modes: Modes::default(),
         links: Links::Any,
         multipath: false,
@@ -201,18 +210,25 @@ fn client_config(shared: &ServerState, request: &CopyRequest) -> ClientConfig {
     }
 }
 
-/// Keeps what the tuner held at the end for the next copy to the same destination.
+/// Keeps what the tuner held at the end and what the path measured, for the next copy to the
+/// same destination.
 fn remember(shared: &ServerState, peer: &str, report: &TransferReport) {
-    let t = &report.tuning;
-    if !report.is_success() || !t.worth_remembering() {
+    if !report.is_success() {
         return;
     }
-    let streams = u16::try_from(t.streams).unwrap_or(u16::MAX);
+    let t = &report.tuning;
+    let streams = t
+        .worth_remembering()
+        .then(|| (u16::try_from(t.streams).unwrap_or(u16::MAX), t.settled));
+    let path = report.path_measured();
     let mut paths = shared.paths.lock().unwrap_or_else(|e| e.into_inner());
     // One entry per destination a client named; bounded like the grant table.
-    if paths.len() < 4096 || paths.contains_key(peer) {
-        paths.insert(peer.to_owned(), (streams, t.settled));
+    if paths.len() >= 4096 && !paths.contains_key(peer) {
+        return;
     }
+    let entry = paths.entry(peer.to_owned()).or_default();
+    entry.streams = streams.or(entry.streams);
+    entry.path = path.or(entry.path);
 }
 
 /// A failed put to the destination, as the client is told: the code it failed with (so that

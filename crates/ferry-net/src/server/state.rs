@@ -30,9 +30,9 @@ pub(super) struct ServerState {
     pub(super) per_token: PerToken,
     /// Third-party grants minted and not revoked.
     pub(super) grants: Grants,
-    /// Stream counts the tuner held at the end of third-party copies, per destination, so
-    /// that the next copy there starts from them: (streams, whether the search had ended).
-    pub(super) paths: Mutex<std::collections::HashMap<String, (u16, bool)>>,
+    /// What third-party copies learnt of each destination, so that the next copy there
+    /// starts from it.
+    pub(super) paths: Mutex<std::collections::HashMap<String, Remembered>>,
     /// Sessions running now; when the last ends, idle buffers go back to the system.
     active: AtomicUsize,
 }
@@ -59,6 +59,15 @@ impl ServerState {
             active: AtomicUsize::default(),
         }
     }
+}
+
+/// What a source remembers of a destination from its last copies there.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct Remembered {
+    /// The streams the tuner held at the end, and whether its search had ended.
+    pub(super) streams: Option<(u16, bool)>,
+    /// The path's round trip (µs) and rate (bytes/s), for ramp helpers.
+    pub(super) path: Option<(u64, u64)>,
 }
 
 /// Counts a running session; the last one to end releases idle block buffers, so a daemon
