@@ -820,8 +820,20 @@ async fn open_paths(
     let session = new_session();
     let (mut control, tls, addr) = secure_control(cfg, reporter, |_, _| {}).await?;
     send(&mut control, &hello_for_paths(control_role(cfg, session))).await?;
-    welcomed(&mut control, cfg.connect_timeout, session).await?;
-    let paths = read_paths(&mut control, cfg.connect_timeout, addr).await?;
+    let reply = read_frame_within(&mut control, cfg.connect_timeout).await?;
+    let offers = matches!(&reply, Frame::Welcome { capabilities, .. }
+        if capabilities.has(Capabilities::MULTIPATH));
+    ferry_session::send::check_welcome(reply, session).map_err(crate::engine::fault_error)?;
+    let paths = if offers {
+        read_paths(&mut control, cfg.connect_timeout, addr).await?
+    } else {
+        // A server from before `Paths`: its one address.
+        reporter.on_warning(&format!(
+            "{} does not tell its network paths (an older ferry): using the one reached",
+            cfg.server
+        ));
+        vec![addr]
+    };
     send(&mut control, request).await?;
     let opts = ready(cfg, &mut control).await?;
     let mut dials = tokio::task::JoinSet::new();

@@ -16,7 +16,7 @@ use tokio::sync::OwnedSemaphorePermit as Permit;
 use super::access::{self, Grant};
 use super::registry::{announce, gather, Named, Unregister};
 use super::state::ServerState;
-use super::wire::welcome;
+use super::wire::welcome_with;
 use super::{copy, measure};
 use crate::engine::{frame_queue, Joins, StreamPlan};
 use crate::error::SessionError;
@@ -61,8 +61,13 @@ pub(super) async fn prepare<'a>(
     secret: [u8; 32],
     caps: Capabilities,
 ) -> Result<Work<'a>, SessionError> {
-    welcome(stream, session, secret).await?;
-    if caps.has(Capabilities::MULTIPATH) {
+    let multipath = caps.has(Capabilities::MULTIPATH);
+    let mut ours = Capabilities::ours();
+    if multipath {
+        ours = Capabilities(ours.0 | Capabilities::MULTIPATH);
+    }
+    welcome_with(stream, session, secret, ours).await?;
+    if multipath {
         send(stream, &paths(shared, stream)).await?;
     }
     let request = tokio::time::timeout(

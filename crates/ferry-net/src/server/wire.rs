@@ -16,9 +16,20 @@ pub(super) async fn welcome(
     session: SessionId,
     secret: [u8; 32],
 ) -> std::io::Result<()> {
+    welcome_with(stream, session, secret, Capabilities::ours()).await
+}
+
+/// A `Welcome` with `capabilities`: a control connection's also says `multipath` when the
+/// client offered it, so that the client knows a `Paths` follows.
+pub(super) async fn welcome_with(
+    stream: &mut Stream,
+    session: SessionId,
+    secret: [u8; 32],
+    capabilities: Capabilities,
+) -> std::io::Result<()> {
     let frame = Frame::Welcome {
         version: PROTOCOL_VERSION,
-        capabilities: Capabilities::ours(),
+        capabilities,
         session,
         secret,
     };
