@@ -35,16 +35,16 @@ fn serve_with_config(
     (guard, log_path)
 }
 
-/// The JSON log line of the session that `token` ran, waited for (the server logs it as the
-/// session ends, which the client may see first).
-fn session_line(log: &Path, token: &str) -> serde_json::Value {
+/// The JSON log line at `level` of a session that `token` ran, waited for (the server logs it
+/// as the session ends, which the client may see first).
+fn session_line(log: &Path, token: &str, level: &str) -> serde_json::Value {
     let mut found = None;
     let seen = wait_until(Duration::from_secs(5), || {
         let text = fs::read_to_string(log).unwrap_or_default();
         found = text
             .lines()
             .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-            .find(|v| v["message"] == "session" && v["token"] == token);
+            .find(|v| v["message"] == "session" && v["token"] == token && v["level"] == level);
         found.is_some()
     });
     assert!(
@@ -90,7 +90,7 @@ fn a_config_file_sets_root_listen_limits_and_the_log_format() {
         (1..=2).contains(&streams.len()),
         "max_streams = 2 from the file caps the session: {v}"
     );
-    let line = session_line(&log, "token-file");
+    let line = session_line(&log, "token-file", "INFO");
     assert_eq!(line["what"], "put", "{line}");
     assert_eq!(line["bytes"], 3 << 20, "{line}");
     assert_eq!(line["result"], "ok", "{line}");
@@ -101,6 +101,21 @@ fn a_config_file_sets_root_listen_limits_and_the_log_format() {
         "{line}"
     );
     assert!(line["secs"].as_f64().is_some() && line["bytes_per_sec"].as_u64().is_some());
+    // A session that fails logs its error in the same line, as a warning.
+    let out = run(
+        sb.client(token.trim())
+            .arg("ls")
+            .arg(format!("{listen}:/no-such-dir")),
+        CMD_TIMEOUT,
+    );
+    assert_code(&out, 1);
+    let line = session_line(&log, "token-file", "WARN");
+    assert!(
+        line["result"]
+            .as_str()
+            .is_some_and(|r| r.contains("no-such-dir")),
+        "{line}"
+    );
 }
 
 #[test]
