@@ -51,6 +51,9 @@ else
     cargo test --workspace --no-fail-fast --exclude ferry-netem || rc=$?
     cargo test -p ferry-netem --no-fail-fast -- --test-threads 1 || rc=$?
 fi
+# The Debian package, built from the debug binary the tests used, installed into a throwaway
+# root (a few seconds).
+bash packaging/test-deb.sh || rc=$?
 
 # How many tests needed privileges or host facilities, and how many of them could not run.
 ran="$(ls "$work/needs/ran" 2>/dev/null || true)"

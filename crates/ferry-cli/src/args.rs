@@ -3,7 +3,8 @@
 
 use std::path::PathBuf;
 
-use clap::{Args, Parser, Subcommand};
+use clap::parser::ValueSource;
+use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -47,6 +48,35 @@ pub enum Command {
     /// Manage the server's access tokens: each has a name, path scopes, and is stored hashed.
     #[command(subcommand)]
     Token(TokenCommand),
+    /// Write shell completions or the man page, generated from this command line's
+    /// definition (what the Debian package ships; see scripts/deb.sh).
+    #[command(subcommand, hide = true)]
+    Generate(GenerateCommand),
+}
+
+impl Cli {
+    /// Parses the command line as `Cli::try_parse` does, and notes which serve options it
+    /// gave: those override a `--config` file, the others the file may set.
+    pub fn parse_noting_given() -> Result<Self, clap::Error> {
+        let matches = Self::command().try_get_matches()?;
+        let mut cli = Self::from_arg_matches(&matches)?;
+        if let (Command::Serve(a), Some(("serve", m))) = (&mut cli.command, matches.subcommand()) {
+            a.given = m
+                .ids()
+                .filter(|id| m.value_source(id.as_str()) == Some(ValueSource::CommandLine))
+                .map(|id| id.as_str().to_owned())
+                .collect();
+        }
+        Ok(cli)
+    }
+}
+
+#[derive(Subcommand, Debug)]
+pub enum GenerateCommand {
+    /// bash, zsh and fish completions, as DIR/ferry.bash, DIR/_ferry and DIR/ferry.fish.
+    Completions { dir: PathBuf },
+    /// The man pages: DIR/ferry.1 and one per subcommand (ferry-serve.1, ...).
+    Man { dir: PathBuf },
 }
 
 impl Command {
@@ -61,7 +91,7 @@ impl Command {
             Command::Probe(ProbeCommand::Host(a)) => Some(&a.output),
             Command::Probe(ProbeCommand::Disk(a)) => Some(&a.output),
             Command::Probe(ProbeCommand::Net(a)) => Some(&a.output),
-            Command::Serve(_) | Command::Token(_) => None,
+            Command::Serve(_) | Command::Token(_) | Command::Generate(_) => None,
         }
     }
 }
@@ -301,7 +331,7 @@ pub struct ProbeDiskArgs {
 pub struct ServeArgs {
     /// Directory that every client path is confined to (with --oneshot: default /, relative
     /// paths from $HOME, as with scp).
-    #[arg(long, required_unless_present = "oneshot")]
+    #[arg(long, required_unless_present_any = ["oneshot", "config"])]
     pub root: Option<PathBuf>,
     /// Address to listen on: control and data connections all use this one port. Default
     /// 0.0.0.0:7070; with --oneshot, an ephemeral port. Repeat it, one address per network
@@ -360,6 +390,28 @@ pub struct ServeArgs {
     /// Off by default: as a source, this server dials wherever its clients say.
     #[arg(long)]
     pub third_party: bool,
+    /// Read these options from a TOML file (keys as the long options, with `_` for `-`:
+    /// `max_connections = 256`, `listen = ["10.0.0.1:7070"]`); options given here override it.
+    /// Unknown keys are an error. The Debian package's service uses /etc/ferry/serve.toml.
+    #[arg(long, value_name = "FILE", conflicts_with = "oneshot")]
+    pub config: Option<PathBuf>,
+    /// The log on stderr: `text` for people, `json` (one object a line) for log collectors.
+    /// Each session logs one line (token, peer, what, bytes, seconds, rate, result).
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+    /// The options above given on the command line (clap's ids), filled by
+    /// [`Cli::parse_noting_given`].
+    #[arg(skip)]
+    pub given: Vec<String>,
+}
+
+/// How `ferry serve` writes its log.
+#[derive(ValueEnum, serde::Deserialize, Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
 }
 
 /// Options shared by put and get.

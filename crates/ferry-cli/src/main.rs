@@ -12,12 +12,11 @@ mod output;
 mod profiles;
 mod progress;
 mod remote;
+mod serve_config;
 mod ssh;
 mod state;
 
 use std::process::ExitCode;
-
-use clap::Parser;
 
 use crate::error::{Hinted, UsageError};
 
@@ -40,8 +39,37 @@ fn print_json_error(message: &str, usage: bool, hint: Option<&str>, code: u8) {
     println!("{v:#}");
 }
 
+/// The log on stderr: warnings by default, and for a server also its sessions (one line each,
+/// from ferry-net at info); `-v` adds info, `-vv` debug, `FERRY_LOG` replaces the filter.
+fn init_log(cli: &args::Cli) {
+    let serve = match &cli.command {
+        args::Command::Serve(a) => Some(a.log_format),
+        _ => None,
+    };
+    let level = match (cli.quiet, cli.verbose, serve.is_some()) {
+        (true, _, _) => "error",
+        (_, 0, true) => "warn,ferry_net=info,ferry=info",
+        (_, 0, false) => "warn",
+        (_, 1, _) => "info",
+        _ => "debug",
+    };
+    let filter =
+        tracing_subscriber::EnvFilter::try_from_env("FERRY_LOG").unwrap_or_else(|_| level.into());
+    let log = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    if serve == Some(args::LogFormat::Json) {
+        // Fields at the top level of each object, as collectors index them.
+        log.json().flatten_event(true).init();
+        return;
+    }
+    let ansi = std::env::var_os("NO_COLOR").is_none()
+        && std::io::IsTerminal::is_terminal(&std::io::stderr());
+    log.with_ansi(ansi).init();
+}
+
 fn main() -> ExitCode {
-    let cli = match args::Cli::try_parse() {
+    let mut cli = match args::Cli::parse_noting_given() {
         Ok(c) => c,
         Err(e) => {
             use clap::error::ErrorKind;
@@ -66,21 +94,14 @@ fn main() -> ExitCode {
         }
     };
     let json = wants_json(&cli);
-    let level = match (cli.quiet, cli.verbose) {
-        (true, _) => "error",
-        (_, 0) => "warn",
-        (_, 1) => "info",
-        _ => "debug",
-    };
-    let filter =
-        tracing_subscriber::EnvFilter::try_from_env("FERRY_LOG").unwrap_or_else(|_| level.into());
-    let ansi = std::env::var_os("NO_COLOR").is_none()
-        && std::io::IsTerminal::is_terminal(&std::io::stderr());
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(ansi)
-        .init();
+    // Before the log starts: the file may say how to write it.
+    if let args::Command::Serve(a) = &mut cli.command {
+        if let Err(e) = serve_config::apply(a) {
+            eprintln!("error: {}", output::clean(&format!("{e:#}")));
+            return ExitCode::from(2);
+        }
+    }
+    init_log(&cli);
 
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -2,6 +2,7 @@
 
 mod cp;
 mod demo;
+mod generate;
 mod get;
 mod ls;
 mod probe;
@@ -27,5 +28,6 @@ pub async fn run(cli: Cli) -> Result<ExitCode> {
         Command::Demo(a) => demo::run(a, quiet).await,
         Command::Probe(c) => probe::run(c, quiet).await,
         Command::Token(c) => token::run(c, quiet),
+        Command::Generate(c) => generate::run(c),
     }
 }

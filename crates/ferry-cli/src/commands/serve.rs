@@ -23,7 +23,7 @@ pub async fn run(args: ServeArgs, quiet: bool) -> Result<ExitCode> {
     let root = args
         .root
         .clone()
-        .context("--root is required")
+        .context("--root is required (or `root` in the --config file)")
         .map_err(usage)?;
     let state = state::state_dir().map_err(usage)?;
     let access = access_for(&args, &state, quiet)?;

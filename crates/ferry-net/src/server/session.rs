@@ -4,14 +4,14 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use ferry_core::NoReporter;
 use ferry_proto::{handshake, Capabilities, ErrorCode, Frame, Role, SessionId, HEADER_LEN};
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 use tokio::sync::OwnedSemaphorePermit as Permit;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use super::access::AccessList;
 use super::access::Grant;
@@ -72,7 +72,7 @@ pub(super) async fn handle(
                 Some(_) => None,
             };
             let login = Login { grant, lease };
-            control_session(&shared, stream, login, session, secret, caps).await
+            control_session(&shared, stream, login, peer, session, secret, caps).await
         }
         Role::Data {
             session,
@@ -172,7 +172,8 @@ async fn grant_login(
     });
     match redeemed {
         Ok((g, lease)) => {
-            info!(%peer, token = %g.name, "login with a third-party grant");
+            // The session's own line (`log_session`) says who; this one only at debug.
+            debug!(%peer, token = %g.name, "login with a third-party grant");
             Ok((g, Some(lease)))
         }
         Err(Refused::InUse) => Err(Frame::Error {
@@ -346,7 +347,7 @@ async fn login(
     match list.authenticate(token) {
         Some(g) => {
             // Failures stay counted: a success with one token must not buy guesses at others.
-            info!(%peer, token = %g.name, "login");
+            debug!(%peer, token = %g.name, "login");
             Ok((g, None))
         }
         None => {
@@ -365,15 +366,80 @@ async fn login(
     }
 }
 
-/// Takes a logged-in control connection's request and runs it to the end.
+/// Runs a logged-in control connection's request and logs the session in one line: what an
+/// operator (or a log collector) needs to account for it without following its connections.
 async fn control_session(
+    shared: &ServerState,
+    stream: Stream,
+    login: Login,
+    peer: SocketAddr,
+    session: SessionId,
+    secret: [u8; 32],
+    caps: Capabilities,
+) -> Result<(), SessionError> {
+    let started = Instant::now();
+    let token = login.grant.name.clone();
+    let outcome = run_request(shared, stream, login, session, secret, caps).await;
+    log_session(&token, peer, started.elapsed(), &outcome);
+    outcome.map(|_| ())
+}
+
+/// What a session did, for its log line. List, probe, grant and copy requests end inside
+/// `prepare` (`Work::Done`), which does not say which it was.
+struct Served {
+    what: &'static str,
+    files: u64,
+    bytes: u64,
+}
+
+impl Served {
+    const REQUEST: Self = Self {
+        what: "request",
+        files: 0,
+        bytes: 0,
+    };
+}
+
+/// The session's one line at the default level: who, what, how much, how fast, and how it ended.
+fn log_session(
+    token: &str,
+    peer: SocketAddr,
+    took: Duration,
+    outcome: &Result<Served, SessionError>,
+) {
+    let secs = (took.as_secs_f64() * 1000.0).round() / 1000.0;
+    match outcome {
+        Ok(s) => {
+            let rate = if secs > 0.0 {
+                (s.bytes as f64 / secs) as u64
+            } else {
+                0
+            };
+            info!(
+                %token,
+                %peer,
+                what = %s.what,
+                files = s.files,
+                bytes = s.bytes,
+                secs,
+                bytes_per_sec = rate,
+                result = %"ok",
+                "session"
+            );
+        }
+        Err(e) => warn!(%token, %peer, secs, result = %e, "session"),
+    }
+}
+
+/// Takes a logged-in control connection's request and runs it to the end.
+async fn run_request(
     shared: &ServerState,
     mut stream: Stream,
     login: Login,
     session: SessionId,
     secret: [u8; 32],
     caps: Capabilities,
-) -> Result<(), SessionError> {
+) -> Result<Served, SessionError> {
     let _active = ActiveSession::enter(shared);
     let Login { grant, lease } = login;
     // Errors before the transfer starts are reported here; the engines report their own.
@@ -390,7 +456,7 @@ async fn control_session(
     };
     let idle = shared.config.idle_timeout;
     match work {
-        Work::Done => Ok(()),
+        Work::Done => Ok(Served::REQUEST),
         Work::Put {
             receiver,
             control,
@@ -430,11 +496,15 @@ async fn control_session(
             };
             drop(pending);
             let summary = outcome?.summary;
-            info!(files = summary.files, bytes = summary.bytes, "put complete");
+            let served = Served {
+                what: "put",
+                files: summary.files,
+                bytes: summary.bytes,
+            };
             if let Some(lease) = lease {
                 lease.complete(summary);
             }
-            Ok(())
+            Ok(served)
         }
         Work::Get {
             sender,
@@ -465,8 +535,11 @@ async fn control_session(
             let result = drive_sender(io, run).await?;
             let (summary, sender) = (result.summary, result.sender);
             let _ = tokio::task::spawn_blocking(move || sender.finish()).await;
-            info!(files = summary.files, bytes = summary.bytes, "get complete");
-            Ok(())
+            Ok(Served {
+                what: "get",
+                files: summary.files,
+                bytes: summary.bytes,
+            })
         }
     }
 }

@@ -1,0 +1,184 @@
+//! `ferry serve --config FILE`: the server's options in a TOML file, for a daemon whose unit
+//! file should not carry them. Keys are the long options with `_` for `-`; an option given on
+//! the command line overrides the file's.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use serde::Deserialize;
+
+use crate::args::{LogFormat, ServeArgs};
+
+/// The file's keys: every option of `ferry serve` but `--oneshot` (a server started over ssh
+/// has no file) and `--config` itself. Unknown keys are refused, so a misspelt limit is an
+/// error at start, not a default that silently applies.
+#[derive(Deserialize, Debug, Default)]
+#[serde(deny_unknown_fields)]
+pub struct ServeFile {
+    root: Option<PathBuf>,
+    listen: Option<Vec<String>>,
+    token_file: Option<PathBuf>,
+    tokens: Option<PathBuf>,
+    max_connections: Option<usize>,
+    max_streams: Option<u16>,
+    max_unauthenticated: Option<usize>,
+    max_sessions_per_token: Option<usize>,
+    max_storage_threads: Option<usize>,
+    idle_timeout: Option<String>,
+    partial_max_age: Option<String>,
+    allow_plaintext: Option<bool>,
+    keep_modes: Option<bool>,
+    third_party: Option<bool>,
+    log_format: Option<LogFormat>,
+}
+
+/// Reads `args.config`, if given, into `args` wherever the command line left an option unset.
+/// Relative paths in the file are taken from the file's directory, as the file's author sees
+/// them, not from wherever the server was started.
+pub fn apply(args: &mut ServeArgs) -> Result<()> {
+    let Some(path) = args.config.clone() else {
+        return Ok(());
+    };
+    let text = std::fs::read_to_string(&path)
+        .with_context(|| format!("--config {}: cannot read it", path.display()))?;
+    let file: ServeFile = toml::from_str(&text).map_err(|e| {
+        // toml's own rendering spans lines (a source excerpt); one line says it as well.
+        let line = e
+            .span()
+            .map(|s| text[..s.start].matches('\n').count() + 1)
+            .map_or_else(String::new, |n| format!("line {n}: "));
+        anyhow::anyhow!("--config {}: {line}{}", path.display(), e.message().trim())
+    })?;
+    let base = path.parent().unwrap_or(Path::new("."));
+    merge(args, file, base).with_context(|| format!("--config {}", path.display()))
+}
+
+/// The file's values into `args`, except where the command line gave the option.
+fn merge(args: &mut ServeArgs, file: ServeFile, base: &Path) -> Result<()> {
+    let given: Vec<String> = args.given.clone();
+    let unset = |id: &str| !given.iter().any(|g| g == id);
+    let from_file = |p: PathBuf| base.join(p);
+    if file.tokens.is_some() && file.token_file.is_some() {
+        bail!("`tokens` and `token_file` exclude each other: a server has one kind of token file");
+    }
+    // Which token file is one choice: one named on the command line replaces the file's.
+    if unset("tokens") && unset("token_file") {
+        args.tokens = file.tokens.map(from_file);
+        args.token_file = file.token_file.map(from_file);
+    }
+    set(
+        &mut args.root,
+        file.root.map(from_file).map(Some),
+        unset("root"),
+    );
+    set(&mut args.listen, file.listen, unset("listen"));
+    set(
+        &mut args.max_connections,
+        file.max_connections,
+        unset("max_connections"),
+    );
+    set(
+        &mut args.max_streams,
+        file.max_streams,
+        unset("max_streams"),
+    );
+    let n = unset("max_unauthenticated");
+    set(&mut args.max_unauthenticated, file.max_unauthenticated, n);
+    let n = unset("max_sessions_per_token");
+    set(
+        &mut args.max_sessions_per_token,
+        file.max_sessions_per_token,
+        n,
+    );
+    let threads = file.max_storage_threads.map(Some);
+    set(
+        &mut args.max_storage_threads,
+        threads,
+        unset("max_storage_threads"),
+    );
+    set(
+        &mut args.idle_timeout,
+        file.idle_timeout,
+        unset("idle_timeout"),
+    );
+    set(
+        &mut args.partial_max_age,
+        file.partial_max_age,
+        unset("partial_max_age"),
+    );
+    set(
+        &mut args.allow_plaintext,
+        file.allow_plaintext,
+        unset("allow_plaintext"),
+    );
+    set(&mut args.keep_modes, file.keep_modes, unset("keep_modes"));
+    set(
+        &mut args.third_party,
+        file.third_party,
+        unset("third_party"),
+    );
+    set(&mut args.log_format, file.log_format, unset("log_format"));
+    Ok(())
+}
+
+fn set<T>(field: &mut T, value: Option<T>, unset: bool) {
+    if let (Some(v), true) = (value, unset) {
+        *field = v;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    fn parsed(argv: &[&str]) -> ServeArgs {
+        // As main parses it, so that `given` is filled the same way.
+        let cli = crate::args::Cli::try_parse_from(argv).unwrap();
+        let crate::args::Command::Serve(mut a) = cli.command else {
+            panic!("not serve")
+        };
+        a.given = argv
+            .iter()
+            .filter_map(|s| s.strip_prefix("--"))
+            .map(|s| s.replace('-', "_"))
+            .collect();
+        a
+    }
+
+    #[test]
+    fn the_command_line_wins_and_paths_are_from_the_files_directory() {
+        let mut a = parsed(&[
+            "ferry",
+            "serve",
+            "--config",
+            "f",
+            "--max-streams",
+            "8",
+            "--listen",
+            "[::1]:1",
+        ]);
+        let file: ServeFile = toml::from_str(
+            "root = \"data\"\nmax_streams = 4\nmax_connections = 9\nlisten = [\"127.0.0.1:1\"]\n\
+             log_format = \"json\"\nthird_party = true\n",
+        )
+        .unwrap();
+        merge(&mut a, file, Path::new("/etc/ferry")).unwrap();
+        assert_eq!(a.root.as_deref(), Some(Path::new("/etc/ferry/data")));
+        assert_eq!(a.max_streams, 8);
+        assert_eq!(a.max_connections, 9);
+        assert_eq!(a.listen, vec!["[::1]:1".to_owned()]);
+        assert_eq!(a.log_format, LogFormat::Json);
+        assert!(a.third_party);
+    }
+
+    #[test]
+    fn unknown_keys_and_two_token_files_are_refused() {
+        let e = toml::from_str::<ServeFile>("max_conections = 3\n").unwrap_err();
+        assert!(e.to_string().contains("max_conections"), "{e}");
+        let mut a = parsed(&["ferry", "serve", "--root", "/"]);
+        let both: ServeFile = toml::from_str("tokens = \"a\"\ntoken_file = \"b\"\n").unwrap();
+        let e = merge(&mut a, both, Path::new("/")).unwrap_err();
+        assert!(e.to_string().contains("exclude each other"), "{e}");
+    }
+}
