@@ -158,7 +158,7 @@ fn the_command_line_overrides_the_file() {
         let text = fs::read_to_string(&log).unwrap_or_default();
         text.lines().any(|l| {
             l.contains("session token=token-file ")
-                && l.contains(" what=request ")
+                && l.contains(" what=list ")
                 && !l.starts_with('{')
         })
     });

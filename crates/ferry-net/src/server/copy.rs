@@ -104,15 +104,15 @@ pub(super) async fn mint(
 }
 
 /// The source's side: puts what `sources` opens into `request.dest` on `request.peer` with
-/// the grant, as a client would (parallel streams, tuning, resume, retries within the grant's
-/// time to live), while the client hears its progress. Ends with `CopyDone`, or with the
-/// error that ended the put.
+/// the grant, as a client would (parallel streams, tuning, resume, retries until the
+/// destination says the grant lapsed), while the client hears its progress. Ends with
+/// `CopyDone` and returns the files and bytes stored, or with the error that ended the put.
 pub(super) async fn copy<F>(
     shared: &ServerState,
     stream: &mut Stream,
     request: CopyRequest,
     sources: F,
-) -> Result<(), SessionError>
+) -> Result<(u64, u64), SessionError>
 where
     F: Fn() -> Result<Vec<Source>, SessionError>,
 {
@@ -150,8 +150,9 @@ where
         receiver: ferry_proto::Load::default(),
     };
     let report = report_json(&report);
+    let stored = (summary.files, summary.bytes);
     send(stream, &Frame::CopyDone { summary, report }).await?;
-    Ok(())
+    Ok(stored)
 }
 
 /// The source's put to the destination: the client's options (already within this server's

@@ -25,7 +25,13 @@ use crate::transport::stream::Stream;
 
 /// The work a control connection asked for, ready to run.
 pub(super) enum Work<'a> {
-    Done,
+    /// Served within `prepare`: a listing, a probe, a grant held until its client left, or a
+    /// third-party copy (its files and bytes).
+    Done {
+        what: &'static str,
+        files: u64,
+        bytes: u64,
+    },
     /// The data connections are still joining: the engine answers offers meanwhile, and the
     /// session stays open to them (`pending`) until all have joined or it ends.
     Put {
@@ -50,6 +56,16 @@ pub(super) enum Work<'a> {
         /// Registered while the session runs (see `gather`).
         pending: Unregister<'a>,
     },
+}
+
+impl Work<'_> {
+    fn done(what: &'static str) -> Self {
+        Work::Done {
+            what,
+            files: 0,
+            bytes: 0,
+        }
+    }
 }
 
 /// Welcomes the session, reads its one request and prepares it.
@@ -88,7 +104,7 @@ pub(super) async fn prepare<'a>(
                 list(&scope, stream, access::inside(&rel, prefix)).await
             };
             listed.await.map_err(|e| as_requested(e, &path))?;
-            Ok(Work::Done)
+            Ok(Work::done("list"))
         }
         Frame::PutRequest {
             dest,
@@ -100,7 +116,7 @@ pub(super) async fn prepare<'a>(
         }
         probe @ Frame::ProbeRequest { .. } => {
             measure::serve(shared, stream, grant, named, probe).await?;
-            Ok(Work::Done)
+            Ok(Work::done("probe"))
         }
         Frame::GrantRequest { dest, existing } => {
             copy::allowed(shared)?;
@@ -112,7 +128,7 @@ pub(super) async fn prepare<'a>(
                 .third_party(&rel, existing)
                 .ok_or_else(|| denied(grant, "write to", &dest))?;
             copy::mint(shared, stream, scope).await?;
-            Ok(Work::Done)
+            Ok(Work::done("grant"))
         }
         Frame::CopyRequest(request) => {
             copy::allowed(shared)?;
@@ -123,8 +139,12 @@ pub(super) async fn prepare<'a>(
             let sources = || source_of(shared, grant, &src).map(|s| vec![s]);
             let mut request = *request;
             request.opts = clamp(shared, request.opts);
-            copy::copy(shared, stream, request, sources).await?;
-            Ok(Work::Done)
+            let (files, bytes) = copy::copy(shared, stream, request, sources).await?;
+            Ok(Work::Done {
+                what: "copy",
+                files,
+                bytes,
+            })
         }
         other => Err(SessionError::Protocol(format!(
             "unexpected {:?} as a request",

@@ -384,20 +384,11 @@ async fn control_session(
     outcome.map(|_| ())
 }
 
-/// What a session did, for its log line. List, probe, grant and copy requests end inside
-/// `prepare` (`Work::Done`), which does not say which it was.
+/// What a session did, for its log line: `put`, `get`, `list`, `probe`, `grant` or `copy`.
 struct Served {
     what: &'static str,
     files: u64,
     bytes: u64,
-}
-
-impl Served {
-    const REQUEST: Self = Self {
-        what: "request",
-        files: 0,
-        bytes: 0,
-    };
 }
 
 /// The session's one line at the default level: who, what, how much, how fast, and how it ended.
@@ -456,7 +447,7 @@ async fn run_request(
     };
     let idle = shared.config.idle_timeout;
     match work {
-        Work::Done => Ok(Served::REQUEST),
+        Work::Done { what, files, bytes } => Ok(Served { what, files, bytes }),
         Work::Put {
             receiver,
             control,
