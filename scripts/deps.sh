@@ -9,3 +9,10 @@ if [ -f scripts/bench-deps.sh ]; then
 elif [ -f scripts/netem-deps.sh ]; then
     bash scripts/netem-deps.sh
 fi
+# The filter tests compare ferry's --exclude/--include with what rsync itself selects.
+if ! command -v rsync >/dev/null 2>&1; then
+    SUDO=""
+    [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+    $SUDO apt-get update -qq >/dev/null
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq rsync >/dev/null
+fi

@@ -7,6 +7,7 @@
 pub mod buf;
 pub mod digest;
 pub mod error;
+pub mod filter;
 pub mod gate;
 pub mod partials;
 pub mod path;

@@ -1,0 +1,338 @@
+//! `--exclude`/`--include`/`--filter-from` rules, with rsync's meaning: the first rule that
+//! matches a path decides, a path no rule matches is sent, and an excluded directory is not
+//! entered (its contents are never tried). Patterns match the path as it arrives under the
+//! destination (`dir/a.txt` for a put of `dir`): a leading `/` anchors a pattern there, else
+//! it matches the path's last components at any depth; a trailing `/` matches directories
+//! only; `*` and `?` stop at `/`, `**` crosses it. The glob itself is globset's.
+
+use std::path::Path;
+
+use globset::{GlobBuilder, GlobMatcher};
+
+/// A bad rule, named as the user wrote it.
+#[derive(Debug, thiserror::Error)]
+pub enum FilterError {
+    #[error("bad filter pattern `{pattern}`: {cause}")]
+    Pattern { pattern: String, cause: String },
+    #[error("cannot read filter file {path}: {cause}")]
+    Read { path: String, cause: std::io::Error },
+    #[error(
+        "{path}:{line}: `{text}` is not a filter rule (use `+ PATTERN`, `- PATTERN`, or `#` \
+         for a comment)"
+    )]
+    Line {
+        path: String,
+        line: usize,
+        text: String,
+    },
+}
+
+/// Whether a matching rule sends the path or leaves it out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Action {
+    Include,
+    Exclude,
+}
+
+#[derive(Clone, Debug)]
+struct Rule {
+    action: Action,
+    dir_only: bool,
+    matcher: GlobMatcher,
+}
+
+/// An ordered list of rules; the empty list sends everything.
+#[derive(Clone, Debug, Default)]
+pub struct Filter {
+    rules: Vec<Rule>,
+}
+
+impl Filter {
+    /// True when no rule was given (everything is sent).
+    pub fn is_empty(&self) -> bool {
+        self.rules.is_empty()
+    }
+
+    /// Appends a rule; rules added earlier take precedence.
+    pub fn add(&mut self, action: Action, pattern: &str) -> Result<(), FilterError> {
+        let bad = |cause: &str| FilterError::Pattern {
+            pattern: pattern.to_owned(),
+            cause: cause.to_owned(),
+        };
+        let (body, dir_only) = match pattern.strip_suffix('/') {
+            Some(b) => (b, true),
+            None => (pattern, false),
+        };
+        let (body, anchored) = match body.strip_prefix('/') {
+            Some(b) => (b, true),
+            None => (body, false),
+        };
+        if body.is_empty() {
+            return Err(bad("it names no file"));
+        }
+        let body = double_stars(body, anchored).map_err(bad)?;
+        // Unanchored, the pattern may start at any component: `**/` matches zero or more.
+        let glob = if anchored { body } else { format!("**/{body}") };
+        let matcher = GlobBuilder::new(&glob)
+            .literal_separator(true)
+            .backslash_escape(true)
+            .build()
+            .map_err(|e| bad(&e.kind().to_string()))?
+            .compile_matcher();
+        self.rules.push(Rule {
+            action,
+            dir_only,
+            matcher,
+        });
+        Ok(())
+    }
+
+    /// Appends the rules of a `--filter-from` text: `+ PATTERN` includes, `- PATTERN`
+    /// excludes, lines starting with `#` or `;` and blank lines are ignored. `name` is what
+    /// errors call the text.
+    pub fn add_text(&mut self, name: &str, text: &str) -> Result<(), FilterError> {
+        for (i, line) in text.lines().enumerate() {
+            let line = line.strip_suffix('\r').unwrap_or(line);
+            if line.trim().is_empty() || line.starts_with('#') || line.starts_with(';') {
+                continue;
+            }
+            let (action, pattern) = if let Some(p) = line.strip_prefix("+ ") {
+                (Action::Include, p)
+            } else if let Some(p) = line.strip_prefix("- ") {
+                (Action::Exclude, p)
+            } else {
+                return Err(FilterError::Line {
+                    path: name.to_owned(),
+                    line: i + 1,
+                    text: line.to_owned(),
+                });
+            };
+            self.add(action, pattern)?;
+        }
+        Ok(())
+    }
+
+    /// Appends the rules of a `--filter-from` file (see [`Filter::add_text`]).
+    pub fn add_file(&mut self, path: &Path) -> Result<(), FilterError> {
+        let name = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|cause| FilterError::Read {
+            path: name.clone(),
+            cause,
+        })?;
+        self.add_text(&name, &text)
+    }
+
+    /// Whether `rel` (a `/`-separated path under the transfer root) is sent, judged by the
+    /// first rule that matches it; its parents are not looked at (a walk never reaches the
+    /// contents of a directory this refused).
+    pub fn allows(&self, rel: &str, is_dir: bool) -> bool {
+        let rel = rel.trim_matches('/');
+        for rule in &self.rules {
+            if rule.dir_only && !is_dir {
+                continue;
+            }
+            if rule.matcher.is_match(rel) {
+                return rule.action == Action::Include;
+            }
+        }
+        true
+    }
+
+    /// Whether `rel` is sent once its parent directories are judged too, for a side that
+    /// sees paths without walking them (a get's receiver): a file below an excluded directory
+    /// is left out, as the walk would have left it.
+    pub fn admits(&self, rel: &str, is_dir: bool) -> bool {
+        let rel = rel.trim_matches('/');
+        let mut parents = rel.match_indices('/').map(|(i, _)| &rel[..i]);
+        parents.all(|p| self.allows(p, true)) && self.allows(rel, is_dir)
+    }
+}
+
+/// Rewrites rsync's `**` (any characters, `/` included) as globset's, whose `**` is a whole
+/// component matching zero or more of them: in rsync `a/**/b` needs a directory between `a`
+/// and `b` and so does an anchored `/**/b`, while a leading `**/` of an unanchored pattern
+/// also matches at the top. A `**` inside a component (`a**`) has no globset form: refused.
+fn double_stars(body: &str, anchored: bool) -> Result<String, &'static str> {
+    let parts: Vec<&str> = body.split('/').collect();
+    let last = parts.len() - 1;
+    let mut out = Vec::with_capacity(parts.len());
+    for (i, part) in parts.iter().enumerate() {
+        if *part == "**" {
+            let at_least_one = i != last && (i != 0 || anchored);
+            out.push(if at_least_one {
+                "*/**".to_owned()
+            } else {
+                "**".to_owned()
+            });
+        } else if part.contains("**") {
+            return Err("`**` must be a whole path component (`a/**/b`, `**/b`, `a/**`)");
+        } else {
+            out.push(literal_braces(part));
+        }
+    }
+    Ok(out.join("/"))
+}
+
+/// rsync has no `{a,b}` alternation, so braces are literal (outside a `[...]` class).
+fn literal_braces(pattern: &str) -> String {
+    let mut out = String::with_capacity(pattern.len());
+    let mut chars = pattern.chars().peekable();
+    let mut in_class = false;
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => {
+                out.push(c);
+                if let Some(n) = chars.next() {
+                    out.push(n);
+                }
+                continue;
+            }
+            '[' if !in_class => {
+                in_class = true;
+                out.push(c);
+                // A `]` first in the class (after any negation) is a member, not its end.
+                if let Some(&n) = chars.peek() {
+                    if n == '!' || n == '^' {
+                        out.push(n);
+                        chars.next();
+                    }
+                }
+                if chars.peek() == Some(&']') {
+                    out.push(']');
+                    chars.next();
+                }
+                continue;
+            }
+            ']' if in_class => in_class = false,
+            '{' | '}' | ',' if !in_class => out.push('\\'),
+            _ => {}
+        }
+        out.push(c);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn filter(rules: &[(Action, &str)]) -> Filter {
+        let mut f = Filter::default();
+        for (a, p) in rules {
+            f.add(*a, p).unwrap();
+        }
+        f
+    }
+
+    use Action::{Exclude as X, Include as I};
+
+    #[test]
+    fn unanchored_matches_the_last_components_at_any_depth() {
+        let f = filter(&[(X, "*.o"), (X, "sub/b")]);
+        assert!(!f.allows("a.o", false));
+        assert!(!f.allows("d/e/a.o", false));
+        assert!(f.allows("a.c", false));
+        assert!(!f.allows("sub/b", false));
+        assert!(!f.allows("x/sub/b", false));
+        assert!(f.allows("xsub/b", false));
+        assert!(f.allows("sub/b/c", false));
+    }
+
+    #[test]
+    fn a_leading_slash_anchors_at_the_transfer_root() {
+        let f = filter(&[(X, "/top.txt"), (X, "/d/*.log")]);
+        assert!(!f.allows("top.txt", false));
+        assert!(f.allows("d/top.txt", false));
+        assert!(!f.allows("d/a.log", false));
+        assert!(f.allows("e/d/a.log", false));
+    }
+
+    #[test]
+    fn a_trailing_slash_matches_directories_only() {
+        let f = filter(&[(X, "cache/")]);
+        assert!(!f.allows("cache", true));
+        assert!(!f.allows("a/cache", true));
+        assert!(f.allows("cache", false));
+    }
+
+    #[test]
+    fn star_stops_at_slash_and_double_star_crosses_it() {
+        let f = filter(&[(X, "/a/*.txt")]);
+        assert!(!f.allows("a/x.txt", false));
+        assert!(f.allows("a/b/x.txt", false));
+        // As in rsync, `/**/` in the middle stands for at least one directory.
+        let f = filter(&[(X, "/b/**/z")]);
+        assert!(f.allows("b/z", false));
+        assert!(!f.allows("b/c/d/z", false));
+        let f = filter(&[(X, "**/z")]);
+        assert!(!f.allows("z", false));
+        assert!(!f.allows("b/c/z", false));
+        let f = filter(&[(X, "/a/**")]);
+        assert!(!f.allows("a/b/c", false));
+        assert!(f.allows("b/a/c", false));
+    }
+
+    #[test]
+    fn question_mark_and_classes() {
+        let f = filter(&[(X, "?.c"), (X, "[ab]*.h"), (X, "[!x]y")]);
+        assert!(!f.allows("d/z.c", false));
+        assert!(f.allows("zz.c", false));
+        assert!(!f.allows("b1.h", false));
+        assert!(f.allows("c1.h", false));
+        assert!(!f.allows("zy", false));
+        assert!(f.allows("xy", false));
+    }
+
+    #[test]
+    fn braces_are_literal_as_in_rsync() {
+        let f = filter(&[(X, "{a,b}")]);
+        assert!(f.allows("a", false));
+        assert!(!f.allows("{a,b}", false));
+    }
+
+    #[test]
+    fn the_first_matching_rule_wins() {
+        let f = filter(&[(I, "keep.log"), (X, "*.log")]);
+        assert!(f.allows("keep.log", false));
+        assert!(!f.allows("other.log", false));
+        let f = filter(&[(X, "*.log"), (I, "keep.log")]);
+        assert!(!f.allows("keep.log", false));
+        assert!(f.allows("anything", true));
+    }
+
+    #[test]
+    fn admits_judges_the_parents() {
+        let f = filter(&[(I, "*/"), (I, "*.txt"), (X, "*")]);
+        assert!(f.admits("a/b/c.txt", false));
+        assert!(!f.admits("a/b/c.bin", false));
+        let f = filter(&[(X, "/skip/"), (I, "*.txt")]);
+        assert!(!f.admits("skip/c.txt", false));
+        assert!(f.admits("keep/c.txt", false));
+    }
+
+    #[test]
+    fn filter_text_rules_comments_and_blank_lines() {
+        let mut f = Filter::default();
+        f.add_text("rules", "# comment\n; also\n\n+ keep.o\n- *.o\r\n")
+            .unwrap();
+        assert!(f.allows("keep.o", false));
+        assert!(!f.allows("x/y.o", false));
+        let err = Filter::default()
+            .add_text("rules", "+ a\nexclude b\n")
+            .unwrap_err();
+        assert!(err.to_string().contains("rules:2"), "{err}");
+        assert!(err.to_string().contains("exclude b"), "{err}");
+    }
+
+    #[test]
+    fn bad_patterns_are_named() {
+        for bad in ["[abc", "/", "", "a**", "/x/**.txt"] {
+            let err = Filter::default().add(X, bad).unwrap_err();
+            assert!(err.to_string().contains(&format!("`{bad}`")), "{err}");
+        }
+        let err = Filter::default()
+            .add_file(Path::new("/nonexistent/rules"))
+            .unwrap_err();
+        assert!(err.to_string().contains("/nonexistent/rules"), "{err}");
+    }
+}
