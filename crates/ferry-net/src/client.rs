@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use ferry_core::filter::Filter;
 use ferry_core::recv::{Destination, Links, Modes, Receiver, ReceiverConfig};
 use ferry_core::send::{DigestCache, Sender, SenderConfig, Source};
 use ferry_core::{digest, FsError, Reporter, Root};
@@ -1219,12 +1220,25 @@ pub async fn put(
     dest: &str,
     reporter: Arc<dyn Reporter>,
 ) -> Result<TransferReport, SessionError> {
-    put_sources(
-        cfg,
-        || sources.iter().map(|p| local_source(p)).collect(),
-        dest,
-        reporter,
-    )
+    put_filtered(cfg, sources, &Filter::default(), dest, reporter).await
+}
+
+/// [`put`] of only what `filter` lets the walk reach (`--exclude`/`--include`).
+pub async fn put_filtered(
+    cfg: &ClientConfig,
+    sources: &[PathBuf],
+    filter: &Filter,
+    dest: &str,
+    reporter: Arc<dyn Reporter>,
+) -> Result<TransferReport, SessionError> {
+    let cache: Arc<DigestCache> = Arc::default();
+    with_retries(cfg, &reporter, || async {
+        let srcs = sources
+            .iter()
+            .map(|p| local_source(p))
+            .collect::<Result<_, _>>()?;
+        put_once(cfg, (srcs, filter), dest, reporter.clone(), cache.clone()).await
+    })
     .await
 }
 
@@ -1242,14 +1256,23 @@ where
     // Digests survive attempts: a retry proves complete files identical without reading them.
     let cache: Arc<DigestCache> = Arc::default();
     with_retries(cfg, &reporter, || async {
-        put_once(cfg, sources()?, dest, reporter.clone(), cache.clone()).await
+        let all = Filter::default();
+        put_once(
+            cfg,
+            (sources()?, &all),
+            dest,
+            reporter.clone(),
+            cache.clone(),
+        )
+        .await
     })
     .await
 }
 
+/// One attempt of a put of `srcs`, walked through their filter.
 async fn put_once(
     cfg: &ClientConfig,
-    srcs: Vec<Source>,
+    (srcs, filter): (Vec<Source>, &Filter),
     dest: &str,
     reporter: Arc<dyn Reporter>,
     digest_cache: Arc<DigestCache>,
@@ -1278,7 +1301,7 @@ async fn put_once(
         corrupt_blocks: cfg.corrupt_blocks.clone(),
         digest_cache,
     };
-    let sender = Sender::start(srcs, config, tx, ctl_tx, reporter.clone());
+    let sender = Sender::start_filtered(srcs, filter.clone(), config, tx, ctl_tx, reporter.clone());
     let opened = async {
         if cfg.multipath {
             let (c, opts, joining) = open_paths(cfg, reporter.as_ref(), &request).await?;
@@ -1393,15 +1416,28 @@ pub async fn get(
     dest: &Path,
     reporter: Arc<dyn Reporter>,
 ) -> Result<TransferReport, SessionError> {
+    get_filtered(cfg, src, &Filter::default(), dest, reporter).await
+}
+
+/// [`get`] taking only what `filter` admits: the server still walks and offers the rest,
+/// which this end answers `Skip` (a walk, not a transfer) and never makes.
+pub async fn get_filtered(
+    cfg: &ClientConfig,
+    src: &str,
+    filter: &Filter,
+    dest: &Path,
+    reporter: Arc<dyn Reporter>,
+) -> Result<TransferReport, SessionError> {
     with_retries(cfg, &reporter, || {
-        get_once(cfg, src, dest, reporter.clone())
+        get_once(cfg, (src, filter), dest, reporter.clone())
     })
     .await
 }
 
+/// One attempt of a get of `src`, taking what the filter admits.
 async fn get_once(
     cfg: &ClientConfig,
-    src: &str,
+    (src, filter): (&str, &Filter),
     dest: &Path,
     reporter: Arc<dyn Reporter>,
 ) -> Result<TransferReport, SessionError> {
@@ -1429,6 +1465,7 @@ async fn get_once(
         links: cfg.links,
     };
     let receiver = Receiver::new(destination, config, tx, reporter)?;
+    receiver.set_filter(filter.clone());
     let same_host = c.addr.ip().is_loopback();
     let connections = usize::from(opts.streams);
     let writers = Writers::new(cfg.writers, cfg.tune_storage, CLIENT_MOST);

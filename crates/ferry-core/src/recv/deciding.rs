@@ -141,6 +141,10 @@ impl Receiver {
     fn decide(&self, meta: &FileMeta, space: &mut SpaceBudget) -> (Slot, Decision) {
         let fail =
             |code: ErrorCode, message: String| (Slot::Failed, Decision::Fail { code, message });
+        // Before anything is made here: an excluded file's parent may be excluded too.
+        if self.excluded(&meta.path, false) {
+            return (Slot::Skipped, Decision::Skip);
+        }
         let rel = match self.dest.map(&meta.path) {
             Ok(r) => r,
             Err(e) => return fail(e.code(), format!("{}: {e}", meta.path)),

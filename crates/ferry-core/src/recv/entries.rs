@@ -13,6 +13,16 @@ use crate::root;
 
 impl Receiver {
     pub(super) fn handle_dir(&self, path: &str, mode: u32, mtime_ns: i64) {
+        // An excluded one is still counted, as the sender counted it, so that completion is
+        // detected.
+        if !self.excluded(path, true) {
+            self.make_dir(path, mode, mtime_ns);
+        }
+        self.counters.dirs.fetch_add(1, Ordering::Relaxed);
+        self.check_complete();
+    }
+
+    fn make_dir(&self, path: &str, mode: u32, mtime_ns: i64) {
         match self
             .dest
             .map(path)
@@ -21,12 +31,12 @@ impl Receiver {
             Ok(rel) => lock(&self.dir_meta).push((rel, mode, mtime_ns)),
             Err(e) => self.entry_failed(path, e.code(), format!("directory {path}: {e}")),
         }
-        self.counters.dirs.fetch_add(1, Ordering::Relaxed);
-        self.check_complete();
     }
 
     pub(super) fn handle_symlink(&self, path: &str, target: &str, mtime_ns: i64) {
-        if !self.config.links.allows(path, target) {
+        if self.excluded(path, false) {
+            // Not made, only counted (see `handle_dir`).
+        } else if !self.config.links.allows(path, target) {
             self.entry_failed(
                 path,
                 ErrorCode::PERMISSION,

@@ -3,7 +3,7 @@
 use std::collections::{HashMap, HashSet};
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
 
 use ferry_proto::{CompleteSummary, FileId, FileMeta, Frame};
@@ -12,6 +12,7 @@ use super::config::{check_writable, Destination, ReceiverConfig, RecvError, MAX_
 use super::state::{lock, remove_temp, Counters, FileEntry, FinalizeJob, Slot};
 use crate::digest::hex;
 use crate::error::FsError;
+use crate::filter::Filter;
 use crate::path::split_parent;
 use crate::report::Reporter;
 use crate::root;
@@ -46,6 +47,9 @@ pub struct Receiver {
     pub(super) stopped: AtomicBool,
     pub(super) done_tx: flume::Sender<()>,
     pub(super) done_rx: flume::Receiver<()>,
+    /// What this end takes of what the sender offers (`--exclude`/`--include` on a get): the
+    /// sender walks everything, and what this refuses is skipped and never made here.
+    pub(super) filter: OnceLock<Filter>,
 }
 
 impl Receiver {
@@ -91,6 +95,7 @@ impl Receiver {
             stopped: AtomicBool::new(false),
             done_tx,
             done_rx,
+            filter: OnceLock::new(),
         });
         // The finalizer holds only a weak reference so that dropping the receiver ends it.
         let weak = Arc::downgrade(&this);
@@ -100,6 +105,20 @@ impl Receiver {
             .expect("spawning a thread");
         *lock(&this.finalizer) = Some(handle);
         Ok(this)
+    }
+
+    /// Takes only what `filter` admits from now on (set it before the first frame): other
+    /// files are answered `Skip`, other directories and symlinks are not made. Only the first
+    /// filter set counts.
+    pub fn set_filter(&self, filter: Filter) {
+        let _ = self.filter.set(filter);
+    }
+
+    /// Whether the filter leaves out the entry at wire path `path` (or a directory above it).
+    pub(super) fn excluded(&self, path: &str, is_dir: bool) -> bool {
+        self.filter
+            .get()
+            .is_some_and(|f| !f.is_empty() && !f.admits(path, is_dir))
     }
 
     /// Resolves (once) when every announced entry has been stored, skipped or failed.

@@ -10,6 +10,7 @@ use ferry_proto::{Decision, FileDecision, FileId, Frame};
 use super::reading::{resend_block, send_file};
 use super::state::{Job, SenderConfig, SenderState, Source, WalkTotals};
 use super::walk::walk;
+use crate::filter::Filter;
 use crate::gate::Gate;
 use crate::report::Reporter;
 
@@ -35,10 +36,25 @@ impl Sender {
         control: flume::Sender<Frame>,
         reporter: Arc<dyn Reporter>,
     ) -> Self {
+        let all = Filter::default();
+        Self::start_filtered(sources, all, config, frames, control, reporter)
+    }
+
+    /// [`Sender::start`] sending only what `filter` lets the walk reach: an excluded entry is
+    /// neither offered nor counted, and an excluded directory is not entered.
+    pub fn start_filtered(
+        sources: Vec<Source>,
+        filter: Filter,
+        config: SenderConfig,
+        frames: flume::Sender<Frame>,
+        control: flume::Sender<Frame>,
+        reporter: Arc<dyn Reporter>,
+    ) -> Self {
         let corrupt = Mutex::new(config.corrupt_blocks.iter().copied().collect());
         let (block_size, streams) = (config.block_size, u32::from(config.streams));
         let shared = Arc::new(SenderState {
             sources,
+            filter,
             config,
             frames,
             control,

@@ -11,6 +11,7 @@ use ferry_proto::{ChecksumAlgo, Decision, ErrorCode, FileId, FileMeta, Frame};
 
 use super::cut::cut;
 use super::segments::Segments;
+use crate::filter::Filter;
 use crate::gate::Gate;
 use crate::report::Reporter;
 use crate::root::Root;
@@ -68,6 +69,8 @@ pub(super) struct Job {
 /// receiver's decisions, and what has been found, read and passed so far.
 pub(super) struct SenderState {
     pub(super) sources: Vec<Source>,
+    /// Which entries the walk sends (`--exclude`/`--include`), judged by their wire paths.
+    pub(super) filter: Filter,
     pub(super) config: SenderConfig,
     pub(super) frames: flume::Sender<Frame>,
     /// Frames for the control connection (`Offer`).

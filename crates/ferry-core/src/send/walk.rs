@@ -126,6 +126,12 @@ impl Walker<'_> {
                     continue;
                 }
             };
+            // The empty wire path is a root sent as itself: never filtered.
+            let is_dir = meta.kind == Kind::Dir;
+            if !entry.wire.is_empty() && !shared.filter.allows(&entry.wire, is_dir) {
+                tracing::debug!(path = %entry.wire, "excluded by the filter");
+                continue;
+            }
             let more = match meta.kind {
                 Kind::File => self.file(entry, meta),
                 Kind::Dir => self.dir(src, entry, meta, &mut stack),
