@@ -60,6 +60,12 @@ impl Cli {
     pub fn parse_noting_given() -> Result<Self, clap::Error> {
         let matches = Self::command().try_get_matches()?;
         let mut cli = Self::from_arg_matches(&matches)?;
+        if let (Command::Put(PutArgs { transfer: t, .. }), Some((_, m)))
+        | (Command::Get(GetArgs { transfer: t, .. }), Some((_, m))) =
+            (&mut cli.command, matches.subcommand())
+        {
+            t.filter.order = filter_order(m);
+        }
         if let (Command::Serve(a), Some(("serve", m))) = (&mut cli.command, matches.subcommand()) {
             a.given = m
                 .ids()
@@ -69,6 +75,57 @@ impl Cli {
         }
         Ok(cli)
     }
+}
+
+/// Which files a put or get sends (rsync's filter rules).
+#[derive(Args, Debug, Clone, Default)]
+pub struct FilterArgs {
+    /// Leave out what matches PATTERN, with rsync's rules: the first --exclude/--include
+    /// that matches decides; a leading `/` anchors at the transfer root (`/dir/x` for a put of
+    /// `dir`), else it matches at any depth; a trailing `/` matches directories only; `*` and
+    /// `?` stop at `/`, `**` does not. An excluded directory is not entered. Repeatable.
+    #[arg(long, value_name = "PATTERN")]
+    pub exclude: Vec<String>,
+    /// Send what matches PATTERN, even if a later --exclude matches it too. Repeatable.
+    #[arg(long, value_name = "PATTERN")]
+    pub include: Vec<String>,
+    /// Read rules from FILE, one a line: `+ PATTERN` (include), `- PATTERN` (exclude);
+    /// `#`/`;` comments and blank lines are ignored. Repeatable.
+    #[arg(long, value_name = "FILE")]
+    pub filter_from: Vec<PathBuf>,
+    /// --exclude, --include and --filter-from as they came on the command line, whose order
+    /// decides (filled by [`Cli::parse_noting_given`]; empty, they are taken in that order).
+    #[arg(skip)]
+    pub order: Vec<FilterArg>,
+}
+
+/// One filter option, as given.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FilterArg {
+    Exclude(String),
+    Include(String),
+    From(PathBuf),
+}
+
+/// The filter options of a put or get in command-line order (clap keeps each option's values
+/// apart, with their positions).
+fn filter_order(m: &clap::ArgMatches) -> Vec<FilterArg> {
+    let mut found: Vec<(usize, FilterArg)> = Vec::new();
+    let mut note = |id: &str, make: &dyn Fn(&str) -> FilterArg| {
+        if let (Some(values), Some(at)) = (m.get_many::<String>(id), m.indices_of(id)) {
+            found.extend(at.zip(values.map(|v| make(v))));
+        }
+    };
+    note("exclude", &|v| FilterArg::Exclude(v.to_owned()));
+    note("include", &|v| FilterArg::Include(v.to_owned()));
+    if let (Some(values), Some(at)) = (
+        m.get_many::<PathBuf>("filter_from"),
+        m.indices_of("filter_from"),
+    ) {
+        found.extend(at.zip(values.map(|v| FilterArg::From(v.clone()))));
+    }
+    found.sort_by_key(|(at, _)| *at);
+    found.into_iter().map(|(_, f)| f).collect()
 }
 
 #[derive(Subcommand, Debug)]
@@ -465,6 +522,8 @@ pub struct TransferArgs {
     /// (connection i leaves from the i-th mod their number). Implies --multipath.
     #[arg(long, value_name = "IP")]
     pub bind: Vec<std::net::IpAddr>,
+    #[command(flatten)]
+    pub filter: FilterArgs,
     #[command(flatten)]
     pub auth: AuthArgs,
     #[command(flatten)]

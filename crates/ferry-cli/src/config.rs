@@ -6,11 +6,14 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
+use ferry_core::filter::{Action, Filter};
 use ferry_net::{ClientConfig, KnownHosts, Security, ServerTrust};
 use ferry_proto::{ExistingPolicy, TransferOpts, MAX_BLOCK_DATA};
 use ferry_units::units::{parse_duration, parse_size};
 
-use crate::args::{AuthArgs, ConnArgs, GetArgs, LsArgs, PutArgs, TransferArgs, WaitArgs};
+use crate::args::{
+    AuthArgs, ConnArgs, FilterArg, FilterArgs, GetArgs, LsArgs, PutArgs, TransferArgs, WaitArgs,
+};
 use crate::remote::Remote;
 
 /// The client config file: a default token and per-host tokens.
@@ -208,8 +211,38 @@ pub fn apply_ramp_helpers(cfg: &mut ClientConfig, profiles: &crate::profiles::Pr
     cfg.opts.streams = cfg.opts.streams.saturating_add(n);
 }
 
+/// Takes the filter options out of `args`, as rules in command-line order; a bad pattern or
+/// an unreadable `--filter-from` file is named in the error.
+pub fn take_filter(args: &mut TransferArgs) -> Result<Filter> {
+    let FilterArgs {
+        exclude,
+        include,
+        filter_from: from,
+        mut order,
+    } = std::mem::take(&mut args.filter);
+    if order.is_empty() {
+        order.extend(exclude.into_iter().map(FilterArg::Exclude));
+        order.extend(include.into_iter().map(FilterArg::Include));
+        order.extend(from.into_iter().map(FilterArg::From));
+    }
+    let mut filter = Filter::default();
+    for arg in order {
+        match arg {
+            FilterArg::Exclude(p) => filter.add(Action::Exclude, &p),
+            FilterArg::Include(p) => filter.add(Action::Include, &p),
+            FilterArg::From(f) => filter.add_file(&f),
+        }?;
+    }
+    Ok(filter)
+}
+
 /// Turns transfer arguments into a client configuration for `remote`.
 pub fn client_config(args: &TransferArgs, remote: &Remote) -> Result<ClientConfig> {
+    // put and get take their filter out first (`take_filter`): only cp gets here with one.
+    let f = &args.filter;
+    if !(f.exclude.is_empty() && f.include.is_empty() && f.filter_from.is_empty()) {
+        bail!("--exclude, --include and --filter-from work with put and get, not with cp");
+    }
     let block = match &args.block_size {
         None => DEFAULT_BLOCK,
         Some(b) => {
@@ -321,6 +354,8 @@ pub struct Transfer {
     pub remote: Remote,
     pub client: ClientConfig,
     pub job: Job,
+    /// What of the job is sent (`--exclude`/`--include`/`--filter-from`).
+    pub filter: Filter,
     pub json: bool,
     pub manifest: Option<PathBuf>,
     /// How to start a session over ssh, for `USER@HOST:PATH`.
@@ -330,7 +365,8 @@ pub struct Transfer {
 impl Transfer {
     /// `put SOURCES... DEST`: the last path is the remote; none of the others may look remote
     /// unless it exists locally.
-    pub fn put(args: PutArgs) -> Result<Self> {
+    pub fn put(mut args: PutArgs) -> Result<Self> {
+        let filter = take_filter(&mut args.transfer)?;
         let (dest, sources) = args.paths.split_last().context("nothing to send")?;
         let remote = Remote::parse(dest)
             .context("the last argument of put is the destination, HOST[:PORT]:PATH")?;
@@ -346,11 +382,12 @@ impl Transfer {
         // This process ends with the put (the demo, which hosts a server, leaves it off).
         client.drain_at_end = true;
         let job = Job::Put(sources.iter().map(PathBuf::from).collect());
-        Ok(Self::new(remote, client, job, args.transfer))
+        Ok(Self::new(remote, client, (job, filter), args.transfer))
     }
 
     /// `get SOURCE DEST`.
-    pub fn get(args: GetArgs) -> Result<Self> {
+    pub fn get(mut args: GetArgs) -> Result<Self> {
+        let filter = take_filter(&mut args.transfer)?;
         let remote = Remote::parse(&args.remote)
             .context("the first argument of get is the source, HOST[:PORT]:PATH")?;
         let mut client = client_config(&args.transfer, &remote)?;
@@ -365,16 +402,22 @@ impl Transfer {
         Ok(Self::new(
             remote,
             client,
-            Job::Get(args.dest),
+            (Job::Get(args.dest), filter),
             args.transfer,
         ))
     }
 
-    fn new(remote: Remote, client: ClientConfig, job: Job, args: TransferArgs) -> Self {
+    fn new(
+        remote: Remote,
+        client: ClientConfig,
+        (job, filter): (Job, Filter),
+        args: TransferArgs,
+    ) -> Self {
         Self {
             remote,
             client,
             job,
+            filter,
             json: args.output.json,
             manifest: args.manifest,
             conn: args.conn,

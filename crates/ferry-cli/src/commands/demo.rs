@@ -14,7 +14,7 @@ use ferry_units::units::{format_bytes_2dp as human_bytes, parse_size};
 use serde::Serialize;
 
 use super::transfer::summary_line;
-use crate::args::{AuthArgs, ConnArgs, DemoArgs, OutputArgs, TransferArgs, WaitArgs};
+use crate::args::{AuthArgs, ConnArgs, DemoArgs, FilterArgs, OutputArgs, TransferArgs, WaitArgs};
 use crate::config::client_config;
 use crate::error::usage;
 use crate::progress::Progress;
@@ -277,6 +277,7 @@ impl DemoServer {
             manifest: None,
             multipath: false,
             bind: Vec::new(),
+            filter: FilterArgs::default(),
             auth: AuthArgs {
                 token: Some(self.token.clone()),
                 config: None,

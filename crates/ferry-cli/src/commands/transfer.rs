@@ -24,6 +24,7 @@ pub async fn run(t: Transfer, quiet: bool) -> Result<ExitCode> {
         remote,
         client: mut cfg,
         job,
+        filter,
         json,
         manifest,
         conn,
@@ -42,9 +43,13 @@ pub async fn run(t: Transfer, quiet: bool) -> Result<ExitCode> {
     let progress = Arc::new(Progress::new(quiet || json));
     let result = match &job {
         Job::Put(sources) => {
-            ferry_net::client::put(&cfg, sources, &remote.path, progress.clone()).await
+            let to = &remote.path;
+            ferry_net::client::put_filtered(&cfg, sources, &filter, to, progress.clone()).await
         }
-        Job::Get(dest) => ferry_net::client::get(&cfg, &remote.path, dest, progress.clone()).await,
+        Job::Get(dest) => {
+            let from = &remote.path;
+            ferry_net::client::get_filtered(&cfg, from, &filter, dest, progress.clone()).await
+        }
     };
     progress.finish();
     if let Some(o) = oneshot {
