@@ -13,6 +13,7 @@ mod host;
 mod hostreport;
 mod iperf;
 mod mpgridftp;
+mod mpiperf;
 mod mpreport;
 mod multipath;
 mod peers;
@@ -61,7 +62,8 @@ struct Cli {
     /// --regime, default default) against K × one link's rate; one file of --sizes (default 1G)
     /// and the trees of --trees (default mixed), --runs 3, every K in each round, after one
     /// unrecorded put per K and data set (--no-warmup skips them); GridFTP striped over the
-    /// same links beside ferry when installed (--peers none skips it).
+    /// same links beside ferry when installed (--peers none skips it); first, per K, iperf3 over
+    /// the K links at once, --iperf3-secs (default 8) after --iperf3-omit (--no-iperf3 skips it).
     #[arg(long, default_value = "bed", value_parser = ["bed", "host", "third-party", "multipath"])]
     mode: String,
     /// Multipath mode: the K values, links between the client and the server (default 1,2,3).
@@ -1260,13 +1262,17 @@ fn multipath_options(cli: &Cli, work: PathBuf, out: PathBuf) -> Result<multipath
         max_run: std::time::Duration::from_secs(cli.max_run_secs.max(1)),
         verbose: cli.verbose,
         gridftp,
+        iperf3: (!cli.no_iperf3 && mpiperf::installed()).then_some(mpiperf::Span {
+            secs: cli.iperf3_secs.unwrap_or(8).max(1),
+            omit: cli.iperf3_omit,
+        }),
     })
 }
 
 /// `--mode multipath`: see [`multipath`].
 fn run_multipath(cli: &Cli) -> Result<ExitCode> {
     let mut bad = third_party_bad_flags(cli);
-    bad.retain(|f| *f != "--peers");
+    bad.retain(|f| !["--peers", "--no-iperf3", "--iperf3-secs"].contains(f));
     if !bad.is_empty() {
         bail!("--mode multipath: {} do not apply", bad.join(", "));
     }
@@ -1333,6 +1339,7 @@ fn multipath_in(cli: &Cli, work: &Path, out: &Path, started: u64) -> Result<Exit
         .host
         .push(("load average at end".into(), read_trim("/proc/loadavg")));
     report.rows = std::mem::take(&mut r.rows);
+    report.ceilings = std::mem::take(&mut r.ceilings);
     report.notes = std::mem::take(&mut r.notes);
     report.summarize();
     let md = mpreport::summary(&report);

@@ -69,6 +69,16 @@ impl MpRow {
     }
 }
 
+/// iperf3 over the first K links at once.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct MpCeiling {
+    pub k: usize,
+    /// The links' receivers' steady goodput together, Mbit/s.
+    pub mbit_s: f64,
+    /// Each link's, in link order.
+    pub per_link: Vec<f64>,
+}
+
 /// One K on one data set, over its verified rows.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct MpPoint {
@@ -88,6 +98,8 @@ pub struct MpPoint {
     pub vs_links: Option<f64>,
     /// The median rate over the same tool's K = 1 on the same data set (None without one).
     pub vs_one_path: Option<f64>,
+    /// The median rate over iperf3's over the same K links (None without a ceiling).
+    pub vs_iperf3: Option<f64>,
     /// Median IP bytes per link, in link order.
     pub link_bytes: Vec<u64>,
     /// The median of each link's share of all links' bytes.
@@ -127,6 +139,8 @@ pub struct MpReport {
     /// One unrecorded put per K and data set ran first.
     pub warmup: bool,
     pub target: f64,
+    /// iperf3 per K, measured once before the transfers (empty with --no-iperf3).
+    pub ceilings: Vec<MpCeiling>,
     pub points: Vec<MpPoint>,
     pub rows: Vec<MpRow>,
     pub notes: Vec<String>,
@@ -176,6 +190,11 @@ impl MpReport {
                 (Some(m), Some(b)) if b > 0.0 => Some(m / b),
                 _ => None,
             };
+            let ceiling = self.ceilings.iter().find(|c| c.k == p.k).map(|c| c.mbit_s);
+            p.vs_iperf3 = match (p.median_mbit_s, ceiling) {
+                (Some(m), Some(c)) if c > 0.0 => Some(m / c),
+                _ => None,
+            };
         }
     }
 
@@ -223,6 +242,7 @@ impl MpReport {
                 .filter(|_| target_mbit_s > 0.0)
                 .map(|m| m / target_mbit_s),
             vs_one_path: None,
+            vs_iperf3: None,
             link_bytes,
             link_share,
             bottleneck: most_common(&names),
@@ -250,7 +270,7 @@ fn table_row(p: &MpPoint) -> String {
         .collect::<Vec<_>>()
         .join(" / ");
     format!(
-        "| {} | {} | {} | {}/{} | {} | {} | {} | {} | {} | {} | {} | {} |",
+        "| {} | {} | {} | {}/{} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
         p.tool,
         p.dataset,
         p.k,
@@ -261,6 +281,7 @@ fn table_row(p: &MpPoint) -> String {
         format_mbps(p.target_mbit_s),
         opt(p.vs_links, |v| format!("{v:.2}")),
         opt(p.vs_one_path, |v| format!("{v:.2}×")),
+        opt(p.vs_iperf3, |v| format!("{v:.2}")),
         if spread.is_empty() {
             "n/a".into()
         } else {
@@ -318,14 +339,28 @@ pub fn summary(r: &MpReport) -> String {
     );
     s.push_str(
         "| tool | data | K | ok | median s | median Mbit/s | K × link | rate / (K × link) | \
-         vs K=1 | bytes per link (share) | streams | bottleneck |\n\
-         |---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---|\n",
+         vs K=1 | vs iperf3 | bytes per link (share) | streams | bottleneck |\n\
+         |---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---|\n",
     );
     for p in &r.points {
         s.push_str(&table_row(p));
         s.push('\n');
     }
     s.push('\n');
+    for c in &r.ceilings {
+        let _ = writeln!(
+            s,
+            "- iperf3 over {} link{} at once (one client per link, steady seconds): {:.0} Mbit/s ({})",
+            c.k,
+            if c.k == 1 { "" } else { "s" },
+            c.mbit_s,
+            c.per_link
+                .iter()
+                .map(|m| format!("{m:.0}"))
+                .collect::<Vec<_>>()
+                .join(" + ")
+        );
+    }
     let reached: Vec<String> = r
         .points
         .iter()
@@ -404,6 +439,11 @@ mod tests {
             ],
             ..Default::default()
         };
+        r.ceilings = vec![MpCeiling {
+            k: 2,
+            mbit_s: 580.0,
+            per_link: vec![290.0, 290.0],
+        }];
         let mut bad = row(4, 2, 1.0, vec![0, 0]);
         bad.error = "put exit 1".into();
         r.rows.push(bad);
@@ -417,6 +457,8 @@ mod tests {
         let want = g as f64 * 8.0 / 16.0 / 1e6 / 600.0;
         assert!((two.vs_links.unwrap() - want).abs() < 1e-9);
         assert!((two.vs_one_path.unwrap() - 30.0 / 16.0).abs() < 1e-9);
+        assert!((two.vs_iperf3.unwrap() - g as f64 * 8.0 / 16.0 / 1e6 / 580.0).abs() < 1e-9);
+        assert_eq!(one.vs_iperf3, None);
         assert_eq!(two.link_bytes, [g / 2, g / 2]);
         assert_eq!(two.link_share, [0.5, 0.5]);
         assert_eq!(one.link_share, [1.0, 0.0]);
@@ -429,6 +471,10 @@ mod tests {
         );
         assert!(text.contains("ferry file-1GiB K=2: no"), "{text}");
         assert!(text.contains("1 transfers failed"), "{text}");
+        assert!(
+            text.contains("at once (one client per link, steady seconds): 580 Mbit/s (290 + 290)"),
+            "{text}"
+        );
     }
 
     #[test]

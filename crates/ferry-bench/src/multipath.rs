@@ -19,7 +19,8 @@ use ferry_netem::{End, LinkConfig, Regime, Topology, TopologyConfig};
 
 use crate::data::{self, Digest};
 use crate::mpgridftp::{self, clear_dir, GridServers};
-use crate::mpreport::MpRow;
+use crate::mpiperf;
+use crate::mpreport::{MpCeiling, MpRow};
 use crate::plan::Dataset;
 use crate::runner::{self, Server};
 use crate::stop;
@@ -57,6 +58,8 @@ pub struct MpOptions {
     pub verbose: bool,
     /// Run GridFTP (striped for K > 1) after ferry at each K.
     pub gridftp: bool,
+    /// Measure iperf3 over the K links at once, per K, before the transfers, for this long.
+    pub iperf3: Option<mpiperf::Span>,
 }
 
 impl MpOptions {
@@ -151,6 +154,7 @@ pub struct MpRunner<'a> {
     o: &'a MpOptions,
     logs: PathBuf,
     pub rows: Vec<MpRow>,
+    pub ceilings: Vec<MpCeiling>,
     pub notes: Vec<String>,
 }
 
@@ -162,6 +166,7 @@ impl<'a> MpRunner<'a> {
             o,
             logs,
             rows: Vec::new(),
+            ceilings: Vec::new(),
             notes: Vec::new(),
         })
     }
@@ -176,6 +181,9 @@ impl<'a> MpRunner<'a> {
             sets.push((ds.clone(), src, want));
         }
         let bed = self.start_bed()?;
+        if let Some(span) = self.o.iperf3 {
+            self.measure_ceilings(&bed, span);
+        }
         if self.o.warmup {
             for (ds, src, want) in &sets {
                 for t in bed.targets() {
@@ -199,6 +207,26 @@ impl<'a> MpRunner<'a> {
         }
         self.finish(bed);
         Ok(())
+    }
+
+    /// iperf3 over the first K links at once, for each K; a failure is a note, not a stop.
+    fn measure_ceilings(&mut self, bed: &Bed, span: mpiperf::Span) {
+        for &k in &self.o.paths {
+            match mpiperf::ceiling(&bed.topo, (CLIENT, SERVER), k, span, &self.logs) {
+                Ok((mbit_s, per_link)) => {
+                    eprintln!(
+                        "ferry-bench multipath: iperf3 over {k} link(s) at once: \
+                         {mbit_s:.0} Mbit/s {per_link:.0?}"
+                    );
+                    self.ceilings.push(MpCeiling {
+                        k,
+                        mbit_s,
+                        per_link,
+                    });
+                }
+                Err(e) => self.notes.push(format!("iperf3 at K={k}: {e:#}")),
+            }
+        }
     }
 
     fn say(&self, r: &MpRow) {
@@ -490,6 +518,7 @@ mod tests {
             max_run: Duration::from_secs(900),
             verbose: false,
             gridftp: false,
+            iperf3: None,
         }
     }
 

@@ -53,6 +53,7 @@ fn tiny_multipath_put_over_one_and_two_links() {
     let child = bench()
         .args(["--mode", "multipath", "--paths", "1,2", "--sizes", "24M"])
         .args(["--trees", "mixed:10", "--runs", "1", "--no-warmup"])
+        .args(["--iperf3-secs", "1", "--iperf3-omit", "0"])
         .arg("--ferry")
         .arg(&ferry)
         .arg("--out")
@@ -86,6 +87,13 @@ fn tiny_multipath_put_over_one_and_two_links() {
         assert_eq!(row["verified"], true, "{row:#}");
         assert_eq!(row["error"], "", "{row:#}");
         assert_eq!(row["link_bytes"].as_array().unwrap().len(), 2, "{row:#}");
+    }
+    // iperf3 over 1 and 2 links at once, when installed.
+    for c in r["ceilings"].as_array().unwrap() {
+        let per: Vec<f64> = serde_json::from_value(c["per_link"].clone()).unwrap();
+        assert_eq!(per.len() as u64, c["k"].as_u64().unwrap(), "{c:#}");
+        assert!(per.iter().all(|m| *m > 0.0), "{c:#}");
+        assert!(num(c, "mbit_s") > 0.0, "{c:#}");
     }
     let points = r["points"].as_array().unwrap();
     assert_eq!(points.len(), 4 * tools.len(), "{text}");
@@ -148,8 +156,8 @@ fn tiny_multipath_put_over_one_and_two_links() {
 fn multipath_mode_refuses_what_does_not_apply() {
     for (args, want) in [
         (
-            &["--streams", "4", "--iperf3-secs", "3"][..],
-            "--mode multipath: --streams, --iperf3-secs do not apply",
+            &["--streams", "4", "--targets"][..],
+            "--mode multipath: --streams, --targets do not apply",
         ),
         (&["--peers", "xrootd"][..], "--peers takes gridftp or none"),
         (&["--paths", "0,2"][..], "--paths 0: each K is 1 to 8"),
