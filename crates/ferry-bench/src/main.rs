@@ -2,7 +2,9 @@
 //! the emulated WAN bed (or against a real `ferry serve`), with iperf3 as the ceiling and the
 //! peer tools Debian packages (rsync, scp, XRootD, GridFTP) side by side; or, with `--mode host`,
 //! one host alone over loopback, where the cores are the limit (see [`host`]); or, with `--mode
-//! third-party`, `ferry cp` between two servers against a put between them (see [`thirdparty`]).
+//! third-party`, `ferry cp` between two servers against a put between them (see [`thirdparty`]);
+//! or, with `--mode multipath`, one put over K parallel links against one link (see
+//! [`multipath`]).
 //! See docs/bench/NOTEBOOK.md.
 
 mod cpu;
@@ -10,6 +12,10 @@ mod data;
 mod host;
 mod hostreport;
 mod iperf;
+mod mpgridftp;
+mod mpiperf;
+mod mpreport;
+mod multipath;
 mod peers;
 mod plan;
 mod plot;
@@ -51,8 +57,18 @@ struct Cli {
     /// against a put between the servers (their link: --rtt, default 50 ms; --rate, default
     /// 1gbit; --regime, default default); one file of --sizes (default 1G), --runs 3, after one
     /// unrecorded put and copy (--no-warmup skips them).
-    #[arg(long, default_value = "bed", value_parser = ["bed", "host", "third-party"])]
+    /// multipath: `ferry put --bind` over K parallel links between one client and one server
+    /// (K from --paths, default 1,2,3; each link --rate, default 300mbit, --rtt, default 20ms;
+    /// --regime, default default) against K × one link's rate; one file of --sizes (default 1G)
+    /// and the trees of --trees (default mixed), --runs 3, every K in each round, after one
+    /// unrecorded put per K and data set (--no-warmup skips them); GridFTP striped over the
+    /// same links beside ferry when installed (--peers none skips it); first, per K, iperf3 over
+    /// the K links at once, --iperf3-secs (default 8) after --iperf3-omit (--no-iperf3 skips it).
+    #[arg(long, default_value = "bed", value_parser = ["bed", "host", "third-party", "multipath"])]
     mode: String,
+    /// Multipath mode: the K values, links between the client and the server (default 1,2,3).
+    #[arg(long, value_delimiter = ',')]
+    paths: Option<Vec<usize>>,
     /// Host mode: ferry's transports, tls (its defaults: TLS, BLAKE3) and plain (--no-encrypt).
     #[arg(long, value_delimiter = ',')]
     transports: Option<Vec<String>>,
@@ -607,6 +623,9 @@ fn run(cli: Cli) -> Result<ExitCode> {
     if cli.mode == "third-party" {
         return run_third_party(&cli);
     }
+    if cli.mode == "multipath" {
+        return run_multipath(&cli);
+    }
     let spec = build_spec(&cli)?;
     let iperf_secs = cli.iperf3_secs.unwrap_or(if cli.full { 10 } else { 5 });
     let plan = plan::plan(&spec);
@@ -825,6 +844,7 @@ fn bed_only_flags(cli: &Cli) -> Vec<&'static str> {
     bad(cli.drop_caches, "--drop-caches");
     bad(cli.initial_window.is_some(), "--initial-window");
     bad(cli.tcp_fastopen, "--tcp-fastopen");
+    bad(cli.paths.is_some(), "--paths");
     v
 }
 
@@ -993,7 +1013,7 @@ fn run_host(cli: &Cli) -> Result<ExitCode> {
     })
 }
 
-/// Flags third-party mode has no use for, refused rather than ignored.
+/// Flags the third-party and multipath modes have no use for, refused rather than ignored.
 fn third_party_bad_flags(cli: &Cli) -> Vec<&'static str> {
     let mut v = Vec::new();
     let mut bad = |set: bool, name: &'static str| {
@@ -1007,7 +1027,6 @@ fn third_party_bad_flags(cli: &Cli) -> Vec<&'static str> {
     bad(cli.iperf3_streams.is_some(), "--iperf3-streams");
     bad(cli.no_probe_net, "--no-probe-net");
     bad(cli.direction.is_some(), "--direction");
-    bad(cli.trees.is_some(), "--trees");
     bad(cli.streams.is_some(), "--streams");
     bad(cli.peer_streams.is_some(), "--peer-streams");
     bad(cli.block_sizes.is_some(), "--block-sizes");
@@ -1026,12 +1045,24 @@ fn third_party_bad_flags(cli: &Cli) -> Vec<&'static str> {
     v
 }
 
-/// The one value of a list flag in third-party mode, or its default.
+/// Flags the third-party mode refuses beyond those (the multipath mode takes these).
+fn third_party_only_bad_flags(cli: &Cli) -> Vec<&'static str> {
+    let mut v = third_party_bad_flags(cli);
+    if cli.trees.is_some() {
+        v.push("--trees");
+    }
+    if cli.paths.is_some() {
+        v.push("--paths");
+    }
+    v
+}
+
+/// The one value of a list flag in the third-party and multipath modes, or its default.
 fn one_value<'a>(v: &'a Option<Vec<String>>, flag: &str, default: &'a str) -> Result<&'a str> {
     match v.as_deref() {
         None => Ok(default),
         Some([x]) => Ok(x),
-        Some(_) => bail!("--mode third-party: {flag} takes one value"),
+        Some(_) => bail!("{flag} takes one value in this mode"),
     }
 }
 
@@ -1066,7 +1097,7 @@ fn third_party_options(cli: &Cli, work: PathBuf, out: PathBuf) -> Result<thirdpa
 
 /// `--mode third-party`: see [`thirdparty`].
 fn run_third_party(cli: &Cli) -> Result<ExitCode> {
-    let bad = third_party_bad_flags(cli);
+    let bad = third_party_only_bad_flags(cli);
     if !bad.is_empty() {
         bail!("--mode third-party: {} do not apply", bad.join(", "));
     }
@@ -1146,6 +1177,185 @@ fn third_party_in(cli: &Cli, work: &Path, out: &Path, started: u64) -> Result<Ex
     let failed = report.failed();
     if failed > 0 {
         eprintln!("ferry-bench third-party: {failed} transfers failed (results.json, rows' error)");
+    }
+    Ok(if result.is_err() || failed > 0 {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+/// Multipath mode's data sets: one file of --sizes (default 1G; "none": no file) and the trees
+/// of --trees (default mixed; "none": no tree).
+fn multipath_datasets(cli: &Cli) -> Result<Vec<Dataset>> {
+    let mut v = Vec::new();
+    let size = one_value(&cli.sizes, "--sizes", "1G")?;
+    if size != "none" {
+        let bytes =
+            parse_size_fractional(size).map_err(|e| anyhow::anyhow!("--sizes {size}: {e}"))?;
+        if bytes == 0 {
+            bail!("--sizes: the file needs at least one byte");
+        }
+        v.push(Dataset::File { bytes });
+    }
+    let trees = cli.trees.clone().unwrap_or_else(|| vec!["mixed".into()]);
+    if !trees.iter().any(|t| t == "none") {
+        for t in &trees {
+            v.push(Dataset::parse(t).map_err(|e| anyhow::anyhow!("--trees {t}: {e}"))?);
+        }
+    }
+    if v.is_empty() {
+        bail!("--mode multipath: --sizes none and --trees none leave nothing to send");
+    }
+    Ok(v)
+}
+
+/// Multipath mode's options from the command line (the issue's bed where a flag is not given).
+fn multipath_options(cli: &Cli, work: PathBuf, out: PathBuf) -> Result<multipath::MpOptions> {
+    let paths = cli.paths.clone().unwrap_or_else(|| vec![1, 2, 3]);
+    if let Some(k) = paths
+        .iter()
+        .find(|k| **k == 0 || **k > multipath::MAX_PATHS)
+    {
+        bail!("--paths {k}: each K is 1 to {}", multipath::MAX_PATHS);
+    }
+    let mut seen = Vec::new();
+    for k in &paths {
+        if seen.contains(k) {
+            bail!("--paths: {k} appears twice");
+        }
+        seen.push(*k);
+    }
+    let rtt = one_value(&cli.rtt, "--rtt", "20ms")?;
+    let rtt = parse_duration_tc(rtt).map_err(|e| anyhow::anyhow!("--rtt {rtt}: {e}"))?;
+    let rate_s = one_value(&cli.rate, "--rate", "300mbit")?;
+    let rate = parse_rate_tc(rate_s)
+        .map_err(|e| anyhow::anyhow!("--rate {rate_s}: {e}"))?
+        .ok_or_else(|| anyhow::anyhow!("--rate {rate_s}: the links need a rate to compare with"))?;
+    let regime =
+        parse_regime(one_value(&cli.regime, "--regime", "default")?).map_err(anyhow::Error::msg)?;
+    let gridftp = match cli.peers.as_deref() {
+        None => mpgridftp::installed(),
+        Some([p]) if p == "none" => false,
+        Some([p]) if p == "gridftp" => {
+            if !mpgridftp::installed() {
+                bail!(
+                    "--peers gridftp: globus-gridftp-server or globus-url-copy is not installed \
+                     (`bash scripts/bench-deps.sh`)"
+                );
+            }
+            true
+        }
+        Some(_) => bail!("--mode multipath: --peers takes gridftp or none"),
+    };
+    Ok(multipath::MpOptions {
+        ferry: find_ferry(cli)?,
+        work,
+        out,
+        datasets: multipath_datasets(cli)?,
+        paths,
+        rtt,
+        rate,
+        regime,
+        runs: cli.runs.unwrap_or(3).max(1),
+        warmup: !cli.no_warmup,
+        max_run: std::time::Duration::from_secs(cli.max_run_secs.max(1)),
+        verbose: cli.verbose,
+        gridftp,
+        iperf3: (!cli.no_iperf3 && mpiperf::installed()).then_some(mpiperf::Span {
+            secs: cli.iperf3_secs.unwrap_or(8).max(1),
+            omit: cli.iperf3_omit,
+        }),
+    })
+}
+
+/// `--mode multipath`: see [`multipath`].
+fn run_multipath(cli: &Cli) -> Result<ExitCode> {
+    let mut bad = third_party_bad_flags(cli);
+    bad.retain(|f| !["--peers", "--no-iperf3", "--iperf3-secs"].contains(f));
+    if !bad.is_empty() {
+        bail!("--mode multipath: {} do not apply", bad.join(", "));
+    }
+    let started = now_secs();
+    let out = cli.out.clone().unwrap_or_else(|| {
+        PathBuf::from("target/bench").join(format!("multipath-{}", stamp(started)))
+    });
+    // Bad values are refused before anything is made or started.
+    multipath_options(cli, out.clone(), out.clone())?;
+    if let Err(why) = ferry_netem::can_run() {
+        eprintln!("ferry-bench: the emulated bed cannot run here: {why}");
+        return Ok(ExitCode::from(2));
+    }
+    std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+    let out = out.canonicalize()?;
+    let (work, tmp_work) = work_dir(cli)?;
+    let result = multipath_in(cli, &work, &out, started);
+    // A /dev/shm directory of this process holds RAM: removed however the run ended.
+    if let Some(w) = tmp_work {
+        let _ = data::remove_path(&w);
+    }
+    result
+}
+
+fn multipath_in(cli: &Cli, work: &Path, out: &Path, started: u64) -> Result<ExitCode> {
+    let fs = storage::fs_type(work).unwrap_or_else(|e| format!("unknown: {e:#}"));
+    let o = multipath_options(cli, work.to_path_buf(), out.to_path_buf())?;
+    let free = storage::free_bytes(work).unwrap_or(u64::MAX);
+    let room = storage::check_room(work, &fs, free, multipath::room_needed(&o))?;
+    eprintln!("ferry-bench multipath: {room}");
+    let mut report = mpreport::MpReport {
+        command: std::env::args().collect::<Vec<_>>().join(" "),
+        started: human_time(started),
+        host: host_lines(),
+        storage: format!("{} ({fs}), both ends", work.display()),
+        bed: mpreport::MpBed {
+            links: o.paths.iter().copied().max().unwrap_or(1),
+            rtt_ms: o.rtt.as_millis() as u64,
+            rate_bps: o.rate,
+            regime: plan::regime_name(o.regime).into(),
+        },
+        paths: o.paths.clone(),
+        tools: std::iter::once("ferry")
+            .chain(o.gridftp.then_some("gridftp"))
+            .map(String::from)
+            .collect(),
+        datasets: o.datasets.iter().map(Dataset::label).collect(),
+        runs: o.runs,
+        warmup: o.warmup,
+        ..Default::default()
+    };
+    report
+        .host
+        .push(("ferry binary".into(), o.ferry.display().to_string()));
+    let t0 = Instant::now();
+    let mut r = multipath::MpRunner::new(&o)?;
+    let result = r.run();
+    if let Err(e) = &result {
+        eprintln!("ferry-bench multipath: {e:#}");
+        r.notes.push(format!("stopped: {e:#}"));
+    }
+    report.duration_s = t0.elapsed().as_secs_f64();
+    report
+        .host
+        .push(("load average at end".into(), read_trim("/proc/loadavg")));
+    report.rows = std::mem::take(&mut r.rows);
+    report.ceilings = std::mem::take(&mut r.ceilings);
+    report.notes = std::mem::take(&mut r.notes);
+    report.summarize();
+    let md = mpreport::summary(&report);
+    std::fs::write(out.join("summary.md"), &md)?;
+    std::fs::write(
+        out.join("results.json"),
+        serde_json::to_string_pretty(&report)?,
+    )?;
+    println!("{md}");
+    eprintln!(
+        "ferry-bench multipath: wrote {}/{{results.json,summary.md}}",
+        out.display()
+    );
+    let failed = report.failed();
+    if failed > 0 {
+        eprintln!("ferry-bench multipath: {failed} transfers failed (results.json, rows' error)");
     }
     Ok(if result.is_err() || failed > 0 {
         ExitCode::from(1)

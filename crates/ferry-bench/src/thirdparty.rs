@@ -396,7 +396,12 @@ fn link_bytes(t: &Topology) -> (u64, u64, u64) {
 }
 
 /// Waits until `addr` accepts from the client's host and the server's log gives its key.
-fn wait_ready(t: &Topology, s: &mut Server, addr: SocketAddr, limit: Duration) -> Result<String> {
+pub(crate) fn wait_ready(
+    t: &Topology,
+    s: &mut Server,
+    addr: SocketAddr,
+    limit: Duration,
+) -> Result<String> {
     let t0 = Instant::now();
     loop {
         let up = t
