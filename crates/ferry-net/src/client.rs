@@ -812,12 +812,12 @@ async fn answered(
 /// A multipath session's opening: log in asking for the server's `Paths`, send the request,
 /// and once the server is ready dial connection `i` to path `i mod paths` (from local address
 /// `i mod bind`). One round trip slower than [`open`]: no connection can leave before the
-/// paths are known. Returns what [`answered`] does.
+/// paths are known. Returns what [`answered`] does, and the number of paths.
 async fn open_paths(
     cfg: &ClientConfig,
     reporter: &dyn Reporter,
     request: &Frame,
-) -> Result<(Connected, TransferOpts, Joining), SessionError> {
+) -> Result<(Connected, TransferOpts, Joining, u16), SessionError> {
     let session = new_session();
     let (mut control, tls, addr) = secure_control(cfg, reporter, |_, _| {}).await?;
     send(&mut control, &hello_for_paths(control_role(cfg, session))).await?;
@@ -851,7 +851,8 @@ async fn open_paths(
         secret: session.1,
     };
     let joining = Joining::new(cfg, &opts, dials);
-    Ok((c, opts, joining))
+    let count = u16::try_from(paths.len()).unwrap_or(u16::MAX);
+    Ok((c, opts, joining, count))
 }
 
 /// The server's `Paths`, as addresses to dial: an unspecified address (a server listening on
@@ -1304,16 +1305,16 @@ async fn put_once(
     let sender = Sender::start_filtered(srcs, filter.clone(), config, tx, ctl_tx, reporter.clone());
     let opened = async {
         if cfg.multipath {
-            let (c, opts, joining) = open_paths(cfg, reporter.as_ref(), &request).await?;
+            let (c, opts, joining, paths) = open_paths(cfg, reporter.as_ref(), &request).await?;
             let data = joining.finish().await?;
             let session = (c.session, c.secret);
-            return Ok((c.control, c.tls, c.addr, session, data, Some(opts)));
+            return Ok((c.control, c.tls, c.addr, session, data, Some((opts, paths))));
         }
         let o = open(cfg, reporter.as_ref(), &request).await?;
         let data = all_dialled(o.dials).await?;
         Ok::<_, SessionError>((o.control, o.tls, o.addr, o.session, data, None))
     };
-    let (control, tls, addr, session, data, granted) = match opened.await {
+    let (control, tls, addr, session, data, multipath) = match opened.await {
         Ok(o) => o,
         Err(e) => {
             sender.close();
@@ -1322,6 +1323,10 @@ async fn put_once(
     };
     // A multipath session has read `Welcome` and `Ready` already: its blocks are cut by the
     // grant from now on, and the engine awaits neither.
+    let (granted, paths) = match multipath {
+        Some((o, paths)) => (Some(o), paths),
+        None => (None, 1),
+    };
     if let Some(o) = &granted {
         sender.grant(o.block_size, o.streams);
     }
@@ -1333,6 +1338,7 @@ async fn put_once(
         settled_start: cfg.start_from == StartFrom::Profile { settled: true },
         drain_at_end: cfg.drain_at_end,
         helpers: cfg.helpers,
+        paths,
         ..asked
     };
     let same_host = addr.ip().is_loopback();
@@ -1448,7 +1454,8 @@ async fn get_once(
         opts: cfg.opts.clone(),
     };
     let (c, opts, joining) = if cfg.multipath {
-        open_paths(cfg, reporter.as_ref(), &request).await?
+        let (c, opts, joining, _) = open_paths(cfg, reporter.as_ref(), &request).await?;
+        (c, opts, joining)
     } else {
         let opening = open(cfg, reporter.as_ref(), &request).await?;
         answered(cfg, opening).await?

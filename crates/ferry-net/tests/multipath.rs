@@ -162,3 +162,32 @@ async fn a_server_listening_on_several_addresses_tells_them_and_serves_all() {
     let _ = stop.send(());
     let _ = tokio::time::timeout(Duration::from_secs(10), task).await;
 }
+
+#[tokio::test]
+async fn an_auto_tuned_put_over_three_paths_moves_in_multiples_of_three() {
+    let (a, to_a) = Relay::start_later(None).await;
+    let (b, to_b) = Relay::start_later(None).await;
+    let (c, to_c) = Relay::start_later(None).await;
+    let paths = vec![a.addr.to_string(), b.addr.to_string(), c.addr.to_string()];
+    let server = TestServer::start_with(|cfg| cfg.paths = paths).await;
+    let _ = (
+        to_a.send(server.addr),
+        to_b.send(server.addr),
+        to_c.send(server.addr),
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let data = bytes(8 << 20, 9);
+    write(&dir.path().join("k"), &data);
+    let mut cfg = multipath(&server);
+    // Auto-tuned from the default of 4, up to 16 connections.
+    cfg.opts.streams = 16;
+    cfg.opts.auto_start = 4;
+    let report = ferry_net::client::put(&cfg, &[dir.path().join("k")], "/", reporter())
+        .await
+        .expect("put");
+    assert_eq!(std::fs::read(server.root.join("k")).unwrap(), data);
+    // 4 streams would leave one path with two and two with one: it starts on 6, two each.
+    let t = &report.tuning;
+    assert!(t.start >= 3 && t.start % 3 == 0, "{t:?}");
+    assert!(t.streams >= 3 && t.streams % 3 == 0, "{t:?}");
+}

@@ -105,6 +105,9 @@ pub struct StreamPlan {
     /// and then park for the session, outside the tuner's count ([`ramp_helpers`]): a put's
     /// client decides, a get's server takes them from the client (`RAMP_HELPERS`).
     pub helpers: u16,
+    /// Network paths the data connections are spread over (connection i on path i mod
+    /// `paths`): the tuner moves in multiples of it (`TunerConfig::with_unit`). 1: one path.
+    pub paths: u16,
 }
 
 impl StreamPlan {
@@ -119,6 +122,7 @@ impl StreamPlan {
             drain_at_end: false,
             early_tuned: false,
             helpers: 0,
+            paths: 1,
         }
     }
 
@@ -453,6 +457,7 @@ impl StreamTuner {
         } else {
             cfg.wide_start(self.rtt)
         };
+        cfg = cfg.with_unit(u32::from(self.plan.paths));
         let start = cfg.start;
         // The room signal covers the span of one measurement, as the rate does.
         let ticks = (cfg.interval * cfg.samples).as_millis()
@@ -665,6 +670,7 @@ mod tests {
             drain_at_end: false,
             early_tuned: false,
             helpers: 0,
+            paths: 1,
         };
         assert_eq!(fixed.queue_len(8), 16);
         let auto = StreamPlan {

@@ -255,6 +255,12 @@ async fn prepare_get<'a>(
         tune_storage: shared.config.tune_storage,
         early_tuned: caps.has(Capabilities::EARLY_TUNED),
         helpers: ramp_helpers_asked(caps, &opts),
+        // A multipath client spreads its connections over the paths it was told.
+        paths: if caps.has(Capabilities::MULTIPATH) {
+            u16::try_from(shared.config.paths.len().clamp(1, ferry_proto::MAX_PATHS)).unwrap_or(1)
+        } else {
+            1
+        },
         ..StreamPlan::from_opts(&opts)
     };
     let (tx, frames) = frame_queue(&plan, opts.streams);
