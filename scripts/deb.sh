@@ -21,8 +21,14 @@ case "$profile" in
 esac
 command -v dpkg-deb >/dev/null || { echo "deb.sh: dpkg-deb is needed (Debian's dpkg)" >&2; exit 2; }
 
-cargo build --locked --profile "$profile" -p ferry-cli --bin ferry >&2
-bin="${CARGO_TARGET_DIR:-target}/$dir/ferry"
+# FERRY_BIN: a binary already built (the test suite's), instead of building one: a build of
+# ferry-cli alone unifies features differently from the workspace's and rebuilds 19 crates.
+if [ -n "${FERRY_BIN:-}" ]; then
+    bin="$FERRY_BIN"
+else
+    cargo build --locked --profile "$profile" -p ferry-cli --bin ferry >&2
+    bin="${CARGO_TARGET_DIR:-target}/$dir/ferry"
+fi
 version="$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)"
 arch="$(dpkg --print-architecture)"
 

@@ -53,7 +53,12 @@ else
 fi
 # The Debian package, built from the debug binary the tests used, installed into a throwaway
 # root (a few seconds).
-bash packaging/test-deb.sh || rc=$?
+tested_bin="${CARGO_TARGET_DIR:-target}/debug/ferry"
+if [ -x "$tested_bin" ]; then
+    FERRY_BIN="$(realpath "$tested_bin")" bash packaging/test-deb.sh || rc=$?
+else
+    bash packaging/test-deb.sh || rc=$?
+fi
 
 # How many tests needed privileges or host facilities, and how many of them could not run.
 ran="$(ls "$work/needs/ran" 2>/dev/null || true)"
