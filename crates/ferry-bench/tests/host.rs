@@ -2,22 +2,10 @@
 //! get, TLS and plain, one run, iperf3 -P 1 and `ferry probe net` for a second each. Without a
 //! `ferry` binary (or iperf3, for its rows) it says why and returns, or fails when `CI` is set.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+mod common;
 
-/// The `ferry` binary: $FERRY_BIN, else the workspace's target/{debug,release}/ferry.
-fn ferry_bin() -> Option<PathBuf> {
-    if let Ok(p) = std::env::var("FERRY_BIN") {
-        return Some(PathBuf::from(p)).filter(|p| p.is_file());
-    }
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target"));
-    ["debug", "release"]
-        .iter()
-        .map(|p| target.join(p).join("ferry"))
-        .find(|p| p.is_file())
-}
+use common::ferry_bin;
+use std::process::Command;
 
 #[test]
 fn tiny_host_mode_on_loopback() {

@@ -3,26 +3,10 @@
 //! / TUN / `ip`, or without a `ferry` binary, it says why and returns, or fails when `CI` is set
 //! (`ferry_netem::needs`).
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+mod common;
 
-fn bench() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_ferry-bench"))
-}
-
-/// The `ferry` binary: $FERRY_BIN, else the workspace's target/{debug,release}/ferry.
-fn ferry_bin() -> Option<PathBuf> {
-    if let Ok(p) = std::env::var("FERRY_BIN") {
-        return Some(PathBuf::from(p)).filter(|p| p.is_file());
-    }
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target"));
-    ["debug", "release"]
-        .iter()
-        .map(|p| target.join(p).join("ferry"))
-        .find(|p| p.is_file())
-}
+use common::{bench, ferry_bin};
+use std::process::Stdio;
 
 fn num(v: &serde_json::Value, key: &str) -> f64 {
     v[key]
