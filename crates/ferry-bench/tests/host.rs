@@ -2,7 +2,7 @@
 //! get, TLS and plain, one run, iperf3 -P 1 and `ferry probe net` for a second each. Without a
 //! `ferry` binary (or iperf3, for its rows) it says why and returns, or fails when `CI` is set.
 
-mod common;
+use crate::common;
 
 use common::ferry_bin;
 use std::process::Command;

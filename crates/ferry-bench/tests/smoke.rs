@@ -2,7 +2,7 @@
 //! ferry only. Without root / TUN / `ip`, or without a `ferry` binary, it says why and returns,
 //! or fails when `CI` is set (`ferry_netem::needs`).
 
-mod common;
+use crate::common;
 
 use common::{bench, ferry_bin};
 use std::path::Path;

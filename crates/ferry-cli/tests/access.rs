@@ -1,7 +1,7 @@
 //! The access side of the CLI: `ferry token add|list|revoke`, scoped tokens against a running
 //! server, encryption flags, and a changed server key.
 
-mod util;
+use crate::util;
 
 use std::fs;
 use std::path::Path;

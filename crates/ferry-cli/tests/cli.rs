@@ -1,7 +1,7 @@
 //! End-to-end tests of the `ferry` binary: real processes, real sockets on 127.0.0.1, real
 //! files in per-test temp dirs. Every server is a child process killed on drop.
 
-mod util;
+use crate::util;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;

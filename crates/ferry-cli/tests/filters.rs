@@ -1,7 +1,7 @@
 //! `--exclude`/`--include`/`--filter-from` on put and get, end to end: what arrives is what
 //! the rules let through, excluded directories are not made, and bad rules are usage errors.
 
-mod util;
+use crate::util;
 
 use std::collections::BTreeSet;
 use std::fs;

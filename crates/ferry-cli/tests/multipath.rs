@@ -2,7 +2,7 @@
 //! network cards each, ferry-netem's `Topology` with parallel links): the server listens on
 //! both, the client binds one data connection in two to each, and both links carry the data.
 
-mod util;
+use crate::util;
 
 use std::process::Stdio;
 use std::time::Duration;

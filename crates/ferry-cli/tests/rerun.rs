@@ -4,7 +4,7 @@
 //! library-level tests in ferry-net's `tests/rerun.rs` cover every tree shape; this one is the
 //! command a user types.)
 
-mod util;
+use crate::util;
 
 use std::fs;
 use std::path::Path;

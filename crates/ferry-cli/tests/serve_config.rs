@@ -1,7 +1,7 @@
 //! A server as a daemon runs it: `ferry serve --config FILE` with the command line overriding
 //! the file, a misspelt key refused, and one log line per session (`--log-format json`).
 
-mod util;
+use crate::util;
 
 use std::fs;
 use std::path::Path;

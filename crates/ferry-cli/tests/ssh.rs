@@ -1,7 +1,7 @@
 //! Sessions started over ssh (`ferry put FILES USER@HOST:PATH`), against a private sshd on
 //! loopback that this test starts with its own host key, client key and config, and stops.
 
-mod util;
+use crate::util;
 
 use std::fs;
 use std::net::TcpStream;

@@ -3,7 +3,7 @@
 //! The tree arrives identical, the client's links carry control traffic only (counted on the
 //! links), and a kill -9 of the source mid-copy, then the same command again, resumes.
 
-mod util;
+use crate::util;
 
 use std::path::Path;
 use std::process::{Command, Stdio};

@@ -3,7 +3,7 @@
 //! named by what the user typed, JSON on failure, help text, and names that must not drive
 //! the terminal. Real processes, loopback only, every command under a deadline.
 
-mod util;
+use crate::util;
 
 use std::ffi::OsString;
 use std::fs;

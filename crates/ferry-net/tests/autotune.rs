@@ -1,7 +1,7 @@
 //! Auto-tuned streams over loopback: the gate that lets only the active streams carry data,
 //! the tuning report on both directions, and fixed counts left alone. No assertion on speed.
 
-mod util;
+use crate::util;
 
 use ferry_net::ClientConfig;
 use util::*;

@@ -4,7 +4,7 @@
 //! server is still writing then meets a closed connection, and the server must not count the
 //! session as failed for it when `Complete` follows.
 
-mod util;
+use crate::util;
 
 use std::collections::BTreeMap;
 use std::time::Duration;

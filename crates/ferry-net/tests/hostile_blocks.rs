@@ -3,7 +3,7 @@
 //! must end its own session with a clear error, write nothing under any name in the server's
 //! root, and leave the server serving the next client.
 
-mod util;
+use crate::util;
 
 use std::path::Path;
 use std::time::Duration;

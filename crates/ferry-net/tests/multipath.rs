@@ -2,7 +2,7 @@
 //! its data addresses (`Paths`), the client spreads its data connections over them (and over
 //! its own local addresses, `bind`), and blocks go to each path as fast as it takes them.
 
-mod util;
+use crate::util;
 
 use std::net::IpAddr;
 use std::time::Duration;

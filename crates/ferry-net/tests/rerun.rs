@@ -5,7 +5,7 @@
 //! data beyond what a sender sends before its first decision comes back (the early budget),
 //! and leaves the tree exactly as it was, to the nanosecond.
 
-mod util;
+use crate::util;
 
 use std::collections::BTreeMap;
 use std::os::unix::ffi::OsStrExt;

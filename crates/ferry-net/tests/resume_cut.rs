@@ -4,7 +4,7 @@
 //! deliver every file once and identical while sending at most what the journals (and the
 //! files already in place) did not hold, plus the two allowances the protocol needs (below).
 
-mod util;
+use crate::util;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;

@@ -3,7 +3,7 @@
 //! get or list out of that prefix; and the permission bits a peer sends are not all kept.
 //! Each case below reproduces a finding of a hostile review of ede5c79.
 
-mod util;
+use crate::util;
 
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;

@@ -2,7 +2,7 @@
 //! credentials, garbage and stalled connections, clients that vanish mid-transfer, and the
 //! connection cap. Every check that "nothing escaped" looks at the file system directly.
 
-mod util;
+use crate::util;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -1,7 +1,7 @@
 //! `ferry_net::speedtest` against an in-process server on loopback: both directions count the same
 //! bytes, the intervals are bounded, and the server bounds what it is asked for.
 
-mod util;
+use crate::util;
 
 use std::time::Duration;
 

@@ -3,7 +3,7 @@
 //! only, B's grant is good for one transfer into one path, and a copy cut by A's death resumes
 //! when the client runs it again.
 
-mod util;
+use crate::util;
 
 use std::net::SocketAddr;
 use std::path::Path;

@@ -2,7 +2,7 @@
 //! as a malicious source, a lost network or a long copy would meet it, kept as a test of its
 //! fix.
 
-mod util;
+use crate::util;
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

@@ -1,6 +1,6 @@
 //! Encryption, server identity and token scopes, end to end over loopback.
 
-mod util;
+use crate::util;
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};

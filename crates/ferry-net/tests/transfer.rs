@@ -1,6 +1,6 @@
 //! put and get against a real server on loopback, checked with digests computed outside ferry.
 
-mod util;
+use crate::util;
 
 use std::os::unix::fs::PermissionsExt;
 

@@ -2,7 +2,7 @@
 //! wide), names, metadata, symlinks, existing destinations, checksums and corruption. Every
 //! comparison uses `util::snapshot` (std + blake3), never ferry's own digest path.
 
-mod util;
+use crate::util;
 
 use std::collections::BTreeMap;
 use std::os::unix::ffi::OsStrExt;
