@@ -997,8 +997,11 @@ fn one_percent_loss_at_50ms_tree_arrives_identical() {
             .sum();
         let per_ms = 1_000_000_000 / 8 / 1000;
         let tail = per_ms * (250 + 25 + 250);
+        // Above: segments held past a hole count as full-sized (`tcpi_sacked` × MSS), and a
+        // busy sender writes shorter ones, so the figure runs a few percent high under load
+        // (157.6 MB for 153.3 MB with other tests beside it); double counting would be 2×.
         assert!(
-            acked + tail >= total && acked <= total + total / 50,
+            acked + tail >= total && acked <= total + total / 20,
             "{acked} of {total} (the unrecorded tail may hold {tail}); timeline {}",
             v["timeline"]
         );
