@@ -447,6 +447,11 @@ pub struct ServeArgs {
     /// Off by default: as a source, this server dials wherever its clients say.
     #[arg(long)]
     pub third_party: bool,
+    /// Take stripe sessions: write blocks of a striped put into the partial copies another
+    /// server on the same shared file system opened (`ferry put --stripe THIS_HOST`). Off by
+    /// default: only a server that shares its file system with its peers needs it.
+    #[arg(long)]
+    pub stripe: bool,
     /// Read these options from a TOML file (keys as the long options, with `_` for `-`:
     /// `max_connections = 256`, `listen = ["10.0.0.1:7070"]`); options given here override it.
     /// Unknown keys are an error. The Debian package's service uses /etc/ferry/serve.toml.
@@ -522,6 +527,12 @@ pub struct TransferArgs {
     /// (connection i leaves from the i-th mod their number). Implies --multipath.
     #[arg(long, value_name = "IP")]
     pub bind: Vec<std::net::IpAddr>,
+    /// Put only: stripe over these other servers (HOST or HOST:PORT, comma-separated or
+    /// repeated), which share the destination's file system and run `serve --stripe`. Each
+    /// writes blocks of the large files into the partial copies the destination server opened;
+    /// that server verifies and commits. Each host's key is checked against the known hosts.
+    #[arg(long, value_name = "HOSTS", value_delimiter = ',')]
+    pub stripe: Vec<String>,
     #[command(flatten)]
     pub filter: FilterArgs,
     #[command(flatten)]

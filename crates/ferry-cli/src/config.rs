@@ -7,14 +7,14 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use ferry_core::filter::{Action, Filter};
-use ferry_net::{ClientConfig, KnownHosts, Security, ServerTrust};
+use ferry_net::{ClientConfig, KnownHosts, Security, ServerTrust, StripeHost};
 use ferry_proto::{ExistingPolicy, TransferOpts, MAX_BLOCK_DATA};
 use ferry_units::units::{parse_duration, parse_size};
 
 use crate::args::{
     AuthArgs, ConnArgs, FilterArg, FilterArgs, GetArgs, LsArgs, PutArgs, TransferArgs, WaitArgs,
 };
-use crate::remote::Remote;
+use crate::remote::{Remote, DEFAULT_PORT};
 
 /// The client config file: a default token and per-host tokens.
 #[derive(Debug, Default, serde::Deserialize)]
@@ -148,6 +148,7 @@ pub fn control_config(
         links: Default::default(),
         multipath: false,
         bind: Vec::new(),
+        stripe: Vec::new(),
     })
 }
 
@@ -329,6 +330,39 @@ pub fn client_config(args: &TransferArgs, remote: &Remote) -> Result<ClientConfi
         links: Default::default(),
         multipath: args.multipath || !args.bind.is_empty(),
         bind: args.bind.clone(),
+        stripe: args
+            .stripe
+            .iter()
+            .map(|h| stripe_host(&args.conn, h))
+            .collect::<Result<_>>()?,
+    })
+}
+
+/// One `--stripe` host: its port defaults as a remote's does, and its key is its own, checked
+/// against the known hosts (`--server-fingerprint` pins the destination server alone).
+fn stripe_host(conn: &ConnArgs, host: &str) -> Result<StripeHost> {
+    let host = host.trim();
+    if host.is_empty() {
+        bail!("--stripe: an empty host name");
+    }
+    let has_port = match host.rsplit_once(':') {
+        Some((h, p)) => {
+            !h.is_empty() && p.parse::<u16>().is_ok() && (!h.contains(':') || h.ends_with(']'))
+        }
+        None => false,
+    };
+    let server = match (has_port, host.contains(':')) {
+        (true, _) => host.to_owned(),
+        (false, true) => format!("[{}]:{DEFAULT_PORT}", host.trim_matches(['[', ']'])),
+        (false, false) => format!("{host}:{DEFAULT_PORT}"),
+    };
+    let unpinned = ConnArgs {
+        server_fingerprint: None,
+        ..conn.clone()
+    };
+    Ok(StripeHost {
+        security: security(&unpinned, &server)?,
+        server,
     })
 }
 
@@ -461,6 +495,36 @@ fn asked_threads(n: Option<usize>) -> u16 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn stripe_hosts_take_the_default_port_and_their_own_key() {
+        let conn = ConnArgs {
+            server_fingerprint: Some("sha256:00".into()),
+            known_hosts: Some(PathBuf::from("/nonexistent/known_hosts")),
+            ..ConnArgs::default()
+        };
+        let names: Vec<String> = ["dtn2", "dtn3:7171", "::1", "[::1]:7000", " 10.0.0.4 "]
+            .iter()
+            .map(|h| stripe_host(&conn, h).unwrap().server)
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "dtn2:7070",
+                "dtn3:7171",
+                "[::1]:7070",
+                "[::1]:7000",
+                "10.0.0.4:7070"
+            ]
+        );
+        // The destination's pin is not a stripe host's: each is checked by its known hosts.
+        let h = stripe_host(&conn, "dtn2").unwrap();
+        assert!(matches!(
+            h.security,
+            Security::Tls(ServerTrust::KnownHosts { ref host, .. }) if host == "dtn2:7070"
+        ));
+        assert!(stripe_host(&conn, " ").is_err());
+    }
 
     #[test]
     fn sizes() {

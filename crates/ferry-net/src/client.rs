@@ -25,7 +25,7 @@ const CLIENT_MOST: usize = ferry_proto::MAX_STORAGE_THREADS as usize;
 use crate::conn::{expect_frame, send};
 use crate::engine::{
     drive_receiver, drive_sender, frame_queue, Joined, Joins, Limits, ReceiverIo, RecvRun, SendRun,
-    SenderIo, SenderOutcome, StreamPlan, StreamReport, Writers,
+    SenderIo, SenderOutcome, StreamPlan, StreamReport, StripeIo, StripeReport, Writers,
 };
 use crate::error::SessionError;
 use crate::stream::{Recorder, Stream};
@@ -94,6 +94,17 @@ pub struct ClientConfig {
     /// Local addresses the data connections leave from (`--bind`), connection `i` from
     /// `bind[i mod len]`: one per network card. Empty: the kernel chooses.
     pub bind: Vec<std::net::IpAddr>,
+    /// A striped put's other hosts (`--stripe`, or an endpoint's `hosts`): servers that share
+    /// the destination's file system with `server`, which coordinates. Each writes blocks of
+    /// the put's large files into the partial copies `server` opened. Empty: no striping.
+    pub stripe: Vec<StripeHost>,
+}
+
+/// One other host of a striped put: its address and how its key is trusted.
+#[derive(Clone, Debug)]
+pub struct StripeHost {
+    pub server: String,
+    pub security: Security,
 }
 
 /// Where an auto-tuned transfer's first stream count came from.
@@ -342,6 +353,9 @@ pub struct TransferReport {
     /// `(path, hex digest)` of every stored file.
     #[serde(skip)]
     pub manifest: Vec<(String, String)>,
+    /// What each other host of a striped put did (its last attempt).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub stripes: Vec<StripeReport>,
 }
 
 impl TransferReport {
@@ -1283,6 +1297,13 @@ async fn put_once(
         ferry_core::buf::undrain();
     }
     let t0 = Instant::now();
+    // A striped put's destination is a directory on every host, so that each maps a file's
+    // path to the same partial copy whatever exists there yet (`StripeRequest`).
+    let dest = match cfg.stripe.is_empty() || dest.ends_with('/') {
+        true => dest.to_owned(),
+        false => format!("{dest}/"),
+    };
+    let dest = dest.as_str();
     let request = Frame::PutRequest {
         dest: dest.to_owned(),
         sources: srcs.len() as u32,
@@ -1314,9 +1335,10 @@ async fn put_once(
         let data = all_dialled(o.dials).await?;
         Ok::<_, SessionError>((o.control, o.tls, o.addr, o.session, data, None))
     };
-    let (control, tls, addr, session, data, multipath) = match opened.await {
-        Ok(o) => o,
-        Err(e) => {
+    let (opened, stripes) = tokio::join!(opened, open_stripes(cfg, reporter.clone(), dest));
+    let (control, tls, addr, session, data, multipath, stripes) = match (opened, stripes) {
+        (Ok((c, t, a, s, d, m)), Ok(stripes)) => (c, t, a, s, d, m, stripes),
+        (Err(e), _) | (_, Err(e)) => {
             sender.close();
             return Err(e);
         }
@@ -1350,6 +1372,7 @@ async fn put_once(
         frames: rx,
         control_out: ctl_rx,
         reporter,
+        stripes,
     };
     let run = SendRun {
         limits: limits(cfg, granted.as_ref().unwrap_or(&cfg.opts)),
@@ -1361,7 +1384,64 @@ async fn put_once(
     if let Some(o) = &granted {
         out.granted.get_or_insert((o.streams, o.block_size));
     }
-    Ok(put_report(cfg, out, t0, (dialled, same_host), security).await)
+    let stripes = std::mem::take(&mut out.stripes);
+    let mut report = put_report(cfg, out, t0, (dialled, same_host), security).await;
+    report.stripes = stripes;
+    Ok(report)
+}
+
+/// Opens a stripe session on each of a striped put's other hosts, all at once: logs in with
+/// the put's token, asks to write into `dest` (`StripeRequest`) and joins the data
+/// connections. A host that cannot be reached or refuses fails the put, named: the user
+/// asked for it.
+async fn open_stripes(
+    cfg: &ClientConfig,
+    reporter: Arc<dyn Reporter>,
+    dest: &str,
+) -> Result<Vec<StripeIo>, SessionError> {
+    let mut opening = tokio::task::JoinSet::new();
+    for (i, host) in cfg.stripe.iter().cloned().enumerate() {
+        let host_cfg = ClientConfig {
+            server: host.server.clone(),
+            security: host.security.clone(),
+            multipath: false,
+            stripe: Vec::new(),
+            ..cfg.clone()
+        };
+        let request = Frame::StripeRequest {
+            dest: dest.to_owned(),
+            opts: cfg.opts.clone(),
+        };
+        let reporter = reporter.clone();
+        let name = host.server.clone();
+        let opened = async move {
+            let mut c = connect(&host_cfg, reporter.as_ref()).await?;
+            let (opts, data) = start(&host_cfg, &mut c, request).await?;
+            Ok::<_, SessionError>(StripeIo {
+                host: name,
+                control: c.control,
+                data,
+                block_size: opts.block_size,
+            })
+        };
+        opening.spawn(async move {
+            let named = |e| match e {
+                SessionError::Remote { code, message } => SessionError::Remote {
+                    code,
+                    message: format!("stripe host {}: {message}", host.server),
+                },
+                other => other,
+            };
+            (i, opened.await.map_err(named))
+        });
+    }
+    let mut hosts = Vec::with_capacity(opening.len());
+    while let Some(joined) = opening.join_next().await {
+        let (i, host) = joined.map_err(|e| SessionError::Protocol(format!("stripe task: {e}")))?;
+        hosts.push((i, host?));
+    }
+    hosts.sort_by_key(|(i, _)| *i);
+    Ok(hosts.into_iter().map(|(_, h)| h).collect())
 }
 
 /// A finished put's report: what the server granted, what each end's tuner did, the files'
@@ -1616,6 +1696,7 @@ fn report(
         errors,
         timeline,
         manifest,
+        stripes: Vec::new(),
     }
 }
 

@@ -23,9 +23,9 @@ pub use autotune::{
     bottleneck, ramp_helpers, ThreadReport, ThreadStep, AUTO_MAX_STORAGE_THREADS, AUTO_MAX_STREAMS,
     DEFAULT_STORAGE_THREADS, DEFAULT_STREAMS, MAX_RAMP_HELPERS,
 };
-pub use client::{ClientConfig, Pool, Security, StartFrom, TransferReport, Tuning};
+pub use client::{ClientConfig, Pool, Security, StartFrom, StripeHost, TransferReport, Tuning};
 pub use copy::{CopyConfig, CopyReport};
-pub use engine::StreamReport;
+pub use engine::{StreamReport, StripeReport};
 pub use error::SessionError;
 pub use ferry_session::Timeline;
 pub use server::{Server, ServerConfig};

@@ -111,6 +111,8 @@ impl Frame {
             Frame::Paths { .. } => FrameType::PATHS,
             Frame::CopyProgress(_) => FrameType::COPY_PROGRESS,
             Frame::CopyDone { .. } => FrameType::COPY_DONE,
+            Frame::StripeRequest { .. } => FrameType::STRIPE_REQUEST,
+            Frame::Landed { .. } => FrameType::LANDED,
         }
     }
 
@@ -206,6 +208,11 @@ impl Frame {
             FrameType::PATHS => copy::decode_paths(&mut r)?,
             FrameType::COPY_PROGRESS => copy::decode_copy_progress(&mut r)?,
             FrameType::COPY_DONE => copy::decode_copy_done(&mut r)?,
+            FrameType::STRIPE_REQUEST => Frame::StripeRequest {
+                dest: r.str("dest", MAX_PATH)?,
+                opts: decode_opts(&mut r)?,
+            },
+            FrameType::LANDED => decode_landed(&mut r)?,
             _ => return Err(DecodeError::UnknownFrameType(ty.0)),
         };
         r.finish(ty)?;
@@ -310,6 +317,21 @@ impl Frame {
             Frame::Paths { addrs } => copy::put_paths(out, addrs),
             Frame::CopyProgress(p) => copy::put_copy_progress(out, p),
             Frame::CopyDone { summary, report } => copy::put_copy_done(out, summary, report),
+            Frame::StripeRequest { dest, opts } => {
+                put_str(out, dest);
+                put_opts(out, opts);
+            }
+            Frame::Landed {
+                file,
+                offset,
+                len,
+                digest,
+            } => {
+                out.put_u64(file.0);
+                out.put_u64(*offset);
+                out.put_u32(*len);
+                out.put_u128(*digest);
+            }
         }
     }
 
@@ -397,7 +419,9 @@ impl Frame {
             | Frame::CopyRequest(_)
             | Frame::Paths { .. }
             | Frame::CopyProgress(_)
-            | Frame::CopyDone { .. } => {}
+            | Frame::CopyDone { .. }
+            | Frame::StripeRequest { .. }
+            | Frame::Landed { .. } => {}
         }
     }
 }
@@ -552,6 +576,29 @@ fn put_probe_result(
         out.put_u32(s.snd_mss);
         out.put_u32(s.total_retrans);
     }
+}
+
+/// A landed block is a block: not empty, at most the largest block, and within a file's
+/// possible size.
+fn decode_landed(r: &mut Reader<'_>) -> Result<Frame, DecodeError> {
+    let file = FileId(r.u64("file")?);
+    let offset = r.u64("offset")?;
+    let len = r.u32("len")?;
+    if len == 0 || len > MAX_BLOCK_DATA {
+        return Err(invalid("len", len));
+    }
+    if offset
+        .checked_add(u64::from(len))
+        .is_none_or(|e| e > i64::MAX as u64)
+    {
+        return Err(invalid("offset", offset));
+    }
+    Ok(Frame::Landed {
+        file,
+        offset,
+        len,
+        digest: r.u128("digest")?,
+    })
 }
 
 fn decode_sent(r: &mut Reader<'_>) -> Result<Frame, DecodeError> {

@@ -109,6 +109,8 @@ impl FrameType {
     pub const PATHS: Self = Self(0x1B);
     pub const COPY_PROGRESS: Self = Self(0x39);
     pub const COPY_DONE: Self = Self(0x3A);
+    pub const STRIPE_REQUEST: Self = Self(0x1C);
+    pub const LANDED: Self = Self(0x3B);
 
     /// The largest payload a frame of this type may declare, or `None` for an unknown type.
     /// Checked on the header alone, before any payload is read or allocated.
@@ -143,7 +145,9 @@ impl FrameType {
             | Self::COPY_REQUEST
             | Self::PATHS
             | Self::COPY_PROGRESS
-            | Self::COPY_DONE => Some(MAX_CONTROL_PAYLOAD),
+            | Self::COPY_DONE
+            | Self::STRIPE_REQUEST
+            | Self::LANDED => Some(MAX_CONTROL_PAYLOAD),
             _ => None,
         }
     }
@@ -181,6 +185,8 @@ impl FrameType {
             Self::PATHS => "paths",
             Self::COPY_PROGRESS => "copy_progress",
             Self::COPY_DONE => "copy_done",
+            Self::STRIPE_REQUEST => "stripe_request",
+            Self::LANDED => "landed",
             _ => "unknown",
         }
     }
@@ -221,6 +227,10 @@ impl Capabilities {
     /// connections on. Not in [`Capabilities::ours`]: a client offers it only when it will
     /// read the frame.
     pub const MULTIPATH: u64 = 1 << 3;
+    /// The server takes `StripeRequest`: it writes blocks into partial files another server
+    /// of the same shared file system opened (a striped put). A server offers it only when
+    /// its operator allowed striping (`serve --stripe`).
+    pub const STRIPE: u64 = 1 << 4;
 
     /// Everything this build supports.
     pub const fn ours() -> Self {
@@ -661,6 +671,23 @@ pub enum Frame {
     CopyDone {
         summary: CompleteSummary,
         report: String,
+    },
+    /// Client to a stripe host of a striped put (control): join as a writer of the blocks of
+    /// `dest`'s partial files, which the put's coordinator (another server on the same file
+    /// system) opens. Answered with `Ready`; data connections join as for a put.
+    StripeRequest {
+        dest: String,
+        opts: TransferOpts,
+    },
+    /// A block is durable in its file's partial copy: a stripe host to the client (control),
+    /// once it has written and synced it, and the client to the coordinator (control), which
+    /// reads it back, checks `digest` and counts it as written.
+    Landed {
+        file: FileId,
+        offset: u64,
+        len: u32,
+        /// XXH3-128 of the block's bytes.
+        digest: u128,
     },
 }
 

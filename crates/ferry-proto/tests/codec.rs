@@ -419,6 +419,22 @@ fn frame() -> impl Strategy<Value = Frame> {
                 }
             )
             .boxed(),
+        (text(), opts())
+            .prop_map(|(dest, opts)| Frame::StripeRequest { dest, opts })
+            .boxed(),
+        (
+            any::<u64>(),
+            0u64..1 << 50,
+            1..=MAX_BLOCK_DATA,
+            any::<u128>()
+        )
+            .prop_map(|(file, offset, len, digest)| Frame::Landed {
+                file: FileId(file),
+                offset,
+                len,
+                digest,
+            })
+            .boxed(),
     ]
 }
 
@@ -760,6 +776,16 @@ fn sample_frames() -> Vec<Frame> {
             },
             report: "{\"direction\":\"put\"}".into(),
         },
+        Frame::StripeRequest {
+            dest: "/incoming/run42/".into(),
+            opts: sample_opts(),
+        },
+        Frame::Landed {
+            file: FileId(7),
+            offset: 8 << 20,
+            len: 8 << 20,
+            digest: 0x0123_4567_89ab_cdef_0123_4567_89ab_cdef,
+        },
     ]
 }
 
@@ -778,7 +804,7 @@ fn sample_copy_request() -> CopyRequest {
 fn samples_cover_every_frame_type() {
     let mut types: Vec<u8> = sample_frames().iter().map(|f| f.frame_type().0).collect();
     types.dedup();
-    assert_eq!(types.len(), 30);
+    assert_eq!(types.len(), 32);
     for ty in 0..=u8::MAX {
         assert_eq!(
             FrameType(ty).max_payload().is_some(),
@@ -1570,5 +1596,66 @@ fn pinned_paths_and_their_limit() {
     assert!(matches!(
         decode(encode(&many)),
         Err(DecodeError::TooLong { field: "count", .. })
+    ));
+}
+
+#[test]
+fn pinned_landed_and_its_limits() {
+    let frame = Frame::Landed {
+        file: FileId(2),
+        offset: 0x100,
+        len: 0x40,
+        digest: 5,
+    };
+    #[rustfmt::skip]
+    let expected: &[u8] = &[
+        0x3B, 0, 0, 0, 36,              // type, payload length
+        0, 0, 0, 0, 0, 0, 0, 2,         // file
+        0, 0, 0, 0, 0, 0, 1, 0,         // offset
+        0, 0, 0, 0x40,                  // len
+        0, 0, 0, 0, 0, 0, 0, 0,         // digest (u128, big endian)
+        0, 0, 0, 0, 0, 0, 0, 5,
+    ];
+    assert_eq!(&encode(&frame)[..], expected);
+    assert_eq!(decode(encode(&frame)), Ok(frame));
+    // An empty block, one beyond the largest, or one past the largest file is refused.
+    for (offset, len) in [(0, 0), (0, MAX_BLOCK_DATA + 1), (i64::MAX as u64, 1)] {
+        let bad = Frame::Landed {
+            file: FileId(1),
+            offset,
+            len,
+            digest: 0,
+        };
+        assert!(
+            matches!(decode(encode(&bad)), Err(DecodeError::InvalidValue { .. })),
+            "{offset} {len}"
+        );
+    }
+}
+
+#[test]
+fn pinned_stripe_request() {
+    let frame = Frame::StripeRequest {
+        dest: "d/".into(),
+        opts: sample_opts(),
+    };
+    let put = Frame::PutRequest {
+        dest: "d/".into(),
+        sources: 0,
+        opts: sample_opts(),
+    };
+    let (stripe, put) = (encode(&frame), encode(&put));
+    // The put's layout less its `sources`: the destination, then the options.
+    assert_eq!(stripe[0], 0x1C);
+    assert_eq!(&stripe[5..9], &[0, 2, b'd', b'/']);
+    assert_eq!(&stripe[9..], &put[13..]);
+    assert_eq!(decode(stripe), Ok(frame));
+    let long = Frame::StripeRequest {
+        dest: "x".repeat(MAX_PATH + 1),
+        opts: sample_opts(),
+    };
+    assert!(matches!(
+        decode(encode(&long)),
+        Err(DecodeError::TooLong { field: "dest", .. })
     ));
 }

@@ -113,7 +113,8 @@ impl RecvSession {
             }),
             // Deciding may read files (digests, resume checks): a writer does it; `Skipped`
             // answers a decision, in the order of the decisions.
-            offer @ (Frame::Offer { .. } | Frame::Skipped { .. }) => {
+            // `Landed` (a striped put: a block a stripe host wrote) is read back by a writer.
+            offer @ (Frame::Offer { .. } | Frame::Skipped { .. } | Frame::Landed { .. }) => {
                 self.actions.push_back(RecvAction::ToWriters(offer))
             }
             // A sender whose receiver said `EARLY_TUNED` reports ahead of `Complete`.
@@ -201,6 +202,20 @@ mod tests {
             sender: Load::default(),
             steps: Vec::new(),
         })
+    }
+
+    #[test]
+    fn a_landed_block_goes_to_the_writers() {
+        let mut r = RecvSession::new(Instant::now(), (4, 4, false), true);
+        let landed = Frame::Landed {
+            file: ferry_proto::FileId(1),
+            offset: 0,
+            len: 1,
+            digest: 0,
+        };
+        r.handle_control(landed.clone());
+        assert_eq!(r.poll_action(), Some(RecvAction::ToWriters(landed)));
+        assert_eq!(r.phase(), RecvPhase::Running);
     }
 
     #[test]

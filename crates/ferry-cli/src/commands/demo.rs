@@ -277,6 +277,7 @@ impl DemoServer {
             manifest: None,
             multipath: false,
             bind: Vec::new(),
+            stripe: Vec::new(),
             filter: FilterArgs::default(),
             auth: AuthArgs {
                 token: Some(self.token.clone()),

@@ -127,6 +127,7 @@ fn access_for(args: &ServeArgs, state: &Path, quiet: bool) -> Result<Access> {
 fn limits(config: &mut ServerConfig, args: &ServeArgs) -> Result<()> {
     config.allow_plaintext = args.allow_plaintext;
     config.third_party = args.third_party;
+    config.stripe = args.stripe;
     if args.keep_modes {
         config.modes = ferry_core::recv::Modes::Keep;
     }

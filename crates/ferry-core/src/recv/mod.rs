@@ -41,6 +41,7 @@
 //! - `writing`: block writes, overlapping copies, the in-order digest;
 //! - `finalizing`: verifying a file, making it durable and renaming it into place;
 //! - `entries`: directories and symlinks;
+//! - `stripe`: a stripe host's writes into partial copies another server opened;
 //! - `pool`: the writer threads that hand the receiver its frames ([`Receiver::start`]).
 
 mod config;
@@ -53,6 +54,7 @@ mod pool;
 mod receiver;
 mod resolving;
 mod state;
+mod stripe;
 mod writing;
 
 #[cfg(test)]
@@ -65,3 +67,4 @@ pub use config::{
 pub use policy::{stays_in_tree, Links, Modes};
 pub use pool::{Deciding, WriterPool};
 pub use receiver::Receiver;
+pub use stripe::{StripeError, StripeWriter};

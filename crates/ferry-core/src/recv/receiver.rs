@@ -173,6 +173,12 @@ impl Receiver {
             }
             Frame::Offer { entries } => self.handle_offer(entries),
             Frame::Skipped { file } => self.confirm_present(file),
+            Frame::Landed {
+                file,
+                offset,
+                len,
+                digest,
+            } => self.handle_landed(file, offset, len, digest),
             _ => Err(RecvError::UnexpectedFrame),
         }
     }

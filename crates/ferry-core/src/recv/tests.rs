@@ -693,3 +693,68 @@ fn every_block_arriving_twice_is_stored_and_counted_once() {
         );
     }
 }
+
+/// A striped put: a stripe host writes the middle block into the partial copy the receiver
+/// (the coordinator) opened; its `Landed` is read back and counted, a lying one is asked for
+/// again, and the file completes with the coordinator's own blocks.
+#[test]
+fn a_block_a_stripe_host_landed_completes_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let mb = 1u64 << 20;
+    let size = 2 * mb + 1000;
+    let data = Bytes::from((0..size).map(|i| (i * 7 % 251) as u8).collect::<Vec<_>>());
+    let mut h = FileHasher::new(ChecksumAlgo::Blake3);
+    h.update(&data);
+    let whole = h.finalize();
+    let (r, rx) = receiver(dir.path());
+    let stripe = StripeWriter::new(
+        Destination {
+            root: Root::open(dir.path()).unwrap(),
+            base: "in".into(),
+            rename_top: None,
+        },
+        1 << 20,
+    );
+    let Frame::Block(middle) = block(size, &data, mb, mb as usize, None) else {
+        unreachable!()
+    };
+    // Before the coordinator opened the partial copy there is nothing to write into.
+    assert!(stripe.write(&middle).unwrap_err().is_refusal());
+    r.handle(offer(1, "f.bin", size)).unwrap();
+    assert_eq!(decision(&rx), Decision::Send);
+    r.expect(1, 0, 0);
+    stripe.write(&middle).unwrap();
+    // The block that carries the file digest and early blocks stay with the coordinator.
+    let Frame::Block(last) = block(size, &data, 2 * mb, 1000, Some(whole.clone())) else {
+        unreachable!()
+    };
+    assert!(matches!(
+        stripe.write(&last),
+        Err(StripeError::NotStriped { .. })
+    ));
+    // A landing whose bytes are not the ones claimed is asked for again.
+    r.handle(Frame::Landed {
+        file: FileId(1),
+        offset: mb,
+        len: mb as u32,
+        digest: middle.digest ^ 1,
+    })
+    .unwrap();
+    assert!(matches!(rx.try_recv(), Ok(Frame::Resend { offset, .. }) if offset == mb));
+    r.handle(Frame::Landed {
+        file: FileId(1),
+        offset: mb,
+        len: mb as u32,
+        digest: middle.digest,
+    })
+    .unwrap();
+    r.handle(block(size, &data, 0, mb as usize, None)).unwrap();
+    r.handle(block(size, &data, 2 * mb, 1000, Some(whole)))
+        .unwrap();
+    r.done()
+        .recv_timeout(std::time::Duration::from_secs(5))
+        .expect("the file completes");
+    let summary = r.finish();
+    assert_eq!((summary.files, summary.failed), (1, 0), "{summary:?}");
+    assert_eq!(std::fs::read(dir.path().join("in/f.bin")).unwrap(), data);
+}

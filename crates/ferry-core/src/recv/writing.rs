@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, MutexGuard};
 
 use ferry_proto::journal::JournalRecord;
-use ferry_proto::{Block, ErrorCode, ExistingPolicy, Frame};
+use ferry_proto::{Block, ErrorCode, ExistingPolicy, FileId, Frame};
 
 use super::config::RecvError;
 use super::receiver::Receiver;
@@ -22,17 +22,71 @@ impl Receiver {
         let Some(entry) = self.admit(&block)? else {
             return Ok(());
         };
-        let Some(slot) = self.writable(&entry, lock(&entry.slot), &block) else {
-            return Ok(());
+        self.take_block(&entry, &block, false);
+        Ok(())
+    }
+
+    /// A block a stripe host wrote into this file's partial copy (a striped put): read back
+    /// from the copy and checked against the digest the client vouches for, then taken in as
+    /// if written here (journal, ranges, digest), without writing it again. One that does not
+    /// match, or that cannot be read, is asked for again (`Resend`).
+    pub(super) fn handle_landed(
+        &self,
+        file: FileId,
+        offset: u64,
+        len: u32,
+        digest: u128,
+    ) -> Result<(), RecvError> {
+        if len > self.config.block_size {
+            return Err(RecvError::BlockTooLarge {
+                file,
+                len: u64::from(len),
+                max: self.config.block_size,
+            });
+        }
+        let entry = lock(&self.files)
+            .get(&file)
+            .cloned()
+            .ok_or(RecvError::Unoffered(file))?;
+        if offset + u64::from(len) > entry.meta.size {
+            return Err(RecvError::Inconsistent(file));
+        }
+        let copy = match &mut *lock(&entry.slot) {
+            Slot::Writing(w) => w.file.clone(),
+            _ => return Ok(()), // done, failed or skipped meanwhile
         };
-        let Some(claim) = self.claim(&entry, slot, &block) else {
+        let mut data = vec![0; len as usize];
+        let read = copy.map(|f| f.read_exact_at(&mut data, offset));
+        if !matches!(read, Some(Ok(()))) || block_digest(&data) != digest {
+            self.counters.bad_blocks.fetch_add(1, Ordering::Relaxed);
+            let _ = self.control.send(Frame::Resend { file, offset, len });
             return Ok(());
+        }
+        let block = Block {
+            file: entry.meta.clone(),
+            offset,
+            digest,
+            file_digest: None,
+            early: false,
+            data: data.into(),
         };
+        self.take_block(&entry, &block, true);
+        Ok(())
+    }
+
+    /// Writes (unless `landed`: on disk already) and records an admitted block.
+    fn take_block(&self, entry: &FileEntry, block: &Block, landed: bool) {
+        let Some(slot) = self.writable(entry, lock(&entry.slot), block) else {
+            return;
+        };
+        let Some(mut claim) = self.claim(entry, slot, block) else {
+            return;
+        };
+        claim.landed = landed;
         // Written (and hashed, in tree mode) without holding the slot, so other blocks of the
         // same file proceed in parallel.
-        let written = claim.write(&block, entry.meta.size);
-        self.record(&entry, &block, claim, written);
-        Ok(())
+        let written = claim.write(block, entry.meta.size);
+        self.record(entry, block, claim, written);
     }
 
     /// The file a block is for, if the block is to be written: `None` for an early block of a
@@ -154,6 +208,7 @@ impl Receiver {
             parts,
             whole,
             tree,
+            landed: false,
         })
     }
 
@@ -318,6 +373,8 @@ struct Claim {
     whole: bool,
     /// The file's digest is a tree: each writer hashes what it writes.
     tree: bool,
+    /// The bytes are in the file already (a stripe host wrote them): hashed, not written.
+    landed: bool,
 }
 
 /// What a claimed write did: its outcome and, in tree mode, the digest pieces of its bytes.
@@ -331,13 +388,15 @@ impl Claim {
         let mut pieces = Vec::new();
         for &(s, e) in &self.parts {
             let data = &block.data[(s - block.offset) as usize..(e - block.offset) as usize];
-            if let Err(e) = self.file.write_all_at(data, s) {
-                return WriteOutcome {
-                    result: Err(e),
-                    pieces,
-                };
+            if !self.landed {
+                if let Err(e) = self.file.write_all_at(data, s) {
+                    return WriteOutcome {
+                        result: Err(e),
+                        pieces,
+                    };
+                }
+                start_writeback(&self.file, s, e - s);
             }
-            start_writeback(&self.file, s, e - s);
             if self.tree {
                 pieces.extend(Blake3Tree::pieces(size, s, data));
             }

@@ -39,10 +39,13 @@ use crate::tcp::TcpInfo;
 
 mod recv;
 mod send;
+mod stripe;
 
 pub(crate) use crate::autotune::StreamPlan;
 pub(crate) use recv::{drive_receiver, ReceiverIo, RecvRun, Writers};
 pub(crate) use send::{drive_sender, frame_queue, SendRun, SenderIo, SenderOutcome};
+pub(crate) use stripe::StripeIo;
+pub use stripe::StripeReport;
 
 /// A failure the session named, as the driver reports it (a connection's own failure is the
 /// driver's to name: see `SendDriver::error_of`).

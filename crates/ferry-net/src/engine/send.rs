@@ -23,6 +23,7 @@ use tokio::io::{AsyncWriteExt, BufWriter, ReadHalf, WriteHalf};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 
+use super::stripe::{Outlets, StripeHosts, StripeIo, StripeReport};
 use super::{spawn_control_reader, watchdog, Activity, Limits, StreamReport};
 use crate::autotune::{
     conn_sample, host_sample, DataSockets, LoadMeter, StreamPlan, ThreadReport, SAMPLE_EVERY,
@@ -63,6 +64,8 @@ pub(crate) struct SenderOutcome {
     /// The streams and block size of the server's `Ready`, when it came during the session
     /// (`drive_sender`'s `awaiting`).
     pub(crate) granted: Option<(u16, u32)>,
+    /// What each stripe host of a striped put did.
+    pub(crate) stripes: Vec<StripeReport>,
 }
 
 /// The bounded queue between the readers and the data connections, sized by `plan`.
@@ -83,6 +86,8 @@ pub(crate) struct SenderIo {
     /// The walker's offers, towards the control connection.
     pub(crate) control_out: flume::Receiver<Frame>,
     pub(crate) reporter: Arc<dyn Reporter>,
+    /// A striped put's other hosts (`engine::stripe`); empty otherwise.
+    pub(crate) stripes: Vec<StripeIo>,
 }
 
 /// How the sending end runs: `welcome`, a client's put whose data connections read their
@@ -147,6 +152,9 @@ struct SendDriver {
     scratch: BytesMut,
     /// Each data connection's failure, for the session's verdict on it.
     failures: HashMap<usize, SessionError>,
+    /// A striped put's other hosts, and the `Landed` they report, for the coordinator.
+    stripes: StripeHosts,
+    landed: mpsc::UnboundedReceiver<Frame>,
 }
 
 impl SendDriver {
@@ -158,6 +166,7 @@ impl SendDriver {
             frames,
             control_out,
             reporter,
+            stripes,
         } = io;
         let activity = Activity::new();
         // The path's round trip, for the tuner's timing: the control connection has carried a
@@ -189,6 +198,17 @@ impl SendDriver {
         let (copies_tx, copies_rx): (Vec<_>, Vec<_>) =
             data.iter().map(|_| flume::unbounded::<Frame>()).unzip();
         let stall_took = run.plan.stall.map(|_| watch::channel(false));
+        let (bounce_tx, bounce) = flume::unbounded();
+        let (landed_tx, landed) = mpsc::unbounded_channel();
+        let stripes = StripeHosts::start(
+            stripes,
+            &frames,
+            &Outlets {
+                bounce: bounce_tx,
+                landed: landed_tx,
+                reporter: reporter.clone(),
+            },
+        );
         let mut streams = JoinSet::new();
         let mut tasks = Vec::with_capacity(data.len());
         // The helpers are the last connections, beyond what the tuner may use.
@@ -198,6 +218,7 @@ impl SendDriver {
                 index: i,
                 queues: Queues {
                     frames: frames.clone(),
+                    bounce: bounce.clone(),
                     copies: copies_rx[i].clone(),
                     history: histories[i].clone(),
                 },
@@ -237,6 +258,8 @@ impl SendDriver {
             stop_tx,
             scratch: BytesMut::new(),
             failures: HashMap::new(),
+            stripes,
+            landed,
         }
     }
 
@@ -275,6 +298,10 @@ impl SendDriver {
                     Some(Err(e)) => return Err(e),
                     None => return Err(SessionError::Closed("control")),
                 },
+                Some(landed) = self.landed.recv() => {
+                    send(&mut self.ctrl_w, &landed).await?;
+                    self.activity.touch();
+                }
                 () = grace, if deadline.is_some() => self.session.handle_timeout(Instant::now()),
                 Some(joined) = self.streams.join_next_with_id() => self.joined(joined)?,
                 _ = tick.tick() => self.sample(),
@@ -403,9 +430,11 @@ impl SendDriver {
             sockets,
             meter,
             stop_tx,
+            stripes,
             ..
         } = self;
         drop(probe);
+        let stripes = stripes.finish().await;
         tracing::debug!("sender: loop ended");
         let tuning = session.tune_report(meter.load());
         // Its duplicates of the data sockets go now: a connection reset at the end closes at once.
@@ -447,6 +476,7 @@ impl SendDriver {
             readers: report.readers,
             timeline: report.timeline,
             granted: report.granted,
+            stripes,
         })
     }
 }
@@ -483,6 +513,8 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// to it, and the record of what it was given.
 pub(super) struct Queues {
     frames: flume::Receiver<Frame>,
+    /// What stripe hosts did not carry, ahead of the shared queue.
+    bounce: flume::Receiver<Frame>,
     copies: flume::Receiver<Frame>,
     history: Arc<Mutex<History>>,
 }
@@ -655,9 +687,13 @@ async fn take_frame(
 ) -> Result<Take, SessionError> {
     let Queues {
         frames,
+        bounce,
         copies,
         history,
     } = queues;
+    if let Ok(f) = bounce.try_recv() {
+        return Ok(Take::Frame(f, false));
+    }
     match frames.try_recv() {
         Ok(f) => return Ok(Take::Frame(f, false)),
         Err(flume::TryRecvError::Disconnected) => return Ok(Take::Stop),
@@ -675,6 +711,7 @@ async fn take_frame(
     let is_active = |n: &u32| index < *n as usize;
     Ok(tokio::select! {
         f = frames.recv_async() => match f { Ok(f) => Take::Frame(f, false), Err(_) => Take::Stop },
+        Ok(f) = bounce.recv_async() => Take::Frame(f, false),
         Ok(f) = copies.recv_async() => Take::Frame(f, true),
         _ = stop.wait_for(|s| *s) => Take::Stop,
         // Parked while waiting: the frame goes to a stream still active.

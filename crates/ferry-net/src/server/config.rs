@@ -71,6 +71,10 @@ pub struct ServerConfig {
     /// one per network path (`Paths`). Empty: every address the server listens on when it
     /// listens on several, else the one the client's control connection reached.
     pub paths: Vec<String>,
+    /// Take stripe sessions (`serve --stripe`): write the blocks of a striped put into the
+    /// partial copies that another server on the same shared file system opened. Off by
+    /// default: only a server that shares its file system with its peers needs it.
+    pub stripe: bool,
 }
 
 impl ServerConfig {
@@ -105,6 +109,7 @@ impl ServerConfig {
             third_party: false,
             grant_ttl: Duration::from_secs(60),
             paths: Vec::new(),
+            stripe: false,
         }
     }
 

@@ -208,6 +208,7 @@ fn client_config(shared: &ServerState, request: &CopyRequest) -> ClientConfig {
         links: Links::Any,
         multipath: false,
         bind: Vec::new(),
+        stripe: Vec::new(),
     }
 }
 

@@ -7,7 +7,8 @@
 //! session in `registry`. `admission` bounds who gets in, `access` says what a token may
 //! touch, `state` is what all connections share. Third-party copies: `grants` (the
 //! destination's side) and `copy` (the source's, which runs the client's put to the other
-//! server).
+//! server). A striped put's other hosts: `stripe` (blocks into the coordinator's partial
+//! copies, each reported `Landed`).
 
 pub mod access;
 mod admission;
@@ -20,6 +21,7 @@ mod registry;
 mod request;
 mod session;
 mod state;
+mod stripe;
 mod wire;
 
 pub use config::ServerConfig;

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use ferry_core::recv::{Destination, Links, Receiver, ReceiverConfig};
+use ferry_core::recv::{Destination, Links, Receiver, ReceiverConfig, StripeWriter};
 use ferry_core::root::Kind;
 use ferry_core::send::{Sender, SenderConfig, Source};
 use ferry_core::{path, FsError, NoReporter, Root};
@@ -56,6 +56,14 @@ pub(super) enum Work<'a> {
         /// Registered while the session runs (see `gather`).
         pending: Unregister<'a>,
     },
+    /// A stripe host's part of a striped put: its data connections have joined.
+    Stripe {
+        writer: Arc<StripeWriter>,
+        block_size: u32,
+        data: Vec<Stream>,
+        permits: Vec<Permit>,
+        pending: Unregister<'a>,
+    },
 }
 
 impl Work<'_> {
@@ -81,6 +89,9 @@ pub(super) async fn prepare<'a>(
     let mut ours = Capabilities::ours();
     if multipath {
         ours = Capabilities(ours.0 | Capabilities::MULTIPATH);
+    }
+    if shared.config.stripe {
+        ours = Capabilities(ours.0 | Capabilities::STRIPE);
     }
     welcome_with(stream, session, secret, ours).await?;
     if multipath {
@@ -113,6 +124,9 @@ pub(super) async fn prepare<'a>(
         } => prepare_put(shared, stream, grant, named, &dest, sources, opts).await,
         Frame::GetRequest { src, opts } => {
             prepare_get(shared, stream, grant, named, caps, &src, opts).await
+        }
+        Frame::StripeRequest { dest, opts } => {
+            prepare_stripe(shared, stream, grant, named, &dest, opts).await
         }
         probe @ Frame::ProbeRequest { .. } => {
             measure::serve(shared, stream, grant, named, probe).await?;
@@ -232,6 +246,56 @@ async fn prepare_put<'a>(
         block_size: opts.block_size,
         writers: opts.storage_threads,
         joins,
+        pending,
+    })
+}
+
+/// Checks a stripe session (a striped put's other hosts) against the server's setting and the
+/// token's write scopes, then gathers its data connections. The destination is taken as a
+/// directory, as the client names it (with a trailing `/`) to the coordinator too, so both map
+/// a file's path to the same partial copy whatever exists there yet; nothing is created.
+async fn prepare_stripe<'a>(
+    shared: &'a ServerState,
+    stream: &mut Stream,
+    grant: &Grant,
+    named: Named,
+    dest: &str,
+    opts: TransferOpts,
+) -> Result<Work<'a>, SessionError> {
+    if !shared.config.stripe {
+        return Err(SessionError::Remote {
+            code: ErrorCode::DENIED,
+            message: "this server takes no stripe sessions (serve --stripe)".into(),
+        });
+    }
+    let rel = resolve(shared, dest)?;
+    // A grant is for one put by another server, not for striping.
+    let prefix = match grant.pinned_dest() {
+        None => grant.write_scope(&rel),
+        Some(_) => None,
+    };
+    let Some(prefix) = prefix else {
+        return Err(denied(grant, "write to", dest));
+    };
+    let writer = shared
+        .root
+        .scope(prefix, false)
+        .and_then(|scope| {
+            Ok(Destination {
+                root: scope.subroot("")?,
+                base: access::inside(&rel, prefix).to_owned(),
+                rename_top: None,
+            })
+        })
+        .map_err(|e| as_requested(e.into(), dest))?;
+    let opts = clamp(shared, opts);
+    let writer = Arc::new(StripeWriter::new(writer, opts.block_size));
+    let (data, permits, pending) = gather(&shared.registry, stream, named, &opts, None).await?;
+    Ok(Work::Stripe {
+        writer,
+        block_size: opts.block_size,
+        data,
+        permits,
         pending,
     })
 }

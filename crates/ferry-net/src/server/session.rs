@@ -20,6 +20,7 @@ use super::grants::{self, Lease, Refused};
 use super::registry::{find_session, Found, Opening};
 use super::request::{prepare, Work};
 use super::state::{ActiveSession, ServerState};
+use super::stripe;
 use super::wire::{closed_by_peer, linger, refuse_plainly, welcome};
 use crate::engine::{
     drive_receiver, drive_sender, Limits, ReceiverIo, RecvRun, SendRun, SenderIo, Writers,
@@ -516,6 +517,7 @@ async fn run_request(
                 frames,
                 control_out: offers,
                 reporter,
+                stripes: Vec::new(),
             };
             let run = SendRun {
                 limits,
@@ -530,6 +532,20 @@ async fn run_request(
                 what: "get",
                 files: summary.files,
                 bytes: summary.bytes,
+            })
+        }
+        Work::Stripe {
+            writer,
+            block_size,
+            data,
+            permits: _permits,
+            pending: _pending,
+        } => {
+            let landed = stripe::serve(stream, writer, data, block_size, idle).await?;
+            Ok(Served {
+                what: "stripe",
+                files: landed.blocks,
+                bytes: landed.bytes,
             })
         }
     }

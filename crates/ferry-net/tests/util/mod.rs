@@ -148,6 +148,7 @@ pub fn client_config(server: String) -> ClientConfig {
         links: Default::default(),
         multipath: false,
         bind: Vec::new(),
+        stripe: Vec::new(),
     }
 }
 

@@ -1,0 +1,117 @@
+//! A stripe host's writes: blocks of a striped put written into partial copies that another
+//! server of the same shared file system (the put's coordinator) opened, decides and commits.
+//!
+//! A stripe host creates nothing, renames nothing and keeps no state between blocks: it opens
+//! the partial copy of the block's file by the name the coordinator gave it
+//! (`.ferry-<xxh3 of its name>.part`, which only files of more than one block have), without
+//! `O_CREAT`, without following a link, beneath the destination it was allowed; writes the
+//! block at its offset and makes it durable, so that the coordinator can read it back once the
+//! client says it landed.
+
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+
+use ferry_proto::Block;
+
+use super::config::Destination;
+use super::opening::journaled_temp;
+use crate::digest::block_digest;
+use crate::error::FsError;
+use crate::path::split_parent;
+use crate::root;
+
+/// Why a stripe host did not write a block. `NotStriped` and `BadDigest` leave the block to
+/// the coordinator (the client sends it there); the others are a peer breaking the protocol.
+#[derive(Debug, thiserror::Error)]
+pub enum StripeError {
+    /// Early blocks (the coordinator may still discard the partial copy), the block that
+    /// carries the file digest and blocks of one-block files go to the coordinator only.
+    #[error("block of {path} at {offset} is not for a stripe host")]
+    NotStriped { path: String, offset: u64 },
+    #[error("block of {path} at {offset} failed its digest")]
+    BadDigest { path: String, offset: u64 },
+    #[error("block of {len} bytes; this session's block size is {max}")]
+    TooLarge { len: u64, max: u32 },
+    #[error("block of {path} at {offset} ends beyond the file's size")]
+    OutOfRange { path: String, offset: u64 },
+    /// The partial copy is not there (not opened yet, or already committed), or a write failed.
+    #[error("{0}")]
+    Fs(#[from] FsError),
+}
+
+impl StripeError {
+    /// Whether the block goes to the coordinator instead (the session goes on).
+    pub fn is_refusal(&self) -> bool {
+        matches!(
+            self,
+            Self::NotStriped { .. } | Self::BadDigest { .. } | Self::Fs(_)
+        )
+    }
+}
+
+/// Writes blocks into existing partial copies beneath one destination.
+pub struct StripeWriter {
+    dest: Destination,
+    block_size: u32,
+}
+
+impl StripeWriter {
+    pub fn new(dest: Destination, block_size: u32) -> Self {
+        Self { dest, block_size }
+    }
+
+    /// Checks a block, writes it into its file's partial copy and syncs it (`fdatasync`).
+    /// Opens the copy for each block: a copy committed meanwhile is not found by its partial
+    /// name, so a late block never reaches a final name through a descriptor kept open.
+    pub fn write(&self, block: &Block) -> Result<(), StripeError> {
+        let path = &block.file.path;
+        let len = block.data.len() as u64;
+        if len > u64::from(self.block_size) {
+            return Err(StripeError::TooLarge {
+                len,
+                max: self.block_size,
+            });
+        }
+        if block.early
+            || block.file_digest.is_some()
+            || block.file.size <= u64::from(self.block_size)
+            || len == 0
+        {
+            return Err(StripeError::NotStriped {
+                path: path.clone(),
+                offset: block.offset,
+            });
+        }
+        if block
+            .offset
+            .checked_add(len)
+            .is_none_or(|e| e > block.file.size)
+        {
+            return Err(StripeError::OutOfRange {
+                path: path.clone(),
+                offset: block.offset,
+            });
+        }
+        if block_digest(&block.data) != block.digest {
+            return Err(StripeError::BadDigest {
+                path: path.clone(),
+                offset: block.offset,
+            });
+        }
+        let rel = self.dest.map(path)?;
+        let (dir_rel, name) = split_parent(&rel);
+        let dir = self.dest.root.open_dir(dir_rel)?;
+        let temp = journaled_temp(name);
+        let io = |e: std::io::Error| FsError::io(crate::path::join(dir_rel, &temp), e);
+        // Non-blocking, then checked: a FIFO standing in the partial's place must not hold
+        // the writer.
+        let flags = root::OFlags::WRONLY | root::OFlags::NONBLOCK;
+        let file = File::from(root::open_in(&dir, &temp, flags, 0).map_err(io)?);
+        if !file.metadata().map_err(io)?.is_file() {
+            return Err(io(std::io::Error::other("not a regular file")).into());
+        }
+        file.write_all_at(&block.data, block.offset).map_err(io)?;
+        file.sync_data().map_err(io)?;
+        Ok(())
+    }
+}

@@ -1,0 +1,276 @@
+//! The client's stripe hosts in a striped put: servers that share the coordinator's file
+//! system and write blocks into the partial copies the coordinator opened.
+//!
+//! Each host's data connections take frames from the sender's one queue like the
+//! coordinator's, but keep only what a stripe host may write: a block sent after its file's
+//! decision (not `early`: before it the coordinator may still discard or truncate the partial
+//! copy) that does not carry the file digest, and fits the host's block size. Anything else
+//! goes on the bounce queue, which the coordinator's connections take from first. A block
+//! stays owed until the host reports it `Landed`; the client then forwards a `Landed` built
+//! from its own record of the block (its digest, not the host's word) to the coordinator. A
+//! block the host hands back (`Resend`) and, when a host fails, every block it still owes go
+//! on the bounce queue too, so the put completes on the others.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use bytes::BytesMut;
+use ferry_core::Reporter;
+use ferry_proto::{FileId, Frame, MAX_CONTROL_PAYLOAD};
+use serde::Serialize;
+use tokio::io::{AsyncWriteExt, BufWriter, ReadHalf};
+use tokio::sync::mpsc;
+use tokio::task::JoinSet;
+
+use crate::conn::{read_frame, write_frame};
+use crate::error::SessionError;
+use crate::stream::Stream;
+
+/// A stripe host's session as the client opened it: its control connection, after `Ready`,
+/// and its data connections, each through its `Welcome`.
+pub(crate) struct StripeIo {
+    /// `host:port`, for the report.
+    pub(crate) host: String,
+    pub(crate) control: Stream,
+    pub(crate) data: Vec<Stream>,
+    /// The block size the host granted: larger blocks go to the coordinator.
+    pub(crate) block_size: u32,
+}
+
+/// What one stripe host did in a put.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct StripeReport {
+    pub host: String,
+    /// Blocks and their bytes the host wrote and the coordinator was told of.
+    pub blocks: u64,
+    pub bytes: u64,
+    /// Blocks the host handed back or still owed when it failed, sent again elsewhere.
+    pub bounced: u64,
+    /// Why the host dropped out of the put, if it did.
+    pub failed: Option<String>,
+}
+
+/// Frames the bounce queue holds before stripe connections stop taking from the sender's
+/// queue: the coordinator's connections take them first, so a few per connection suffice.
+const BOUNCE_MAX: usize = 64;
+
+/// How long a stripe connection waits for the bounce queue to drain below its bound.
+const BOUNCE_WAIT: std::time::Duration = std::time::Duration::from_millis(1);
+
+type Owed = Arc<Mutex<HashMap<(FileId, u64), Frame>>>;
+
+/// The stripe hosts while the put runs.
+pub(crate) struct StripeHosts {
+    tasks: JoinSet<()>,
+    reports: Vec<Arc<Mutex<StripeReport>>>,
+}
+
+/// Where stripe hosts put what they do not carry, and what landed.
+pub(crate) struct Outlets {
+    pub(crate) bounce: flume::Sender<Frame>,
+    pub(crate) landed: mpsc::UnboundedSender<Frame>,
+    pub(crate) reporter: Arc<dyn Reporter>,
+}
+
+impl StripeHosts {
+    /// Starts every host's connections on the sender's frame queue.
+    pub(crate) fn start(
+        hosts: Vec<StripeIo>,
+        frames: &flume::Receiver<Frame>,
+        out: &Outlets,
+    ) -> Self {
+        let mut tasks = JoinSet::new();
+        let mut reports = Vec::new();
+        for h in hosts {
+            let report = Arc::new(Mutex::new(StripeReport {
+                host: h.host.clone(),
+                ..StripeReport::default()
+            }));
+            reports.push(report.clone());
+            let host = Host {
+                owed: Arc::default(),
+                report,
+                bounce: out.bounce.clone(),
+                landed: out.landed.clone(),
+                reporter: out.reporter.clone(),
+            };
+            tasks.spawn(host.run(h, frames.clone()));
+        }
+        Self { tasks, reports }
+    }
+
+    /// Ends every host's session (the put is over) and reports what each did.
+    pub(crate) async fn finish(mut self) -> Vec<StripeReport> {
+        self.tasks.abort_all();
+        while self.tasks.join_next().await.is_some() {}
+        self.reports.iter().map(|r| lock(r).clone()).collect()
+    }
+}
+
+/// One stripe host: what it owes and where things go.
+#[derive(Clone)]
+struct Host {
+    owed: Owed,
+    report: Arc<Mutex<StripeReport>>,
+    bounce: flume::Sender<Frame>,
+    landed: mpsc::UnboundedSender<Frame>,
+    reporter: Arc<dyn Reporter>,
+}
+
+impl Host {
+    /// Runs the host's connections until one fails (or the put ends, which aborts this); then
+    /// what it owes goes to the others.
+    async fn run(self, io: StripeIo, frames: flume::Receiver<Frame>) {
+        let StripeIo {
+            control,
+            data,
+            block_size,
+            ..
+        } = io;
+        let (ctrl_r, mut ctrl_w) = tokio::io::split(control);
+        let mut conns = JoinSet::new();
+        for s in data {
+            conns.spawn(self.clone().feed(s, frames.clone(), block_size));
+        }
+        let why = tokio::select! {
+            e = self.clone().answers(ctrl_r) => e,
+            Some(j) = conns.join_next() => match j {
+                Ok(Err(e)) => e,
+                Ok(Ok(())) => SessionError::Closed("stripe data"),
+                Err(e) => SessionError::Protocol(format!("stripe task failed: {e}")),
+            },
+        };
+        // Every connection is stopped before what is owed is taken: one still running on
+        // another thread could take a frame after that, and nobody would send it again.
+        conns.abort_all();
+        while conns.join_next().await.is_some() {}
+        let _ = ctrl_w.shutdown().await;
+        // The queue closed (the put is ending) is no failure of the host.
+        if !matches!(why, SessionError::Closed("stripe data")) {
+            tracing::debug!(error = %why, "stripe host failed");
+            lock(&self.report).failed = Some(why.to_string());
+        }
+        let owed: Vec<Frame> = lock(&self.owed).drain().map(|(_, f)| f).collect();
+        lock(&self.report).bounced += owed.len() as u64;
+        for f in owed {
+            let _ = self.bounce.send(f);
+        }
+    }
+
+    /// One data connection: takes frames from the queue, keeps what the host may write and
+    /// bounces the rest. A block is owed from before it is written until it lands.
+    async fn feed(
+        self,
+        s: Stream,
+        frames: flume::Receiver<Frame>,
+        block_size: u32,
+    ) -> Result<(), SessionError> {
+        let (_rd, wr) = tokio::io::split(s);
+        let mut w = BufWriter::with_capacity(256 << 10, wr);
+        let mut scratch = BytesMut::with_capacity(8 << 10);
+        loop {
+            // The bounce queue has no bound of its own (a frame is never held in an await
+            // that an abort could drop): it is held to one by taking nothing while it is full.
+            while self.bounce.len() >= BOUNCE_MAX {
+                w.flush().await?;
+                tokio::time::sleep(BOUNCE_WAIT).await;
+            }
+            let frame = match frames.try_recv() {
+                Ok(f) => f,
+                Err(flume::TryRecvError::Disconnected) => break,
+                Err(flume::TryRecvError::Empty) => {
+                    w.flush().await?;
+                    match frames.recv_async().await {
+                        Ok(f) => f,
+                        Err(_) => break,
+                    }
+                }
+            };
+            let key = match &frame {
+                Frame::Block(b)
+                    if !b.early
+                        && b.file_digest.is_none()
+                        && b.data.len() <= block_size as usize =>
+                {
+                    (b.file.id, b.offset)
+                }
+                _ => {
+                    if self.bounce.send(frame).is_err() {
+                        break;
+                    }
+                    continue;
+                }
+            };
+            lock(&self.owed).insert(key, frame.clone());
+            write_frame(&mut w, &frame, &mut scratch).await?;
+        }
+        w.flush().await?;
+        Ok(())
+    }
+
+    /// The host's control connection: `Landed` goes on to the coordinator, `Resend` (not
+    /// written there) back to the queue. Ends with the reason it stopped.
+    async fn answers(self, mut r: ReadHalf<Stream>) -> SessionError {
+        loop {
+            let frame = match read_frame(&mut r, MAX_CONTROL_PAYLOAD).await {
+                Ok(Some(f)) => f,
+                Ok(None) => return SessionError::Closed("stripe control"),
+                Err(e) => return e,
+            };
+            match frame {
+                Frame::Landed {
+                    file,
+                    offset,
+                    len,
+                    digest,
+                } => {
+                    let Some(Frame::Block(b)) = lock(&self.owed).remove(&(file, offset)) else {
+                        continue; // handed on already (a duplicate, or after a failure)
+                    };
+                    if digest != b.digest || len as usize != b.data.len() {
+                        let _ = self.bounce.send(Frame::Block(b));
+                        return SessionError::Protocol(format!(
+                            "stripe host reported a block of file {file:?} at {offset} that \
+                             is not the one sent"
+                        ));
+                    }
+                    {
+                        let mut rep = lock(&self.report);
+                        rep.blocks += 1;
+                        rep.bytes += u64::from(len);
+                    }
+                    self.reporter.on_bytes(u64::from(len));
+                    let landed = Frame::Landed {
+                        file,
+                        offset,
+                        len,
+                        digest: b.digest,
+                    };
+                    if self.landed.send(landed).is_err() {
+                        return SessionError::Closed("put");
+                    }
+                }
+                Frame::Resend { file, offset, .. } => {
+                    let Some(f) = lock(&self.owed).remove(&(file, offset)) else {
+                        continue;
+                    };
+                    lock(&self.report).bounced += 1;
+                    if self.bounce.send(f).is_err() {
+                        return SessionError::Closed("put");
+                    }
+                }
+                Frame::Error { code, message } => return SessionError::Remote { code, message },
+                other => {
+                    return SessionError::Protocol(format!(
+                        "unexpected {} from a stripe host",
+                        other.frame_type().name()
+                    ))
+                }
+            }
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
