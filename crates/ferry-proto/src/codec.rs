@@ -16,6 +16,7 @@ use std::ops::Range;
 use bytes::{BufMut, Bytes, BytesMut};
 
 mod copy;
+mod remove;
 
 use crate::error::DecodeError;
 use crate::frame::{
@@ -111,6 +112,8 @@ impl Frame {
             Frame::Paths { .. } => FrameType::PATHS,
             Frame::CopyProgress(_) => FrameType::COPY_PROGRESS,
             Frame::CopyDone { .. } => FrameType::COPY_DONE,
+            Frame::RemoveRequest { .. } => FrameType::REMOVE_REQUEST,
+            Frame::Removed { .. } => FrameType::REMOVED,
         }
     }
 
@@ -206,6 +209,8 @@ impl Frame {
             FrameType::PATHS => copy::decode_paths(&mut r)?,
             FrameType::COPY_PROGRESS => copy::decode_copy_progress(&mut r)?,
             FrameType::COPY_DONE => copy::decode_copy_done(&mut r)?,
+            FrameType::REMOVE_REQUEST => remove::decode_remove_request(&mut r)?,
+            FrameType::REMOVED => remove::decode_removed(&mut r)?,
             _ => return Err(DecodeError::UnknownFrameType(ty.0)),
         };
         r.finish(ty)?;
@@ -310,6 +315,8 @@ impl Frame {
             Frame::Paths { addrs } => copy::put_paths(out, addrs),
             Frame::CopyProgress(p) => copy::put_copy_progress(out, p),
             Frame::CopyDone { summary, report } => copy::put_copy_done(out, summary, report),
+            Frame::RemoveRequest { paths, more } => remove::put_remove_request(out, paths, *more),
+            Frame::Removed { removed, failures } => remove::put_removed(out, *removed, failures),
         }
     }
 
@@ -397,7 +404,9 @@ impl Frame {
             | Frame::CopyRequest(_)
             | Frame::Paths { .. }
             | Frame::CopyProgress(_)
-            | Frame::CopyDone { .. } => {}
+            | Frame::CopyDone { .. }
+            | Frame::RemoveRequest { .. }
+            | Frame::Removed { .. } => {}
         }
     }
 }
