@@ -7,7 +7,9 @@
 //! `dir/**`. The rule `!` clears the rules before it; a `--filter-from` file may `merge` (or
 //! `.`) another. The glob itself is globset's.
 
+use std::collections::HashSet;
 use std::path::Path;
+use std::sync::Arc;
 
 use globset::{GlobBuilder, GlobMatcher};
 
@@ -52,12 +54,26 @@ struct Rule {
 #[derive(Clone, Debug, Default)]
 pub struct Filter {
     rules: Vec<Rule>,
+    /// A sync's: paths are judged without their first component, the top's name on the wire,
+    /// since a sync's rules are written for the tree's contents (rsync's `SRC/`).
+    below_top: bool,
+    /// A sync's: files (below the top) whose size and mtime match at the destination, neither
+    /// sent nor taken, so that neither end reads them.
+    unchanged: Option<Arc<HashSet<String>>>,
 }
 
 impl Filter {
     /// True when no rule was given (everything is sent).
     pub fn is_empty(&self) -> bool {
-        self.rules.is_empty()
+        self.rules.is_empty() && self.unchanged.is_none()
+    }
+
+    /// This filter as a sync's transfer uses it: judging paths below the top's name (which
+    /// itself always passes), and leaving out the `unchanged` files.
+    pub fn for_sync(mut self, unchanged: HashSet<String>) -> Self {
+        self.below_top = true;
+        self.unchanged = Some(Arc::new(unchanged));
+        self
     }
 
     /// Appends a rule; rules added earlier take precedence. The pattern `!` clears the rules
@@ -179,7 +195,16 @@ impl Filter {
     /// first rule that matches it; its parents are not looked at (a walk never reaches the
     /// contents of a directory this refused).
     pub fn allows(&self, rel: &str, is_dir: bool) -> bool {
-        let rel = rel.trim_matches('/');
+        let mut rel = rel.trim_matches('/');
+        if self.below_top {
+            match rel.split_once('/') {
+                Some((_, below)) => rel = below,
+                None => return true,
+            }
+        }
+        if !is_dir && self.unchanged.as_ref().is_some_and(|u| u.contains(rel)) {
+            return false;
+        }
         for rule in &self.rules {
             if rule.dir_only && !is_dir {
                 continue;
@@ -418,6 +443,18 @@ mod tests {
             .add_text("rules", "merge /nonexistent/x\n")
             .unwrap_err();
         assert!(err.to_string().contains("/nonexistent/x"), "{err}");
+    }
+
+    #[test]
+    fn a_sync_judges_below_the_top_and_leaves_unchanged_files_out() {
+        let unchanged = ["d/same.txt".to_owned()].into_iter().collect();
+        let f = filter(&[(X, "/skip/")]).for_sync(unchanged);
+        assert!(f.allows("top", true));
+        assert!(!f.allows("top/skip", true));
+        assert!(!f.admits("top/skip/x", false));
+        assert!(!f.allows("top/d/same.txt", false));
+        assert!(f.allows("top/d/other.txt", false));
+        assert!(!f.is_empty());
     }
 
     #[test]
