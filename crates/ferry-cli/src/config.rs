@@ -442,6 +442,9 @@ impl SyncJob {
     pub fn new(mut args: SyncArgs) -> Result<Self> {
         use ferry_net::sync::Direction;
         let filter = take_filter(&mut args.transfer)?;
+        if args.transfer.skip_existing || args.transfer.manifest.is_some() {
+            bail!("--skip-existing and --manifest are for put and get; sync replaces what differs");
+        }
         let remote_src = Remote::looks_remote(&args.source) && !Path::new(&args.source).exists();
         let remote_dest = Remote::looks_remote(&args.dest) && !Path::new(&args.dest).exists();
         let (remote, direction) = match (remote_src, remote_dest) {

@@ -150,6 +150,11 @@ fn sync_usage_errors() {
         (vec!["sync", "a", "b"], "one side on a server"),
         (vec!["sync", "h1:/a", "h2:/b"], "two servers"),
         (vec!["sync", "--exclude=a**", "x", "h:/b"], "a**"),
+        (
+            vec!["sync", "--skip-existing", "x", "h:/b"],
+            "sync replaces",
+        ),
+        (vec!["sync", "x", "me@h:/b"], "running `ferry serve`"),
     ] {
         let out = run(sb.client("t").args(&args), CMD_TIMEOUT);
         assert_code(&out, 2);
