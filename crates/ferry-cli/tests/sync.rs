@@ -141,6 +141,18 @@ fn delete_dry_run_and_filters() {
     assert!(out.stderr.contains("4 deleted"), "{out:?}");
     assert!(!mirror.join("stale.txt").exists() && !mirror.join("old").exists());
     assert!(mirror.join("kept.log").exists() && !mirror.join("skip.log").exists());
+
+    // A missing source fails (exit 1) and empties nothing.
+    let out = run(
+        sb.client(&s.token)
+            .args(["sync", "--delete"])
+            .arg(sb.path("no-such-dir"))
+            .arg(s.remote("/mirror")),
+        CMD_TIMEOUT,
+    );
+    assert_code(&out, 1);
+    assert!(out.stderr.contains("no-such-dir"), "{out:?}");
+    assert!(mirror.join("a.txt").exists());
 }
 
 #[test]

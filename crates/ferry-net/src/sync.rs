@@ -31,7 +31,8 @@ pub struct Entry {
     pub mtime_ns: i64,
 }
 
-/// A tree by `/`-separated path below its top; a single file is the one entry `""`.
+/// A tree by `/`-separated path below its top, the top itself as `""` (a single file is that
+/// one entry); a missing top is the empty tree.
 pub type Tree = BTreeMap<String, Entry>;
 
 /// Which way a sync goes.
@@ -126,8 +127,8 @@ pub fn local_tree(top: &Path, filter: &Filter) -> Result<Tree, SessionError> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(tree),
         Err(e) => return Err(FsError::io(top.display().to_string(), e).into()),
     };
+    tree.insert(String::new(), entry_of(&meta));
     if !meta.is_dir() {
-        tree.insert(String::new(), entry_of(&meta));
         return Ok(tree);
     }
     let mut dirs = vec![String::new()];
@@ -194,6 +195,12 @@ pub async fn remote_tree(
             return Ok(tree);
         }
     }
+    let top_dir = Entry {
+        kind: EntryKind::Dir,
+        size: 0,
+        mtime_ns: 0,
+    };
+    tree.insert(String::new(), top_dir);
     let mut pending = vec![(String::new(), first)];
     while let Some((dir, entries)) = pending.pop() {
         for e in entries {
@@ -236,15 +243,20 @@ pub async fn sync(
             local_tree(src, filter)?,
             remote_tree(&cfg, dest, filter, reporter.as_ref()).await?,
         ),
-        Direction::Get { src, dest } => {
-            let s = remote_tree(&cfg, src, filter, reporter.as_ref()).await?;
-            if s.is_empty() {
-                let why = std::io::Error::from(std::io::ErrorKind::NotFound);
-                return Err(FsError::io(src.clone(), why).into());
-            }
-            (s, local_tree(dest, filter)?)
-        }
+        Direction::Get { src, dest } => (
+            remote_tree(&cfg, src, filter, reporter.as_ref()).await?,
+            local_tree(dest, filter)?,
+        ),
     };
+    // A missing source is an error, never an empty tree that --delete would empty DEST by.
+    if src.is_empty() {
+        let name = match dir {
+            Direction::Put { src, .. } => src.display().to_string(),
+            Direction::Get { src, .. } => src.clone(),
+        };
+        let why = std::io::Error::from(std::io::ErrorKind::NotFound);
+        return Err(FsError::io(name, why).into());
+    }
     // A single file syncs to a single file: nothing below it to remove.
     let single = src.get("").is_some_and(|e| e.kind != EntryKind::Dir);
     let opts = SyncOpts {

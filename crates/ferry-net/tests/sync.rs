@@ -130,6 +130,23 @@ async fn sync_to_a_server_and_back_sends_only_what_changed() {
         .await
         .unwrap();
     assert!(r.plan.send.is_empty() && r.transfer.is_none(), "{r:?}");
+
+    // An empty directory is a tree too (made at the destination); a missing source is an
+    // error, never an empty tree that --delete would empty the destination by.
+    std::fs::create_dir_all(server.root.join("empty")).unwrap();
+    let get = |src: &str| Direction::Get {
+        src: src.into(),
+        dest: tmp.path().join("empty-copy"),
+    };
+    let r = sync::sync(&cfg, &get("/empty"), &all, opts(false, true), reporter())
+        .await
+        .unwrap();
+    assert!(r.is_success(), "{r:?}");
+    assert!(tmp.path().join("empty-copy").is_dir());
+    let err = sync::sync(&cfg, &get("/none"), &all, opts(false, true), reporter())
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("/none"), "{err}");
     server.stop().await;
 }
 
