@@ -31,6 +31,10 @@ pub enum Command {
     Put(PutArgs),
     /// Fetch a file or tree from a server: `ferry get dtn2:/incoming/run42 ./copy/`.
     Get(GetArgs),
+    /// Make DEST a copy of SOURCE, one of them on a server (rsync-style): send what is missing
+    /// or differs by size and mtime (`--checksum`: by content), and with --delete remove what
+    /// SOURCE lacks, once everything arrived: `ferry sync ./run42 dtn2:/mirror/run42 --delete`.
+    Sync(Box<SyncArgs>),
     /// Copy between two servers, the data going from one to the other directly (a
     /// third-party copy): `ferry cp dtn1:/data/run42 dtn2:/incoming/`. Both servers run with
     /// --third-party; this host carries only control traffic.
@@ -66,6 +70,9 @@ impl Cli {
         {
             t.filter.order = filter_order(m);
         }
+        if let (Command::Sync(a), Some((_, m))) = (&mut cli.command, matches.subcommand()) {
+            a.transfer.filter.order = filter_order(m);
+        }
         if let (Command::Serve(a), Some(("serve", m))) = (&mut cli.command, matches.subcommand()) {
             a.given = m
                 .ids()
@@ -89,8 +96,10 @@ pub struct FilterArgs {
     /// Send what matches PATTERN, even if a later --exclude matches it too. Repeatable.
     #[arg(long, value_name = "PATTERN")]
     pub include: Vec<String>,
-    /// Read rules from FILE, one a line: `+ PATTERN` (include), `- PATTERN` (exclude);
-    /// `#`/`;` comments and blank lines are ignored. Repeatable.
+    /// Read rules from FILE, one a line: `+ PATTERN` (include), `- PATTERN` (exclude), `!`
+    /// (drop the rules so far), `merge FILE2` or `. FILE2` (FILE2's rules here); `#`/`;`
+    /// comments and blank lines are ignored. `dir/***` matches dir and all below it.
+    /// Repeatable.
     #[arg(long, value_name = "FILE")]
     pub filter_from: Vec<PathBuf>,
     /// --exclude, --include and --filter-from as they came on the command line, whose order
@@ -143,6 +152,7 @@ impl Command {
             Command::Put(a) => Some(&a.transfer.output),
             Command::Get(a) => Some(&a.transfer.output),
             Command::Cp(a) => Some(&a.transfer.output),
+            Command::Sync(a) => Some(&a.transfer.output),
             Command::Ls(a) => Some(&a.output),
             Command::Demo(a) => Some(&a.output),
             Command::Probe(ProbeCommand::Host(a)) => Some(&a.output),
@@ -566,6 +576,36 @@ pub struct GetArgs {
     /// Keep setuid, setgid and world-writable bits as the server has them (cleared by default).
     #[arg(long)]
     pub keep_modes: bool,
+    #[command(flatten)]
+    pub transfer: TransferArgs,
+}
+
+#[derive(Args, Debug)]
+#[command(mut_arg("checksum", |a| a.long("digest").help(
+    "End-to-end file digest: blake3, xxh3, sha256 or md5 (put's and get's --checksum)"
+)))]
+#[command(mut_arg("json", |a| a.help(
+    "Write the report as JSON to stdout (with --dry-run: what would be sent and deleted)"
+)))]
+pub struct SyncArgs {
+    /// A local file or directory, or HOST[:PORT]:PATH on a running `ferry serve`.
+    pub source: String,
+    /// Made a copy of SOURCE (its own name, created if missing): HOST[:PORT]:PATH, or a local
+    /// path when SOURCE is remote. Filters are relative to SOURCE's top (`/x` is SOURCE/x).
+    pub dest: String,
+    /// Compare files by content (a digest on each end, files of the same size and mtime only;
+    /// the others are sent) instead of size and mtime alone.
+    #[arg(short = 'c', long = "checksum")]
+    pub by_content: bool,
+    /// Remove what DEST has and SOURCE has not (files and directories), once every file sent
+    /// arrived and was verified; nothing after a failure. What the filters leave out is
+    /// neither sent nor removed.
+    #[arg(long)]
+    pub delete: bool,
+    /// Print what would be sent and deleted (stdout, one `send PATH` or `delete PATH` a
+    /// line; --json: a list), and change nothing.
+    #[arg(short = 'n', long)]
+    pub dry_run: bool,
     #[command(flatten)]
     pub transfer: TransferArgs,
 }

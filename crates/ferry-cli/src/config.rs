@@ -12,7 +12,8 @@ use ferry_proto::{ExistingPolicy, TransferOpts, MAX_BLOCK_DATA};
 use ferry_units::units::{parse_duration, parse_size};
 
 use crate::args::{
-    AuthArgs, ConnArgs, FilterArg, FilterArgs, GetArgs, LsArgs, PutArgs, TransferArgs, WaitArgs,
+    AuthArgs, ConnArgs, FilterArg, FilterArgs, GetArgs, LsArgs, PutArgs, SyncArgs, TransferArgs,
+    WaitArgs,
 };
 use crate::remote::{Remote, DEFAULT_PORT};
 
@@ -456,6 +457,67 @@ impl Transfer {
             manifest: args.manifest,
             conn: args.conn,
         }
+    }
+}
+
+/// A sync resolved from its arguments.
+pub struct SyncJob {
+    pub client: ClientConfig,
+    pub direction: ferry_net::sync::Direction,
+    /// Rules relative to the source's top.
+    pub filter: Filter,
+    pub opts: ferry_net::sync::SyncOpts,
+    pub json: bool,
+}
+
+impl SyncJob {
+    /// One side local, the other on a running server (ssh-started sessions serve one
+    /// request, and a sync makes several: listings, the transfer, the removals).
+    pub fn new(mut args: SyncArgs) -> Result<Self> {
+        use ferry_net::sync::Direction;
+        let filter = take_filter(&mut args.transfer)?;
+        if args.transfer.skip_existing || args.transfer.manifest.is_some() {
+            bail!("--skip-existing and --manifest are for put and get; sync replaces what differs");
+        }
+        let remote_src = Remote::looks_remote(&args.source) && !Path::new(&args.source).exists();
+        let remote_dest = Remote::looks_remote(&args.dest) && !Path::new(&args.dest).exists();
+        let (remote, direction) = match (remote_src, remote_dest) {
+            (false, true) => {
+                let remote = Remote::parse(&args.dest).context("the destination of sync")?;
+                let dest = remote.path.clone();
+                let src = PathBuf::from(&args.source);
+                (remote, Direction::Put { src, dest })
+            }
+            (true, false) => {
+                let remote = Remote::parse(&args.source).context("the source of sync")?;
+                let src = remote.path.clone();
+                let dest = PathBuf::from(&args.dest);
+                (remote, Direction::Get { src, dest })
+            }
+            (true, true) => bail!("sync between two servers is not supported yet; use cp"),
+            (false, false) => {
+                bail!("sync needs one side on a server, HOST[:PORT]:PATH (for two local trees, use rsync)")
+            }
+        };
+        if remote.ssh_user.is_some() {
+            bail!("sync needs a running `ferry serve` (HOST[:PORT]:PATH), not USER@HOST:PATH");
+        }
+        let mut client = client_config(&args.transfer, &remote)?;
+        client.opts.storage_threads = match direction {
+            Direction::Put { .. } => asked_threads(args.transfer.writers),
+            Direction::Get { .. } => asked_threads(args.transfer.readers),
+        };
+        Ok(Self {
+            client,
+            direction,
+            filter,
+            opts: ferry_net::sync::SyncOpts {
+                checksum: args.by_content,
+                delete: args.delete,
+                dry_run: args.dry_run,
+            },
+            json: args.transfer.output.json,
+        })
     }
 }
 

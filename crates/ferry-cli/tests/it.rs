@@ -10,6 +10,7 @@ mod multipath;
 mod rerun;
 mod serve_config;
 mod ssh;
+mod sync;
 mod third_party;
 mod util;
 mod ux;

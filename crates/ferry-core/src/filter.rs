@@ -3,9 +3,13 @@
 //! entered (its contents are never tried). Patterns match the path as it arrives under the
 //! destination (`dir/a.txt` for a put of `dir`): a leading `/` anchors a pattern there, else
 //! it matches the path's last components at any depth; a trailing `/` matches directories
-//! only; `*` and `?` stop at `/`, `**` crosses it. The glob itself is globset's.
+//! only; `*` and `?` stop at `/`, `**` crosses it, and `dir/***` is both `dir/` and
+//! `dir/**`. The rule `!` clears the rules before it; a `--filter-from` file may `merge` (or
+//! `.`) another. The glob itself is globset's.
 
+use std::collections::HashSet;
 use std::path::Path;
+use std::sync::Arc;
 
 use globset::{GlobBuilder, GlobMatcher};
 
@@ -17,15 +21,20 @@ pub enum FilterError {
     #[error("cannot read filter file {path}: {cause}")]
     Read { path: String, cause: std::io::Error },
     #[error(
-        "{path}:{line}: `{text}` is not a filter rule (use `+ PATTERN`, `- PATTERN`, or `#` \
-         for a comment)"
+        "{path}:{line}: `{text}` is not a filter rule (use `+ PATTERN`, `- PATTERN`, `!`, \
+         `merge FILE`, or `#` for a comment)"
     )]
     Line {
         path: String,
         line: usize,
         text: String,
     },
+    #[error("{path}: merge files nest more than {MAX_MERGE_DEPTH} deep (a file merging itself?)")]
+    TooDeep { path: String },
 }
+
+/// How deep `merge` files may nest: deeper is taken for a loop.
+pub const MAX_MERGE_DEPTH: usize = 16;
 
 /// Whether a matching rule sends the path or leaves it out.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -45,20 +54,56 @@ struct Rule {
 #[derive(Clone, Debug, Default)]
 pub struct Filter {
     rules: Vec<Rule>,
+    /// A sync's: paths are judged without their first component, the top's name on the wire,
+    /// since a sync's rules are written for the tree's contents (rsync's `SRC/`).
+    below_top: bool,
+    /// A sync's: files (below the top) whose size and mtime match at the destination, neither
+    /// sent nor taken, so that neither end reads them.
+    unchanged: Option<Arc<HashSet<String>>>,
 }
 
 impl Filter {
     /// True when no rule was given (everything is sent).
     pub fn is_empty(&self) -> bool {
-        self.rules.is_empty()
+        self.rules.is_empty() && self.unchanged.is_none()
     }
 
-    /// Appends a rule; rules added earlier take precedence.
+    /// This filter as a sync's transfer uses it: judging paths below the top's name (which
+    /// itself always passes), and leaving out the `unchanged` files.
+    pub fn for_sync(mut self, unchanged: HashSet<String>) -> Self {
+        self.below_top = true;
+        self.unchanged = Some(Arc::new(unchanged));
+        self
+    }
+
+    /// Appends a rule; rules added earlier take precedence. The pattern `!` clears the rules
+    /// added so far (rsync's list reset).
     pub fn add(&mut self, action: Action, pattern: &str) -> Result<(), FilterError> {
         let bad = |cause: &str| FilterError::Pattern {
             pattern: pattern.to_owned(),
             cause: cause.to_owned(),
         };
+        if pattern == "!" {
+            self.rules.clear();
+            return Ok(());
+        }
+        // `dir/***` is `dir/` (the directory itself) then `dir/**` (all below it).
+        if let Some(dir) = pattern.strip_suffix("/***") {
+            if dir.is_empty() || dir == "/" {
+                return Err(bad("it names no directory"));
+            }
+            let dir_rule = Self::rule(action, &format!("{dir}/")).map_err(|e| bad(&e))?;
+            let below = Self::rule(action, &format!("{dir}/**")).map_err(|e| bad(&e))?;
+            self.rules.extend([dir_rule, below]);
+            return Ok(());
+        }
+        let rule = Self::rule(action, pattern).map_err(|e| bad(&e))?;
+        self.rules.push(rule);
+        Ok(())
+    }
+
+    /// Compiles one pattern (anchoring, dir-only, rsync's `**`) into a rule.
+    fn rule(action: Action, pattern: &str) -> Result<Rule, String> {
         let (body, dir_only) = match pattern.strip_suffix('/') {
             Some(b) => (b, true),
             None => (pattern, false),
@@ -68,32 +113,47 @@ impl Filter {
             None => (body, false),
         };
         if body.is_empty() {
-            return Err(bad("it names no file"));
+            return Err("it names no file".to_owned());
         }
-        let body = double_stars(body, anchored).map_err(bad)?;
+        let body = double_stars(body, anchored)?;
         // Unanchored, the pattern may start at any component: `**/` matches zero or more.
         let glob = if anchored { body } else { format!("**/{body}") };
         let matcher = GlobBuilder::new(&glob)
             .literal_separator(true)
             .backslash_escape(true)
             .build()
-            .map_err(|e| bad(&e.kind().to_string()))?
+            .map_err(|e| e.kind().to_string())?
             .compile_matcher();
-        self.rules.push(Rule {
+        Ok(Rule {
             action,
             dir_only,
             matcher,
-        });
-        Ok(())
+        })
     }
 
     /// Appends the rules of a `--filter-from` text: `+ PATTERN` includes, `- PATTERN`
-    /// excludes, lines starting with `#` or `;` and blank lines are ignored. `name` is what
-    /// errors call the text.
+    /// excludes, `!` (or `clear`) drops the rules so far, `merge FILE` (or `. FILE`) reads
+    /// FILE's rules in place; lines starting with `#` or `;` and blank lines are ignored.
+    /// `name` is what errors call the text.
     pub fn add_text(&mut self, name: &str, text: &str) -> Result<(), FilterError> {
+        self.add_text_nested(name, text, 0)
+    }
+
+    fn add_text_nested(&mut self, name: &str, text: &str, depth: usize) -> Result<(), FilterError> {
         for (i, line) in text.lines().enumerate() {
             let line = line.strip_suffix('\r').unwrap_or(line);
             if line.trim().is_empty() || line.starts_with('#') || line.starts_with(';') {
+                continue;
+            }
+            if line == "!" || line == "clear" {
+                self.rules.clear();
+                continue;
+            }
+            if let Some(file) = line
+                .strip_prefix("merge ")
+                .or_else(|| line.strip_prefix(". "))
+            {
+                self.merge(Path::new(file), depth + 1)?;
                 continue;
             }
             let (action, pattern) = if let Some(p) = line.strip_prefix("+ ") {
@@ -114,19 +174,37 @@ impl Filter {
 
     /// Appends the rules of a `--filter-from` file (see [`Filter::add_text`]).
     pub fn add_file(&mut self, path: &Path) -> Result<(), FilterError> {
+        self.merge(path, 0)
+    }
+
+    /// Reads a rules file at nesting `depth`; a relative `merge` name is taken from the
+    /// working directory, as rsync takes it.
+    fn merge(&mut self, path: &Path, depth: usize) -> Result<(), FilterError> {
         let name = path.display().to_string();
+        if depth > MAX_MERGE_DEPTH {
+            return Err(FilterError::TooDeep { path: name });
+        }
         let text = std::fs::read_to_string(path).map_err(|cause| FilterError::Read {
             path: name.clone(),
             cause,
         })?;
-        self.add_text(&name, &text)
+        self.add_text_nested(&name, &text, depth)
     }
 
     /// Whether `rel` (a `/`-separated path under the transfer root) is sent, judged by the
     /// first rule that matches it; its parents are not looked at (a walk never reaches the
     /// contents of a directory this refused).
     pub fn allows(&self, rel: &str, is_dir: bool) -> bool {
-        let rel = rel.trim_matches('/');
+        let mut rel = rel.trim_matches('/');
+        if self.below_top {
+            match rel.split_once('/') {
+                Some((_, below)) => rel = below,
+                None => return true,
+            }
+        }
+        if !is_dir && self.unchanged.as_ref().is_some_and(|u| u.contains(rel)) {
+            return false;
+        }
         for rule in &self.rules {
             if rule.dir_only && !is_dir {
                 continue;
@@ -322,6 +400,61 @@ mod tests {
             .unwrap_err();
         assert!(err.to_string().contains("rules:2"), "{err}");
         assert!(err.to_string().contains("exclude b"), "{err}");
+    }
+
+    #[test]
+    fn bang_clears_the_rules_before_it() {
+        let f = filter(&[(X, "*.o"), (X, "!"), (X, "*.c")]);
+        assert!(f.allows("a.o", false));
+        assert!(!f.allows("a.c", false));
+        let mut f = Filter::default();
+        f.add_text("rules", "- *.o\n!\n- *.c\n").unwrap();
+        assert!(f.allows("a.o", false));
+        assert!(!f.allows("a.c", false));
+    }
+
+    #[test]
+    fn triple_star_is_the_directory_and_all_below_it() {
+        let f = filter(&[(X, "/a/***")]);
+        assert!(!f.allows("a", true));
+        assert!(f.allows("a", false));
+        assert!(!f.allows("a/b/c", false));
+        assert!(f.allows("b/a/c", false));
+        assert!(Filter::default().add(X, "/***").is_err());
+    }
+
+    #[test]
+    fn merge_reads_another_file_in_place_and_stops_loops() {
+        let dir = tempfile::tempdir().unwrap();
+        let inner = dir.path().join("inner");
+        std::fs::write(&inner, "+ keep.o\n").unwrap();
+        let outer = dir.path().join("outer");
+        let text = format!("merge {}\n- *.o\n. {}\n", inner.display(), inner.display());
+        std::fs::write(&outer, text).unwrap();
+        let mut f = Filter::default();
+        f.add_file(&outer).unwrap();
+        assert!(f.allows("keep.o", false));
+        assert!(!f.allows("x.o", false));
+        let selfish = dir.path().join("loop");
+        std::fs::write(&selfish, format!("merge {}\n", selfish.display())).unwrap();
+        let err = Filter::default().add_file(&selfish).unwrap_err();
+        assert!(err.to_string().contains("nest"), "{err}");
+        let err = Filter::default()
+            .add_text("rules", "merge /nonexistent/x\n")
+            .unwrap_err();
+        assert!(err.to_string().contains("/nonexistent/x"), "{err}");
+    }
+
+    #[test]
+    fn a_sync_judges_below_the_top_and_leaves_unchanged_files_out() {
+        let unchanged = ["d/same.txt".to_owned()].into_iter().collect();
+        let f = filter(&[(X, "/skip/")]).for_sync(unchanged);
+        assert!(f.allows("top", true));
+        assert!(!f.allows("top/skip", true));
+        assert!(!f.admits("top/skip/x", false));
+        assert!(!f.allows("top/d/same.txt", false));
+        assert!(f.allows("top/d/other.txt", false));
+        assert!(!f.is_empty());
     }
 
     #[test]

@@ -292,6 +292,21 @@ impl Root {
         }
     }
 
+    /// Removes a file, a symlink (never its target) or an empty directory beneath the root,
+    /// for a sync's `--delete`; missing is fine. The root itself is not removed: its path is
+    /// `rel` = "" and [`Self::parent`] refuses that.
+    pub fn remove(&self, rel: &str) -> Result<(), FsError> {
+        let (dir, name) = self.parent(rel)?;
+        let gone = |r: Result<(), rustix::io::Errno>| match r {
+            Ok(()) | Err(rustix::io::Errno::NOENT) => Ok(()),
+            Err(e) => Err(FsError::io(rel, e)),
+        };
+        match rfs::unlinkat(&dir, name, AtFlags::empty()) {
+            Err(rustix::io::Errno::ISDIR) => gone(rfs::unlinkat(&dir, name, AtFlags::REMOVEDIR)),
+            other => gone(other),
+        }
+    }
+
     /// Sets mode and mtime of a directory. A final symlink is not followed (`O_NOFOLLOW`): a
     /// link that stands where the sender had a directory is refused, never the directory it
     /// points to changed.

@@ -176,3 +176,58 @@ fn double_star_between_and_at_the_start() {
     compare(&[(X, "src/**/y.txt")]);
     compare(&[(X, "**/util/x.c")]);
 }
+
+#[test]
+fn bang_clears_the_rules_before_it() {
+    compare(&[(X, "*.o"), (X, "!"), (X, "*.c")]);
+    compare(&[(I, "*.txt"), (X, "*.log"), (X, "!"), (X, "top.*")]);
+}
+
+#[test]
+fn triple_star_is_a_directory_and_its_contents() {
+    compare(&[(X, "/src/util/***")]);
+    compare(&[(X, "cache/***")]);
+    compare(&[(I, "/src/***"), (X, "*")]);
+    compare(&[(I, "/docs/build/***"), (X, "build/")]);
+}
+
+/// Runs one rules file both ways: rsync reads it with `--filter='. FILE'`, ferry as
+/// `--filter-from`. `files` are (name, text) written beside the tree first (for `merge`).
+fn compare_file(rules: &str, files: &[(&str, &str)]) {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("tree");
+    build(&root);
+    let at = |name: &str| tmp.path().join(name).display().to_string();
+    for (name, text) in files {
+        std::fs::write(at(name), text.replace("@", &at(""))).unwrap();
+    }
+    let main = at("rules");
+    std::fs::write(&main, rules.replace("@", &at(""))).unwrap();
+    let want = rsync_files(&root, &[&format!("--filter=. {main}")]);
+    let mut filter = Filter::default();
+    filter.add_file(Path::new(&main)).unwrap();
+    let mut got = BTreeSet::new();
+    ferry_files(&root, "", &filter, &mut got);
+    assert_eq!(got, want, "rules {rules:?} with {files:?}");
+    assert!(
+        !want.is_empty(),
+        "a rule set that sends nothing proves little"
+    );
+}
+
+#[test]
+fn rules_files_merge_clear_and_triple_star() {
+    compare_file("- *.o\n!\n- *.c\n", &[]);
+    compare_file(
+        "+ keep.log\nmerge @more\n- top.*\n",
+        &[("more", "- *.log\n+ *.o\n")],
+    );
+    compare_file(
+        ". @more\n- /src/***\n",
+        &[("more", "+ /src/util/***\n+ /src/\n")],
+    );
+    compare_file(
+        "merge @a\n- *.txt\n",
+        &[("a", "+ docs/***\n. @b\n"), ("b", "- *.bin\n!\n- *.o\n")],
+    );
+}

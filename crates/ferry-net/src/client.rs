@@ -1268,13 +1268,26 @@ pub async fn put_sources<F>(
 where
     F: Fn() -> Result<Vec<Source>, SessionError>,
 {
+    put_sources_filtered(cfg, sources, &Filter::default(), dest, reporter).await
+}
+
+/// [`put_sources`] of only what `filter` lets the walk reach (a sync's changed files).
+pub async fn put_sources_filtered<F>(
+    cfg: &ClientConfig,
+    sources: F,
+    filter: &Filter,
+    dest: &str,
+    reporter: Arc<dyn Reporter>,
+) -> Result<TransferReport, SessionError>
+where
+    F: Fn() -> Result<Vec<Source>, SessionError>,
+{
     // Digests survive attempts: a retry proves complete files identical without reading them.
     let cache: Arc<DigestCache> = Arc::default();
     with_retries(cfg, &reporter, || async {
-        let all = Filter::default();
         put_once(
             cfg,
-            (sources()?, &all),
+            (sources()?, filter),
             dest,
             reporter.clone(),
             cache.clone(),
@@ -1515,19 +1528,39 @@ pub async fn get_filtered(
     reporter: Arc<dyn Reporter>,
 ) -> Result<TransferReport, SessionError> {
     with_retries(cfg, &reporter, || {
-        get_once(cfg, (src, filter), dest, reporter.clone())
+        get_once(cfg, (src, filter), (dest, false), reporter.clone())
     })
     .await
 }
 
-/// One attempt of a get of `src`, taking what the filter admits.
-async fn get_once(
+/// [`get_filtered`] that makes `dest` itself the copy of `src` (a sync), where a get puts a
+/// tree inside an existing directory `dest`.
+pub async fn get_mirror(
     cfg: &ClientConfig,
-    (src, filter): (&str, &Filter),
+    src: &str,
+    filter: &Filter,
     dest: &Path,
     reporter: Arc<dyn Reporter>,
 ) -> Result<TransferReport, SessionError> {
-    let destination = local_destination(dest)?;
+    with_retries(cfg, &reporter, || {
+        get_once(cfg, (src, filter), (dest, true), reporter.clone())
+    })
+    .await
+}
+
+/// One attempt of a get of `src`, taking what the filter admits; `mirror`: `dest` is the
+/// copy's own name (see [`get_mirror`]).
+async fn get_once(
+    cfg: &ClientConfig,
+    (src, filter): (&str, &Filter),
+    (dest, mirror): (&Path, bool),
+    reporter: Arc<dyn Reporter>,
+) -> Result<TransferReport, SessionError> {
+    let destination = if mirror {
+        mirror_destination(dest)?
+    } else {
+        local_destination(dest)?
+    };
     let t0 = Instant::now();
     let request = Frame::GetRequest {
         src: src.to_owned(),
@@ -1753,6 +1786,23 @@ fn local_destination(dest: &Path) -> Result<Destination, SessionError> {
             std::io::Error::other("destination has no usable file name"),
         )
     })?;
+    std::fs::create_dir_all(parent).map_err(|e| FsError::io(parent.display().to_string(), e))?;
+    Ok(Destination {
+        root: Root::open(parent)?,
+        base: String::new(),
+        rename_top: Some(name.to_owned()),
+    })
+}
+
+/// `dest` as the top of what arrives, whether or not it exists yet: its parent is the root.
+fn mirror_destination(dest: &Path) -> Result<Destination, SessionError> {
+    let s = dest.to_string_lossy();
+    let abs = std::path::absolute(dest).map_err(|e| FsError::io(s.to_string(), e))?;
+    let (Some(parent), Some(name)) = (abs.parent(), abs.file_name().and_then(|n| n.to_str()))
+    else {
+        let why = std::io::Error::other("destination has no usable file name");
+        return Err(FsError::io(s.to_string(), why).into());
+    };
     std::fs::create_dir_all(parent).map_err(|e| FsError::io(parent.display().to_string(), e))?;
     Ok(Destination {
         root: Root::open(parent)?,

@@ -9,6 +9,7 @@ mod engine;
 pub mod error;
 pub mod server;
 pub mod speedtest;
+pub mod sync;
 mod transport;
 
 pub use server::access;

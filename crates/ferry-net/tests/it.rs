@@ -12,6 +12,8 @@ mod resume_cut;
 mod scopes;
 mod security;
 mod speedtest;
+mod stripe;
+mod sync;
 mod third_party;
 mod third_party_review;
 mod tls;

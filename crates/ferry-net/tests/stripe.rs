@@ -2,7 +2,7 @@
 //! first server coordinates (decides, verifies, commits); the others write blocks of the large
 //! files into its partial copies, and when one dies its blocks go to the others.
 
-mod util;
+use crate::util;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};

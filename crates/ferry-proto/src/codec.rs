@@ -16,6 +16,7 @@ use std::ops::Range;
 use bytes::{BufMut, Bytes, BytesMut};
 
 mod copy;
+mod remove;
 
 use crate::error::DecodeError;
 use crate::frame::{
@@ -113,6 +114,8 @@ impl Frame {
             Frame::CopyDone { .. } => FrameType::COPY_DONE,
             Frame::StripeRequest { .. } => FrameType::STRIPE_REQUEST,
             Frame::Landed { .. } => FrameType::LANDED,
+            Frame::RemoveRequest { .. } => FrameType::REMOVE_REQUEST,
+            Frame::Removed { .. } => FrameType::REMOVED,
         }
     }
 
@@ -213,6 +216,8 @@ impl Frame {
                 opts: decode_opts(&mut r)?,
             },
             FrameType::LANDED => decode_landed(&mut r)?,
+            FrameType::REMOVE_REQUEST => remove::decode_remove_request(&mut r)?,
+            FrameType::REMOVED => remove::decode_removed(&mut r)?,
             _ => return Err(DecodeError::UnknownFrameType(ty.0)),
         };
         r.finish(ty)?;
@@ -332,6 +337,8 @@ impl Frame {
                 out.put_u32(*len);
                 out.put_u128(*digest);
             }
+            Frame::RemoveRequest { paths, more } => remove::put_remove_request(out, paths, *more),
+            Frame::Removed { removed, failures } => remove::put_removed(out, *removed, failures),
         }
     }
 
@@ -422,6 +429,8 @@ impl Frame {
             | Frame::CopyDone { .. }
             | Frame::StripeRequest { .. }
             | Frame::Landed { .. } => {}
+            | Frame::RemoveRequest { .. }
+            | Frame::Removed { .. } => {}
         }
     }
 }

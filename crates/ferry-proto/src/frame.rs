@@ -74,6 +74,10 @@ pub const MAX_ADDR: usize = 1024;
 /// does not fit (the per-file manifest first).
 pub const MAX_REPORT: usize = 512 << 10;
 
+/// Most paths one `RemoveRequest` may name (and so most failures one `Removed` lists): at
+/// the longest paths, 128 of them still fit a control frame.
+pub const MAX_REMOVE_PATHS: usize = 128;
+
 /// Frame type byte. Values are part of the protocol and never reused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct FrameType(pub u8);
@@ -111,6 +115,8 @@ impl FrameType {
     pub const COPY_DONE: Self = Self(0x3A);
     pub const STRIPE_REQUEST: Self = Self(0x1C);
     pub const LANDED: Self = Self(0x3B);
+    pub const REMOVE_REQUEST: Self = Self(0x1D);
+    pub const REMOVED: Self = Self(0x3C);
 
     /// The largest payload a frame of this type may declare, or `None` for an unknown type.
     /// Checked on the header alone, before any payload is read or allocated.
@@ -148,6 +154,8 @@ impl FrameType {
             | Self::COPY_DONE
             | Self::STRIPE_REQUEST
             | Self::LANDED => Some(MAX_CONTROL_PAYLOAD),
+            | Self::REMOVE_REQUEST
+            | Self::REMOVED => Some(MAX_CONTROL_PAYLOAD),
             _ => None,
         }
     }
@@ -187,6 +195,8 @@ impl FrameType {
             Self::COPY_DONE => "copy_done",
             Self::STRIPE_REQUEST => "stripe_request",
             Self::LANDED => "landed",
+            Self::REMOVE_REQUEST => "remove_request",
+            Self::REMOVED => "removed",
             _ => "unknown",
         }
     }
@@ -689,6 +699,29 @@ pub enum Frame {
         /// XXH3-128 of the block's bytes.
         digest: u128,
     },
+    /// Client to server (control), a request of its own: remove these files, symlinks and
+    /// empty directories (a sync's `--delete`), each under the token's write scope; a path
+    /// already gone counts as removed. `more`: another `RemoveRequest` follows on this
+    /// connection once this one is answered.
+    RemoveRequest {
+        paths: Vec<String>,
+        more: bool,
+    },
+    /// The server's answer to one `RemoveRequest`: how many of its paths are gone, and why
+    /// each of the others is not.
+    Removed {
+        removed: u16,
+        failures: Vec<RemoveFailure>,
+    },
+}
+
+/// One path of a `RemoveRequest` that was not removed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RemoveFailure {
+    /// Its place in the request's `paths`.
+    pub index: u16,
+    pub code: ErrorCode,
+    pub message: String,
 }
 
 /// What a client asks a source server to copy, and to where (`Frame::CopyRequest`).

@@ -435,6 +435,28 @@ fn frame() -> impl Strategy<Value = Frame> {
                 digest,
             })
             .boxed(),
+        (vec(text(), 0..=MAX_REMOVE_PATHS), any::<bool>())
+            .prop_map(|(paths, more)| Frame::RemoveRequest { paths, more })
+            .boxed(),
+        (
+            0..=MAX_REMOVE_PATHS as u16,
+            vec(
+                (0..MAX_REMOVE_PATHS as u16, any::<u16>(), text()),
+                0..=MAX_REMOVE_PATHS
+            )
+        )
+            .prop_map(|(removed, failures)| Frame::Removed {
+                removed,
+                failures: failures
+                    .into_iter()
+                    .map(|(index, code, message)| RemoveFailure {
+                        index,
+                        code: ErrorCode(code),
+                        message,
+                    })
+                    .collect(),
+            })
+            .boxed(),
     ]
 }
 
@@ -786,6 +808,21 @@ fn sample_frames() -> Vec<Frame> {
             len: 8 << 20,
             digest: 0x0123_4567_89ab_cdef_0123_4567_89ab_cdef,
         },
+        Frame::RemoveRequest {
+            paths: vec![
+                "/incoming/run42/old.dat".into(),
+                "/incoming/run42/gone/".into(),
+            ],
+            more: true,
+        },
+        Frame::Removed {
+            removed: 1,
+            failures: vec![RemoveFailure {
+                index: 1,
+                code: ErrorCode::IO,
+                message: "Directory not empty".into(),
+            }],
+        },
     ]
 }
 
@@ -804,7 +841,7 @@ fn sample_copy_request() -> CopyRequest {
 fn samples_cover_every_frame_type() {
     let mut types: Vec<u8> = sample_frames().iter().map(|f| f.frame_type().0).collect();
     types.dedup();
-    assert_eq!(types.len(), 32);
+    assert_eq!(types.len(), 34);
     for ty in 0..=u8::MAX {
         assert_eq!(
             FrameType(ty).max_payload().is_some(),
@@ -1658,4 +1695,79 @@ fn pinned_stripe_request() {
         decode(encode(&long)),
         Err(DecodeError::TooLong { field: "dest", .. })
     ));
+}
+
+#[test]
+fn pinned_remove_frames_and_their_limits() {
+    let frame = Frame::RemoveRequest {
+        paths: vec!["a/b".into()],
+        more: false,
+    };
+    assert_eq!(
+        &encode(&frame)[..],
+        &[0x1D, 0, 0, 0, 8, 0, 0, 1, 0, 3, b'a', b'/', b'b']
+    );
+    let frame = Frame::Removed {
+        removed: 2,
+        failures: vec![RemoveFailure {
+            index: 1,
+            code: ErrorCode::DENIED,
+            message: "no".into(),
+        }],
+    };
+    assert_eq!(
+        &encode(&frame)[..],
+        &[0x3C, 0, 0, 0, 12, 0, 2, 0, 1, 0, 1, 0, 15, 0, 2, b'n', b'o']
+    );
+    // More paths than a request may hold, a flag that is neither 0 nor 1, a path over
+    // MAX_PATH, an index or count past the request's bound: refused, named.
+    let many = Frame::RemoveRequest {
+        paths: vec![String::new(); MAX_REMOVE_PATHS + 1],
+        more: false,
+    };
+    assert!(matches!(
+        decode(encode(&many)),
+        Err(DecodeError::TooLong { field: "count", .. })
+    ));
+    assert!(matches!(
+        Frame::decode(FrameType::REMOVE_REQUEST, Bytes::from_static(&[2, 0, 0])),
+        Err(DecodeError::InvalidValue { field: "more", .. })
+    ));
+    let long = Frame::RemoveRequest {
+        paths: vec!["p".repeat(MAX_PATH + 1)],
+        more: false,
+    };
+    assert!(matches!(
+        decode(encode(&long)),
+        Err(DecodeError::TooLong { field: "path", .. })
+    ));
+    let bad_index = Frame::Removed {
+        removed: 0,
+        failures: vec![RemoveFailure {
+            index: MAX_REMOVE_PATHS as u16,
+            code: ErrorCode::IO,
+            message: String::new(),
+        }],
+    };
+    assert!(matches!(
+        decode(encode(&bad_index)),
+        Err(DecodeError::InvalidValue { field: "index", .. })
+    ));
+    let too_many = Frame::Removed {
+        removed: MAX_REMOVE_PATHS as u16 + 1,
+        failures: Vec::new(),
+    };
+    assert!(matches!(
+        decode(encode(&too_many)),
+        Err(DecodeError::InvalidValue {
+            field: "removed",
+            ..
+        })
+    ));
+    // The longest request the bound allows still fits a control frame.
+    let longest = Frame::RemoveRequest {
+        paths: vec!["p".repeat(MAX_PATH); MAX_REMOVE_PATHS],
+        more: true,
+    };
+    assert_eq!(decode(encode(&longest)), Ok(longest));
 }

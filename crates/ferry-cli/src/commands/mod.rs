@@ -8,6 +8,7 @@ mod ls;
 mod probe;
 mod put;
 mod serve;
+mod sync;
 mod token;
 mod transfer;
 
@@ -23,6 +24,7 @@ pub async fn run(cli: Cli) -> Result<ExitCode> {
         Command::Serve(a) => serve::run(a, quiet).await,
         Command::Put(a) => put::run(a, quiet).await,
         Command::Get(a) => get::run(a, quiet).await,
+        Command::Sync(a) => sync::run(*a, quiet).await,
         Command::Cp(a) => cp::run(*a, quiet).await,
         Command::Ls(a) => ls::run(a, quiet).await,
         Command::Demo(a) => demo::run(a, quiet).await,

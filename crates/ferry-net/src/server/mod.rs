@@ -18,6 +18,7 @@ mod grants;
 mod listener;
 mod measure;
 mod registry;
+mod remove;
 mod request;
 mod session;
 mod state;

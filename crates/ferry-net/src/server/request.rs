@@ -1,4 +1,4 @@
-//! What a logged-in control connection asks for (list, put, get or a network probe): checked
+//! What a logged-in control connection asks for (list, put, get, remove or a network probe): checked
 //! against the token's scopes, bounded by the server's limits, and made ready to run.
 
 use std::sync::Arc;
@@ -17,7 +17,7 @@ use super::access::{self, Grant};
 use super::registry::{announce, gather, Named, Unregister};
 use super::state::ServerState;
 use super::wire::welcome_with;
-use super::{copy, measure};
+use super::{copy, measure, remove};
 use crate::engine::{frame_queue, Joins, StreamPlan};
 use crate::error::SessionError;
 use crate::transport::conn::{expect_frame, send};
@@ -127,6 +127,14 @@ pub(super) async fn prepare<'a>(
         }
         Frame::StripeRequest { dest, opts } => {
             prepare_stripe(shared, stream, grant, named, &dest, opts).await
+        }
+        Frame::RemoveRequest { paths, more } => {
+            let files = remove::serve(shared, stream, grant, (paths, more)).await?;
+            Ok(Work::Done {
+                what: "remove",
+                files,
+                bytes: 0,
+            })
         }
         probe @ Frame::ProbeRequest { .. } => {
             measure::serve(shared, stream, grant, named, probe).await?;
@@ -392,7 +400,7 @@ fn source_of(shared: &ServerState, grant: &Grant, src: &str) -> Result<Source, S
 
 /// A remote path as a path under the root: absolute paths from the root, relative ones from
 /// the configured base.
-fn resolve(shared: &ServerState, raw: &str) -> Result<String, SessionError> {
+pub(super) fn resolve(shared: &ServerState, raw: &str) -> Result<String, SessionError> {
     let rel = path::normalize_remote(raw).map_err(FsError::from)?;
     if raw.starts_with('/') || shared.config.base.is_empty() {
         Ok(rel)

@@ -1,0 +1,175 @@
+//! `ferry sync` end to end against a `ferry serve`: both directions, a second run that sends
+//! nothing, `--checksum`, `--delete` with filters and after a failure, `--dry-run`, and usage
+//! errors.
+
+use crate::util;
+
+use std::fs;
+use std::path::Path;
+
+use util::*;
+
+fn make_tree(dir: &Path) {
+    for (f, data) in [
+        ("a.txt", "alpha"),
+        ("sub/b.txt", "bravo"),
+        ("sub/deep/c.txt", "charlie"),
+        ("skip.log", "log"),
+    ] {
+        let p = dir.join(f);
+        fs::create_dir_all(p.parent().unwrap()).unwrap();
+        fs::write(p, data).unwrap();
+    }
+}
+
+/// Same size, other bytes, the old mtime back: a change size and mtime cannot see.
+fn change_unseen(path: &Path) {
+    let mtime = fs::metadata(path).unwrap().modified().unwrap();
+    let data: Vec<u8> = fs::read(path).unwrap().iter().map(|b| b ^ 0x20).collect();
+    fs::write(path, data).unwrap();
+    let f = fs::File::options().write(true).open(path).unwrap();
+    f.set_modified(mtime).unwrap();
+}
+
+#[test]
+fn sync_up_and_down_sends_only_what_changed() {
+    let sb = Sandbox::new();
+    let root = sb.mkdir("root");
+    let src = sb.path("src");
+    make_tree(&src);
+    let s = Server::start(&sb, &root, Some(&sb.path("token")), &[]);
+    let sync = |extra: &[&str]| {
+        run(
+            sb.client(&s.token)
+                .args(["sync", "--json"])
+                .args(extra)
+                .arg(&src)
+                .arg(s.remote("/mirror")),
+            CMD_TIMEOUT,
+        )
+    };
+    let out = sync(&[]);
+    assert_code(&out, 0);
+    let v = one_json(&out.stdout);
+    assert_eq!(v["plan"]["send"].as_array().unwrap().len(), 4, "{out:?}");
+    assert_eq!(
+        fs::read(root.join("mirror/sub/deep/c.txt")).unwrap(),
+        b"charlie"
+    );
+
+    let out = sync(&[]);
+    assert_code(&out, 0);
+    let v = one_json(&out.stdout);
+    assert_eq!(v["plan"]["unchanged"], 4, "{out:?}");
+    assert!(v["transfer"].is_null(), "nothing sent: {out:?}");
+
+    change_unseen(&src.join("sub/b.txt"));
+    assert_code(&sync(&[]), 0);
+    assert_eq!(fs::read(root.join("mirror/sub/b.txt")).unwrap(), b"bravo");
+    let out = sync(&["--checksum"]);
+    assert_code(&out, 0);
+    assert_eq!(u64_field(&one_json(&out.stdout)["transfer"], "bytes"), 5);
+    assert_eq!(fs::read(root.join("mirror/sub/b.txt")).unwrap(), b"BRAVO");
+
+    // Down: into a new local directory of that name.
+    let back = sb.path("back");
+    let out = run(
+        sb.client(&s.token)
+            .arg("sync")
+            .arg(s.remote("/mirror"))
+            .arg(&back),
+        CMD_TIMEOUT,
+    );
+    assert_code(&out, 0);
+    assert!(out.stderr.contains("0 unchanged"), "{out:?}");
+    assert_eq!(fs::read(back.join("sub/b.txt")).unwrap(), b"BRAVO");
+}
+
+#[test]
+fn delete_dry_run_and_filters() {
+    let sb = Sandbox::new();
+    let root = sb.mkdir("root");
+    let src = sb.path("src");
+    make_tree(&src);
+    let mirror = root.join("mirror");
+    fs::create_dir_all(mirror.join("old/x")).unwrap();
+    fs::write(mirror.join("old/x/y.txt"), "y").unwrap();
+    fs::write(mirror.join("stale.txt"), "s").unwrap();
+    fs::write(mirror.join("kept.log"), "excluded, so protected").unwrap();
+    let s = Server::start(&sb, &root, Some(&sb.path("token")), &[]);
+    let sync = |extra: &[&str]| {
+        run(
+            sb.client(&s.token)
+                .args(["sync", "--delete", "--exclude=*.log"])
+                .args(extra)
+                .arg(&src)
+                .arg(s.remote("/mirror")),
+            CMD_TIMEOUT,
+        )
+    };
+    let out = sync(&["-n"]);
+    assert_code(&out, 0);
+    let lines: Vec<&str> = out.stdout.lines().collect();
+    assert_eq!(
+        lines,
+        [
+            "send a.txt",
+            "send sub/b.txt",
+            "send sub/deep/c.txt",
+            "delete stale.txt",
+            "delete old/x/y.txt",
+            "delete old/x",
+            "delete old",
+        ],
+        "{out:?}"
+    );
+    assert!(mirror.join("stale.txt").exists() && !mirror.join("a.txt").exists());
+    let out = sync(&["--dry-run", "--json"]);
+    assert_code(&out, 0);
+    assert_eq!(one_json(&out.stdout)["delete"].as_array().unwrap().len(), 4);
+
+    // A file where the source has a directory: the transfer fails, nothing is deleted.
+    fs::write(mirror.join("sub"), "in the way").unwrap();
+    let out = sync(&[]);
+    assert_code(&out, 1);
+    assert!(out.stderr.contains("NOT deleted"), "{out:?}");
+    assert!(mirror.join("stale.txt").exists());
+    fs::remove_file(mirror.join("sub")).unwrap();
+
+    let out = sync(&[]);
+    assert_code(&out, 0);
+    assert!(out.stderr.contains("4 deleted"), "{out:?}");
+    assert!(!mirror.join("stale.txt").exists() && !mirror.join("old").exists());
+    assert!(mirror.join("kept.log").exists() && !mirror.join("skip.log").exists());
+
+    // A missing source fails (exit 1) and empties nothing.
+    let out = run(
+        sb.client(&s.token)
+            .args(["sync", "--delete"])
+            .arg(sb.path("no-such-dir"))
+            .arg(s.remote("/mirror")),
+        CMD_TIMEOUT,
+    );
+    assert_code(&out, 1);
+    assert!(out.stderr.contains("no-such-dir"), "{out:?}");
+    assert!(mirror.join("a.txt").exists());
+}
+
+#[test]
+fn sync_usage_errors() {
+    let sb = Sandbox::new();
+    for (args, says) in [
+        (vec!["sync", "a", "b"], "one side on a server"),
+        (vec!["sync", "h1:/a", "h2:/b"], "two servers"),
+        (vec!["sync", "--exclude=a**", "x", "h:/b"], "a**"),
+        (
+            vec!["sync", "--skip-existing", "x", "h:/b"],
+            "sync replaces",
+        ),
+        (vec!["sync", "x", "me@h:/b"], "running `ferry serve`"),
+    ] {
+        let out = run(sb.client("t").args(&args), CMD_TIMEOUT);
+        assert_code(&out, 2);
+        assert!(out.stderr.contains(says), "{args:?}: {out:?}");
+    }
+}
