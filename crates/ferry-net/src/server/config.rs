@@ -71,6 +71,9 @@ pub struct ServerConfig {
     /// one per network path (`Paths`). Empty: every address the server listens on when it
     /// listens on several, else the one the client's control connection reached.
     pub paths: Vec<String>,
+    /// Where every stored file is registered (`serve --catalog`); `None`: nowhere. Its
+    /// leftover intents are reconciled when the server binds.
+    pub catalog: Option<Arc<ferry_catalog::Catalog>>,
 }
 
 impl ServerConfig {
@@ -105,6 +108,7 @@ impl ServerConfig {
             third_party: false,
             grant_ttl: Duration::from_secs(60),
             paths: Vec::new(),
+            catalog: None,
         }
     }
 

@@ -7,10 +7,11 @@
 //! session in `registry`. `admission` bounds who gets in, `access` says what a token may
 //! touch, `state` is what all connections share. Third-party copies: `grants` (the
 //! destination's side) and `copy` (the source's, which runs the client's put to the other
-//! server).
+//! server). `catalog` registers every file a put stores and reconciles a crash's leftovers.
 
 pub mod access;
 mod admission;
+mod catalog;
 mod config;
 mod copy;
 mod grants;
