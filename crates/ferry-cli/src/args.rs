@@ -447,6 +447,11 @@ pub struct ServeArgs {
     /// Off by default: as a source, this server dials wherever its clients say.
     #[arg(long)]
     pub third_party: bool,
+    /// Where every stored file is registered (size, mtime, digest, replicas, metadata): a
+    /// SQLite file, created if missing, or `none`. Default: catalog.sqlite in the state
+    /// directory.
+    #[arg(long, value_name = "PATH|none", conflicts_with = "oneshot")]
+    pub catalog: Option<String>,
     /// Read these options from a TOML file (keys as the long options, with `_` for `-`:
     /// `max_connections = 256`, `listen = ["10.0.0.1:7070"]`); options given here override it.
     /// Unknown keys are an error. The Debian package's service uses /etc/ferry/serve.toml.
