@@ -34,10 +34,12 @@ impl Catalog {
             Location::Sqlite(path) => Connection::open(path)?,
             Location::Memory => Connection::open_in_memory()?,
         };
-        // WAL: readers never wait for the writer; FULL: a committed intent is on disk before
-        // the rename it announces.
+        // WAL: readers never wait for the writer. NORMAL: a commit is not synced on its own;
+        // `intend` alone asks for FULL (an intent is on disk before the renames it announces),
+        // and its sync covers the registrations before it (one lost with the power is redone
+        // from its intent).
         conn.pragma_update(None, "journal_mode", "WAL")?;
-        conn.pragma_update(None, "synchronous", "FULL")?;
+        conn.pragma_update(None, "synchronous", "NORMAL")?;
         conn.pragma_update(None, "foreign_keys", true)?;
         conn.busy_timeout(std::time::Duration::from_secs(5))?;
         schema::migrate(&mut conn)?;
@@ -67,32 +69,10 @@ impl Catalog {
             check_commit(f)?;
         }
         let mut conn = self.lock();
-        let tx = conn.transaction()?;
-        {
-            let mut st = tx.prepare_cached(
-                "INSERT INTO pending (path, size, mtime_ns, digest, algo, stored_by, physical, since)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
-                 ON CONFLICT (path) DO UPDATE SET size = excluded.size,
-                     mtime_ns = excluded.mtime_ns, digest = excluded.digest,
-                     algo = excluded.algo, stored_by = excluded.stored_by,
-                     physical = excluded.physical, since = excluded.since",
-            )?;
-            let since = now_ns();
-            for f in files {
-                st.execute(params![
-                    f.path,
-                    size_i64(f.size),
-                    f.mtime_ns,
-                    f.digest,
-                    f.algo,
-                    f.stored_by,
-                    f.physical,
-                    since
-                ])?;
-            }
-        }
-        tx.commit()?;
-        Ok(())
+        conn.pragma_update(None, "synchronous", "FULL")?;
+        let done = write_intents(&mut conn, files);
+        conn.pragma_update(None, "synchronous", "NORMAL")?;
+        done
     }
 
     /// Registers `files` as stored here (a good replica on this server), replacing what was
@@ -323,6 +303,36 @@ impl Catalog {
             .query_row("SELECT COUNT(*) FROM objects", [], |r| r.get(0))?;
         Ok(size_u64(n))
     }
+}
+
+/// The intents of `files`, in one transaction.
+fn write_intents(conn: &mut Connection, files: &[Commit]) -> Result<(), CatalogError> {
+    let tx = conn.transaction()?;
+    {
+        let mut st = tx.prepare_cached(
+            "INSERT INTO pending (path, size, mtime_ns, digest, algo, stored_by, physical, since)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
+             ON CONFLICT (path) DO UPDATE SET size = excluded.size,
+                 mtime_ns = excluded.mtime_ns, digest = excluded.digest,
+                 algo = excluded.algo, stored_by = excluded.stored_by,
+                 physical = excluded.physical, since = excluded.since",
+        )?;
+        let since = now_ns();
+        for f in files {
+            st.execute(params![
+                f.path,
+                size_i64(f.size),
+                f.mtime_ns,
+                f.digest,
+                f.algo,
+                f.stored_by,
+                f.physical,
+                since
+            ])?;
+        }
+    }
+    tx.commit()?;
+    Ok(())
 }
 
 /// Upserts the object and this server's replica, and clears the file's intent.
