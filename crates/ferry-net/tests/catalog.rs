@@ -68,9 +68,14 @@ async fn a_put_registers_every_file_with_the_clients_digest() {
     tree(&top, 300, 3000);
     // One file larger than a block: its digest is the BLAKE3 tree of several blocks.
     write(&top.join("big.bin"), &bytes(3 * BLOCK as usize + 17, 99));
-    ferry_net::client::put(&server.client(), std::slice::from_ref(&top), "in/", reporter())
-        .await
-        .unwrap();
+    ferry_net::client::put(
+        &server.client(),
+        std::slice::from_ref(&top),
+        "in/",
+        reporter(),
+    )
+    .await
+    .unwrap();
     let want: BTreeMap<String, Vec<u8>> = final_files(&top)
         .into_iter()
         .map(|(k, v)| (format!("in/tree/{k}"), v))
