@@ -1,13 +1,13 @@
 #!/bin/bash
 # Tiny-tree put (10,000 x 10 KiB) on loopback to `ferry serve`, with and without the catalog.
 set -e
-FERRY=${FERRY:-/work/wt-catalog/target/debug/ferry}
-W=/tmp/cbench
+FERRY=${FERRY:-target/debug/ferry}
+W=${W:-/tmp/ferry-catalog-bench}
 rm -rf $W/src $W/state* $W/root* $W/home; mkdir -p $W/src $W/home
-python3 - <<'PY'
+W=$W python3 - <<'PY'
 import os
 for i in range(10000):
-    d=f"/tmp/cbench/src/tree/d{i%100:02d}"
+    d=f"{os.environ['W']}/src/tree/d{i%100:02d}"
     os.makedirs(d,exist_ok=True)
     with open(f"{d}/f{i:05d}","wb") as f: f.write(os.urandom(10240))
 PY
