@@ -462,6 +462,11 @@ pub struct ServeArgs {
     /// default: only a server that shares its file system with its peers needs it.
     #[arg(long)]
     pub stripe: bool,
+    /// Where every stored file is registered (size, mtime, digest, replicas, metadata): a
+    /// SQLite file, created if missing, `state` (catalog.sqlite in the state directory) or
+    /// `none` (the default, for now: see docs/DESIGN.md, "The catalog").
+    #[arg(long, value_name = "PATH|none", conflicts_with = "oneshot")]
+    pub catalog: Option<String>,
     /// Read these options from a TOML file (keys as the long options, with `_` for `-`:
     /// `max_connections = 256`, `listen = ["10.0.0.1:7070"]`); options given here override it.
     /// Unknown keys are an error. The Debian package's service uses /etc/ferry/serve.toml.

@@ -29,6 +29,7 @@ pub struct ServeFile {
     allow_plaintext: Option<bool>,
     keep_modes: Option<bool>,
     third_party: Option<bool>,
+    catalog: Option<String>,
     log_format: Option<LogFormat>,
 }
 
@@ -117,6 +118,14 @@ fn merge(args: &mut ServeArgs, file: ServeFile, base: &Path) -> Result<()> {
         file.third_party,
         unset("third_party"),
     );
+    // `none` stays a word; a path is from the file's directory.
+    let catalog = file.catalog.map(|c| match c.as_str() {
+        "none" => c,
+        path => from_file(PathBuf::from(path))
+            .to_string_lossy()
+            .into_owned(),
+    });
+    set(&mut args.catalog, catalog.map(Some), unset("catalog"));
     set(&mut args.log_format, file.log_format, unset("log_format"));
     Ok(())
 }
@@ -160,7 +169,7 @@ mod tests {
         ]);
         let file: ServeFile = toml::from_str(
             "root = \"data\"\nmax_streams = 4\nmax_connections = 9\nlisten = [\"127.0.0.1:1\"]\n\
-             log_format = \"json\"\nthird_party = true\n",
+             log_format = \"json\"\nthird_party = true\ncatalog = \"cat.sqlite\"\n",
         )
         .unwrap();
         merge(&mut a, file, Path::new("/etc/ferry")).unwrap();
@@ -170,6 +179,15 @@ mod tests {
         assert_eq!(a.listen, vec!["[::1]:1".to_owned()]);
         assert_eq!(a.log_format, LogFormat::Json);
         assert!(a.third_party);
+        assert_eq!(a.catalog.as_deref(), Some("/etc/ferry/cat.sqlite"));
+        let mut a = parsed(&["ferry", "serve", "--root", "/"]);
+        merge(
+            &mut a,
+            toml::from_str("catalog = \"none\"").unwrap(),
+            Path::new("/x"),
+        )
+        .unwrap();
+        assert_eq!(a.catalog.as_deref(), Some("none"));
     }
 
     #[test]

@@ -196,3 +196,61 @@ fn an_unknown_key_is_a_usage_error_naming_it() {
     assert_code(&out, 2);
     assert!(out.stderr.contains("missing.toml"), "{out:?}");
 }
+
+/// `catalog` in the file (relative to it) is where a put's files are registered, with the
+/// digest of what was sent; `--catalog none` on the command line turns it off.
+#[test]
+fn the_catalog_key_places_the_catalog_and_none_turns_it_off() {
+    let sb = Sandbox::new();
+    sb.mkdir("etc/data");
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let config = sb.path("etc/serve.toml");
+    fs::write(
+        &config,
+        format!(
+            "root = \"data\"\nlisten = [\"{listen}\"]\ntoken_file = \"token\"\n\
+             catalog = \"cat.sqlite\"\n"
+        ),
+    )
+    .unwrap();
+    let token = {
+        let (_server, _log) = serve_with_config(&sb, &config, &[], &listen);
+        let token = fs::read_to_string(sb.path("etc/token")).unwrap();
+        let src = sb.path("src/a.bin");
+        write_pattern(&src, 300_000, 3);
+        let out = run(
+            sb.client(token.trim())
+                .arg("put")
+                .arg(&src)
+                .arg(format!("{listen}:/")),
+            CMD_TIMEOUT,
+        );
+        assert_code(&out, 0);
+        let db = ferry_catalog::Location::Sqlite(sb.path("etc/cat.sqlite"));
+        let catalog = ferry_catalog::Catalog::open(&db, "test").unwrap();
+        let stat = catalog.stat("a.bin").unwrap().expect("a.bin is registered");
+        let hex: String = stat
+            .object
+            .digest
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        assert_eq!(hex, file_b3(&src));
+        assert_eq!(stat.object.stored_by, "token-file");
+        token
+    };
+    assert!(!sb.state_dir().join("catalog.sqlite").exists());
+    let (_server, log) = serve_with_config(&sb, &config, &["--catalog", "none"], &listen);
+    let out = run(
+        sb.client(token.trim())
+            .arg("put")
+            .arg(sb.path("src/a.bin"))
+            .arg(format!("{listen}:/b.bin")),
+        CMD_TIMEOUT,
+    );
+    assert_code(&out, 0);
+    let text = fs::read_to_string(log).unwrap();
+    assert!(!text.contains("ferry: catalog"), "{text}");
+    assert!(!sb.state_dir().join("catalog.sqlite").exists());
+}

@@ -36,6 +36,9 @@ pub enum SessionError {
     /// The peer closed a connection the session still needed.
     #[error("peer closed the {0} connection unexpectedly")]
     Closed(&'static str),
+    /// The catalog could not be read or written.
+    #[error(transparent)]
+    Catalog(#[from] ferry_catalog::CatalogError),
     /// TLS could not be set up: a configuration or protocol mismatch, which a retry repeats.
     #[error("TLS: {0}")]
     Tls(String),
@@ -79,6 +82,7 @@ impl SessionError {
             | Self::Protocol(_)
             | Self::Fs(_)
             | Self::Tls(_)
+            | Self::Catalog(_)
             | Self::ServerKeyChanged { .. } => false,
         }
     }
@@ -110,9 +114,11 @@ impl SessionError {
             Self::Remote { code, .. } => *code,
             Self::Timeout(_) => ErrorCode::TIMEOUT,
             Self::Fs(e) => e.code(),
-            Self::Io(_) | Self::Connect { .. } | Self::Resolve { .. } | Self::Closed(_) => {
-                ErrorCode::IO
-            }
+            Self::Io(_)
+            | Self::Connect { .. }
+            | Self::Resolve { .. }
+            | Self::Closed(_)
+            | Self::Catalog(_) => ErrorCode::IO,
             Self::Tls(_) | Self::ServerKeyChanged { .. } => ErrorCode::ENCRYPTION,
         }
     }

@@ -428,7 +428,7 @@ impl Frame {
             | Frame::CopyProgress(_)
             | Frame::CopyDone { .. }
             | Frame::StripeRequest { .. }
-            | Frame::Landed { .. } => {}
+            | Frame::Landed { .. }
             | Frame::RemoveRequest { .. }
             | Frame::Removed { .. } => {}
         }

@@ -153,7 +153,7 @@ impl FrameType {
             | Self::COPY_PROGRESS
             | Self::COPY_DONE
             | Self::STRIPE_REQUEST
-            | Self::LANDED => Some(MAX_CONTROL_PAYLOAD),
+            | Self::LANDED
             | Self::REMOVE_REQUEST
             | Self::REMOVED => Some(MAX_CONTROL_PAYLOAD),
             _ => None,

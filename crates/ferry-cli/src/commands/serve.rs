@@ -55,6 +55,7 @@ pub async fn run(args: ServeArgs, quiet: bool) -> Result<ExitCode> {
     config.access = Arc::new(access);
     config.tls = Some(identity);
     limits(&mut config, &args)?;
+    config.catalog = open_catalog(args.catalog.as_deref(), &state, quiet)?;
     storage_from_profile(&mut config, &state, &root, quiet);
     if args.allow_plaintext {
         eprintln!(
@@ -71,6 +72,14 @@ pub async fn run(args: ServeArgs, quiet: bool) -> Result<ExitCode> {
         let on: Vec<String> = local.iter().map(ToString::to_string).collect();
         eprintln!("ferry: serving {} on {}", root.display(), on.join(", "));
         note_fast_open();
+    }
+    if let (Some(r), false) = (server.reconciled(), quiet) {
+        if r.registered + r.dropped > 0 {
+            eprintln!(
+                "ferry: catalog: {} files an interrupted put had stored registered, {} intents dropped",
+                r.registered, r.dropped
+            );
+        }
     }
     let report = server.scan_partials();
     if !quiet && (report.kept_files > 0 || report.removed_files > 0) {
@@ -121,6 +130,34 @@ fn access_for(args: &ServeArgs, state: &Path, quiet: bool) -> Result<Access> {
         );
     }
     Ok(Access::file(path))
+}
+
+/// The catalog `--catalog` names (`none`: no catalog), by default catalog.sqlite in the
+/// state directory; its replicas are named after this host.
+fn open_catalog(
+    arg: Option<&str>,
+    state: &Path,
+    quiet: bool,
+) -> Result<Option<Arc<ferry_catalog::Catalog>>> {
+    // Off unless asked for: registering costs the tiny-file put more than the 5 % the
+    // catalog may take until its intents ride on the batch's own sync (docs/bench/NOTEBOOK.md).
+    let location = match arg {
+        None | Some("none") => return Ok(None),
+        Some("state") => ferry_catalog::Location::Sqlite(state.join("catalog.sqlite")),
+        Some(s) => ferry_catalog::Location::parse(s).map_err(|e| usage(e.into()))?,
+    };
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .unwrap_or_default();
+    let host = if host.is_empty() { "localhost" } else { &host };
+    let catalog = ferry_catalog::Catalog::open(&location, host)
+        .with_context(|| format!("opening the catalog {location:?}"))?;
+    if !quiet {
+        if let ferry_catalog::Location::Sqlite(p) = &location {
+            eprintln!("ferry: catalog {}", p.display());
+        }
+    }
+    Ok(Some(Arc::new(catalog)))
 }
 
 /// The daemon's limits and policies from its options.

@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use ferry_proto::{ErrorCode, ExistingPolicy, Frame};
 
+use super::commit::Stored;
 use super::receiver::Receiver;
 use super::state::{lock, remove_temp, FileEntry, FinalizeJob, Slot, Writing};
 use crate::digest::{Blake3Tree, FileHasher};
@@ -157,10 +158,48 @@ impl Receiver {
             }
             return;
         }
+        let hook = self.commit_hook.get().filter(|_| !ok.is_empty());
+        if let Some(hook) = hook {
+            let files: Vec<Stored> = ok.iter().map(|j| self.stored(j)).collect();
+            if let Err(e) = hook.before_rename(&files) {
+                for job in &ok {
+                    let msg = format!("{}: cannot record it before storing: {e}", job.meta.path);
+                    self.finalize_failed(job, msg, std::io::Error::new(e.kind(), e.to_string()));
+                }
+                return;
+            }
+        }
+        let renamed = self.rename_batch(ok);
+        // Registered before the files resolve, so a sender told they are stored finds them
+        // recorded.
+        if let Some(hook) = hook {
+            let files: Vec<Stored> = renamed.iter().map(|j| self.stored(j)).collect();
+            hook.after_rename(&files);
+        }
+        for job in renamed {
+            self.renamed(job);
+        }
+    }
+
+    /// What a commit hook is told of a job.
+    fn stored(&self, job: &FinalizeJob) -> Stored {
+        Stored {
+            path: join(&job.dir_rel, &job.name),
+            size: job.meta.size,
+            mtime_ns: job.meta.mtime_ns,
+            digest: job.digest.clone(),
+            algo: self.config.checksum,
+        }
+    }
+
+    /// Renames each durable file of a batch into place, then fsyncs each parent directory
+    /// once; returns the jobs renamed.
+    fn rename_batch(&self, ok: Vec<FinalizeJob>) -> Vec<FinalizeJob> {
         let replace = self.config.existing == ExistingPolicy::Overwrite;
         let mut dirs: HashMap<String, Arc<OwnedFd>> = HashMap::new();
         // Files being replaced: freed after the batch, off this thread (`root::hold`).
         let mut replaced = Vec::new();
+        let mut renamed = Vec::with_capacity(ok.len());
         for job in ok {
             let old = if replace {
                 root::hold(&job.dir, &job.name)
@@ -170,6 +209,7 @@ impl Receiver {
             match root::rename_in(&job.dir, &job.temp, &job.name, replace) {
                 Ok(()) => {
                     replaced.extend(old);
+                    // Its journal goes with the same directory sync.
                     if let Some(j) = &job.journal {
                         let _ = rustix::fs::unlinkat(
                             &*job.dir,
@@ -179,18 +219,7 @@ impl Receiver {
                     }
                     dirs.entry(job.dir_rel.clone())
                         .or_insert_with(|| job.dir.clone());
-                    let c = &self.counters;
-                    c.files_done.fetch_add(1, Ordering::Relaxed);
-                    c.bytes_done.fetch_add(job.meta.size, Ordering::Relaxed);
-                    if self.keep_manifest.load(Ordering::Relaxed) {
-                        let path = join(&job.dir_rel, &job.name);
-                        lock(&self.manifest).push((path, job.digest));
-                    }
-                    if let Some(e) = lock(&self.files).get(&job.meta.id) {
-                        *lock(&e.slot) = Slot::Done;
-                    }
-                    self.reporter.on_file_done();
-                    self.resolved(job.meta.id);
+                    renamed.push(job);
                 }
                 Err(e) => {
                     let msg = format!(
@@ -205,6 +234,23 @@ impl Receiver {
         for dir in dirs.values() {
             let _ = root::fsync(&**dir);
         }
+        renamed
+    }
+
+    /// A file is under its final name and durable: count it, resolve it.
+    fn renamed(&self, job: FinalizeJob) {
+        let c = &self.counters;
+        c.files_done.fetch_add(1, Ordering::Relaxed);
+        c.bytes_done.fetch_add(job.meta.size, Ordering::Relaxed);
+        if self.keep_manifest.load(Ordering::Relaxed) {
+            let path = join(&job.dir_rel, &job.name);
+            lock(&self.manifest).push((path, job.digest));
+        }
+        if let Some(e) = lock(&self.files).get(&job.meta.id) {
+            *lock(&e.slot) = Slot::Done;
+        }
+        self.reporter.on_file_done();
+        self.resolved(job.meta.id);
     }
 
     pub(super) fn finalize_failed(&self, job: &FinalizeJob, msg: String, e: std::io::Error) {

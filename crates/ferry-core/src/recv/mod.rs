@@ -27,7 +27,9 @@
 //! Durability is grouped: the finalizer takes every file that is ready, makes the batch durable
 //! with one `syncfs` (or one `fsync` for a lone file), renames each with `RENAME_NOREPLACE`
 //! unless overwriting, then fsyncs each parent directory once. Many small files therefore share
-//! one sync latency instead of paying one each in series.
+//! one sync latency instead of paying one each in series. A [`CommitHook`] (a server's catalog)
+//! is told of the batch before its renames and after the directory syncs; the files resolve
+//! only after that, so a sender told a file is stored finds it recorded.
 //!
 //! The code is laid out by concern; each module depends only on those above it:
 //!
@@ -39,11 +41,13 @@
 //! - `deciding`: answering offers (existing files, free space);
 //! - `opening`: a file's temporary copy and journal, and resuming from a partial one;
 //! - `writing`: block writes, overlapping copies, the in-order digest;
+//! - `commit`: what a receiver tells a catalog of the files it renames ([`CommitHook`]);
 //! - `finalizing`: verifying a file, making it durable and renaming it into place;
 //! - `entries`: directories and symlinks;
 //! - `stripe`: a stripe host's writes into partial copies another server opened;
 //! - `pool`: the writer threads that hand the receiver its frames ([`Receiver::start`]).
 
+mod commit;
 mod config;
 mod deciding;
 mod entries;
@@ -60,6 +64,7 @@ mod writing;
 #[cfg(test)]
 mod tests;
 
+pub use commit::{CommitHook, Stored};
 pub use config::{
     Destination, ReceiverConfig, RecvError, MAX_KEPT_ERRORS, MAX_OPEN_OFFERS, MAX_OPEN_OFFER_BYTES,
     OFFER_COST,

@@ -8,6 +8,7 @@ use std::thread::JoinHandle;
 
 use ferry_proto::{CompleteSummary, FileId, FileMeta, Frame};
 
+use super::commit::CommitHook;
 use super::config::{check_writable, Destination, ReceiverConfig, RecvError, MAX_KEPT_ERRORS};
 use super::state::{lock, remove_temp, Counters, FileEntry, FinalizeJob, Slot};
 use crate::digest::hex;
@@ -50,6 +51,8 @@ pub struct Receiver {
     /// What this end takes of what the sender offers (`--exclude`/`--include` on a get): the
     /// sender walks everything, and what this refuses is skipped and never made here.
     pub(super) filter: OnceLock<Filter>,
+    /// Told of every batch of files renamed into place (a server's catalog).
+    pub(super) commit_hook: OnceLock<Arc<dyn CommitHook>>,
 }
 
 impl Receiver {
@@ -96,6 +99,7 @@ impl Receiver {
             done_tx,
             done_rx,
             filter: OnceLock::new(),
+            commit_hook: OnceLock::new(),
         });
         // The finalizer holds only a weak reference so that dropping the receiver ends it.
         let weak = Arc::downgrade(&this);
@@ -112,6 +116,12 @@ impl Receiver {
     /// filter set counts.
     pub fn set_filter(&self, filter: Filter) {
         let _ = self.filter.set(filter);
+    }
+
+    /// Tells `hook` of every file stored from now on (set it before the first frame): before
+    /// each batch is renamed into place and after. Only the first hook set counts.
+    pub fn set_commit_hook(&self, hook: Arc<dyn CommitHook>) {
+        let _ = self.commit_hook.set(hook);
     }
 
     /// Whether the filter leaves out the entry at wire path `path` (or a directory above it).

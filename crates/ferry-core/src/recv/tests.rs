@@ -758,3 +758,93 @@ fn a_block_a_stripe_host_landed_completes_the_file() {
     assert_eq!((summary.files, summary.failed), (1, 0), "{summary:?}");
     assert_eq!(std::fs::read(dir.path().join("in/f.bin")).unwrap(), data);
 }
+
+/// Records what a receiver tells of its commits; fails `before_rename` when told to.
+#[derive(Default)]
+struct Hook {
+    fail: bool,
+    seen: Mutex<Vec<(&'static str, Vec<Stored>, bool)>>,
+    dir: std::path::PathBuf,
+}
+
+impl CommitHook for Hook {
+    fn before_rename(&self, files: &[Stored]) -> std::io::Result<()> {
+        let there = self.dir.join("in/f.bin").exists();
+        lock(&self.seen).push(("before", files.to_vec(), there));
+        if self.fail {
+            return Err(std::io::Error::other("catalog is down"));
+        }
+        Ok(())
+    }
+
+    fn after_rename(&self, files: &[Stored]) {
+        let there = self.dir.join("in/f.bin").exists();
+        lock(&self.seen).push(("after", files.to_vec(), there));
+    }
+}
+
+#[test]
+fn the_commit_hook_hears_of_a_file_before_and_after_its_rename() {
+    let dir = tempfile::tempdir().unwrap();
+    let size = 3000u64;
+    let (data, whole) = contents(size, 11);
+    let hook = Arc::new(Hook {
+        dir: dir.path().to_owned(),
+        ..Hook::default()
+    });
+    let pair = receiver(dir.path());
+    pair.0.set_commit_hook(hook.clone());
+    let r = sending(pair, size);
+    r.handle(block(size, &data, 0, size as usize, Some(whole.clone())))
+        .unwrap();
+    stored_once(&r, dir.path(), &data, 0);
+    let want = Stored {
+        path: "in/f.bin".into(),
+        size,
+        mtime_ns: 0,
+        digest: whole,
+        algo: ChecksumAlgo::Blake3,
+    };
+    let seen = lock(&hook.seen).clone();
+    assert_eq!(
+        seen,
+        [
+            ("before", vec![want.clone()], false),
+            ("after", vec![want], true)
+        ]
+    );
+}
+
+#[test]
+fn a_commit_hook_that_cannot_record_fails_the_file_and_stores_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let size = 3000u64;
+    let (data, whole) = contents(size, 13);
+    let hook = Arc::new(Hook {
+        fail: true,
+        dir: dir.path().to_owned(),
+        ..Hook::default()
+    });
+    let (r, rx) = receiver(dir.path());
+    r.set_commit_hook(hook.clone());
+    let r = sending((r, rx.clone()), size);
+    r.handle(block(size, &data, 0, size as usize, Some(whole)))
+        .unwrap();
+    match rx.recv_timeout(std::time::Duration::from_secs(5)).unwrap() {
+        Frame::FileFailed { message, .. } => {
+            assert!(message.contains("catalog is down"), "{message}");
+        }
+        other => panic!("expected FileFailed, got {other:?}"),
+    }
+    r.done()
+        .recv_timeout(std::time::Duration::from_secs(5))
+        .expect("the file resolves");
+    let summary = r.finish();
+    assert_eq!((summary.files, summary.failed), (0, 1), "{summary:?}");
+    assert!(!dir.path().join("in/f.bin").exists());
+    assert_eq!(
+        lock(&hook.seen).len(),
+        1,
+        "no after_rename for a failed batch"
+    );
+}

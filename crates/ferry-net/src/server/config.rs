@@ -75,6 +75,9 @@ pub struct ServerConfig {
     /// partial copies that another server on the same shared file system opened. Off by
     /// default: only a server that shares its file system with its peers needs it.
     pub stripe: bool,
+    /// Where every stored file is registered (`serve --catalog`); `None`: nowhere. Its
+    /// leftover intents are reconciled when the server binds.
+    pub catalog: Option<Arc<ferry_catalog::Catalog>>,
 }
 
 impl ServerConfig {
@@ -110,6 +113,7 @@ impl ServerConfig {
             grant_ttl: Duration::from_secs(60),
             paths: Vec::new(),
             stripe: false,
+            catalog: None,
         }
     }
 

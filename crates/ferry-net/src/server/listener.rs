@@ -29,6 +29,8 @@ pub struct Server {
     /// One per address the server listens on (`--listen` repeated: one per network path).
     listeners: Vec<TcpListener>,
     shared: Arc<ServerState>,
+    /// What the catalog's reconciliation at bind did (`None`: no catalog).
+    reconciled: Option<ferry_catalog::Reconciled>,
 }
 
 impl Server {
@@ -67,10 +69,28 @@ impl Server {
                 config.paths.push(l.local_addr()?.to_string());
             }
         }
+        // Before any session: what a crash left in flight is settled first.
+        let reconciled = match config.catalog.clone() {
+            Some(catalog) => {
+                let dir = config.root.clone();
+                let done =
+                    tokio::task::spawn_blocking(move || super::catalog::reconcile(&catalog, &dir))
+                        .await
+                        .map_err(|e| SessionError::Io(std::io::Error::other(e)))??;
+                Some(done)
+            }
+            None => None,
+        };
         Ok(Self {
             listeners,
             shared: Arc::new(ServerState::new(config, root, tls)),
+            reconciled,
         })
+    }
+
+    /// What the catalog's reconciliation at bind did: intents registered and dropped.
+    pub fn reconciled(&self) -> Option<ferry_catalog::Reconciled> {
+        self.reconciled
     }
 
     /// The first address the server listens on.

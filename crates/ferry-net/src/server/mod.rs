@@ -8,10 +8,12 @@
 //! touch, `state` is what all connections share. Third-party copies: `grants` (the
 //! destination's side) and `copy` (the source's, which runs the client's put to the other
 //! server). A striped put's other hosts: `stripe` (blocks into the coordinator's partial
-//! copies, each reported `Landed`).
+//! copies, each reported `Landed`). `catalog` registers every file a put stores and
+//! reconciles a crash's leftovers.
 
 pub mod access;
 mod admission;
+mod catalog;
 mod config;
 mod copy;
 mod grants;

@@ -14,6 +14,7 @@ use ferry_proto::{
 use tokio::sync::OwnedSemaphorePermit as Permit;
 
 use super::access::{self, Grant};
+use super::catalog::CatalogHook;
 use super::registry::{announce, gather, Named, Unregister};
 use super::state::ServerState;
 use super::wire::welcome_with;
@@ -247,6 +248,14 @@ async fn prepare_put<'a>(
     };
     let receiver = Receiver::new(dest, config, tx, Arc::new(NoReporter))
         .map_err(|e| as_requested(e.into(), &asked))?;
+    if let Some(catalog) = &shared.config.catalog {
+        receiver.set_commit_hook(Arc::new(CatalogHook {
+            catalog: catalog.clone(),
+            prefix: prefix.clone(),
+            token: grant.name.clone(),
+            root: shared.config.root.clone(),
+        }));
+    }
     let (joins, pending) = announce(&shared.registry, stream, named, &opts).await?;
     Ok(Work::Put {
         receiver,

@@ -1,0 +1,174 @@
+//! ferry's catalog: every object a server stores, registered with its size, mtime, digest and
+//! replicas, plus user metadata that can be queried (issue 39).
+//!
+//! One schema with versioned migrations ([`schema`]); embedded SQLite now, a shared PostgreSQL
+//! later behind the same [`Catalog`] API ([`Location`] is the seam). Every value reaches the
+//! database as a bound parameter: the only SQL text is fixed fragments in this crate.
+//!
+//! Crash safety: a server writes an intent ([`Catalog::intend`]) before it renames a batch of
+//! files into place and registers them ([`Catalog::register`]) after; at its next start
+//! [`Catalog::reconcile`] settles whatever intents a crash left, looking only at those files.
+
+mod error;
+mod find;
+mod schema;
+mod store;
+
+use std::path::PathBuf;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+pub use error::CatalogError;
+pub use find::{glob_match, Condition, Query};
+pub use schema::{MAX_ATTR, MAX_PATH, MAX_UNIT, MAX_VALUE};
+pub use store::Catalog;
+
+/// Where a catalog lives.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Location {
+    /// An embedded SQLite file (the default: `<state dir>/catalog.sqlite`).
+    Sqlite(PathBuf),
+    /// A private in-memory SQLite database, for tests.
+    Memory,
+}
+
+impl Location {
+    /// Reads a `--catalog` argument: a file path; a URL scheme other than a path is refused
+    /// until that backend exists.
+    pub fn parse(s: &str) -> Result<Self, CatalogError> {
+        if s.is_empty() {
+            return Err(CatalogError::Empty("catalog location"));
+        }
+        if s.contains("://") {
+            return Err(CatalogError::Unsupported(s.to_owned()));
+        }
+        Ok(Self::Sqlite(PathBuf::from(s)))
+    }
+}
+
+/// A file stored (or about to be): what [`Catalog::intend`] and [`Catalog::register`] record.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Commit {
+    /// The logical path: relative to the server's root, `/`-separated, no `.` or `..`.
+    pub path: String,
+    pub size: u64,
+    pub mtime_ns: i64,
+    pub digest: Vec<u8>,
+    /// The digest's algorithm, as the protocol names it (`blake3`, `xxh3`, `sha256`, `md5`).
+    pub algo: String,
+    /// The name of the token that stored it.
+    pub stored_by: String,
+    /// Where this server keeps it.
+    pub physical: String,
+}
+
+/// A replica's health.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ReplicaState {
+    Good,
+    Stale,
+    Bad,
+}
+
+impl ReplicaState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Good => "good",
+            Self::Stale => "stale",
+            Self::Bad => "bad",
+        }
+    }
+
+    fn parse(s: &str) -> Self {
+        match s {
+            "good" => Self::Good,
+            "stale" => Self::Stale,
+            _ => Self::Bad,
+        }
+    }
+}
+
+/// One copy of an object on one server.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Replica {
+    pub server: String,
+    pub physical: String,
+    pub state: ReplicaState,
+}
+
+/// One metadata entry: attribute, value and unit (empty when none), as iRODS's AVUs.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Avu {
+    pub attr: String,
+    pub value: String,
+    pub unit: String,
+}
+
+/// What the catalog knows of an object.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Object {
+    pub path: String,
+    pub size: u64,
+    pub mtime_ns: i64,
+    pub digest: Vec<u8>,
+    pub algo: String,
+    pub stored_by: String,
+    /// When it was registered, in nanoseconds since the Unix epoch.
+    pub stored_at: i64,
+}
+
+/// An object with its replicas and metadata: what `ferry stat` shows.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Stat {
+    pub object: Object,
+    pub replicas: Vec<Replica>,
+    pub metadata: Vec<Avu>,
+}
+
+/// What [`Catalog::reconcile`] did with the intents a crash left.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Reconciled {
+    /// Files found under their final names: registered.
+    pub registered: u64,
+    /// Files not there (or not whole): their intents dropped.
+    pub dropped: u64,
+}
+
+pub(crate) fn now_ns() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
+}
+
+/// Refuses a string longer than `max` bytes, or an empty one where `empty` says so.
+pub(crate) fn bounded(
+    what: &'static str,
+    s: &str,
+    max: usize,
+    may_be_empty: bool,
+) -> Result<(), CatalogError> {
+    if s.is_empty() && !may_be_empty {
+        return Err(CatalogError::Empty(what));
+    }
+    if s.len() > max {
+        return Err(CatalogError::TooLong {
+            what,
+            len: s.len(),
+            max,
+        });
+    }
+    Ok(())
+}
+
+/// The lowest and the first-past-the-end keys of every path strictly under `prefix` (a
+/// directory): paths sort between `prefix/` and `prefix0` (`0` follows `/`), so the path index
+/// answers the range without a scan. The empty prefix is the whole tree.
+pub(crate) fn under(prefix: &str) -> (String, String) {
+    let p = prefix.trim_end_matches('/');
+    if p.is_empty() {
+        return (String::new(), "\u{10FFFF}".to_owned());
+    }
+    (format!("{p}/"), format!("{p}0"))
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,98 @@
+//! The schema and its versioned migrations: one list, applied in order, each in its own
+//! transaction and recorded in `catalog_migrations`, so an older catalog is brought up to date
+//! at open and a newer one is refused.
+//!
+//! The statements keep to SQL that SQLite and PostgreSQL both take, so that the shared
+//! backend runs the same schema.
+
+use rusqlite::Connection;
+
+use crate::error::CatalogError;
+
+/// Each migration's version and statements; a version is never edited once released, only
+/// followed by another.
+pub(crate) const MIGRATIONS: &[(i64, &str)] = &[(1, V1)];
+
+/// Longest attribute name, value and unit of a metadata entry, in bytes (SECURITY.md).
+pub const MAX_ATTR: usize = 256;
+pub const MAX_VALUE: usize = 2048;
+pub const MAX_UNIT: usize = 64;
+/// Longest logical path (Linux's PATH_MAX).
+pub const MAX_PATH: usize = 4096;
+
+const V1: &str = "
+CREATE TABLE objects (
+    id        INTEGER PRIMARY KEY,
+    path      TEXT NOT NULL UNIQUE,
+    size      INTEGER NOT NULL,
+    mtime_ns  INTEGER NOT NULL,
+    digest    BLOB NOT NULL,
+    algo      TEXT NOT NULL,
+    stored_by TEXT NOT NULL,
+    stored_at INTEGER NOT NULL
+);
+CREATE INDEX objects_mtime ON objects (mtime_ns);
+CREATE INDEX objects_size ON objects (size);
+
+CREATE TABLE replicas (
+    object   INTEGER NOT NULL REFERENCES objects (id) ON DELETE CASCADE,
+    server   TEXT NOT NULL,
+    physical TEXT NOT NULL,
+    state    TEXT NOT NULL CHECK (state IN ('good', 'stale', 'bad')),
+    PRIMARY KEY (object, server)
+);
+
+CREATE TABLE metadata (
+    object INTEGER NOT NULL REFERENCES objects (id) ON DELETE CASCADE,
+    attr   TEXT NOT NULL CHECK (length(attr) BETWEEN 1 AND 256),
+    value  TEXT NOT NULL CHECK (length(value) <= 2048),
+    unit   TEXT NOT NULL CHECK (length(unit) <= 64),
+    num    DOUBLE PRECISION,
+    PRIMARY KEY (object, attr, value)
+);
+CREATE INDEX metadata_value ON metadata (attr, value);
+CREATE INDEX metadata_num ON metadata (attr, num);
+
+CREATE TABLE pending (
+    path      TEXT PRIMARY KEY,
+    size      INTEGER NOT NULL,
+    mtime_ns  INTEGER NOT NULL,
+    digest    BLOB NOT NULL,
+    algo      TEXT NOT NULL,
+    stored_by TEXT NOT NULL,
+    physical  TEXT NOT NULL,
+    since     INTEGER NOT NULL
+);
+";
+
+/// Brings the catalog to the newest schema this build knows.
+pub(crate) fn migrate(conn: &mut Connection) -> Result<(), CatalogError> {
+    conn.execute_batch(
+        "CREATE TABLE IF NOT EXISTS catalog_migrations (
+             version    INTEGER PRIMARY KEY,
+             applied_at INTEGER NOT NULL
+         )",
+    )?;
+    let current: i64 = conn.query_row(
+        "SELECT COALESCE(MAX(version), 0) FROM catalog_migrations",
+        [],
+        |r| r.get(0),
+    )?;
+    let newest = MIGRATIONS.last().map_or(0, |m| m.0);
+    if current > newest {
+        return Err(CatalogError::TooNew {
+            found: current,
+            known: newest,
+        });
+    }
+    for (version, sql) in MIGRATIONS.iter().filter(|m| m.0 > current) {
+        let tx = conn.transaction()?;
+        tx.execute_batch(sql)?;
+        tx.execute(
+            "INSERT INTO catalog_migrations (version, applied_at) VALUES (?1, ?2)",
+            rusqlite::params![version, crate::now_ns()],
+        )?;
+        tx.commit()?;
+    }
+    Ok(())
+}

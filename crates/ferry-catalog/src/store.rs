@@ -1,0 +1,442 @@
+//! The [`Catalog`]: one SQLite connection in WAL mode behind a mutex (the server's sessions
+//! share it; each call is short), every statement cached and bound with parameters.
+
+use std::sync::{Mutex, MutexGuard};
+
+use rusqlite::{params, Connection, OptionalExtension, Transaction};
+
+use crate::schema::{self, MAX_ATTR, MAX_PATH, MAX_UNIT, MAX_VALUE};
+use crate::{
+    bounded, now_ns, under, Avu, CatalogError, Commit, Location, Object, Reconciled, Replica,
+    ReplicaState, Stat,
+};
+
+/// A catalog, opened and migrated to the newest schema.
+pub struct Catalog {
+    pub(crate) conn: Mutex<Connection>,
+    /// This server's name in `replicas`.
+    server: String,
+}
+
+impl std::fmt::Debug for Catalog {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Catalog")
+            .field("server", &self.server)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Catalog {
+    /// Opens (creating if need be) the catalog at `location`; `server` names this server's
+    /// replicas.
+    pub fn open(location: &Location, server: &str) -> Result<Self, CatalogError> {
+        let mut conn = match location {
+            Location::Sqlite(path) => Connection::open(path)?,
+            Location::Memory => Connection::open_in_memory()?,
+        };
+        // WAL: readers never wait for the writer. NORMAL: a commit is not synced on its own;
+        // `intend` alone asks for FULL (an intent is on disk before the renames it announces),
+        // and its sync covers the registrations before it (one lost with the power is redone
+        // from its intent).
+        conn.pragma_update(None, "journal_mode", "WAL")?;
+        conn.pragma_update(None, "synchronous", "NORMAL")?;
+        conn.pragma_update(None, "foreign_keys", true)?;
+        conn.busy_timeout(std::time::Duration::from_secs(5))?;
+        schema::migrate(&mut conn)?;
+        Ok(Self {
+            conn: Mutex::new(conn),
+            server: server.to_owned(),
+        })
+    }
+
+    /// The schema version this catalog is at.
+    pub fn schema_version(&self) -> Result<i64, CatalogError> {
+        Ok(self
+            .lock()
+            .query_row("SELECT MAX(version) FROM catalog_migrations", [], |r| {
+                r.get(0)
+            })?)
+    }
+
+    pub(crate) fn lock(&self) -> MutexGuard<'_, Connection> {
+        self.conn.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Records that `files` are about to be renamed into place, in one durable transaction:
+    /// a crash after the renames leaves these for [`Self::reconcile`].
+    pub fn intend(&self, files: &[Commit]) -> Result<(), CatalogError> {
+        for f in files {
+            check_commit(f)?;
+        }
+        let mut conn = self.lock();
+        conn.pragma_update(None, "synchronous", "FULL")?;
+        let done = write_intents(&mut conn, files);
+        conn.pragma_update(None, "synchronous", "NORMAL")?;
+        done
+    }
+
+    /// Registers `files` as stored here (a good replica on this server), replacing what was
+    /// registered under their paths, and clears their intents: one transaction.
+    pub fn register(&self, files: &[Commit]) -> Result<(), CatalogError> {
+        for f in files {
+            check_commit(f)?;
+        }
+        let mut conn = self.lock();
+        let tx = conn.transaction()?;
+        let at = now_ns();
+        for f in files {
+            register_in(&tx, &self.server, f, at)?;
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// Registers one file (see [`Self::register`]).
+    pub fn register_commit(&self, file: &Commit) -> Result<(), CatalogError> {
+        self.register(std::slice::from_ref(file))
+    }
+
+    /// The intents left by a crash, in path order.
+    pub fn pending(&self) -> Result<Vec<Commit>, CatalogError> {
+        let conn = self.lock();
+        let mut st = conn.prepare_cached(
+            "SELECT path, size, mtime_ns, digest, algo, stored_by, physical
+             FROM pending ORDER BY path",
+        )?;
+        let rows = st.query_map([], |r| {
+            Ok(Commit {
+                path: r.get(0)?,
+                size: size_u64(r.get(1)?),
+                mtime_ns: r.get(2)?,
+                digest: r.get(3)?,
+                algo: r.get(4)?,
+                stored_by: r.get(5)?,
+                physical: r.get(6)?,
+            })
+        })?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    /// Settles the intents a crash left: each whose file `is_there` (under its final name,
+    /// whole) is registered, every other dropped. Looks at the intents only, never the tree.
+    pub fn reconcile(
+        &self,
+        is_there: impl Fn(&Commit) -> bool,
+    ) -> Result<Reconciled, CatalogError> {
+        let pending = self.pending()?;
+        let mut done = Reconciled::default();
+        let mut conn = self.lock();
+        let tx = conn.transaction()?;
+        let at = now_ns();
+        for c in &pending {
+            if is_there(c) {
+                register_in(&tx, &self.server, c, at)?;
+                done.registered += 1;
+            } else {
+                tx.execute("DELETE FROM pending WHERE path = ?1", [&c.path])?;
+                done.dropped += 1;
+            }
+        }
+        tx.commit()?;
+        Ok(done)
+    }
+
+    /// Everything known of `path`, or `None` when it is not registered.
+    pub fn stat(&self, path: &str) -> Result<Option<Stat>, CatalogError> {
+        let conn = self.lock();
+        let row = conn
+            .prepare_cached(
+                "SELECT id, path, size, mtime_ns, digest, algo, stored_by, stored_at
+                 FROM objects WHERE path = ?1",
+            )?
+            .query_row([path], |r| Ok((r.get::<_, i64>(0)?, object_at(r, 1)?)))
+            .optional()?;
+        let Some((id, object)) = row else {
+            return Ok(None);
+        };
+        let replicas = conn
+            .prepare_cached(
+                "SELECT server, physical, state FROM replicas WHERE object = ?1 ORDER BY server",
+            )?
+            .query_map([id], |r| {
+                Ok(Replica {
+                    server: r.get(0)?,
+                    physical: r.get(1)?,
+                    state: ReplicaState::parse(&r.get::<_, String>(2)?),
+                })
+            })?
+            .collect::<Result<_, _>>()?;
+        let metadata = avus(&conn, id)?;
+        Ok(Some(Stat {
+            object,
+            replicas,
+            metadata,
+        }))
+    }
+
+    /// Forgets `path`; whether it was registered.
+    pub fn remove(&self, path: &str) -> Result<bool, CatalogError> {
+        let n = self
+            .lock()
+            .prepare_cached("DELETE FROM objects WHERE path = ?1")?
+            .execute([path])?;
+        Ok(n > 0)
+    }
+
+    /// Forgets every object under the directory `prefix` (and `prefix` itself, were it a
+    /// file); how many.
+    pub fn remove_prefix(&self, prefix: &str) -> Result<u64, CatalogError> {
+        let (lo, hi) = under(prefix);
+        let mut conn = self.lock();
+        let tx = conn.transaction()?;
+        let mut n = tx.execute(
+            "DELETE FROM objects WHERE path >= ?1 AND path < ?2",
+            params![lo, hi],
+        )?;
+        n += tx.execute(
+            "DELETE FROM objects WHERE path = ?1",
+            [prefix.trim_end_matches('/')],
+        )?;
+        tx.commit()?;
+        Ok(n as u64)
+    }
+
+    /// Renames an object, or a directory's worth (everything under `from/`), to `to`; how
+    /// many objects moved. Refuses when `to` is registered already.
+    pub fn rename(&self, from: &str, to: &str) -> Result<u64, CatalogError> {
+        bounded("path", to, MAX_PATH, false)?;
+        let from = from.trim_end_matches('/');
+        let to = to.trim_end_matches('/');
+        let mut conn = self.lock();
+        let tx = conn.transaction()?;
+        let taken: bool = tx.query_row(
+            "SELECT EXISTS (SELECT 1 FROM objects WHERE path = ?1)",
+            [to],
+            |r| r.get(0),
+        )?;
+        let (tlo, thi) = under(to);
+        let taken_below: bool = tx.query_row(
+            "SELECT EXISTS (SELECT 1 FROM objects WHERE path >= ?1 AND path < ?2)",
+            params![tlo, thi],
+            |r| r.get(0),
+        )?;
+        if taken || taken_below {
+            return Err(CatalogError::Exists(to.to_owned()));
+        }
+        let mut n = tx.execute(
+            "UPDATE objects SET path = ?2 WHERE path = ?1",
+            params![from, to],
+        )?;
+        let (lo, hi) = under(from);
+        // The part after `from` is kept: `substr` counts characters, so the cut is by the
+        // character length of `from/`.
+        n += tx.execute(
+            "UPDATE objects SET path = ?3 || substr(path, ?4)
+             WHERE path >= ?1 AND path < ?2",
+            params![
+                lo,
+                hi,
+                to,
+                i64::try_from(from.chars().count() + 1).unwrap_or(i64::MAX)
+            ],
+        )?;
+        if n == 0 {
+            return Err(CatalogError::NotFound(from.to_owned()));
+        }
+        tx.commit()?;
+        Ok(n as u64)
+    }
+
+    /// Sets a metadata entry on `path` (a second value of the same attribute is added beside
+    /// the first, as in iRODS; the same value again replaces its unit).
+    pub fn meta_set(&self, path: &str, avu: &Avu) -> Result<(), CatalogError> {
+        check_avu(avu)?;
+        let conn = self.lock();
+        let id = object_id(&conn, path)?;
+        let num = avu
+            .value
+            .trim()
+            .parse::<f64>()
+            .ok()
+            .filter(|n| n.is_finite());
+        conn.prepare_cached(
+            "INSERT INTO metadata (object, attr, value, unit, num) VALUES (?1, ?2, ?3, ?4, ?5)
+             ON CONFLICT (object, attr, value) DO UPDATE SET unit = excluded.unit",
+        )?
+        .execute(params![id, avu.attr, avu.value, avu.unit, num])?;
+        Ok(())
+    }
+
+    /// Removes `attr` from `path` (only the entry with `value` when given); how many entries.
+    pub fn meta_rm(
+        &self,
+        path: &str,
+        attr: &str,
+        value: Option<&str>,
+    ) -> Result<u64, CatalogError> {
+        let conn = self.lock();
+        let id = object_id(&conn, path)?;
+        let n = match value {
+            Some(v) => conn
+                .prepare_cached(
+                    "DELETE FROM metadata WHERE object = ?1 AND attr = ?2 AND value = ?3",
+                )?
+                .execute(params![id, attr, v])?,
+            None => conn
+                .prepare_cached("DELETE FROM metadata WHERE object = ?1 AND attr = ?2")?
+                .execute(params![id, attr])?,
+        };
+        Ok(n as u64)
+    }
+
+    /// The metadata of `path`, by attribute then value.
+    pub fn meta_ls(&self, path: &str) -> Result<Vec<Avu>, CatalogError> {
+        let conn = self.lock();
+        let id = object_id(&conn, path)?;
+        avus(&conn, id)
+    }
+
+    /// How many objects are registered.
+    pub fn count(&self) -> Result<u64, CatalogError> {
+        let n: i64 = self
+            .lock()
+            .query_row("SELECT COUNT(*) FROM objects", [], |r| r.get(0))?;
+        Ok(size_u64(n))
+    }
+}
+
+/// The intents of `files`, in one transaction.
+fn write_intents(conn: &mut Connection, files: &[Commit]) -> Result<(), CatalogError> {
+    let tx = conn.transaction()?;
+    {
+        let mut st = tx.prepare_cached(
+            "INSERT INTO pending (path, size, mtime_ns, digest, algo, stored_by, physical, since)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
+             ON CONFLICT (path) DO UPDATE SET size = excluded.size,
+                 mtime_ns = excluded.mtime_ns, digest = excluded.digest,
+                 algo = excluded.algo, stored_by = excluded.stored_by,
+                 physical = excluded.physical, since = excluded.since",
+        )?;
+        let since = now_ns();
+        for f in files {
+            st.execute(params![
+                f.path,
+                size_i64(f.size),
+                f.mtime_ns,
+                f.digest,
+                f.algo,
+                f.stored_by,
+                f.physical,
+                since
+            ])?;
+        }
+    }
+    tx.commit()?;
+    Ok(())
+}
+
+/// Upserts the object and this server's replica, and clears the file's intent.
+fn register_in(
+    tx: &Transaction<'_>,
+    server: &str,
+    f: &Commit,
+    at: i64,
+) -> Result<(), CatalogError> {
+    let id: i64 = tx
+        .prepare_cached(
+            "INSERT INTO objects (path, size, mtime_ns, digest, algo, stored_by, stored_at)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
+             ON CONFLICT (path) DO UPDATE SET size = excluded.size,
+                 mtime_ns = excluded.mtime_ns, digest = excluded.digest, algo = excluded.algo,
+                 stored_by = excluded.stored_by, stored_at = excluded.stored_at
+             RETURNING id",
+        )?
+        .query_row(
+            params![
+                f.path,
+                size_i64(f.size),
+                f.mtime_ns,
+                f.digest,
+                f.algo,
+                f.stored_by,
+                at
+            ],
+            |r| r.get(0),
+        )?;
+    // A new copy here makes the other servers' copies stale until they are replicated again.
+    tx.prepare_cached("UPDATE replicas SET state = 'stale' WHERE object = ?1 AND server <> ?2")?
+        .execute(params![id, server])?;
+    tx.prepare_cached(
+        "INSERT INTO replicas (object, server, physical, state) VALUES (?1, ?2, ?3, 'good')
+         ON CONFLICT (object, server) DO UPDATE SET physical = excluded.physical,
+             state = 'good'",
+    )?
+    .execute(params![id, server, f.physical])?;
+    tx.prepare_cached("DELETE FROM pending WHERE path = ?1")?
+        .execute([&f.path])?;
+    Ok(())
+}
+
+fn object_id(conn: &Connection, path: &str) -> Result<i64, CatalogError> {
+    conn.prepare_cached("SELECT id FROM objects WHERE path = ?1")?
+        .query_row([path], |r| r.get(0))
+        .optional()?
+        .ok_or_else(|| CatalogError::NotFound(path.to_owned()))
+}
+
+fn avus(conn: &Connection, id: i64) -> Result<Vec<Avu>, CatalogError> {
+    let mut st = conn.prepare_cached(
+        "SELECT attr, value, unit FROM metadata WHERE object = ?1 ORDER BY attr, value",
+    )?;
+    let rows = st.query_map([id], |r| {
+        Ok(Avu {
+            attr: r.get(0)?,
+            value: r.get(1)?,
+            unit: r.get(2)?,
+        })
+    })?;
+    Ok(rows.collect::<Result<_, _>>()?)
+}
+
+/// Reads an [`Object`] from its seven columns (path to stored_at) starting at `at`.
+pub(crate) fn object_at(r: &rusqlite::Row<'_>, at: usize) -> rusqlite::Result<Object> {
+    Ok(Object {
+        path: r.get(at)?,
+        size: size_u64(r.get(at + 1)?),
+        mtime_ns: r.get(at + 2)?,
+        digest: r.get(at + 3)?,
+        algo: r.get(at + 4)?,
+        stored_by: r.get(at + 5)?,
+        stored_at: r.get(at + 6)?,
+    })
+}
+
+fn check_commit(c: &Commit) -> Result<(), CatalogError> {
+    bounded("path", &c.path, MAX_PATH, false)?;
+    bounded("algorithm", &c.algo, 16, false)?;
+    bounded("token name", &c.stored_by, MAX_ATTR, true)?;
+    bounded("physical path", &c.physical, 2 * MAX_PATH, false)?;
+    if c.digest.len() > 64 {
+        return Err(CatalogError::TooLong {
+            what: "digest",
+            len: c.digest.len(),
+            max: 64,
+        });
+    }
+    Ok(())
+}
+
+fn check_avu(a: &Avu) -> Result<(), CatalogError> {
+    bounded("attribute", &a.attr, MAX_ATTR, false)?;
+    bounded("value", &a.value, MAX_VALUE, true)?;
+    bounded("unit", &a.unit, MAX_UNIT, true)
+}
+
+/// Sizes are stored as SQL's signed 64-bit integers; no file reaches 2^63 bytes.
+pub(crate) fn size_i64(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+pub(crate) fn size_u64(n: i64) -> u64 {
+    u64::try_from(n).unwrap_or(0)
+}

@@ -1,0 +1,26 @@
+//! What a receiver tells of the files it stores, so that a catalog can register each in the
+//! same step as its rename, without this crate knowing of any database.
+
+use ferry_proto::ChecksumAlgo;
+
+/// A file a receiver is about to rename into place, or has.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Stored {
+    /// Its final path, relative to the destination's root.
+    pub path: String,
+    pub size: u64,
+    pub mtime_ns: i64,
+    /// The digest the sender sent and the receiver verified.
+    pub digest: Vec<u8>,
+    pub algo: ChecksumAlgo,
+}
+
+/// Told of each batch the finalizer commits, on the finalizer's thread (a blocking call is
+/// fine there; it delays only the batch's renames).
+pub trait CommitHook: Send + Sync {
+    /// Before the batch's renames, its data already durable: an error fails every file of the
+    /// batch, so nothing is stored that the hook could not record.
+    fn before_rename(&self, files: &[Stored]) -> std::io::Result<()>;
+    /// After the renamed ones (a subset, in order) are durable under their final names.
+    fn after_rename(&self, files: &[Stored]);
+}

@@ -1,0 +1,71 @@
+//! The server's side of the catalog: the commit hook that registers every file a put stores,
+//! in the same step as its rename, and the reconciliation of what a crash left at start.
+
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use ferry_catalog::{Catalog, CatalogError, Commit, Reconciled};
+use ferry_core::digest::algo_name;
+use ferry_core::path::join;
+use ferry_core::recv::{CommitHook, Stored};
+use tracing::warn;
+
+/// Registers the files of one put session: their paths are relative to the session's scope
+/// (`prefix`, relative to the server's root), the catalog's are relative to the root.
+pub(super) struct CatalogHook {
+    pub(super) catalog: Arc<Catalog>,
+    pub(super) prefix: String,
+    /// The token that logged in: who stored the files.
+    pub(super) token: String,
+    pub(super) root: PathBuf,
+}
+
+impl CatalogHook {
+    fn commits(&self, files: &[Stored]) -> Vec<Commit> {
+        files
+            .iter()
+            .map(|f| {
+                let path = join(&self.prefix, &f.path);
+                Commit {
+                    physical: self.root.join(&path).to_string_lossy().into_owned(),
+                    path,
+                    size: f.size,
+                    mtime_ns: f.mtime_ns,
+                    digest: f.digest.clone(),
+                    algo: algo_name(f.algo).to_owned(),
+                    stored_by: self.token.clone(),
+                }
+            })
+            .collect()
+    }
+}
+
+impl CommitHook for CatalogHook {
+    fn before_rename(&self, files: &[Stored]) -> std::io::Result<()> {
+        self.catalog
+            .intend(&self.commits(files))
+            .map_err(|e| std::io::Error::other(format!("catalog: {e}")))
+    }
+
+    fn after_rename(&self, files: &[Stored]) {
+        // The files are stored; their intents stay and the next start registers them.
+        if let Err(e) = self.catalog.register(&self.commits(files)) {
+            warn!(
+                files = files.len(),
+                "catalog: registering stored files: {e}"
+            );
+        }
+    }
+}
+
+/// Settles the intents a crash left: a file under its final name with the size (and the
+/// mtime, to the second) it was sent with is registered, any other intent dropped. Looks at
+/// those files only, never walks the tree.
+pub(super) fn reconcile(catalog: &Catalog, root: &Path) -> Result<Reconciled, CatalogError> {
+    catalog.reconcile(|c| {
+        std::fs::symlink_metadata(root.join(&c.path)).is_ok_and(|m| {
+            m.is_file() && m.len() == c.size && m.mtime() == c.mtime_ns.div_euclid(1_000_000_000)
+        })
+    })
+}
