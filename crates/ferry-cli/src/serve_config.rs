@@ -29,6 +29,7 @@ pub struct ServeFile {
     allow_plaintext: Option<bool>,
     keep_modes: Option<bool>,
     third_party: Option<bool>,
+    stripe: Option<bool>,
     catalog: Option<String>,
     log_format: Option<LogFormat>,
 }
@@ -118,9 +119,10 @@ fn merge(args: &mut ServeArgs, file: ServeFile, base: &Path) -> Result<()> {
         file.third_party,
         unset("third_party"),
     );
-    // `none` stays a word; a path is from the file's directory.
+    set(&mut args.stripe, file.stripe, unset("stripe"));
+    // `none` and `state` stay words; a path is from the file's directory.
     let catalog = file.catalog.map(|c| match c.as_str() {
-        "none" => c,
+        "none" | "state" => c,
         path => from_file(PathBuf::from(path))
             .to_string_lossy()
             .into_owned(),
@@ -169,7 +171,7 @@ mod tests {
         ]);
         let file: ServeFile = toml::from_str(
             "root = \"data\"\nmax_streams = 4\nmax_connections = 9\nlisten = [\"127.0.0.1:1\"]\n\
-             log_format = \"json\"\nthird_party = true\ncatalog = \"cat.sqlite\"\n",
+             log_format = \"json\"\nthird_party = true\nstripe = true\ncatalog = \"cat.sqlite\"\n",
         )
         .unwrap();
         merge(&mut a, file, Path::new("/etc/ferry")).unwrap();
@@ -179,6 +181,7 @@ mod tests {
         assert_eq!(a.listen, vec!["[::1]:1".to_owned()]);
         assert_eq!(a.log_format, LogFormat::Json);
         assert!(a.third_party);
+        assert!(a.stripe);
         assert_eq!(a.catalog.as_deref(), Some("/etc/ferry/cat.sqlite"));
         let mut a = parsed(&["ferry", "serve", "--root", "/"]);
         merge(
