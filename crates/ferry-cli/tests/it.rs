@@ -1,7 +1,8 @@
 //! Every integration test of this crate in one binary: one link instead of one per file,
 //! which is most of what the test build costs. Tests that need a process of their own
 //! (a global allocator, re-running their own binary) stay separate targets in Cargo.toml.
-//! `a_test_file_is_a_module_here` fails when a file in tests/ is in neither place.
+//! `every_test_file_is_built` (ferry-cli's tests/it.rs) fails when a file in tests/ is in
+//! neither place.
 
 mod access;
 mod cli;
@@ -15,24 +16,35 @@ mod third_party;
 mod util;
 mod ux;
 
-/// Cargo builds only the targets Cargo.toml names (`autotests = false`), so a new file in
-/// tests/ that is not declared here would never run.
+/// Cargo builds only the test targets a crate's Cargo.toml names where `autotests = false`,
+/// so a new file in such a crate's tests/ that is neither a `[[test]]` of its own nor a module
+/// of its tests/it.rs would never run. Checked here once for the whole workspace.
 #[test]
-fn a_test_file_is_a_module_here() {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests");
-    let this = std::fs::read_to_string(dir.join("it.rs")).unwrap();
-    let separate: &[&str] = &["faults"];
-    for entry in std::fs::read_dir(&dir).unwrap() {
-        let name = entry.unwrap().file_name().into_string().unwrap();
-        let Some(stem) = name.strip_suffix(".rs") else {
-            continue;
-        };
-        if stem == "it" || separate.contains(&stem) {
+fn every_test_file_is_built() {
+    let crates = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut checked = 0;
+    for krate in std::fs::read_dir(&crates).unwrap() {
+        let krate = krate.unwrap().path();
+        let manifest = std::fs::read_to_string(krate.join("Cargo.toml")).unwrap_or_default();
+        if !manifest.lines().any(|l| l.trim() == "autotests = false") {
             continue;
         }
-        assert!(
-            this.lines().any(|l| l == format!("mod {stem};")),
-            "tests/{name} is not a module of tests/it.rs nor a target of its own"
-        );
+        let tests = krate.join("tests");
+        let it = std::fs::read_to_string(tests.join("it.rs")).unwrap();
+        for entry in std::fs::read_dir(&tests).unwrap() {
+            let name = entry.unwrap().file_name().into_string().unwrap();
+            let Some(stem) = name.strip_suffix(".rs") else {
+                continue;
+            };
+            let target = format!("path = \"tests/{name}\"");
+            assert!(
+                manifest.lines().any(|l| l.trim() == target)
+                    || it.lines().any(|l| l == format!("mod {stem};")),
+                "{}: tests/{name} is neither a test target nor a module of tests/it.rs",
+                krate.display()
+            );
+            checked += 1;
+        }
     }
+    assert!(checked >= 4, "found the crates' test files ({checked})");
 }
