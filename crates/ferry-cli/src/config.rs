@@ -11,23 +11,132 @@ use ferry_net::{ClientConfig, KnownHosts, Security, ServerTrust, StripeHost};
 use ferry_proto::{ExistingPolicy, TransferOpts, MAX_BLOCK_DATA};
 use ferry_units::units::{parse_duration, parse_size};
 
+use crate::args::token_given;
 use crate::args::{
     AuthArgs, ConnArgs, FilterArg, FilterArgs, GetArgs, LsArgs, PutArgs, SyncArgs, TransferArgs,
     WaitArgs,
 };
 use crate::remote::{Remote, DEFAULT_PORT};
 
-/// The client config file: a default token and per-host tokens.
+/// The client config file: a default token, per-host tokens, and endpoints of several hosts.
 #[derive(Debug, Default, serde::Deserialize)]
 struct ClientFile {
     token: Option<String>,
     #[serde(default)]
     hosts: std::collections::BTreeMap<String, HostEntry>,
+    #[serde(default)]
+    endpoints: std::collections::BTreeMap<String, EndpointEntry>,
 }
 
 #[derive(Debug, Default, serde::Deserialize)]
 struct HostEntry {
     token: Option<String>,
+}
+
+/// `[endpoints.NAME]`: one site's hosts that share a file system (`hosts = ["dtn1", ...]`),
+/// used as `NAME:/path` in place of a host; a put stripes over all of them.
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EndpointEntry {
+    hosts: Vec<String>,
+    token: Option<String>,
+}
+
+/// Hosts an endpoint has at most: each opens its own session and connections.
+const MAX_ENDPOINT_HOSTS: usize = 64;
+
+/// Reads the client config file: `--config` (which must exist) or the default location
+/// (which may not). Returns where it was looked for, and what it held.
+fn client_file(config: Option<&Path>) -> Result<(Option<PathBuf>, Option<ClientFile>)> {
+    let path = config.map(Path::to_path_buf).or_else(default_config_path);
+    let Some(p) = &path else {
+        return Ok((None, None));
+    };
+    match std::fs::read_to_string(p) {
+        Ok(text) => {
+            let file: ClientFile =
+                toml::from_str(&text).with_context(|| format!("reading {}", p.display()))?;
+            Ok((path, Some(file)))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && config.is_none() => Ok((path, None)),
+        Err(e) => Err(e).with_context(|| format!("reading {}", p.display())),
+    }
+}
+
+/// When the config file names `remote.host` as an endpoint (`[endpoints.NAME]`), points the
+/// remote at the endpoint's first host and returns the others (`HOST:PORT`), for a put to
+/// stripe over. The endpoint's token, if it has one, becomes `auth`'s unless `--token` or
+/// `FERRY_TOKEN` gave one: it comes before the per-host and default tokens. A remote over ssh,
+/// or with a host no endpoint names, is left as it is.
+pub fn resolve_endpoint(auth: &mut AuthArgs, remote: &mut Remote) -> Result<Vec<String>> {
+    if remote.ssh_user.is_some() {
+        return Ok(Vec::new());
+    }
+    let (_, Some(mut file)) = client_file(auth.config.as_deref())? else {
+        return Ok(Vec::new());
+    };
+    let Some(entry) = file.endpoints.remove(&remote.host) else {
+        return Ok(Vec::new());
+    };
+    let name = &remote.host;
+    if entry.hosts.is_empty() || entry.hosts.len() > MAX_ENDPOINT_HOSTS {
+        bail!("endpoint `{name}` needs between 1 and {MAX_ENDPOINT_HOSTS} hosts in `hosts`");
+    }
+    let mut servers = Vec::with_capacity(entry.hosts.len());
+    for h in &entry.hosts {
+        let (host, port) =
+            host_port(h).with_context(|| format!("endpoint `{name}`: host `{h}`"))?;
+        let server = Remote {
+            host,
+            port,
+            path: String::new(),
+            ssh_user: None,
+        };
+        if servers
+            .iter()
+            .any(|s: &Remote| s.server() == server.server())
+        {
+            bail!("endpoint `{name}` lists {} twice", server.server());
+        }
+        servers.push(server);
+    }
+    let first = servers.remove(0);
+    remote.host = first.host;
+    remote.port = first.port;
+    if token_given(auth.token.as_deref()).is_none() {
+        auth.token = entry.token;
+    }
+    Ok(servers.iter().map(Remote::server).collect())
+}
+
+/// `HOST`, `HOST:PORT`, `V6`, `[V6]` or `[V6]:PORT` as a host (brackets dropped) and a port,
+/// 7070 unless given.
+fn host_port(s: &str) -> Result<(String, u16)> {
+    let s = s.trim();
+    let (host, port) = if let Some(rest) = s.strip_prefix('[') {
+        let (h, after) = rest.split_once(']').context("missing `]`")?;
+        match after {
+            "" => (h, None),
+            p => (
+                h,
+                Some(p.strip_prefix(':').context("expected `:PORT` after `]`")?),
+            ),
+        }
+    } else {
+        match s.rsplit_once(':') {
+            // Several colons and no brackets: an IPv6 address without a port.
+            Some((h, p)) if !h.contains(':') => (h, Some(p)),
+            _ => (s, None),
+        }
+    };
+    if host.is_empty() || host.contains(['/', ' ', '@']) {
+        bail!("not a host name");
+    }
+    let port = match port {
+        None => DEFAULT_PORT,
+        Some(p) => p.parse().ok().filter(|&p| p > 0).context("not a port")?,
+    };
+    Ok((host.to_owned(), port))
 }
 
 /// Where the client pins server keys: `$XDG_CONFIG_HOME/ferry/known_hosts`, else
@@ -69,27 +178,18 @@ pub fn default_config_path() -> Option<PathBuf> {
 
 /// Finds the token: `--token`/`FERRY_TOKEN`, else the config file (per host, then default).
 pub fn resolve_token(auth: &AuthArgs, host: &str) -> Result<String> {
-    let (explicit, config) = (auth.token.as_deref(), auth.config.as_deref());
-    if let Some(t) = crate::args::token_given(explicit) {
+    if let Some(t) = token_given(auth.token.as_deref()) {
         return Ok(t);
     }
-    let path = config.map(Path::to_path_buf).or_else(default_config_path);
-    if let Some(path) = &path {
-        match std::fs::read_to_string(path) {
-            Ok(text) => {
-                let file: ClientFile =
-                    toml::from_str(&text).with_context(|| format!("reading {}", path.display()))?;
-                if let Some(t) = file
-                    .hosts
-                    .get(host)
-                    .and_then(|h| h.token.clone())
-                    .or(file.token)
-                {
-                    return Ok(t);
-                }
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound && config.is_none() => {}
-            Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+    let (path, file) = client_file(auth.config.as_deref())?;
+    if let Some(file) = file {
+        if let Some(t) = file
+            .hosts
+            .get(host)
+            .and_then(|h| h.token.clone())
+            .or(file.token)
+        {
+            return Ok(t);
         }
     }
     bail!(
@@ -403,8 +503,9 @@ impl Transfer {
     pub fn put(mut args: PutArgs) -> Result<Self> {
         let filter = take_filter(&mut args.transfer)?;
         let (dest, sources) = args.paths.split_last().context("nothing to send")?;
-        let remote = Remote::parse(dest)
+        let mut remote = Remote::parse(dest)
             .context("the last argument of put is the destination, HOST[:PORT]:PATH")?;
+        let others = resolve_endpoint(&mut args.transfer.auth, &mut remote)?;
         if let Some(s) = sources
             .iter()
             .find(|s| Remote::looks_remote(s) && !Path::new(s).exists())
@@ -412,6 +513,11 @@ impl Transfer {
             bail!("`{s}` looks remote; put sends local paths (use get to fetch)");
         }
         let mut client = client_config(&args.transfer, &remote)?;
+        for h in &others {
+            if !client.stripe.iter().any(|s| &s.server == h) {
+                client.stripe.push(stripe_host(&args.transfer.conn, h)?);
+            }
+        }
         // A --writers number is the server's writers: asked of it (it caps them).
         client.opts.storage_threads = asked_threads(args.transfer.writers);
         // This process ends with the put (the demo, which hosts a server, leaves it off).
@@ -423,8 +529,10 @@ impl Transfer {
     /// `get SOURCE DEST`.
     pub fn get(mut args: GetArgs) -> Result<Self> {
         let filter = take_filter(&mut args.transfer)?;
-        let remote = Remote::parse(&args.remote)
+        let mut remote = Remote::parse(&args.remote)
             .context("the first argument of get is the source, HOST[:PORT]:PATH")?;
+        // Gets are not striped yet: an endpoint's first host serves them.
+        resolve_endpoint(&mut args.transfer.auth, &mut remote)?;
         let mut client = client_config(&args.transfer, &remote)?;
         // A --readers number is the server's readers: asked of it (it caps them).
         client.opts.storage_threads = asked_threads(args.transfer.readers);
@@ -530,12 +638,14 @@ pub struct Listing {
 
 impl Listing {
     pub fn new(args: &LsArgs) -> Result<Self> {
-        let remote =
+        let mut remote =
             Remote::parse(&args.remote).context("ls takes a remote directory, HOST[:PORT]:PATH")?;
         if remote.ssh_user.is_some() {
             bail!("ls needs a running `ferry serve` (HOST[:PORT]:PATH); over ssh, use ssh itself");
         }
-        let mut client = control_config(&args.auth, &args.conn, &remote, Duration::from_secs(60))?;
+        let mut auth = args.auth.clone();
+        resolve_endpoint(&mut auth, &mut remote)?;
+        let mut client = control_config(&auth, &args.conn, &remote, Duration::from_secs(60))?;
         // The same waits and retries as a transfer.
         (client.connect_timeout, client.retry_for) = waits(&args.wait)?;
         Ok(Self {
@@ -586,6 +696,29 @@ mod tests {
             Security::Tls(ServerTrust::KnownHosts { ref host, .. }) if host == "dtn2:7070"
         ));
         assert!(stripe_host(&conn, " ").is_err());
+    }
+
+    #[test]
+    fn endpoint_hosts_take_the_default_port() {
+        let ok = |s: &str| host_port(s).unwrap();
+        assert_eq!(ok("dtn1"), ("dtn1".into(), DEFAULT_PORT));
+        assert_eq!(ok(" dtn1:7171 "), ("dtn1".into(), 7171));
+        assert_eq!(ok("::1"), ("::1".into(), DEFAULT_PORT));
+        assert_eq!(ok("[::1]"), ("::1".into(), DEFAULT_PORT));
+        assert_eq!(ok("[fe80::1]:7000"), ("fe80::1".into(), 7000));
+        for bad in [
+            "",
+            ":7070",
+            "dtn1:0",
+            "dtn1:x",
+            "[::1",
+            "[::1]7000",
+            "a b",
+            "u@h",
+            "h/p",
+        ] {
+            assert!(host_port(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

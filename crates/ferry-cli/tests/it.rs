@@ -6,6 +6,7 @@
 
 mod access;
 mod cli;
+mod endpoints;
 mod filters;
 mod multipath;
 mod rerun;

@@ -1,0 +1,94 @@
+//! `[endpoints.NAME] hosts = [...]` in the client config: `NAME:/path` names one site of
+//! several servers that share a file system. A put stripes over all of them; a get reads from
+//! the first; a bad endpoint is a usage error that names it.
+
+use crate::util;
+
+use std::time::Duration;
+
+use util::*;
+
+/// Writes the client config with one endpoint `site` of `hosts` and, if given, its token.
+fn endpoint_config(sb: &Sandbox, hosts: &[String], token: Option<&str>) {
+    let list: Vec<String> = hosts.iter().map(|h| format!("\"{h}\"")).collect();
+    let mut text = format!("[endpoints.site]\nhosts = [{}]\n", list.join(", "));
+    if let Some(t) = token {
+        text.push_str(&format!("token = \"{t}\"\n"));
+    }
+    let dir = sb.xdg_config().join("ferry");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("config.toml"), text).unwrap();
+}
+
+#[test]
+fn a_put_to_an_endpoint_stripes_over_its_hosts_and_a_get_reads_from_the_first() {
+    let sb = Sandbox::new();
+    let root = sb.mkdir("shared-fs");
+    let token_file = sb.path("token");
+    let first = Server::start(&sb, &root, Some(&token_file), &[]);
+    let others: Vec<Server> = (0..2)
+        .map(|_| Server::start(&sb, &root, Some(&token_file), &["--stripe"]))
+        .collect();
+    let hosts: Vec<String> = std::iter::once(&first)
+        .chain(&others)
+        .map(|s| format!("127.0.0.1:{}", s.port))
+        .collect();
+    // The endpoint's token is the only one the client has: no FERRY_TOKEN, no default.
+    endpoint_config(&sb, &hosts, Some(&first.token));
+    let src = sb.path("src/big.bin");
+    write_pattern(&src, 24 << 20, 11);
+
+    let out = run(
+        sb.ferry()
+            .args(["put", "--json", "--retry-for", "0", "--block-size", "1M"])
+            .arg(&src)
+            .arg("site:/in/"),
+        Duration::from_secs(120),
+    );
+    assert_code(&out, 0);
+    let report = one_json(&out.stdout);
+    let stripes = report["stripes"].as_array().expect("stripes in the report");
+    assert_eq!(stripes.len(), 2, "{report}");
+    for (s, host) in stripes.iter().zip(&hosts[1..]) {
+        assert_eq!(s["host"].as_str(), Some(host.as_str()), "{s}");
+        assert!(u64_field(s, "blocks") > 0 && s["failed"].is_null(), "{s}");
+    }
+    assert_eq!(
+        std::fs::read(root.join("in/big.bin")).unwrap(),
+        std::fs::read(&src).unwrap()
+    );
+
+    let back = sb.path("back.bin");
+    let out = run(
+        sb.ferry()
+            .args(["get", "--json", "--retry-for", "0", "site:/in/big.bin"])
+            .arg(&back),
+        Duration::from_secs(120),
+    );
+    assert_code(&out, 0);
+    assert_eq!(std::fs::read(&back).unwrap(), std::fs::read(&src).unwrap());
+}
+
+#[test]
+fn a_bad_endpoint_is_a_usage_error_that_names_it() {
+    let sb = Sandbox::new();
+    let src = sb.path("src/f");
+    write_pattern(&src, 10, 1);
+    for (hosts, says) in [
+        (vec![], "between 1 and"),
+        (vec!["dtn1".to_owned(), "dtn1:7070".to_owned()], "twice"),
+        (vec!["dtn1:notaport".to_owned()], "not a port"),
+    ] {
+        endpoint_config(&sb, &hosts, Some("t"));
+        let out = run(
+            sb.ferry().arg("put").arg(&src).arg("site:/in/"),
+            Duration::from_secs(30),
+        );
+        assert_code(&out, 2);
+        assert!(
+            out.stderr.contains("endpoint `site`") && out.stderr.contains(says),
+            "{hosts:?}: {}",
+            out.stderr
+        );
+    }
+}
