@@ -69,6 +69,10 @@ struct Cli {
     /// Multipath mode: the K values, links between the client and the server (default 1,2,3).
     #[arg(long, value_delimiter = ',')]
     paths: Option<Vec<usize>>,
+    /// Multipath mode: the K links go to K servers that share one directory, and the put
+    /// stripes over them (`put --stripe`) instead of binding K addresses to one server.
+    #[arg(long)]
+    stripe_hosts: bool,
     /// Host mode: ferry's transports, tls (its defaults: TLS, BLAKE3) and plain (--no-encrypt).
     #[arg(long, value_delimiter = ',')]
     transports: Option<Vec<String>>,
@@ -845,6 +849,7 @@ fn bed_only_flags(cli: &Cli) -> Vec<&'static str> {
     bad(cli.initial_window.is_some(), "--initial-window");
     bad(cli.tcp_fastopen, "--tcp-fastopen");
     bad(cli.paths.is_some(), "--paths");
+    bad(cli.stripe_hosts, "--stripe-hosts");
     v
 }
 
@@ -1054,6 +1059,9 @@ fn third_party_only_bad_flags(cli: &Cli) -> Vec<&'static str> {
     if cli.paths.is_some() {
         v.push("--paths");
     }
+    if cli.stripe_hosts {
+        v.push("--stripe-hosts");
+    }
     v
 }
 
@@ -1248,6 +1256,12 @@ fn multipath_options(cli: &Cli, work: PathBuf, out: PathBuf) -> Result<multipath
         }
         Some(_) => bail!("--mode multipath: --peers takes gridftp or none"),
     };
+    // GridFTP stripes over several hosts only with a front end and data nodes set up for it
+    // (`-r`/`-dn`), which the bed does not build: compared on the two-host bed alone.
+    if cli.stripe_hosts && cli.peers.as_deref().is_some_and(|p| p == ["gridftp"]) {
+        bail!("--stripe-hosts: GridFTP is compared on the two-host bed only (without it)");
+    }
+    let gridftp = gridftp && !cli.stripe_hosts;
     Ok(multipath::MpOptions {
         ferry: find_ferry(cli)?,
         work,
@@ -1266,6 +1280,7 @@ fn multipath_options(cli: &Cli, work: PathBuf, out: PathBuf) -> Result<multipath
             secs: cli.iperf3_secs.unwrap_or(8).max(1),
             omit: cli.iperf3_omit,
         }),
+        stripe: cli.stripe_hosts,
     })
 }
 
@@ -1313,6 +1328,7 @@ fn multipath_in(cli: &Cli, work: &Path, out: &Path, started: u64) -> Result<Exit
             rtt_ms: o.rtt.as_millis() as u64,
             rate_bps: o.rate,
             regime: plan::regime_name(o.regime).into(),
+            striped: o.stripe,
         },
         paths: o.paths.clone(),
         tools: std::iter::once("ferry")

@@ -29,17 +29,19 @@ pub struct Span {
     pub omit: u32,
 }
 
-/// The K links' iperf3 goodput together, Mbit/s, and each link's, in link order.
+/// The first K links' iperf3 goodput together, Mbit/s, and each link's, in link order; link i
+/// ends at host `servers[i]`, K = `servers.len()`.
 pub fn ceiling(
     t: &Topology,
-    (client, server): (usize, usize),
-    k: usize,
+    client: usize,
+    servers_at: &[usize],
     span: Span,
     logs: &Path,
 ) -> Result<(f64, Vec<f64>)> {
     let bin = find_in_path("iperf3").context("no iperf3")?;
+    let k = servers_at.len();
     let mut servers = Vec::new();
-    for i in 0..k {
+    for (i, &server) in servers_at.iter().enumerate() {
         let log = logs.join(format!("iperf3-k{k}-server{i}.out"));
         let f = fs::File::create(&log)?;
         let mut c = Command::new(&bin);

@@ -118,6 +118,10 @@ pub struct MpBed {
     /// Each link's rate, bit/s.
     pub rate_bps: u64,
     pub regime: String,
+    /// Striped: link i goes to its own server host, all sharing one directory, and the put
+    /// stripes over them (`--stripe-hosts`); else the K links join c to one server.
+    #[serde(default)]
+    pub striped: bool,
 }
 
 /// Everything a multipath run wrote to results.json.
@@ -300,19 +304,34 @@ fn table_row(p: &MpPoint) -> String {
 pub fn summary(r: &MpReport) -> String {
     let mut s = String::from("# ferry-bench multipath\n\n");
     let b = &r.bed;
-    let _ = writeln!(
-        s,
-        "Bed: client c and server s joined by {} parallel link{} of {}, {} ms each; regime {}.",
+    let links = format!(
+        "{} link{} of {}, {} ms each",
         b.links,
         if b.links == 1 { "" } else { "s" },
         format_mbps(b.rate_bps as f64 / 1e6),
         b.rtt_ms,
-        b.regime
     );
+    let per_k = if b.striped {
+        let _ = writeln!(
+            s,
+            "Bed: client c with {links}, link i to server s(i+1); the servers share one \
+             directory; regime {}.",
+            b.regime
+        );
+        "Per K: `ferry serve` on s1 and `ferry serve --stripe` on s2 to sK, each on its link, \
+         `ferry put --stripe` to s1 over the others (K = 1: a plain put to s1)."
+    } else {
+        let _ = writeln!(
+            s,
+            "Bed: client c and server s joined by {links}; regime {}.",
+            b.regime
+        );
+        "Per K: `ferry serve --listen` on s's address on each of the first K links, `ferry put \
+         --bind` c's address on each (K = 1: a plain put over link 0)."
+    };
     let _ = writeln!(
         s,
-        "Per K: `ferry serve --listen` on s's address on each of the first K links, `ferry put \
-         --bind` c's address on each (K = 1: a plain put over link 0). Data: {}; {}. {} round{}{}, \
+        "{per_k} Data: {}; {}. {} round{}{}, \
          each every data set at every K ({}); times are process start to exit, every \
          destination checked (files, sizes, BLAKE3).{}\n",
         r.datasets.join(", "),

@@ -6,6 +6,11 @@
 //! conditions; the links count what each carried. GridFTP, striped over the same links, runs
 //! beside it when installed ([`mpgridftp`]). What it shows: whether K links give K times one
 //! link's rate.
+//!
+//! With `--stripe-hosts` the K links go to K server hosts instead (s1 to sK, one link each),
+//! whose servers share one directory, as the hosts of one site share a parallel file system:
+//! s1 coordinates, s2 to sK run `serve --stripe`, and the client puts to s1 with `--stripe`
+//! over the others (issue 38's striped transfers; K = 1 is the same plain put).
 
 use std::fs;
 use std::net::SocketAddr;
@@ -26,7 +31,7 @@ use crate::runner::{self, Server};
 use crate::stop;
 use crate::thirdparty::wait_ready;
 
-/// Hosts, in the topology's order: the client, the server.
+/// Hosts, in the topology's order: the client, the server (s1 with `--stripe-hosts`, then s2...).
 const HOSTS: [&str; 2] = ["c", "s"];
 const CLIENT: usize = 0;
 const SERVER: usize = 1;
@@ -60,6 +65,8 @@ pub struct MpOptions {
     pub gridftp: bool,
     /// Measure iperf3 over the K links at once, per K, before the transfers, for this long.
     pub iperf3: Option<mpiperf::Span>,
+    /// Link i goes to server host i (all sharing one directory) and the put stripes over them.
+    pub stripe: bool,
 }
 
 impl MpOptions {
@@ -68,23 +75,42 @@ impl MpOptions {
     }
 
     fn topology(&self) -> TopologyConfig {
+        let hosts = if self.stripe {
+            std::iter::once("c".to_owned())
+                .chain((1..=self.links()).map(|i| format!("s{i}")))
+                .collect()
+        } else {
+            HOSTS.iter().map(|h| (*h).to_owned()).collect()
+        };
         TopologyConfig {
-            hosts: HOSTS.iter().map(|h| (*h).to_owned()).collect(),
+            hosts,
             links: (0..self.links())
-                .map(|_| LinkConfig::new(CLIENT, SERVER, self.rtt, Some(self.rate)))
+                .map(|i| LinkConfig::new(CLIENT, self.server_host(i), self.rtt, Some(self.rate)))
                 .collect(),
             regime: self.regime,
         }
     }
+
+    /// The host at the server end of link `link`.
+    fn server_host(&self, link: usize) -> usize {
+        if self.stripe {
+            SERVER + link
+        } else {
+            SERVER
+        }
+    }
 }
 
-/// The `ferry serve` of one K: listening on the first K links.
+/// The `ferry serve` of one K: listening on the first K links; striped, listening on link 0,
+/// with a `serve --stripe` on each other link's host.
 struct KServer {
     k: usize,
     server: Server,
     token: String,
     fingerprint: String,
     root: PathBuf,
+    /// Striped: the stripe hosts' servers and addresses, links 1 to K-1.
+    stripes: Vec<(Server, SocketAddr)>,
 }
 
 /// The running bed: the topology, one ferry server per K, and GridFTP's when it runs.
@@ -211,8 +237,9 @@ impl<'a> MpRunner<'a> {
 
     /// iperf3 over the first K links at once, for each K; a failure is a note, not a stop.
     fn measure_ceilings(&mut self, bed: &Bed, span: mpiperf::Span) {
+        let servers: Vec<usize> = (0..self.o.links()).map(|i| self.o.server_host(i)).collect();
         for &k in &self.o.paths {
-            match mpiperf::ceiling(&bed.topo, (CLIENT, SERVER), k, span, &self.logs) {
+            match mpiperf::ceiling(&bed.topo, CLIENT, &servers[..k], span, &self.logs) {
                 Ok((mbit_s, per_link)) => {
                     eprintln!(
                         "ferry-bench multipath: iperf3 over {k} link(s) at once: \
@@ -252,11 +279,14 @@ impl<'a> MpRunner<'a> {
         }
         for s in &mut bed.servers {
             // A server that died mid-run fails the transfers after it; this says why.
-            if let Ok(Some(st)) = s.server.child.try_wait() {
-                self.notes.push(format!(
-                    "ferry serve for K={} exited during the run ({st})",
-                    s.k
-                ));
+            let k = s.k;
+            let all = std::iter::once(&mut s.server).chain(s.stripes.iter_mut().map(|x| &mut x.0));
+            for server in all {
+                if let Ok(Some(st)) = server.child.try_wait() {
+                    let name = &server.name;
+                    self.notes
+                        .push(format!("{name} (K={k}) exited during the run ({st})"));
+                }
             }
         }
         for g in &mut bed.grid {
@@ -287,48 +317,30 @@ impl<'a> MpRunner<'a> {
         })
     }
 
-    /// `ferry serve` in the server's host on its address on each of the first `k` links, with
-    /// its own state, token and root; ready once the client reaches it and its log gives its key.
+    /// `ferry serve` in the server's host on its address on each of the first `k` links (only
+    /// link 0's when striped, then a `serve --stripe` on each other link's host), with its own
+    /// state, token and root; ready once the client reaches it and its log gives its key.
     fn serve(&self, topo: &Topology, k: usize, state: &Path) -> Result<KServer> {
         let root = self.o.work.join("mp-dest").join(format!("k{k}"));
         fs::create_dir_all(&root).with_context(|| format!("creating {}", root.display()))?;
         clear_dir(&root)?;
-        let dir = state.join(format!("serve-k{k}"));
-        fs::create_dir_all(&dir)?;
-        let token_file = dir.join("token");
-        let log = self.logs.join(format!("serve-k{k}.out"));
-        let f = fs::File::create(&log)?;
-        let mut c = Command::new(&self.o.ferry);
-        c.env("FERRY_STATE_DIR", &dir)
-            .env("XDG_CONFIG_HOME", dir.join("config"))
-            .env_remove("FERRY_TOKEN")
-            .arg("serve")
-            .arg("--root")
-            .arg(&root);
-        for i in 0..k {
-            c.arg("--listen").arg(server_addr(topo, k, i).to_string());
-        }
-        c.arg("--token-file")
-            .arg(&token_file)
-            .stdin(Stdio::null())
-            .stdout(f.try_clone()?)
-            .stderr(f)
-            .process_group(0);
-        let child = topo
-            .spawn_in(SERVER, c)
-            .with_context(|| format!("starting ferry serve for K={k}"))?;
-        let mut server = Server {
-            name: format!("ferry serve for K={k}"),
-            child,
-            log,
-            own_log: None,
+        let token_file = state.join(format!("serve-k{k}")).join("token");
+        let listen: Vec<SocketAddr> = if self.o.stripe {
+            vec![server_addr(topo, k, 0)]
+        } else {
+            (0..k).map(|i| server_addr(topo, k, i)).collect()
         };
-        let fingerprint = wait_ready(
-            topo,
-            &mut server,
-            server_addr(topo, k, k - 1),
-            Duration::from_secs(20),
-        )?;
+        let (server, fingerprint) =
+            self.serve_one(topo, (k, 0), &listen, &root, (state, &token_file))?;
+        let mut stripes = Vec::new();
+        if self.o.stripe {
+            for i in 1..k {
+                // The same token file: one site's servers take the same tokens.
+                let addr = server_addr(topo, k, i);
+                let (s, _) = self.serve_one(topo, (k, i), &[addr], &root, (state, &token_file))?;
+                stripes.push((s, addr));
+            }
+        }
         let token = fs::read_to_string(&token_file)
             .with_context(|| format!("reading {}", token_file.display()))?
             .trim()
@@ -339,7 +351,61 @@ impl<'a> MpRunner<'a> {
             token,
             fingerprint,
             root,
+            stripes,
         })
+    }
+
+    /// One `ferry serve` for `k` on link `link`'s server host (a stripe host for link > 0),
+    /// listening on `listen`; returns it and its key's fingerprint once it answers.
+    fn serve_one(
+        &self,
+        topo: &Topology,
+        (k, link): (usize, usize),
+        listen: &[SocketAddr],
+        root: &Path,
+        (state, token_file): (&Path, &Path),
+    ) -> Result<(Server, String)> {
+        let tag = if link == 0 {
+            format!("k{k}")
+        } else {
+            format!("k{k}-stripe{link}")
+        };
+        let dir = state.join(format!("serve-{tag}"));
+        fs::create_dir_all(&dir)?;
+        let log = self.logs.join(format!("serve-{tag}.out"));
+        let f = fs::File::create(&log)?;
+        let mut c = Command::new(&self.o.ferry);
+        c.env("FERRY_STATE_DIR", &dir)
+            .env("XDG_CONFIG_HOME", dir.join("config"))
+            .env_remove("FERRY_TOKEN")
+            .arg("serve")
+            .arg("--root")
+            .arg(root);
+        for a in listen {
+            c.arg("--listen").arg(a.to_string());
+        }
+        if link > 0 {
+            c.arg("--stripe");
+        }
+        c.arg("--token-file")
+            .arg(token_file)
+            .stdin(Stdio::null())
+            .stdout(f.try_clone()?)
+            .stderr(f)
+            .process_group(0);
+        let name = format!("ferry serve {tag}");
+        let child = topo
+            .spawn_in(self.o.server_host(link), c)
+            .with_context(|| format!("starting {name}"))?;
+        let mut server = Server {
+            name,
+            child,
+            log,
+            own_log: None,
+        };
+        let last = *listen.last().context("no address to listen on")?;
+        let fingerprint = wait_ready(topo, &mut server, last, Duration::from_secs(20))?;
+        Ok((server, fingerprint))
     }
 
     /// One timed put of `ds` by `t` into an empty destination, verified.
@@ -424,7 +490,10 @@ impl<'a> MpRunner<'a> {
             .arg("--json")
             .arg("--server-fingerprint")
             .arg(&s.fingerprint);
-        if s.k > 1 {
+        if !s.stripes.is_empty() {
+            let hosts: Vec<String> = s.stripes.iter().map(|x| x.1.to_string()).collect();
+            c.arg("--stripe").arg(hosts.join(","));
+        } else if s.k > 1 {
             for i in 0..s.k {
                 c.arg("--bind").arg(bed.topo.addr(i, End::A).to_string());
             }
@@ -519,6 +588,7 @@ mod tests {
             verbose: false,
             gridftp: false,
             iperf3: None,
+            stripe: false,
         }
     }
 
@@ -534,6 +604,16 @@ mod tests {
             .collect();
         assert_eq!(l, [(0, 1, 20, Some(300_000_000)); 3]);
         assert_eq!(opts(vec![1]).topology().links.len(), 1);
+    }
+
+    #[test]
+    fn a_striped_bed_gives_each_link_its_own_server_host() {
+        let mut o = opts(vec![1, 3]);
+        o.stripe = true;
+        let t = o.topology();
+        assert_eq!(t.hosts, ["c", "s1", "s2", "s3"]);
+        let l: Vec<_> = t.links.iter().map(|l| (l.a, l.b)).collect();
+        assert_eq!(l, [(0, 1), (0, 2), (0, 3)]);
     }
 
     #[test]

@@ -57,6 +57,12 @@ fn a_put_to_an_endpoint_stripes_over_its_hosts_and_a_get_reads_from_the_first() 
         std::fs::read(root.join("in/big.bin")).unwrap(),
         std::fs::read(&src).unwrap()
     );
+    // Each stripe session ended cleanly: the host logs it as a finished session, not a
+    // connection dropped without a TLS close.
+    for s in &others {
+        let log = wait_for_log(s, "result=ok", Duration::from_secs(10));
+        assert!(!log.contains("WARN"), "{log}");
+    }
 
     let back = sb.path("back.bin");
     let out = run(
@@ -67,6 +73,18 @@ fn a_put_to_an_endpoint_stripes_over_its_hosts_and_a_get_reads_from_the_first() 
     );
     assert_code(&out, 0);
     assert_eq!(std::fs::read(&back).unwrap(), std::fs::read(&src).unwrap());
+}
+
+/// The server's log once it holds `text`, or as it is after `wait`.
+fn wait_for_log(s: &Server, text: &str, wait: Duration) -> String {
+    let end = std::time::Instant::now() + wait;
+    loop {
+        let log = s.stderr();
+        if log.contains(text) || std::time::Instant::now() >= end {
+            return log;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 #[test]

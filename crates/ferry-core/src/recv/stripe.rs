@@ -49,6 +49,19 @@ impl StripeError {
     }
 }
 
+/// Whether a stripe host with sessions of `block_size` may write `block`: not an early block,
+/// not one that carries the file digest, not a block of a one-block file (no partial copy has
+/// its name), and not empty. The client keeps the others off stripe hosts' connections by the
+/// same rule, so that no block crosses a stripe host's link only to be handed back.
+pub fn for_stripe_host(block: &Block, block_size: u32) -> bool {
+    let len = block.data.len() as u64;
+    !block.early
+        && block.file_digest.is_none()
+        && block.file.size > u64::from(block_size)
+        && len > 0
+        && len <= u64::from(block_size)
+}
+
 /// Writes blocks into existing partial copies beneath one destination.
 pub struct StripeWriter {
     dest: Destination,
@@ -72,11 +85,7 @@ impl StripeWriter {
                 max: self.block_size,
             });
         }
-        if block.early
-            || block.file_digest.is_some()
-            || block.file.size <= u64::from(self.block_size)
-            || len == 0
-        {
+        if !for_stripe_host(block, self.block_size) {
             return Err(StripeError::NotStriped {
                 path: path.clone(),
                 offset: block.offset,

@@ -2,9 +2,10 @@
 //! system and write blocks into the partial copies the coordinator opened.
 //!
 //! Each host's data connections take frames from the sender's one queue like the
-//! coordinator's, but keep only what a stripe host may write: a block sent after its file's
-//! decision (not `early`: before it the coordinator may still discard or truncate the partial
-//! copy) that does not carry the file digest, and fits the host's block size. Anything else
+//! coordinator's, but keep only what a stripe host may write (`for_stripe_host`): a block
+//! sent after its file's decision (not `early`: before it the coordinator may still discard or
+//! truncate the partial copy) that does not carry the file digest, of a file of more than one
+//! block, and that fits the host's block size. Anything else
 //! goes on the bounce queue, which the coordinator's connections take from first. A block
 //! stays owed until the host reports it `Landed`; the client then forwards a `Landed` built
 //! from its own record of the block (its digest, not the host's word) to the coordinator. A
@@ -15,6 +16,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use bytes::BytesMut;
+use ferry_core::recv::for_stripe_host;
 use ferry_core::Reporter;
 use ferry_proto::{FileId, Frame, MAX_CONTROL_PAYLOAD};
 use serde::Serialize;
@@ -59,10 +61,17 @@ const BOUNCE_WAIT: std::time::Duration = std::time::Duration::from_millis(1);
 
 type Owed = Arc<Mutex<HashMap<(FileId, u64), Frame>>>;
 
+/// How long the end of a put waits for the stripe hosts' sessions to close cleanly (a TLS
+/// close on the control connection, so that the host logs a finished session, not a failed
+/// one) before it drops them.
+const CLOSE_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// The stripe hosts while the put runs.
 pub(crate) struct StripeHosts {
     tasks: JoinSet<()>,
     reports: Vec<Arc<Mutex<StripeReport>>>,
+    /// Set when the put is over: each host's session then ends as its queue closing would.
+    over: tokio::sync::watch::Sender<bool>,
 }
 
 /// Where stripe hosts put what they do not carry, and what landed.
@@ -81,6 +90,7 @@ impl StripeHosts {
     ) -> Self {
         let mut tasks = JoinSet::new();
         let mut reports = Vec::new();
+        let (over, _) = tokio::sync::watch::channel(false);
         for h in hosts {
             let report = Arc::new(Mutex::new(StripeReport {
                 host: h.host.clone(),
@@ -94,15 +104,27 @@ impl StripeHosts {
                 landed: out.landed.clone(),
                 reporter: out.reporter.clone(),
             };
-            tasks.spawn(host.run(h, frames.clone()));
+            tasks.spawn(host.run(h, frames.clone(), over.subscribe()));
         }
-        Self { tasks, reports }
+        Self {
+            tasks,
+            reports,
+            over,
+        }
     }
 
-    /// Ends every host's session (the put is over) and reports what each did.
+    /// Ends every host's session (the put is over), closing each cleanly if it can within
+    /// `CLOSE_WAIT`, and reports what each did.
     pub(crate) async fn finish(mut self) -> Vec<StripeReport> {
-        self.tasks.abort_all();
-        while self.tasks.join_next().await.is_some() {}
+        let _ = self.over.send(true);
+        let closed = tokio::time::timeout(CLOSE_WAIT, async {
+            while self.tasks.join_next().await.is_some() {}
+        })
+        .await;
+        if closed.is_err() {
+            self.tasks.abort_all();
+            while self.tasks.join_next().await.is_some() {}
+        }
         self.reports.iter().map(|r| lock(r).clone()).collect()
     }
 }
@@ -118,9 +140,14 @@ struct Host {
 }
 
 impl Host {
-    /// Runs the host's connections until one fails (or the put ends, which aborts this); then
-    /// what it owes goes to the others.
-    async fn run(self, io: StripeIo, frames: flume::Receiver<Frame>) {
+    /// Runs the host's connections until one fails or the put is `over`; then closes the
+    /// session, and what it owes goes to the others.
+    async fn run(
+        self,
+        io: StripeIo,
+        frames: flume::Receiver<Frame>,
+        mut over: tokio::sync::watch::Receiver<bool>,
+    ) {
         let StripeIo {
             control,
             data,
@@ -134,6 +161,7 @@ impl Host {
         }
         let why = tokio::select! {
             e = self.clone().answers(ctrl_r) => e,
+            _ = over.wait_for(|o| *o) => SessionError::Closed("stripe data"),
             Some(j) = conns.join_next() => match j {
                 Ok(Err(e)) => e,
                 Ok(Ok(())) => SessionError::Closed("stripe data"),
@@ -187,13 +215,7 @@ impl Host {
                 }
             };
             let key = match &frame {
-                Frame::Block(b)
-                    if !b.early
-                        && b.file_digest.is_none()
-                        && b.data.len() <= block_size as usize =>
-                {
-                    (b.file.id, b.offset)
-                }
+                Frame::Block(b) if for_stripe_host(b, block_size) => (b.file.id, b.offset),
                 _ => {
                     if self.bounce.send(frame).is_err() {
                         break;
