@@ -31,7 +31,7 @@ pub enum Command {
     Put(PutArgs),
     /// Fetch a file or tree from a server: `ferry get dtn2:/incoming/run42 ./copy/`.
     Get(GetArgs),
-    /// Make DEST a copy of SOURCE, one of them on a server (rsync-style): send what is missing
+    /// Make DEST a copy of SOURCE, one or both on servers (rsync-style): send what is missing
     /// or differs by size and mtime (`--checksum`: by content), and with --delete remove what
     /// SOURCE lacks, once everything arrived: `ferry sync ./run42 dtn2:/mirror/run42 --delete`.
     Sync(Box<SyncArgs>),
@@ -596,7 +596,9 @@ pub struct SyncArgs {
     /// A local file or directory, or HOST[:PORT]:PATH on a running `ferry serve`.
     pub source: String,
     /// Made a copy of SOURCE (its own name, created if missing): HOST[:PORT]:PATH, or a local
-    /// path when SOURCE is remote. Filters are relative to SOURCE's top (`/x` is SOURCE/x).
+    /// path when SOURCE is remote. Both on servers (`ferry serve --third-party`): the changed
+    /// files go from one to the other, never through this host. Filters are relative to
+    /// SOURCE's top (`/x` is SOURCE/x).
     pub dest: String,
     /// Compare files by content (a digest on each end, files of the same size and mtime only;
     /// the others are sent) instead of size and mtime alone.
@@ -611,17 +613,16 @@ pub struct SyncArgs {
     /// line; --json: a list), and change nothing.
     #[arg(short = 'n', long)]
     pub dry_run: bool,
+    // Between two servers: each one's token, pin and address, as for cp.
+    #[command(flatten)]
+    pub servers: ServerPairArgs,
     #[command(flatten)]
     pub transfer: TransferArgs,
 }
 
-#[derive(Args, Debug)]
-pub struct CpArgs {
-    /// Source on the first server, HOST[:PORT]:PATH (a `ferry serve --third-party`) or
-    /// USER@HOST:PATH (a session started over ssh).
-    pub source: String,
-    /// Destination on the second server, HOST[:PORT]:PATH or USER@HOST:PATH.
-    pub dest: String,
+/// How this host names the two servers of a third-party copy (cp, and sync between servers).
+#[derive(Args, Debug, Clone, Default)]
+pub struct ServerPairArgs {
     /// The destination's HOST:PORT as the source reaches it, when that differs from the
     /// address this host uses (another network, a data interface).
     #[arg(long, value_name = "HOST:PORT")]
@@ -640,6 +641,17 @@ pub struct CpArgs {
     /// to the same key.
     #[arg(long, value_name = "sha256:HEX")]
     pub dest_fingerprint: Option<String>,
+}
+
+#[derive(Args, Debug)]
+pub struct CpArgs {
+    /// Source on the first server, HOST[:PORT]:PATH (a `ferry serve --third-party`) or
+    /// USER@HOST:PATH (a session started over ssh).
+    pub source: String,
+    /// Destination on the second server, HOST[:PORT]:PATH or USER@HOST:PATH.
+    pub dest: String,
+    #[command(flatten)]
+    pub servers: ServerPairArgs,
     /// Move the data through this host on purpose (for servers without --third-party): fetch
     /// into a spool directory in the state directory (needs the space), then send it on. A
     /// rerun resumes both legs; the spool is removed once the copy is stored.

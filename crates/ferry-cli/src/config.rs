@@ -7,14 +7,15 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use ferry_core::filter::{Action, Filter};
+use ferry_net::copy::CopyConfig;
 use ferry_net::{ClientConfig, KnownHosts, Security, ServerTrust, StripeHost};
 use ferry_proto::{ExistingPolicy, TransferOpts, MAX_BLOCK_DATA};
 use ferry_units::units::{parse_duration, parse_size};
 
 use crate::args::token_given;
 use crate::args::{
-    AuthArgs, ConnArgs, FilterArg, FilterArgs, GetArgs, LsArgs, PutArgs, SyncArgs, TransferArgs,
-    WaitArgs,
+    AuthArgs, ConnArgs, FilterArg, FilterArgs, GetArgs, LsArgs, PutArgs, ServerPairArgs, SyncArgs,
+    TransferArgs, WaitArgs,
 };
 use crate::remote::{Remote, DEFAULT_PORT};
 
@@ -570,17 +571,32 @@ impl Transfer {
 
 /// A sync resolved from its arguments.
 pub struct SyncJob {
-    pub client: ClientConfig,
-    pub direction: ferry_net::sync::Direction,
+    pub ends: SyncEnds,
     /// Rules relative to the source's top.
     pub filter: Filter,
     pub opts: ferry_net::sync::SyncOpts,
     pub json: bool,
 }
 
+/// Where a sync's two trees are.
+pub enum SyncEnds {
+    /// One local, the other on a server.
+    One {
+        client: Box<ClientConfig>,
+        direction: ferry_net::sync::Direction,
+    },
+    /// Both on servers: a third-party copy from `src` to `dest`.
+    Between {
+        copy: Box<CopyConfig>,
+        src: String,
+        dest: String,
+    },
+}
+
 impl SyncJob {
-    /// One side local, the other on a running server (ssh-started sessions serve one
-    /// request, and a sync makes several: listings, the transfer, the removals).
+    /// One side local and the other on a running server, or both on running servers
+    /// (ssh-started sessions serve one request, and a sync makes several: listings, the
+    /// transfer, the removals).
     pub fn new(mut args: SyncArgs) -> Result<Self> {
         use ferry_net::sync::Direction;
         let filter = take_filter(&mut args.transfer)?;
@@ -602,7 +618,7 @@ impl SyncJob {
                 let dest = PathBuf::from(&args.dest);
                 (remote, Direction::Get { src, dest })
             }
-            (true, true) => bail!("sync between two servers is not supported yet; use cp"),
+            (true, true) => return Self::between(args, filter),
             (false, false) => {
                 bail!("sync needs one side on a server, HOST[:PORT]:PATH (for two local trees, use rsync)")
             }
@@ -610,23 +626,104 @@ impl SyncJob {
         if remote.ssh_user.is_some() {
             bail!("sync needs a running `ferry serve` (HOST[:PORT]:PATH), not USER@HOST:PATH");
         }
+        let s = &args.servers;
+        if s.dest_addr.is_some()
+            || s.source_token.is_some()
+            || s.dest_token.is_some()
+            || s.source_fingerprint.is_some()
+            || s.dest_fingerprint.is_some()
+        {
+            bail!("--dest-addr and --source-/--dest-token/-fingerprint are for a sync between two servers");
+        }
         let mut client = client_config(&args.transfer, &remote)?;
         client.opts.storage_threads = match direction {
             Direction::Put { .. } => asked_threads(args.transfer.writers),
             Direction::Get { .. } => asked_threads(args.transfer.readers),
         };
         Ok(Self {
-            client,
-            direction,
-            filter,
-            opts: ferry_net::sync::SyncOpts {
-                checksum: args.by_content,
-                delete: args.delete,
-                dry_run: args.dry_run,
+            ends: SyncEnds::One {
+                client: Box::new(client),
+                direction,
             },
+            filter,
+            opts: sync_opts(&args),
             json: args.transfer.output.json,
         })
     }
+
+    /// Both trees on running servers: a third-party copy between them, configured as cp's.
+    fn between(args: SyncArgs, filter: Filter) -> Result<Self> {
+        let src = Remote::parse(&args.source).context("the source of sync")?;
+        let dest = Remote::parse(&args.dest).context("the destination of sync")?;
+        if src.ssh_user.is_some() || dest.ssh_user.is_some() {
+            bail!("sync needs a running `ferry serve` on each side (HOST[:PORT]:PATH), not USER@HOST:PATH");
+        }
+        let copy = copy_config(&args.transfer, &args.servers, (&src, &dest), "sync")?;
+        Ok(Self {
+            ends: SyncEnds::Between {
+                copy: Box::new(copy),
+                src: src.path,
+                dest: dest.path,
+            },
+            filter,
+            opts: sync_opts(&args),
+            json: args.transfer.output.json,
+        })
+    }
+}
+
+fn sync_opts(args: &SyncArgs) -> ferry_net::sync::SyncOpts {
+    ferry_net::sync::SyncOpts {
+        checksum: args.by_content,
+        delete: args.delete,
+        dry_run: args.dry_run,
+    }
+}
+
+/// How this host reaches the two servers of a third-party copy (`cmd`: cp, or a sync between
+/// servers): each as a put or get would, with its own token and pin where given.
+pub fn copy_config(
+    t: &TransferArgs,
+    servers: &ServerPairArgs,
+    (src, dst): (&Remote, &Remote),
+    cmd: &str,
+) -> Result<CopyConfig> {
+    if t.conn.no_encrypt {
+        bail!("a third-party copy always uses TLS: the source pins the destination's key");
+    }
+    if t.conn.server_fingerprint.is_some() {
+        bail!("{cmd} talks to two servers: use --source-fingerprint and --dest-fingerprint");
+    }
+    let side = |remote: &Remote, token: Option<&String>, fingerprint: Option<&str>| {
+        let mut args = t.clone();
+        if let Some(token) = token {
+            args.auth.token = Some(token.clone());
+        }
+        let mut cfg = client_config(&args, remote)?;
+        if let Some(fp) = fingerprint {
+            cfg.security = Security::Tls(ServerTrust::Pinned(fp.parse()?));
+        }
+        anyhow::Ok(cfg)
+    };
+    let source = side(
+        src,
+        servers.source_token.as_ref(),
+        servers.source_fingerprint.as_deref(),
+    );
+    let dest = side(
+        dst,
+        servers.dest_token.as_ref(),
+        servers.dest_fingerprint.as_deref(),
+    );
+    let (mut source, dest) = (source?, dest?);
+    // A --writers number is the destination's writers, as on a put; the source tunes its own
+    // readers.
+    source.opts.storage_threads = t.writers.map_or(0, |n| n.clamp(1, 256) as u16);
+    Ok(CopyConfig {
+        source,
+        dest,
+        dest_addr: servers.dest_addr.clone(),
+    })
 }
 
 /// An `ls` resolved from its arguments.

@@ -1,6 +1,6 @@
 //! `ferry sync` end to end against a `ferry serve`: both directions, a second run that sends
-//! nothing, `--checksum`, `--delete` with filters and after a failure, `--dry-run`, and usage
-//! errors.
+//! nothing, `--checksum`, `--delete` with filters and after a failure, `--dry-run`, between
+//! two servers, and usage errors.
 
 use crate::util;
 
@@ -160,7 +160,15 @@ fn sync_usage_errors() {
     let sb = Sandbox::new();
     for (args, says) in [
         (vec!["sync", "a", "b"], "one side on a server"),
-        (vec!["sync", "h1:/a", "h2:/b"], "two servers"),
+        (
+            vec!["sync", "--server-fingerprint=sha256:00", "h1:/a", "h2:/b"],
+            "two servers",
+        ),
+        (vec!["sync", "me@h1:/a", "h2:/b"], "running `ferry serve`"),
+        (
+            vec!["sync", "--dest-token=t", "x", "h:/b"],
+            "between two servers",
+        ),
         (vec!["sync", "--exclude=a**", "x", "h:/b"], "a**"),
         (
             vec!["sync", "--skip-existing", "x", "h:/b"],
@@ -172,4 +180,78 @@ fn sync_usage_errors() {
         assert_code(&out, 2);
         assert!(out.stderr.contains(says), "{args:?}: {out:?}");
     }
+}
+
+/// Two `serve --third-party` on loopback: A's tree synced to B as a third-party copy, a
+/// second run that sends nothing, a dry run, --delete with a filter, and a server that takes
+/// no part in third-party copies refusing.
+#[test]
+fn sync_between_two_servers() {
+    let sb = Sandbox::new();
+    let (root_a, root_b) = (sb.mkdir("a"), sb.mkdir("b"));
+    make_tree(&root_a.join("src"));
+    let mirror = root_b.join("mirror");
+    fs::create_dir_all(&mirror).unwrap();
+    fs::write(mirror.join("stale.txt"), "s").unwrap();
+    fs::write(mirror.join("kept.log"), "excluded, so protected").unwrap();
+    let third = ["--third-party"];
+    let a = Server::start(&sb, &root_a, Some(&sb.path("token-a")), &third);
+    let b = Server::start(&sb, &root_b, Some(&sb.path("token-b")), &third);
+    let sync = |a: &Server, b: &Server, extra: &[&str]| {
+        run(
+            sb.client("none")
+                .args(["sync", "--exclude=*.log"])
+                .args(["--source-token", &a.token, "--dest-token", &b.token])
+                .args(extra)
+                .arg(a.remote("/src"))
+                .arg(b.remote("/mirror")),
+            CMD_TIMEOUT,
+        )
+    };
+    let out = sync(&a, &b, &["-n", "--delete"]);
+    assert_code(&out, 0);
+    let lines: Vec<&str> = out.stdout.lines().collect();
+    assert_eq!(
+        lines,
+        [
+            "send a.txt",
+            "send sub/b.txt",
+            "send sub/deep/c.txt",
+            "delete stale.txt"
+        ],
+        "{out:?}"
+    );
+    assert!(!mirror.join("a.txt").exists() && mirror.join("stale.txt").exists());
+
+    let out = sync(&a, &b, &["--json", "--delete"]);
+    assert_code(&out, 0);
+    let v = one_json(&out.stdout);
+    assert!(
+        v["transfer"].is_null(),
+        "nothing through the client: {out:?}"
+    );
+    assert_eq!(u64_field(&v["copy"], "files"), 3, "{out:?}");
+    assert_eq!(v["deleted"], 1, "{out:?}");
+    assert_eq!(fs::read(mirror.join("sub/deep/c.txt")).unwrap(), b"charlie");
+    assert!(!mirror.join("stale.txt").exists() && !mirror.join("skip.log").exists());
+    assert!(mirror.join("kept.log").exists());
+
+    let out = sync(&a, &b, &["--json", "--delete"]);
+    assert_code(&out, 0);
+    let v = one_json(&out.stdout);
+    assert_eq!(v["plan"]["unchanged"], 3, "{out:?}");
+    assert!(
+        v["copy"].is_null() && v["transfer"].is_null(),
+        "nothing sent: {out:?}"
+    );
+
+    // A destination that takes no part in third-party copies refuses; nothing is deleted and
+    // nothing goes through this host.
+    let plain = Server::start(&sb, &root_b, Some(&sb.path("token-c")), &[]);
+    fs::write(mirror.join("stale.txt"), "s").unwrap();
+    fs::write(root_a.join("src/new.txt"), "new").unwrap();
+    let out = sync(&a, &plain, &["--delete"]);
+    assert_code(&out, 1);
+    assert!(out.stderr.contains("--third-party"), "{out:?}");
+    assert!(mirror.join("stale.txt").exists() && !mirror.join("new.txt").exists());
 }

@@ -60,12 +60,25 @@ pub struct Filter {
     /// A sync's: files (below the top) whose size and mtime match at the destination, neither
     /// sent nor taken, so that neither end reads them.
     unchanged: Option<Arc<HashSet<String>>>,
+    /// A sync's between two servers: the only paths sent, as its client listed and compared
+    /// them; the rules are not consulted (the client applied them).
+    only: Option<Arc<HashSet<String>>>,
 }
 
 impl Filter {
     /// True when no rule was given (everything is sent).
     pub fn is_empty(&self) -> bool {
-        self.rules.is_empty() && self.unchanged.is_none()
+        self.rules.is_empty() && self.unchanged.is_none() && self.only.is_none()
+    }
+
+    /// A filter that lets through exactly `paths` (files and directories, as on the wire) and
+    /// nothing else: a source server sends a sync's changed files, whose client did the
+    /// filtering and the comparing.
+    pub fn only(paths: HashSet<String>) -> Self {
+        Self {
+            only: Some(Arc::new(paths)),
+            ..Self::default()
+        }
     }
 
     /// This filter as a sync's transfer uses it: judging paths below the top's name (which
@@ -202,6 +215,9 @@ impl Filter {
                 None => return true,
             }
         }
+        if let Some(only) = &self.only {
+            return only.contains(rel);
+        }
         if !is_dir && self.unchanged.as_ref().is_some_and(|u| u.contains(rel)) {
             return false;
         }
@@ -303,6 +319,17 @@ mod tests {
     }
 
     use Action::{Exclude as X, Include as I};
+
+    #[test]
+    fn only_lets_through_exactly_its_paths() {
+        let set = ["a.txt", "sub", "sub/b.bin"].map(String::from);
+        let f = Filter::only(set.into_iter().collect());
+        assert!(!f.is_empty());
+        assert!(f.allows("a.txt", false) && f.allows("sub", true));
+        assert!(f.allows("sub/b.bin", false) && f.allows("/sub/b.bin/", false));
+        assert!(!f.allows("sub/c.bin", false) && !f.allows("other", true));
+        assert!(!f.admits("other/sub/b.bin", false));
+    }
 
     #[test]
     fn unanchored_matches_the_last_components_at_any_depth() {

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use ferry_core::Reporter;
 use ferry_proto::{
     CompleteSummary, CopyProgress, CopyRequest, ErrorCode, Frame, MAX_CONTROL_PAYLOAD,
+    MAX_COPY_PATHS, MAX_COPY_SET,
 };
 use serde::Serialize;
 
@@ -71,9 +72,40 @@ pub async fn copy(
     dest: &str,
     reporter: Arc<dyn Reporter>,
 ) -> Result<CopyReport, SessionError> {
+    copy_chosen(cfg, (src, None), dest, reporter).await
+}
+
+/// [`copy`] of only `paths` below the directory `src` (each `/`-separated below it: the files
+/// to send and every directory leading to them), into `dest` itself: a sync's changed files.
+pub async fn copy_only(
+    cfg: &CopyConfig,
+    src: &str,
+    paths: &[String],
+    dest: &str,
+    reporter: Arc<dyn Reporter>,
+) -> Result<CopyReport, SessionError> {
+    let bytes: usize = paths.iter().map(String::len).sum();
+    if bytes > MAX_COPY_SET {
+        return Err(SessionError::Protocol(format!(
+            "{} paths ({} MiB) are more than one copy may name ({} MiB); sync a subtree at a \
+             time",
+            paths.len(),
+            bytes >> 20,
+            MAX_COPY_SET >> 20
+        )));
+    }
+    copy_chosen(cfg, (src, Some(paths)), dest, reporter).await
+}
+
+async fn copy_chosen(
+    cfg: &CopyConfig,
+    (src, only): (&str, Option<&[String]>),
+    dest: &str,
+    reporter: Arc<dyn Reporter>,
+) -> Result<CopyReport, SessionError> {
     let t0 = Instant::now();
     let (mut report, attempts) = retrying(cfg.source.retry_for, reporter.as_ref(), || {
-        copy_once(cfg, src, dest, reporter.clone())
+        copy_once(cfg, (src, only), dest, reporter.clone())
     })
     .await?;
     report.attempts = attempts;
@@ -84,7 +116,7 @@ pub async fn copy(
 
 async fn copy_once(
     cfg: &CopyConfig,
-    src: &str,
+    (src, only): (&str, Option<&[String]>),
     dest: &str,
     reporter: Arc<dyn Reporter>,
 ) -> Result<CopyReport, SessionError> {
@@ -103,8 +135,14 @@ async fn copy_once(
         fingerprint: fingerprint.0,
         grant,
         opts: cfg.source.opts.clone(),
+        only: only.is_some(),
     };
     send(&mut source.control, &Frame::CopyRequest(Box::new(request))).await?;
+    if let Some(paths) = only {
+        send_paths(&mut source.control, paths)
+            .await
+            .map_err(|e| at("source", &cfg.source.server, e))?;
+    }
     let (done, confirmed) = watch(cfg, source.control, granted.control, reporter.as_ref()).await?;
     let (summary, json) = done;
     let source_report: serde_json::Value =
@@ -141,6 +179,43 @@ async fn copy_once(
         source_report,
         errors,
     })
+}
+
+/// Sends the paths of a copy of chosen paths, each `CopyPaths` within a control frame. A
+/// source that refused the request (an older server, a path out of scope) may have closed by
+/// then: its `Error` is the failure, not the write that found it gone.
+async fn send_paths(control: &mut Stream, paths: &[String]) -> Result<(), SessionError> {
+    // Room for the frame's own fields; each path costs its length and a u16.
+    const BUDGET: usize = MAX_CONTROL_PAYLOAD as usize - 64;
+    let mut chunks: Vec<&[String]> = Vec::new();
+    let (mut start, mut size) = (0, 0);
+    for (i, p) in paths.iter().enumerate() {
+        if i > start && (i - start == MAX_COPY_PATHS || size + p.len() + 2 > BUDGET) {
+            chunks.push(&paths[start..i]);
+            (start, size) = (i, 0);
+        }
+        size += p.len() + 2;
+    }
+    chunks.push(&paths[start..]);
+    let last = chunks.len() - 1;
+    for (i, chunk) in chunks.into_iter().enumerate() {
+        let frame = Frame::CopyPaths {
+            paths: chunk.to_vec(),
+            more: i < last,
+        };
+        if let Err(e) = send(control, &frame).await {
+            let said = tokio::time::timeout(
+                Duration::from_secs(5),
+                expect_frame(control, MAX_CONTROL_PAYLOAD, "control"),
+            )
+            .await;
+            return Err(match said {
+                Ok(Ok(Frame::Error { code, message })) => SessionError::Remote { code, message },
+                _ => e.into(),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// Logs in to the destination and asks it for a grant for `dest`. Returns the session that
@@ -324,6 +399,11 @@ fn at(side: &str, server: &str, e: SessionError) -> SessionError {
                 format!(
                     "{side} {server} does not support third-party copies (an older ferry): \
                      {message}"
+                )
+            } else if code == ErrorCode::PROTOCOL && message.contains("copy_request frame") {
+                format!(
+                    "{side} {server} cannot send a chosen set of paths, as a sync between \
+                     servers needs (an older ferry): {message}"
                 )
             } else {
                 format!("{side} {server}: {message}")

@@ -1,4 +1,6 @@
-//! `ferry sync`: makes a destination tree a copy of a source tree, one of them on a server.
+//! `ferry sync`: makes a destination tree a copy of a source tree, one of them on a server, or
+//! both on two servers ([`sync_between`]: the changed files go from one to the other as one
+//! third-party copy, never through this client).
 //!
 //! Both trees are listed first (the local one walked, the remote one listed a directory at a
 //! time), through the same filter. A file whose size and mtime match at the destination is
@@ -21,6 +23,7 @@ use serde::Serialize;
 
 use crate::client::{self, ClientConfig, TransferReport};
 use crate::conn::{expect_frame, send};
+use crate::copy::{self, CopyConfig, CopyReport};
 use crate::error::SessionError;
 
 /// One entry of a listed tree.
@@ -61,20 +64,38 @@ pub struct Plan {
 #[derive(Debug, Serialize)]
 pub struct SyncReport {
     pub plan: Plan,
-    /// The transfer's report; `None` when nothing needed sending.
+    /// The transfer's report; `None` when nothing needed sending (or between two servers).
     pub transfer: Option<TransferReport>,
+    /// Between two servers: the third-party copy's report; `None` when nothing needed sending.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub copy: Option<CopyReport>,
     /// Paths removed, and the removals that failed (with why).
     pub deleted: usize,
     pub delete_errors: Vec<String>,
 }
 
 impl SyncReport {
+    fn planned(plan: Plan) -> Self {
+        Self {
+            plan,
+            transfer: None,
+            copy: None,
+            deleted: 0,
+            delete_errors: Vec::new(),
+        }
+    }
+
     /// Every file arrived and every removal asked for was done.
     pub fn is_success(&self) -> bool {
+        self.sent_all() && self.delete_errors.is_empty()
+    }
+
+    /// The transfer or copy (if one ran) stored and verified every file.
+    pub fn sent_all(&self) -> bool {
         self.transfer
             .as_ref()
             .is_none_or(TransferReport::is_success)
-            && self.delete_errors.is_empty()
+            && self.copy.as_ref().is_none_or(CopyReport::is_success)
     }
 }
 
@@ -227,6 +248,42 @@ fn listed(e: &ferry_proto::ListEntry) -> Entry {
     }
 }
 
+/// Both trees compared: what the sync does, and whether it needs a transfer at all.
+struct Compared {
+    plan: Plan,
+    unchanged: HashSet<String>,
+    /// The source is one file: it syncs to one file, with nothing below it to remove.
+    single: bool,
+    transfer: bool,
+}
+
+/// Compares the listed trees (`src_name` names the source in an error).
+fn compare(
+    src: &Tree,
+    dest: &Tree,
+    src_name: &str,
+    opts: SyncOpts,
+) -> Result<Compared, SessionError> {
+    // A missing source is an error, never an empty tree that --delete would empty DEST by.
+    if src.is_empty() {
+        let why = std::io::Error::from(std::io::ErrorKind::NotFound);
+        return Err(FsError::io(src_name, why).into());
+    }
+    let single = src.get("").is_some_and(|e| e.kind != EntryKind::Dir);
+    let opts = SyncOpts {
+        delete: opts.delete && !single,
+        ..opts
+    };
+    let (plan, unchanged) = plan(src, dest, opts);
+    let nothing_new = plan.send.is_empty() && (single || dirs_present(src, dest));
+    Ok(Compared {
+        plan,
+        unchanged,
+        single,
+        transfer: !nothing_new,
+    })
+}
+
 /// Runs a sync: lists both trees, sends what differs, then (with `delete`, and only if every
 /// file arrived) removes what the source lacks. A dry run stops after the plan.
 pub async fn sync(
@@ -248,34 +305,17 @@ pub async fn sync(
             local_tree(dest, filter)?,
         ),
     };
-    // A missing source is an error, never an empty tree that --delete would empty DEST by.
-    if src.is_empty() {
-        let name = match dir {
-            Direction::Put { src, .. } => src.display().to_string(),
-            Direction::Get { src, .. } => src.clone(),
-        };
-        let why = std::io::Error::from(std::io::ErrorKind::NotFound);
-        return Err(FsError::io(name, why).into());
-    }
-    // A single file syncs to a single file: nothing below it to remove.
-    let single = src.get("").is_some_and(|e| e.kind != EntryKind::Dir);
-    let opts = SyncOpts {
-        delete: opts.delete && !single,
-        ..opts
+    let name = match dir {
+        Direction::Put { src, .. } => src.display().to_string(),
+        Direction::Get { src, .. } => src.clone(),
     };
-    let (plan, unchanged) = plan(&src, &dest, opts);
-    let mut report = SyncReport {
-        plan,
-        transfer: None,
-        deleted: 0,
-        delete_errors: Vec::new(),
-    };
+    let compared = compare(&src, &dest, &name, opts)?;
+    let mut report = SyncReport::planned(compared.plan);
     if opts.dry_run {
         return Ok(report);
     }
-    let nothing_new = report.plan.send.is_empty() && (single || dirs_present(&src, &dest));
-    if !nothing_new {
-        let filter = filter.clone().for_sync(unchanged);
+    if compared.transfer {
+        let filter = filter.clone().for_sync(compared.unchanged);
         let t = transfer(&cfg, dir, &filter, reporter.clone()).await?;
         let ok = t.is_success();
         report.transfer = Some(t);
@@ -294,6 +334,62 @@ pub async fn sync(
         report.delete_errors = errors;
     }
     Ok(report)
+}
+
+/// Runs a sync between two servers: lists both trees through the same filter, has the
+/// source send what differs straight to the destination (one third-party copy of the chosen
+/// paths; the data never crosses this client), then (with `delete`, and only once the
+/// destination confirmed every file stored and verified) removes there what the source lacks.
+/// A server that takes no part in third-party copies refuses; nothing is proxied.
+pub async fn sync_between(
+    cfg: &CopyConfig,
+    (src, dest): (&str, &str),
+    filter: &Filter,
+    opts: SyncOpts,
+    reporter: Arc<dyn Reporter>,
+) -> Result<SyncReport, SessionError> {
+    let mut cfg = cfg.clone();
+    // What the grant allows on the destination: replacing what differs.
+    cfg.source.opts.existing = ExistingPolicy::Overwrite;
+    let src_tree = remote_tree(&cfg.source, src, filter, reporter.as_ref()).await?;
+    let dest_tree = remote_tree(&cfg.dest, dest, filter, reporter.as_ref()).await?;
+    let compared = compare(&src_tree, &dest_tree, src, opts)?;
+    let mut report = SyncReport::planned(compared.plan);
+    if opts.dry_run {
+        return Ok(report);
+    }
+    if compared.transfer {
+        let copied = if compared.single {
+            if dest_tree.get("").is_some_and(|e| e.kind == EntryKind::Dir) {
+                let why = std::io::Error::other("the source is a file and this a directory");
+                return Err(FsError::io(dest, why).into());
+            }
+            copy::copy(&cfg, src, dest.trim_end_matches('/'), reporter.clone()).await?
+        } else {
+            let paths = chosen(&src_tree, &report.plan);
+            copy::copy_only(&cfg, src, &paths, dest, reporter.clone()).await?
+        };
+        let ok = copied.is_success();
+        report.copy = Some(copied);
+        if !ok {
+            return Ok(report);
+        }
+    }
+    if !report.plan.delete.is_empty() {
+        let removed = remove_remote(&cfg.dest, dest, &report.plan.delete, reporter.as_ref());
+        (report.deleted, report.delete_errors) = removed.await?;
+    }
+    Ok(report)
+}
+
+/// What a copy between servers sends: the files that differ, and every directory and link of
+/// the listed source (as a put's walk sends them, for the destination to make).
+fn chosen(src: &Tree, plan: &Plan) -> Vec<String> {
+    let others = src
+        .iter()
+        .filter(|(rel, e)| !rel.is_empty() && e.kind != EntryKind::File)
+        .map(|(rel, _)| rel.clone());
+    others.chain(plan.send.iter().cloned()).collect()
 }
 
 /// Whether every directory of the source is one at the destination (else a transfer makes

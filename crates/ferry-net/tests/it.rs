@@ -15,6 +15,7 @@ mod security;
 mod speedtest;
 mod stripe;
 mod sync;
+mod sync_between;
 mod third_party;
 mod third_party_review;
 mod tls;

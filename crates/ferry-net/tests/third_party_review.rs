@@ -408,6 +408,7 @@ async fn bogus_grants_sent_through_a_source_do_not_lock_it_out_of_the_destinatio
             fingerprint: b.fingerprint.unwrap().0,
             grant: forged.clone(),
             opts: raw_opts(ExistingPolicy::Fail),
+            only: false,
         })))
         .await
         .unwrap();

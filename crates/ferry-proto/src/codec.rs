@@ -116,6 +116,7 @@ impl Frame {
             Frame::Landed { .. } => FrameType::LANDED,
             Frame::RemoveRequest { .. } => FrameType::REMOVE_REQUEST,
             Frame::Removed { .. } => FrameType::REMOVED,
+            Frame::CopyPaths { .. } => FrameType::COPY_PATHS,
         }
     }
 
@@ -218,6 +219,7 @@ impl Frame {
             FrameType::LANDED => decode_landed(&mut r)?,
             FrameType::REMOVE_REQUEST => remove::decode_remove_request(&mut r)?,
             FrameType::REMOVED => remove::decode_removed(&mut r)?,
+            FrameType::COPY_PATHS => copy::decode_copy_paths(&mut r)?,
             _ => return Err(DecodeError::UnknownFrameType(ty.0)),
         };
         r.finish(ty)?;
@@ -339,6 +341,7 @@ impl Frame {
             }
             Frame::RemoveRequest { paths, more } => remove::put_remove_request(out, paths, *more),
             Frame::Removed { removed, failures } => remove::put_removed(out, *removed, failures),
+            Frame::CopyPaths { paths, more } => copy::put_copy_paths(out, paths, *more),
         }
     }
 
@@ -430,7 +433,8 @@ impl Frame {
             | Frame::StripeRequest { .. }
             | Frame::Landed { .. }
             | Frame::RemoveRequest { .. }
-            | Frame::Removed { .. } => {}
+            | Frame::Removed { .. }
+            | Frame::CopyPaths { .. } => {}
         }
     }
 }

@@ -78,6 +78,14 @@ pub const MAX_REPORT: usize = 512 << 10;
 /// the longest paths, 128 of them still fit a control frame.
 pub const MAX_REMOVE_PATHS: usize = 128;
 
+/// Most paths one `CopyPaths` frame may name; a sender also keeps each frame within
+/// [`MAX_CONTROL_PAYLOAD`].
+pub const MAX_COPY_PATHS: usize = 1024;
+
+/// Most bytes of paths all the `CopyPaths` of one copy may name together: what a source server
+/// holds in memory for a sync's set of changed files (about a million paths of 64 bytes).
+pub const MAX_COPY_SET: usize = 64 << 20;
+
 /// Frame type byte. Values are part of the protocol and never reused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct FrameType(pub u8);
@@ -117,6 +125,7 @@ impl FrameType {
     pub const LANDED: Self = Self(0x3B);
     pub const REMOVE_REQUEST: Self = Self(0x1D);
     pub const REMOVED: Self = Self(0x3C);
+    pub const COPY_PATHS: Self = Self(0x24);
 
     /// The largest payload a frame of this type may declare, or `None` for an unknown type.
     /// Checked on the header alone, before any payload is read or allocated.
@@ -155,7 +164,8 @@ impl FrameType {
             | Self::STRIPE_REQUEST
             | Self::LANDED
             | Self::REMOVE_REQUEST
-            | Self::REMOVED => Some(MAX_CONTROL_PAYLOAD),
+            | Self::REMOVED
+            | Self::COPY_PATHS => Some(MAX_CONTROL_PAYLOAD),
             _ => None,
         }
     }
@@ -197,6 +207,7 @@ impl FrameType {
             Self::LANDED => "landed",
             Self::REMOVE_REQUEST => "remove_request",
             Self::REMOVED => "removed",
+            Self::COPY_PATHS => "copy_paths",
             _ => "unknown",
         }
     }
@@ -713,6 +724,13 @@ pub enum Frame {
         removed: u16,
         failures: Vec<RemoveFailure>,
     },
+    /// Client to the source of a third-party copy (control), right after a `CopyRequest` with
+    /// `only`: paths below `src` to send, and no others (a sync's changed files and the
+    /// directories leading to them). `more`: another `CopyPaths` follows.
+    CopyPaths {
+        paths: Vec<String>,
+        more: bool,
+    },
 }
 
 /// One path of a `RemoveRequest` that was not removed.
@@ -738,6 +756,10 @@ pub struct CopyRequest {
     /// The grant the destination minted (`Granted.grant`).
     pub grant: String,
     pub opts: TransferOpts,
+    /// Send only the paths below `src` that `CopyPaths` frames list next, into `dest` as a
+    /// directory (a sync between two servers). On the wire only when set, so a plain copy's
+    /// request is the one older servers know.
+    pub only: bool,
 }
 
 /// Progress of a third-party copy as its source sees it (`Frame::CopyProgress`).

@@ -379,8 +379,14 @@ fn frame() -> impl Strategy<Value = Frame> {
         (text(), any::<u32>())
             .prop_map(|(grant, ttl_ms)| Frame::Granted { grant, ttl_ms })
             .boxed(),
-        (text(), text(), text(), any::<[u8; 32]>(), text(), opts())
-            .prop_map(|(src, dest, peer, fingerprint, grant, opts)| {
+        (
+            (text(), text(), text()),
+            any::<[u8; 32]>(),
+            text(),
+            opts(),
+            any::<bool>()
+        )
+            .prop_map(|((src, dest, peer), fingerprint, grant, opts, only)| {
                 Frame::CopyRequest(Box::new(CopyRequest {
                     src,
                     dest,
@@ -388,6 +394,7 @@ fn frame() -> impl Strategy<Value = Frame> {
                     fingerprint,
                     grant,
                     opts,
+                    only,
                 }))
             })
             .boxed(),
@@ -456,6 +463,9 @@ fn frame() -> impl Strategy<Value = Frame> {
                     })
                     .collect(),
             })
+            .boxed(),
+        (vec(text(), 0..=64), any::<bool>())
+            .prop_map(|(paths, more)| Frame::CopyPaths { paths, more })
             .boxed(),
     ]
 }
@@ -823,6 +833,10 @@ fn sample_frames() -> Vec<Frame> {
                 message: "Directory not empty".into(),
             }],
         },
+        Frame::CopyPaths {
+            paths: vec!["a.txt".into(), "sub".into(), "sub/b.bin".into()],
+            more: false,
+        },
     ]
 }
 
@@ -834,6 +848,7 @@ fn sample_copy_request() -> CopyRequest {
         fingerprint: [0x5a; 32],
         grant: "g".into(),
         opts: sample_opts(),
+        only: false,
     }
 }
 
@@ -841,7 +856,7 @@ fn sample_copy_request() -> CopyRequest {
 fn samples_cover_every_frame_type() {
     let mut types: Vec<u8> = sample_frames().iter().map(|f| f.frame_type().0).collect();
     types.dedup();
-    assert_eq!(types.len(), 34);
+    assert_eq!(types.len(), 35);
     for ty in 0..=u8::MAX {
         assert_eq!(
             FrameType(ty).max_payload().is_some(),
@@ -1770,4 +1785,47 @@ fn pinned_remove_frames_and_their_limits() {
         more: true,
     };
     assert_eq!(decode(encode(&longest)), Ok(longest));
+}
+
+#[test]
+fn pinned_copy_paths_and_the_only_flag_of_a_copy_request() {
+    let frame = Frame::CopyPaths {
+        paths: vec!["a/b".into()],
+        more: true,
+    };
+    assert_eq!(
+        &encode(&frame)[..],
+        &[0x24, 0, 0, 0, 8, 1, 0, 1, 0, 3, b'a', b'/', b'b']
+    );
+    // `only` is one trailing byte, absent when unset: a plain copy's request is the one older
+    // servers decode, and an older request decodes as a plain copy.
+    let plain = encode(&Frame::CopyRequest(Box::new(sample_copy_request())));
+    let only = CopyRequest {
+        only: true,
+        ..sample_copy_request()
+    };
+    let with_only = encode(&Frame::CopyRequest(Box::new(only.clone())));
+    assert_eq!(with_only.len(), plain.len() + 1);
+    assert_eq!(&with_only[5..plain.len()], &plain[5..]);
+    assert_eq!(with_only[with_only.len() - 1], 1);
+    assert_eq!(decode(with_only), Ok(Frame::CopyRequest(Box::new(only))));
+    let mut p = payload_of(&Frame::CopyRequest(Box::new(sample_copy_request()))).to_vec();
+    p.push(2);
+    assert!(matches!(
+        Frame::decode(FrameType::COPY_REQUEST, Bytes::from(p)),
+        Err(DecodeError::TrailingBytes { extra: 1, .. })
+    ));
+    // More paths than a frame may hold, a bad flag: refused, named.
+    let many = Frame::CopyPaths {
+        paths: vec![String::new(); MAX_COPY_PATHS + 1],
+        more: false,
+    };
+    assert!(matches!(
+        decode(encode(&many)),
+        Err(DecodeError::TooLong { field: "count", .. })
+    ));
+    assert!(matches!(
+        Frame::decode(FrameType::COPY_PATHS, Bytes::from_static(&[2, 0, 0])),
+        Err(DecodeError::InvalidValue { field: "more", .. })
+    ));
 }

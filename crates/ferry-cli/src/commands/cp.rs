@@ -7,12 +7,11 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use ferry_net::copy::{CopyConfig, CopyReport};
-use ferry_net::{ClientConfig, Security, ServerTrust};
 use ferry_units::units::format_bytes_2dp as human_bytes;
 
 use super::transfer::{failure, start_oneshot};
-use crate::args::{CpArgs, TransferArgs};
-use crate::config::client_config;
+use crate::args::CpArgs;
+use crate::config::copy_config;
 use crate::error::usage;
 use crate::progress::Progress;
 use crate::remote::Remote;
@@ -128,64 +127,15 @@ async fn via_client(
 /// Both remotes and the copy's configuration: each server reached and trusted as a put or
 /// get would reach it, with its own token and pin where given.
 fn resolve(args: &CpArgs) -> Result<(Remote, Remote, CopyConfig)> {
-    let t = &args.transfer;
-    if t.conn.no_encrypt {
-        bail!("a third-party copy always uses TLS: the source pins the destination's key");
-    }
-    if t.conn.server_fingerprint.is_some() {
-        bail!("cp talks to two servers: use --source-fingerprint and --dest-fingerprint");
-    }
-    if t.manifest.is_some() {
+    if args.transfer.manifest.is_some() {
         bail!("--manifest is for put and get: the files of a copy are read on the source");
     }
     let src = Remote::parse(&args.source)
         .context("the first argument of cp is the source, HOST[:PORT]:PATH")?;
     let dst = Remote::parse(&args.dest)
         .context("the second argument of cp is the destination, HOST[:PORT]:PATH")?;
-    let source = side(
-        t,
-        &src,
-        args.source_token.as_ref(),
-        args.source_fingerprint.as_deref(),
-    );
-    let dest = side(
-        t,
-        &dst,
-        args.dest_token.as_ref(),
-        args.dest_fingerprint.as_deref(),
-    );
-    let (mut source, dest) = (source?, dest?);
-    // A --writers number is the destination's writers, as on a put; the source tunes its own
-    // readers.
-    source.opts.storage_threads = t.writers.map_or(0, |n| n.clamp(1, 256) as u16);
-    Ok((
-        src,
-        dst,
-        CopyConfig {
-            source,
-            dest,
-            dest_addr: args.dest_addr.clone(),
-        },
-    ))
-}
-
-/// How this host reaches one of the servers: as a put or get would, with the server's own
-/// token and pin where given.
-fn side(
-    t: &TransferArgs,
-    remote: &Remote,
-    token: Option<&String>,
-    fingerprint: Option<&str>,
-) -> Result<ClientConfig> {
-    let mut args = t.clone();
-    if let Some(token) = token {
-        args.auth.token = Some(token.clone());
-    }
-    let mut cfg = client_config(&args, remote)?;
-    if let Some(fp) = fingerprint {
-        cfg.security = Security::Tls(ServerTrust::Pinned(fp.parse()?));
-    }
-    Ok(cfg)
+    let cfg = copy_config(&args.transfer, &args.servers, (&src, &dst), "cp")?;
+    Ok((src, dst, cfg))
 }
 
 pub fn summary_line(r: &CopyReport) -> String {

@@ -1,4 +1,5 @@
-//! `ferry sync SOURCE DEST`: make DEST a copy of SOURCE, one of them on a server.
+//! `ferry sync SOURCE DEST`: make DEST a copy of SOURCE, one of them on a server, or both
+//! (a third-party copy of what changed).
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -7,21 +8,23 @@ use anyhow::Result;
 use ferry_net::sync::{Plan, SyncReport};
 
 use crate::args::SyncArgs;
-use crate::config::SyncJob;
+use crate::config::{SyncEnds, SyncJob};
 use crate::error::usage;
 use crate::progress::Progress;
 
 pub async fn run(args: SyncArgs, quiet: bool) -> Result<ExitCode> {
     let job = SyncJob::new(args).map_err(usage)?;
     let progress = Arc::new(Progress::new(quiet || job.json || job.opts.dry_run));
-    let result = ferry_net::sync::sync(
-        &job.client,
-        &job.direction,
-        &job.filter,
-        job.opts,
-        progress.clone(),
-    )
-    .await;
+    let result = match &job.ends {
+        SyncEnds::One { client, direction } => {
+            let reporter = progress.clone();
+            ferry_net::sync::sync(client, direction, &job.filter, job.opts, reporter).await
+        }
+        SyncEnds::Between { copy, src, dest } => {
+            let (ends, reporter) = ((src.as_str(), dest.as_str()), progress.clone());
+            ferry_net::sync::sync_between(copy, ends, &job.filter, job.opts, reporter).await
+        }
+    };
     progress.finish();
     let report = result.map_err(super::transfer::failure)?;
     if job.opts.dry_run {
@@ -29,7 +32,11 @@ pub async fn run(args: SyncArgs, quiet: bool) -> Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     let transfer_errors = report.transfer.iter().flat_map(|t| t.errors.iter());
-    for e in transfer_errors.filter(|e| !progress.was_shown(e)) {
+    let copy_errors = report.copy.iter().flat_map(|c| c.errors.iter());
+    for e in transfer_errors
+        .chain(copy_errors)
+        .filter(|e| !progress.was_shown(e))
+    {
         eprintln!("error: {}", crate::output::clean(e));
     }
     for e in &report.delete_errors {
@@ -65,13 +72,14 @@ fn print_plan(plan: &Plan, json: bool) -> Result<()> {
 /// One line for people: the transfer's own summary (if one ran), what was left alone, what
 /// was removed, and what was not because the transfer failed.
 fn summary(r: &SyncReport) -> String {
-    let mut s = match &r.transfer {
-        Some(t) => super::transfer::summary_line(t),
-        None => "sync: nothing to send".to_owned(),
+    let mut s = match (&r.transfer, &r.copy) {
+        (Some(t), _) => super::transfer::summary_line(t),
+        (None, Some(c)) => super::cp::summary_line(c),
+        (None, None) => "sync: nothing to send".to_owned(),
     };
     s.push_str(&format!(", {} unchanged", r.plan.unchanged));
     if !r.plan.delete.is_empty() {
-        if r.transfer.as_ref().is_some_and(|t| !t.is_success()) {
+        if !r.sent_all() {
             s.push_str(&format!(
                 ", {} NOT deleted (the transfer failed)",
                 r.plan.delete.len()

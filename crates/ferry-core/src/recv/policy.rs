@@ -14,6 +14,10 @@ pub enum Links {
     /// A link whose target is absolute or climbs out of the transfer's top entry is refused
     /// (`--safe-links`).
     InTree,
+    /// A link whose target is absolute or climbs out of the directory the entries land in
+    /// is refused: a third-party grant's put inside the granted directory, whose top entries
+    /// are all below it.
+    Below,
 }
 
 impl Links {
@@ -22,6 +26,8 @@ impl Links {
         match self {
             Links::Any => true,
             Links::InTree => stays_in_tree(path, target),
+            // The same walk with the directory itself as the top entry.
+            Links::Below => stays_in_tree(&format!("dir/{path}"), target),
         }
     }
 }

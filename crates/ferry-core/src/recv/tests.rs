@@ -28,6 +28,16 @@ fn safe_links_stay_inside_the_top_entry() {
 }
 
 #[test]
+fn links_below_a_directory_stay_inside_it() {
+    assert!(Links::Below.allows("link", "sub/b"));
+    assert!(Links::Below.allows("sub/link", "../a"));
+    assert!(!Links::Below.allows("link", "../x"));
+    assert!(!Links::Below.allows("sub/link", "../../x"));
+    assert!(!Links::Below.allows("link", "/etc/passwd"));
+    assert!(!Links::InTree.allows("link", "sub/b"));
+}
+
+#[test]
 fn safe_modes_clear_setuid_setgid_and_world_write() {
     assert_eq!(Modes::Safe.apply(0o107777), 0o1775);
     assert_eq!(Modes::Safe.apply(0o106777), 0o775);

@@ -16,7 +16,8 @@ use crate::gate::Gate;
 use crate::report::Reporter;
 use crate::root::Root;
 
-/// One thing to send: `rel` under `root`, arriving as `name` at the destination.
+/// One thing to send: `rel` under `root`, arriving as `name` at the destination. A directory
+/// named "" arrives as its contents only, each under its own name (a sync between servers).
 #[derive(Debug)]
 pub struct Source {
     pub root: Root,

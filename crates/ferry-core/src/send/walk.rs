@@ -187,14 +187,17 @@ impl Walker<'_> {
     ) -> bool {
         let shared = self.shared;
         let Unvisited { parent, name, wire } = entry;
-        self.totals.dirs += 1;
-        let frame = Frame::Dir {
-            path: wire.clone(),
-            mode: meta.mode,
-            mtime_ns: meta.mtime_ns,
-        };
-        if !shared.push(frame) {
-            return false;
+        // A source named "" sends its directory's contents only, into the destination itself.
+        if !wire.is_empty() {
+            self.totals.dirs += 1;
+            let frame = Frame::Dir {
+                path: wire.clone(),
+                mode: meta.mode,
+                mtime_ns: meta.mtime_ns,
+            };
+            if !shared.push(frame) {
+                return false;
+            }
         }
         let opened = if name.is_empty() {
             src.root

@@ -4,14 +4,20 @@
 //! and pinning the destination's key, and reports progress to the client ([`copy`]). The data
 //! flows between the two servers; the client's connections carry control frames only.
 
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use ferry_core::filter::Filter;
 use ferry_core::recv::{Links, Modes};
+use ferry_core::root::Kind;
 use ferry_core::send::Source;
-use ferry_core::Reporter;
-use ferry_proto::{CompleteSummary, CopyProgress, CopyRequest, ErrorCode, Frame, MAX_REPORT};
+use ferry_core::{path, Reporter};
+use ferry_proto::{
+    CompleteSummary, CopyProgress, CopyRequest, ErrorCode, Frame, MAX_CONTROL_PAYLOAD,
+    MAX_COPY_SET, MAX_REPORT,
+};
 use tracing::info;
 
 use super::access::Grant;
@@ -20,7 +26,7 @@ use super::state::ServerState;
 use crate::client::{self, ClientConfig, Security, StartFrom, TransferReport};
 use crate::error::SessionError;
 use crate::tls::{Fingerprint, ServerTrust};
-use crate::transport::conn::send;
+use crate::transport::conn::{expect_frame, send};
 use crate::transport::stream::Stream;
 use crate::transport::tcp::peer_closed;
 
@@ -111,15 +117,20 @@ pub(super) async fn copy<F>(
     shared: &ServerState,
     stream: &mut Stream,
     request: CopyRequest,
-    sources: F,
+    (sources, filter): (F, &Filter),
 ) -> Result<(u64, u64), SessionError>
 where
     F: Fn() -> Result<Vec<Source>, SessionError>,
 {
     let cfg = client_config(shared, &request);
     let progress = Arc::new(Progress::default());
-    info!(peer = %request.peer, dest = %request.dest, "third-party copy");
-    let put = client::put_sources(&cfg, sources, &request.dest, progress.clone());
+    info!(peer = %request.peer, dest = %request.dest, only = request.only, "third-party copy");
+    // A chosen set of paths lands in `dest` as a directory, whatever exists there yet.
+    let dest = match request.only {
+        true => format!("{}/", request.dest.trim_end_matches('/')),
+        false => request.dest.clone(),
+    };
+    let put = client::put_sources_filtered(&cfg, sources, filter, &dest, progress.clone());
     tokio::pin!(put);
     let mut tick = tokio::time::interval(PROGRESS_EVERY);
     let idle = shared.config.idle_timeout;
@@ -153,6 +164,72 @@ where
     let stored = (summary.files, summary.bytes);
     send(stream, &Frame::CopyDone { summary, report }).await?;
     Ok(stored)
+}
+
+/// Reads the `CopyPaths` that follow a `CopyRequest` with `only`: the paths below its source
+/// to send (with the directories that lead to them), as a filter that lets through those
+/// alone. Bounded by [`MAX_COPY_SET`] bytes in all.
+pub(super) async fn read_only(
+    shared: &ServerState,
+    stream: &mut Stream,
+) -> Result<Filter, SessionError> {
+    let (mut paths, mut bytes) = (HashSet::new(), 0usize);
+    loop {
+        let frame = tokio::time::timeout(
+            shared.config.idle_timeout,
+            expect_frame(stream, MAX_CONTROL_PAYLOAD, "control"),
+        )
+        .await
+        .map_err(|_| SessionError::Timeout("waiting for the paths of a copy"))??;
+        let Frame::CopyPaths {
+            paths: more_paths,
+            more,
+        } = frame
+        else {
+            return Err(SessionError::Protocol(format!(
+                "expected the paths of a copy, got {:?}",
+                frame.frame_type()
+            )));
+        };
+        for p in more_paths {
+            bytes = bytes.saturating_add(p.len());
+            if bytes > MAX_COPY_SET {
+                return Err(bad_request(format!(
+                    "a copy may name at most {} MiB of paths; copy a subtree at a time",
+                    MAX_COPY_SET >> 20
+                )));
+            }
+            let rel = path::normalize_remote(&p)
+                .ok()
+                .filter(|r| !r.is_empty() && *r == p)
+                .ok_or_else(|| bad_request(format!("`{p}` is not a path below the source")))?;
+            paths.insert(rel);
+        }
+        if !more {
+            return Ok(Filter::only(paths));
+        }
+    }
+}
+
+/// The source of a copy of chosen paths: a directory, sent as its contents only (into the
+/// destination itself).
+pub(super) fn contents_of(mut source: Source) -> Result<Source, SessionError> {
+    let meta = source.root.lstat(&source.rel)?;
+    if meta.kind != Kind::Dir {
+        return Err(bad_request(format!(
+            "`{}` is not a directory: a copy of chosen paths takes them from one",
+            source.name
+        )));
+    }
+    source.name = String::new();
+    Ok(source)
+}
+
+fn bad_request(message: String) -> SessionError {
+    SessionError::Remote {
+        code: ErrorCode::BAD_REQUEST,
+        message,
+    }
 }
 
 /// The source's put to the destination: the client's options (already within this server's

@@ -158,11 +158,26 @@ pub(super) async fn prepare<'a>(
             let src = request.src.clone();
             // Checked now, so that a path out of scope is refused before anything is dialled;
             // opened again for each attempt.
-            source_of(shared, grant, &src)?;
-            let sources = || source_of(shared, grant, &src).map(|s| vec![s]);
+            let first = source_of(shared, grant, &src)?;
             let mut request = *request;
             request.opts = clamp(shared, request.opts);
-            let (files, bytes) = copy::copy(shared, stream, request, sources).await?;
+            let (only, filter) = match request.only {
+                true => (true, copy::read_only(shared, stream).await?),
+                false => (false, ferry_core::filter::Filter::default()),
+            };
+            if only {
+                copy::contents_of(first)?;
+            }
+            let sources = || {
+                let source = source_of(shared, grant, &src)?;
+                let source = if only {
+                    copy::contents_of(source)?
+                } else {
+                    source
+                };
+                Ok(vec![source])
+            };
+            let (files, bytes) = copy::copy(shared, stream, request, (sources, &filter)).await?;
             Ok(Work::Done {
                 what: "copy",
                 files,
@@ -240,10 +255,12 @@ async fn prepare_put<'a>(
         // What a stored link points to is the writer's business: the server itself
         // never follows one out of the scope it was written in. A grant's writer is another
         // server: no link it stores may point out of the granted path.
-        links: if grant.pinned_dest().is_some() {
-            Links::InTree
-        } else {
-            Links::Any
+        links: match grant.pinned_dest() {
+            None => Links::Any,
+            // Landing inside the granted directory itself: every entry is below it.
+            Some(_) if dest.base.is_empty() && dest.rename_top.is_none() => Links::Below,
+            // Landing as the granted path: the top entry is it.
+            Some(_) => Links::InTree,
         },
     };
     let receiver = Receiver::new(dest, config, tx, Arc::new(NoReporter))

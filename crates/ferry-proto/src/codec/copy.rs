@@ -8,8 +8,8 @@ use super::{
 };
 use crate::error::DecodeError;
 use crate::frame::{
-    CompleteSummary, CopyProgress, CopyRequest, Frame, MAX_ADDR, MAX_PATH, MAX_PATHS, MAX_REPORT,
-    MAX_TOKEN,
+    CompleteSummary, CopyProgress, CopyRequest, Frame, MAX_ADDR, MAX_COPY_PATHS, MAX_PATH,
+    MAX_PATHS, MAX_REPORT, MAX_TOKEN,
 };
 
 pub(super) fn put_copy_request(out: &mut BytesMut, c: &CopyRequest) {
@@ -19,6 +19,9 @@ pub(super) fn put_copy_request(out: &mut BytesMut, c: &CopyRequest) {
     out.put_slice(&c.fingerprint);
     put_str(out, &c.grant);
     put_opts(out, &c.opts);
+    if c.only {
+        out.put_u8(1);
+    }
 }
 
 pub(super) fn decode_copy_request(r: &mut Reader<'_>) -> Result<Frame, DecodeError> {
@@ -29,7 +32,36 @@ pub(super) fn decode_copy_request(r: &mut Reader<'_>) -> Result<Frame, DecodeErr
         fingerprint: r.array("fingerprint")?,
         grant: r.str("grant", MAX_TOKEN)?,
         opts: decode_opts(r)?,
+        // One trailing byte 1, absent from a plain copy's request; any other byte is left
+        // for `finish` to refuse as trailing.
+        only: r.buf.get(r.pos) == Some(&1) && r.u8("only")? == 1,
     })))
+}
+
+/// Smallest encoded path (an empty one): bounds the capacity reserved by what the payload can
+/// hold, whatever count it claims.
+const MIN_PATH_LEN: usize = 2;
+
+pub(super) fn put_copy_paths(out: &mut BytesMut, paths: &[String], more: bool) {
+    out.put_u8(u8::from(more));
+    out.put_u16(super::wire_len(paths.len(), "copy paths"));
+    for p in paths {
+        put_str(out, p);
+    }
+}
+
+pub(super) fn decode_copy_paths(r: &mut Reader<'_>) -> Result<Frame, DecodeError> {
+    let more = match r.u8("more")? {
+        0 => false,
+        1 => true,
+        other => return Err(invalid("more", other)),
+    };
+    let n = count(r, "count", MAX_COPY_PATHS)?;
+    let mut paths = Vec::with_capacity(n.min(r.remaining() / MIN_PATH_LEN));
+    for _ in 0..n {
+        paths.push(r.str("path", MAX_PATH)?);
+    }
+    Ok(Frame::CopyPaths { paths, more })
 }
 
 pub(super) fn put_copy_progress(out: &mut BytesMut, p: &CopyProgress) {
