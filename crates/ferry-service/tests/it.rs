@@ -1,2 +1,5 @@
-//! ferry-service's integration tests, one binary: a real `ferry serve` (ferry-net's server) on
-//! loopback, the service's scheduler and HTTP API in front of it.
+//! ferry-service's integration tests, one binary: a real ferry server (ferry-net's `Server`)
+//! on loopback, the service's scheduler and HTTP API in front of it.
+
+mod scheduler;
+mod util;
