@@ -21,6 +21,9 @@ pub enum ServiceError {
         #[source]
         source: std::io::Error,
     },
+    /// The API answered with an error status.
+    #[error("the service answered {status}: {message}")]
+    Api { status: u16, message: String },
     #[error("TLS: {0}")]
     Tls(String),
 }

@@ -162,14 +162,15 @@ async fn higher_priority_runs_first_and_one_server_gets_at_most_its_limit() {
         per_server: 1,
         ..limits()
     };
-    let (s, _stop) = start_scheduler(r, lim);
+    // All queued before the scheduler first looks.
+    let store = std::sync::Arc::new(ferry_service::Store::open(None).unwrap());
     let mut ids = Vec::new();
     for i in 0..4 {
         let mut n = job(vec![format!("/f{i}")], format!("{}:/", server.addr));
         n.priority = if i == 3 { 10 } else { 0 };
-        ids.push(s.store().submit(&n).unwrap().id);
+        ids.push(store.submit(&n).unwrap().id);
     }
-    s.wake();
+    let (s, _stop) = start_scheduler_on(store, r, lim);
     let mut most = 0;
     let t0 = std::time::Instant::now();
     while ids

@@ -19,6 +19,8 @@ pub struct TestServer {
     pub addr: SocketAddr,
     pub root: PathBuf,
     pub fingerprint: String,
+    /// How long no session has run: zero while one does.
+    pub idle: ferry_net::server::IdleProbe,
     _dir: tempfile::TempDir,
     stop: Option<oneshot::Sender<()>>,
     task: Option<tokio::task::JoinHandle<()>>,
@@ -36,6 +38,7 @@ impl TestServer {
             .await
             .unwrap();
         let addr = server.local_addr().unwrap();
+        let idle = server.idle_probe();
         let (tx, rx) = oneshot::channel();
         let task = tokio::spawn(server.run(async {
             let _ = rx.await;
@@ -44,6 +47,7 @@ impl TestServer {
             addr,
             root,
             fingerprint,
+            idle,
             _dir: dir,
             stop: Some(tx),
             task: Some(task),
@@ -57,6 +61,18 @@ impl TestServer {
             token: TOKEN.into(),
             fingerprint: Some(self.fingerprint.clone()),
             plaintext: false,
+        }
+    }
+
+    /// Waits until no session runs (a killed client's is over), at most 10 s.
+    pub async fn settle(&self) {
+        let t0 = Instant::now();
+        while self.idle.idle_for() == Duration::ZERO {
+            assert!(
+                t0.elapsed() < Duration::from_secs(10),
+                "the server's sessions end"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
 
@@ -92,7 +108,15 @@ pub fn limits() -> Limits {
 
 /// A scheduler running on an in-memory store until the returned sender is dropped or sent.
 pub fn start_scheduler(runner: Runner, limits: Limits) -> (Arc<Scheduler>, oneshot::Sender<()>) {
-    let store = Arc::new(Store::open(None).unwrap());
+    start_scheduler_on(Arc::new(Store::open(None).unwrap()), runner, limits)
+}
+
+/// [`start_scheduler`] on a store the test has filled already.
+pub fn start_scheduler_on(
+    store: Arc<Store>,
+    runner: Runner,
+    limits: Limits,
+) -> (Arc<Scheduler>, oneshot::Sender<()>) {
     let s = Scheduler::new(store, runner, limits);
     let (tx, rx) = oneshot::channel::<()>();
     tokio::spawn(s.clone().run(async {
@@ -173,4 +197,135 @@ pub async fn wait_end(store: &Store, id: i64) -> Job {
 
 pub fn is(state: State) -> impl Fn(&Job) -> bool {
     move |j| j.state == state
+}
+
+/// A service on 127.0.0.1:0 in its own state directory, with tokens `alice`, `bob` and the
+/// admin `ops`, reaching `server`; its local root is `local`.
+pub struct TestService {
+    pub addr: SocketAddr,
+    pub fingerprint: ferry_net::Fingerprint,
+    pub store: Arc<Store>,
+    pub scheduler: Arc<Scheduler>,
+    pub tokens: std::collections::HashMap<&'static str, String>,
+    pub state: tempfile::TempDir,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl TestService {
+    pub async fn start(server: &TestServer, local: &Path) -> Self {
+        Self::start_with(server, local, |_| {}).await
+    }
+
+    pub async fn start_with(
+        server: &TestServer,
+        local: &Path,
+        f: impl FnOnce(&mut ferry_service::ServiceConfig),
+    ) -> Self {
+        let state = tempfile::tempdir().unwrap();
+        let tokens = make_tokens(state.path());
+        let mut cfg =
+            ferry_service::ServiceConfig::new("127.0.0.1:0".parse().unwrap(), state.path());
+        cfg.admins = vec!["ops".into()];
+        cfg.local_root = Some(local.to_path_buf());
+        cfg.limits = limits();
+        cfg.block_size = BLOCK;
+        write_endpoints(state.path(), server);
+        f(&mut cfg);
+        let service = ferry_service::Service::bind(cfg).await.unwrap();
+        let addr = service.local_addr().unwrap();
+        let fingerprint = service.fingerprint();
+        let scheduler = service.scheduler().clone();
+        let (tx, rx) = oneshot::channel();
+        let task = tokio::spawn(service.run(async {
+            let _ = rx.await;
+        }));
+        Self {
+            addr,
+            fingerprint,
+            store: scheduler.store().clone(),
+            scheduler,
+            tokens,
+            state,
+            stop: Some(tx),
+            task: Some(task),
+        }
+    }
+
+    /// A client of this service with `who`'s token, pinned to its key.
+    pub fn client(&self, who: &str) -> ferry_service::client::Client {
+        ferry_service::client::Client {
+            addr: self.addr.to_string(),
+            token: self.tokens[who].clone(),
+            trust: ferry_service::tls::Trust::Pinned(self.fingerprint),
+            timeout: Duration::from_secs(10),
+        }
+    }
+
+    pub async fn stop(mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        if let Some(t) = self.task.take() {
+            tokio::time::timeout(Duration::from_secs(15), t)
+                .await
+                .expect("the service stops")
+                .unwrap();
+        }
+    }
+}
+
+/// Tokens `alice`, `bob` and `ops` in the state directory's token file, as `ferry token add`
+/// writes them.
+pub fn make_tokens(state: &Path) -> std::collections::HashMap<&'static str, String> {
+    let file = state.join(ferry_service::service::TOKENS_FILE);
+    ["alice", "bob", "ops"]
+        .into_iter()
+        .map(|n| {
+            let t = ferry_net::access::add_token(&file, n, vec![], vec![], false).unwrap();
+            (n, t)
+        })
+        .collect()
+}
+
+/// The state directory's endpoints file, naming `server` with its token and key.
+pub fn write_endpoints(state: &Path, server: &TestServer) {
+    let text = format!(
+        "[[endpoint]]\nserver = \"{}\"\ntoken = \"{TOKEN}\"\nfingerprint = \"{}\"\n",
+        server.addr, server.fingerprint
+    );
+    std::fs::write(state.join(ferry_service::endpoints::ENDPOINTS_FILE), text).unwrap();
+}
+
+/// A job request of `sources` to `dest`, nothing else set.
+pub fn request(sources: &[&str], dest: &str) -> ferry_service::api::SubmitRequest {
+    ferry_service::api::SubmitRequest {
+        sources: sources.iter().map(|s| s.to_string()).collect(),
+        dest: dest.into(),
+        sync: None,
+        priority: 0,
+        deadline: None,
+        label: String::new(),
+    }
+}
+
+/// Polls the API until job `id` satisfies `done`, at most `within`.
+pub async fn wait_api(
+    c: &ferry_service::client::Client,
+    id: i64,
+    within: Duration,
+    done: impl Fn(&Job) -> bool,
+) -> Job {
+    let t0 = Instant::now();
+    loop {
+        let j = c.job(id).await.unwrap();
+        if done(&j) {
+            return j;
+        }
+        assert!(
+            t0.elapsed() < within,
+            "job {id} did not get there in {within:?}: {j:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(30)).await;
+    }
 }
