@@ -10,6 +10,7 @@ mod filters;
 mod multipath;
 mod rerun;
 mod serve_config;
+mod service;
 mod ssh;
 mod sync;
 mod third_party;
