@@ -72,8 +72,9 @@ pub struct SubmitArgs {
     /// ends are remote.
     #[arg(required = true, num_args = 2.., value_name = "SRC... DST")]
     pub paths: Vec<String>,
-    /// Compare with what the destination has: mtime (size and mtime, ferry sync) or checksum
-    /// (by content); size alone is not supported yet. Default: a plain transfer.
+    /// Leave alone what the destination has already: the same size (size), size and mtime
+    /// (mtime, as ferry sync compares) or size, mtime and digest (checksum). Default: a plain
+    /// transfer.
     #[arg(long, value_name = "size|mtime|checksum")]
     pub sync: Option<String>,
     /// Higher runs first.

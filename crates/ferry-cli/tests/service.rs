@@ -149,9 +149,16 @@ fn submit_a_tree_then_watch_it_done_and_identical_through_the_cli() {
         .contains("already ended"));
     assert_code(&svc.cmd(&sb, &alice, &["job", "999"]), 1);
     // What the user typed wrong is exit 2.
-    let out = svc.cmd(&sb, &alice, &["submit", "/run42", &dest, "--sync", "size"]);
+    let out = svc.cmd(
+        &sb,
+        &alice,
+        &["submit", "/run42", &dest, "--sync", "newest"],
+    );
     assert_code(&out, 2);
-    assert!(out.stderr.contains("size"), "{out:?}");
+    assert!(
+        out.stderr.contains("expected size, mtime or checksum"),
+        "{out:?}"
+    );
     assert_code(
         &svc.cmd(
             &sb,

@@ -31,6 +31,8 @@ pub enum SyncMode {
     /// (how a rerun resumes), any other existing file fails.
     #[default]
     Off,
+    /// Files of the same size are left alone unread, others replaced.
+    Size,
     /// `ferry sync`: files of the same size and mtime are left alone unread, others replaced.
     Mtime,
     /// `ferry sync --checksum`: every file compared by digest, those that differ replaced.
@@ -97,24 +99,21 @@ impl SyncMode {
     pub fn as_str(self) -> &'static str {
         match self {
             SyncMode::Off => "off",
+            SyncMode::Size => "size",
             SyncMode::Mtime => "mtime",
             SyncMode::Checksum => "checksum",
         }
     }
 
-    /// The CLI's and the API's spelling; `size` alone is refused with why.
+    /// The CLI's and the API's spelling.
     pub fn parse(s: &str) -> Result<Self, ServiceError> {
         match s {
             "off" => Ok(SyncMode::Off),
+            "size" => Ok(SyncMode::Size),
             "mtime" => Ok(SyncMode::Mtime),
             "checksum" => Ok(SyncMode::Checksum),
-            "size" => Err(ServiceError::Invalid(
-                "sync by size alone is not supported yet (ferry sync compares size and mtime): \
-                 use mtime or checksum"
-                    .into(),
-            )),
             other => Err(ServiceError::Invalid(format!(
-                "sync mode {other:?}: expected off, mtime or checksum"
+                "sync mode {other:?}: expected size, mtime or checksum"
             ))),
         }
     }

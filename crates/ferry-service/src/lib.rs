@@ -12,6 +12,7 @@ pub mod location;
 pub mod runner;
 pub mod scheduler;
 pub mod service;
+mod sizesync;
 pub mod store;
 pub mod tls;
 

@@ -204,7 +204,9 @@ impl Runner {
                 checksum: ChecksumAlgo::Blake3,
                 existing: match sync {
                     SyncMode::Off => ExistingPolicy::Fail,
-                    SyncMode::Mtime | SyncMode::Checksum => ExistingPolicy::Overwrite,
+                    SyncMode::Size | SyncMode::Mtime | SyncMode::Checksum => {
+                        ExistingPolicy::Overwrite
+                    }
                 },
                 tcp_window: 0,
                 auto_start: ferry_net::DEFAULT_STREAMS,
@@ -249,6 +251,14 @@ impl Runner {
                 Location::Remote { .. } => None,
             })
             .collect();
+        if sync == SyncMode::Size {
+            let mut errors = Vec::new();
+            for rel in &rels {
+                let to = format!("{}/{}", dest.trim_end_matches('/'), name_of(rel));
+                errors.extend(crate::sizesync::put(cfg, &root, rel, &to, reporter.clone()).await?);
+            }
+            return Ok(errors);
+        }
         if let Some(checksum) = sync.compares() {
             let mut errors = Vec::new();
             for rel in &rels {
@@ -304,6 +314,11 @@ impl Runner {
                 continue;
             };
             let cfg = self.client(server, sync)?;
+            if sync == SyncMode::Size {
+                let to = dest.join(name_of(path));
+                errors.extend(crate::sizesync::get(&cfg, path, &to, reporter.clone()).await?);
+                continue;
+            }
             if let Some(checksum) = sync.compares() {
                 let dir = Direction::Get {
                     src: path.clone(),
@@ -351,10 +366,11 @@ impl Runner {
 }
 
 impl SyncMode {
-    /// The `ferry sync` options this mode runs with; `None` for a plain transfer.
+    /// The `ferry sync` options this mode runs with; `None` for a plain transfer, or a sync by
+    /// size (`sizesync`, which ferry sync has no comparison for).
     fn compares(self) -> Option<SyncOpts> {
         match self {
-            SyncMode::Off => None,
+            SyncMode::Off | SyncMode::Size => None,
             SyncMode::Mtime | SyncMode::Checksum => Some(SyncOpts {
                 checksum: self == SyncMode::Checksum,
                 delete: false,

@@ -19,7 +19,7 @@ CREATE TABLE jobs (
     id            BIGINT PRIMARY KEY,
     kind          TEXT NOT NULL CHECK (kind IN ('put', 'get', 'cp')),
     dest          TEXT NOT NULL,
-    sync_mode     TEXT NOT NULL CHECK (sync_mode IN ('off', 'mtime', 'checksum')),
+    sync_mode     TEXT NOT NULL CHECK (sync_mode IN ('off', 'size', 'mtime', 'checksum')),
     priority      BIGINT NOT NULL,
     deadline      BIGINT,
     label         TEXT NOT NULL,

@@ -128,7 +128,7 @@ async fn bad_requests_get_a_clear_4xx() {
     assert_eq!(s, 400, "{b}");
     assert!(b.contains("both local"), "{b}");
     let (s, b) = post(
-        br#"{"sources":["/a"],"dest":"h:/","sync":"size"}"#.to_vec(),
+        br#"{"sources":["/a"],"dest":"h:/","sync":"newest"}"#.to_vec(),
         true,
     )
     .await;

@@ -79,6 +79,55 @@ async fn a_get_and_a_sync_put_come_out_identical() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_sync_by_size_leaves_same_size_files_and_replaces_the_others() {
+    let server = TestServer::start().await;
+    let local = tempfile::tempdir().unwrap();
+    let top = make_tree(local.path(), "run42");
+    let known = local.path().join("known_hosts");
+    let (s, _stop) = start_scheduler(
+        runner(local.path(), vec![server.endpoint()], known),
+        limits(),
+    );
+    let dest = format!("{}:/", server.addr);
+    let first = s
+        .store()
+        .submit(&job(vec!["/run42".into()], dest.clone()))
+        .unwrap();
+    s.wake();
+    assert_eq!(wait_end(s.store(), first.id).await.state, State::Done);
+    // At the destination: one file changed but the same size (left alone by size), one of
+    // another size (replaced), one gone (sent again).
+    let there = server.root.join("run42");
+    std::fs::write(there.join("b.bin"), b"X").unwrap();
+    std::fs::write(there.join("e.bin"), b"shorter").unwrap();
+    std::fs::remove_file(there.join("sub/c.bin")).unwrap();
+    let mut sync = job(vec!["/run42".into()], dest);
+    sync.sync = SyncMode::Size;
+    let j = s.store().submit(&sync).unwrap();
+    s.wake();
+    let j = wait_end(s.store(), j.id).await;
+    assert_eq!(j.state, State::Done, "{j:?}");
+    assert_eq!(
+        std::fs::read(there.join("b.bin")).unwrap(),
+        b"X",
+        "same size: not sent"
+    );
+    assert_eq!(
+        j.bytes_done,
+        65_536 + 100_000,
+        "only what differs in size was sent: {j:?}"
+    );
+    let mut want = tree_bytes(&top);
+    for (rel, data) in &mut want {
+        if rel == "b.bin" {
+            *data = b"X".to_vec();
+        }
+    }
+    assert_eq!(tree_bytes(&there), want);
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn cancel_stops_a_running_job_for_good() {
     let server = TestServer::start().await;
     let local = tempfile::tempdir().unwrap();
