@@ -1,5 +1,6 @@
-//! The scheduler over a real server: a put of a tree ends done and byte-identical, a get
-//! comes back, cancel stops a running job, failures are retried with backoff and counted.
+//! The scheduler over real servers: a put of a tree ends done and byte-identical, a get comes
+//! back, syncs leave what is the same, a copy goes between two servers, cancel stops a running
+//! job, failures are retried with backoff and counted, priority and the per-server limit hold.
 
 use std::time::Duration;
 
@@ -125,6 +126,29 @@ async fn a_sync_by_size_leaves_same_size_files_and_replaces_the_others() {
     }
     assert_eq!(tree_bytes(&there), want);
     server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_copy_between_two_servers_goes_from_one_to_the_other() {
+    let a = TestServer::start_with(|c| c.third_party = true).await;
+    let b = TestServer::start_with(|c| c.third_party = true).await;
+    let top = make_tree(&a.root, "run42");
+    let local = tempfile::tempdir().unwrap();
+    let r = runner(
+        local.path(),
+        vec![a.endpoint(), b.endpoint()],
+        local.path().join("kh"),
+    );
+    let (s, _stop) = start_scheduler(r, limits());
+    let cp = job(vec![format!("{}:/run42", a.addr)], format!("{}:/", b.addr));
+    assert_eq!((cp.kind, cp.server.clone()), (Kind::Cp, b.addr.to_string()));
+    let j = s.store().submit(&cp).unwrap();
+    s.wake();
+    let j = wait_end(s.store(), j.id).await;
+    assert_eq!(j.state, State::Done, "{j:?}");
+    assert_eq!(tree_bytes(&b.root.join("run42")), tree_bytes(&top));
+    a.stop().await;
+    b.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -28,11 +28,16 @@ pub struct TestServer {
 
 impl TestServer {
     pub async fn start() -> Self {
+        Self::start_with(|_| {}).await
+    }
+
+    pub async fn start_with(f: impl FnOnce(&mut ServerConfig)) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path().join("root");
         std::fs::create_dir(&root).unwrap();
         let mut config = ServerConfig::new(&root, TOKEN);
         config.auth_failure_delay = Duration::from_millis(50);
+        f(&mut config);
         let fingerprint = config.tls.as_ref().unwrap().fingerprint().to_string();
         let server = Server::bind("127.0.0.1:0".parse().unwrap(), config)
             .await
