@@ -95,6 +95,9 @@ pub struct JobsArgs {
     /// Show at most this many, newest first.
     #[arg(long, default_value_t = 100)]
     pub limit: usize,
+    /// Show the list again every 2 s until none of its jobs is queued or running (or ctrl-c).
+    #[arg(long, conflicts_with = "json")]
+    pub watch: bool,
     #[command(flatten)]
     pub client: ServiceClientArgs,
 }

@@ -133,6 +133,10 @@ fn submit_a_tree_then_watch_it_done_and_identical_through_the_cli() {
     let out = svc.cmd(&sb, &alice, &["jobs"]);
     assert_code(&out, 0);
     assert!(out.stdout.contains("done"), "{out:?}");
+    // Every job shown has ended: --watch shows them once and returns.
+    let out = svc.cmd(&sb, &alice, &["jobs", "--watch"]);
+    assert_code(&out, 0);
+    assert_eq!(out.stdout.lines().count(), 2, "{out:?}");
     let out = svc.cmd(&sb, &alice, &["job", &id]);
     assert_code(&out, 0);
     assert!(

@@ -131,18 +131,35 @@ pub async fn submit(a: SubmitArgs, quiet: bool) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// How often `jobs --watch` asks again.
+const WATCH_EVERY: Duration = Duration::from_secs(2);
+
 pub async fn jobs(a: JobsArgs) -> Result<ExitCode> {
     let c = client(&a.client)?;
-    let jobs = c.jobs(a.limit).await.map_err(failed)?;
-    if a.client.output.json {
-        println!("{}", serde_json::to_string_pretty(&jobs)?);
-        return Ok(ExitCode::SUCCESS);
+    loop {
+        let jobs = c.jobs(a.limit).await.map_err(failed)?;
+        if a.client.output.json {
+            println!("{}", serde_json::to_string_pretty(&jobs)?);
+            return Ok(ExitCode::SUCCESS);
+        }
+        print_table(&jobs);
+        // Ends with the jobs it shows: each ends by its attempts or its cancel.
+        if !a.watch || jobs.iter().all(|j| j.state.is_final()) {
+            return Ok(ExitCode::SUCCESS);
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(WATCH_EVERY) => println!(),
+            _ = tokio::signal::ctrl_c() => return Ok(ExitCode::SUCCESS),
+        }
     }
+}
+
+fn print_table(jobs: &[Job]) {
     println!(
         "{:>6}  {:<9}  {:<4}  {:>6}  {:>12}  {:<8}  LABEL",
         "ID", "STATE", "KIND", "DONE", "RATE", "OWNER"
     );
-    for j in &jobs {
+    for j in jobs {
         println!(
             "{:>6}  {:<9}  {:<4}  {:>5.1}%  {:>10}/s  {:<8}  {}",
             j.id,
@@ -154,7 +171,6 @@ pub async fn jobs(a: JobsArgs) -> Result<ExitCode> {
             clean(&j.label)
         );
     }
-    Ok(ExitCode::SUCCESS)
 }
 
 pub async fn job(a: JobArgs) -> Result<ExitCode> {
