@@ -52,6 +52,17 @@ pub enum Command {
     /// Manage the server's access tokens: each has a name, path scopes, and is stored hashed.
     #[command(subcommand)]
     Token(TokenCommand),
+    /// Run the transfer service: a queue of jobs (put, get, copies between servers) run side
+    /// by side, retried and resumed, behind an HTTP API with TLS and tokens.
+    Service(crate::service_args::ServiceArgs),
+    /// Queue a transfer on the service: `ferry submit /data/run42 dtn2:/incoming/`.
+    Submit(crate::service_args::SubmitArgs),
+    /// List the service's jobs (yours, or all for an admin token), newest first.
+    Jobs(crate::service_args::JobsArgs),
+    /// Show one job: files and bytes done, rate, ETA, attempts, the last error.
+    Job(crate::service_args::JobArgs),
+    /// Cancel a queued or running job.
+    Cancel(crate::service_args::JobArgs),
     /// Write shell completions or the man page, generated from this command line's
     /// definition (what the Debian package ships; see scripts/deb.sh).
     #[command(subcommand, hide = true)]
@@ -158,7 +169,12 @@ impl Command {
             Command::Probe(ProbeCommand::Host(a)) => Some(&a.output),
             Command::Probe(ProbeCommand::Disk(a)) => Some(&a.output),
             Command::Probe(ProbeCommand::Net(a)) => Some(&a.output),
-            Command::Serve(_) | Command::Token(_) | Command::Generate(_) => None,
+            Command::Submit(a) => Some(&a.client.output),
+            Command::Jobs(a) => Some(&a.client.output),
+            Command::Job(a) | Command::Cancel(a) => Some(&a.client.output),
+            Command::Serve(_) | Command::Service(_) | Command::Token(_) | Command::Generate(_) => {
+                None
+            }
         }
     }
 }

@@ -13,6 +13,7 @@ mod profiles;
 mod progress;
 mod remote;
 mod serve_config;
+mod service_args;
 mod ssh;
 mod state;
 
@@ -44,6 +45,7 @@ fn print_json_error(message: &str, usage: bool, hint: Option<&str>, code: u8) {
 fn init_log(cli: &args::Cli) {
     let serve = match &cli.command {
         args::Command::Serve(a) => Some(a.log_format),
+        args::Command::Service(_) => Some(args::LogFormat::Text),
         _ => None,
     };
     let level = match (cli.quiet, cli.verbose, serve.is_some()) {

@@ -11,6 +11,7 @@ mod filters;
 mod multipath;
 mod rerun;
 mod serve_config;
+mod service;
 mod ssh;
 mod sync;
 mod third_party;

@@ -4,10 +4,12 @@ mod cp;
 mod demo;
 mod generate;
 mod get;
+mod jobs;
 mod ls;
 mod probe;
 mod put;
 mod serve;
+mod service;
 mod sync;
 mod token;
 mod transfer;
@@ -31,5 +33,10 @@ pub async fn run(cli: Cli) -> Result<ExitCode> {
         Command::Probe(c) => probe::run(c, quiet).await,
         Command::Token(c) => token::run(c, quiet),
         Command::Generate(c) => generate::run(c),
+        Command::Service(a) => service::run(a, quiet).await,
+        Command::Submit(a) => jobs::submit(a, quiet).await,
+        Command::Jobs(a) => jobs::jobs(a).await,
+        Command::Job(a) => jobs::job(a).await,
+        Command::Cancel(a) => jobs::cancel(a, quiet).await,
     }
 }

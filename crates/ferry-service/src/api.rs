@@ -1,0 +1,336 @@
+//! The HTTP API (JSON): submit, list, show and cancel jobs, and `/metrics` in Prometheus'
+//! text format. Every `/api` request carries a bearer token from ferry's token file (the one
+//! `ferry token add` writes); a token sees and cancels only the jobs it submitted, unless the
+//! service names it an admin. Bodies are bounded and every request has a time limit.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, Path, Query, Request, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use ferry_net::access::{Access, Grant};
+use serde::{Deserialize, Serialize};
+
+use crate::error::ServiceError;
+use crate::job::{Job, NewJob, SyncMode};
+use crate::location::Location;
+use crate::runner::classify;
+use crate::scheduler::Scheduler;
+
+/// The largest request body taken: a job naming many long paths fits, a flood does not.
+pub const MAX_BODY: usize = 256 * 1024;
+/// How long one request may take before it is answered 503.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// Jobs a listing returns unless asked for fewer.
+const DEFAULT_LIST: usize = 100;
+
+/// What the handlers share.
+pub struct App {
+    pub scheduler: Arc<Scheduler>,
+    pub access: Access,
+    /// Token names that may see and cancel every job.
+    pub admins: Vec<String>,
+}
+
+/// The router, with its limits.
+pub fn router(app: Arc<App>) -> Router {
+    Router::new()
+        .route("/api/jobs", post(submit).get(list))
+        .route("/api/jobs/{id}", get(show))
+        .route("/api/jobs/{id}/cancel", post(cancel))
+        .route("/metrics", get(metrics))
+        .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "no such endpoint") })
+        .layer(DefaultBodyLimit::max(MAX_BODY))
+        .layer(middleware::from_fn(time_limit))
+        .with_state(app)
+}
+
+async fn time_limit(req: Request, next: Next) -> Response {
+    match tokio::time::timeout(REQUEST_TIMEOUT, next.run(req)).await {
+        Ok(r) => r,
+        Err(_) => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the request took too long")
+            .into_response(),
+    }
+}
+
+/// An error answer: a status and `{"error": "..."}`.
+#[derive(Debug)]
+pub struct ApiError {
+    status: StatusCode,
+    message: String,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            message: message.into(),
+        }
+    }
+}
+
+#[derive(Serialize, Deserialize)]
+pub struct ErrorBody {
+    pub error: String,
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut r = (
+            self.status,
+            Json(ErrorBody {
+                error: self.message,
+            }),
+        )
+            .into_response();
+        if self.status == StatusCode::UNAUTHORIZED {
+            r.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                header::HeaderValue::from_static("Bearer"),
+            );
+        }
+        r
+    }
+}
+
+impl From<ServiceError> for ApiError {
+    fn from(e: ServiceError) -> Self {
+        let status = match &e {
+            ServiceError::Invalid(_) => StatusCode::BAD_REQUEST,
+            ServiceError::NotFound(_) => StatusCode::NOT_FOUND,
+            ServiceError::Ended { .. } => StatusCode::CONFLICT,
+            ServiceError::Forbidden(_) => StatusCode::FORBIDDEN,
+            _ => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        Self::new(status, e.to_string())
+    }
+}
+
+/// Who is asking: the token's name, its scopes, whether it is an admin.
+struct Caller {
+    grant: Grant,
+    admin: bool,
+}
+
+impl Caller {
+    fn may_see(&self, job: &Job) -> bool {
+        self.admin || job.owner == self.grant.name
+    }
+}
+
+fn caller(app: &App, headers: &HeaderMap) -> Result<Caller, ApiError> {
+    let unauthorized = |m: &str| ApiError::new(StatusCode::UNAUTHORIZED, m);
+    let value = headers
+        .get(header::AUTHORIZATION)
+        .ok_or_else(|| unauthorized("no token: send `Authorization: Bearer TOKEN`"))?;
+    let token = value
+        .to_str()
+        .ok()
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim)
+        .ok_or_else(|| unauthorized("the Authorization header must be `Bearer TOKEN`"))?;
+    let list = app.access.current().map_err(|e| {
+        tracing::warn!("token file: {e}");
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "the service cannot read its token file",
+        )
+    })?;
+    let grant = list
+        .authenticate(token)
+        .ok_or_else(|| unauthorized("unknown or revoked token"))?;
+    let admin = app.admins.contains(&grant.name);
+    Ok(Caller { grant, admin })
+}
+
+/// A job as submitted over the API.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SubmitRequest {
+    pub sources: Vec<String>,
+    pub dest: String,
+    #[serde(default)]
+    pub sync: Option<String>,
+    #[serde(default)]
+    pub priority: i64,
+    /// Unix seconds.
+    #[serde(default)]
+    pub deadline: Option<i64>,
+    #[serde(default)]
+    pub label: String,
+}
+
+/// The caller's scopes on the service's local root: a put reads its sources there, a get
+/// writes its destination.
+fn check_scopes(c: &Caller, req: &SubmitRequest) -> Result<(), ApiError> {
+    let forbidden = |what: &str, p: &str| {
+        ApiError::new(
+            StatusCode::FORBIDDEN,
+            format!(
+                "token `{}` may not {what} {p} on the service's host",
+                c.grant.name
+            ),
+        )
+    };
+    for s in &req.sources {
+        if let Location::Local(rel) = Location::parse(s)? {
+            if !c.grant.may_read(&rel) {
+                return Err(forbidden("read", s));
+            }
+        }
+    }
+    if let Location::Local(rel) = Location::parse(&req.dest)? {
+        if !c.grant.may_write(&rel) {
+            return Err(forbidden("write", &req.dest));
+        }
+    }
+    Ok(())
+}
+
+async fn submit(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<(StatusCode, Json<Job>), ApiError> {
+    let c = caller(&app, &headers)?;
+    let body = body.map_err(|e| {
+        let why = format!("request body: {} (at most {MAX_BODY} bytes)", e.body_text());
+        ApiError::new(e.status(), why)
+    })?;
+    let req: SubmitRequest = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, format!("bad job: {e}")))?;
+    check_scopes(&c, &req)?;
+    let (kind, server) = classify(&req.sources, &req.dest)?;
+    let sync = match req.sync.as_deref() {
+        None => SyncMode::Off,
+        Some(s) => SyncMode::parse(s)?,
+    };
+    if sync != SyncMode::Off && kind == crate::Kind::Cp {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "sync between two servers is not supported yet; submit it without --sync",
+        ));
+    }
+    let job = NewJob {
+        kind,
+        sources: req.sources,
+        dest: req.dest,
+        sync,
+        priority: req.priority,
+        deadline: req.deadline,
+        label: req.label,
+        owner: c.grant.name.clone(),
+        server,
+    };
+    let store = app.scheduler.store().clone();
+    let job = tokio::task::spawn_blocking(move || store.submit(&job))
+        .await
+        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))??;
+    app.scheduler.wake();
+    Ok((StatusCode::CREATED, Json(job)))
+}
+
+#[derive(Debug, Deserialize)]
+struct ListQuery {
+    limit: Option<usize>,
+}
+
+async fn list(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    Query(q): Query<ListQuery>,
+) -> Result<Json<Vec<Job>>, ApiError> {
+    let c = caller(&app, &headers)?;
+    let owner = (!c.admin).then(|| c.grant.name.clone());
+    let limit = q.limit.unwrap_or(DEFAULT_LIST);
+    let store = app.scheduler.store().clone();
+    let jobs = tokio::task::spawn_blocking(move || store.list(owner.as_deref(), limit))
+        .await
+        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))??;
+    Ok(Json(jobs))
+}
+
+/// The job `id` names, if the caller may see it; another's job is "no job", as a missing one.
+fn visible(app: &App, c: &Caller, id: &str) -> Result<Job, ApiError> {
+    let id: i64 = id
+        .parse()
+        .map_err(|_| ApiError::new(StatusCode::BAD_REQUEST, format!("{id:?} is not a job id")))?;
+    match app.scheduler.store().get(id)? {
+        Some(j) if c.may_see(&j) => Ok(j),
+        _ => Err(ServiceError::NotFound(id).into()),
+    }
+}
+
+async fn show(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Json<Job>, ApiError> {
+    let c = caller(&app, &headers)?;
+    Ok(Json(visible(&app, &c, &id)?))
+}
+
+async fn cancel(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Json<Job>, ApiError> {
+    let c = caller(&app, &headers)?;
+    let job = visible(&app, &c, &id)?;
+    app.scheduler.store().cancel(job.id)?;
+    app.scheduler.stop(job.id);
+    let job = app
+        .scheduler
+        .store()
+        .get(job.id)?
+        .ok_or(ServiceError::NotFound(job.id))?;
+    Ok(Json(job))
+}
+
+/// Prometheus' text format: jobs by state, the queue's depth, jobs running, bytes moved.
+/// Counts only, no names or paths: it needs no token.
+async fn metrics(State(app): State<Arc<App>>) -> Result<Response, ApiError> {
+    let s = &app.scheduler;
+    let counts = s.store().counts()?;
+    let mut out = String::new();
+    out.push_str("# HELP ferry_service_jobs Jobs the service holds, by state.\n");
+    out.push_str("# TYPE ferry_service_jobs gauge\n");
+    for (state, n) in &counts {
+        out.push_str(&format!(
+            "ferry_service_jobs{{state=\"{}\"}} {n}\n",
+            state.as_str()
+        ));
+    }
+    let queued = counts
+        .iter()
+        .find(|c| c.0 == crate::State::Queued)
+        .map_or(0, |c| c.1);
+    out.push_str("# HELP ferry_service_queue_depth Jobs waiting to run.\n");
+    out.push_str("# TYPE ferry_service_queue_depth gauge\n");
+    out.push_str(&format!("ferry_service_queue_depth {queued}\n"));
+    out.push_str("# HELP ferry_service_running_jobs Jobs running now.\n");
+    out.push_str("# TYPE ferry_service_running_jobs gauge\n");
+    out.push_str(&format!("ferry_service_running_jobs {}\n", s.running()));
+    out.push_str(
+        "# HELP ferry_service_transferred_bytes_total Bytes moved by jobs since the service started.\n",
+    );
+    out.push_str("# TYPE ferry_service_transferred_bytes_total counter\n");
+    out.push_str(&format!(
+        "ferry_service_transferred_bytes_total {}\n",
+        s.moved()
+    ));
+    Ok((
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        out,
+    )
+        .into_response())
+}

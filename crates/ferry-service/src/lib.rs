@@ -1,0 +1,25 @@
+//! ferry's transfer service (issue 40): jobs submitted over an HTTP API, kept in SQLite, run
+//! side by side by a scheduler through ferry-net's client library, retried with backoff and
+//! resumed from ferry's own partial files after a failure or a crash.
+
+pub mod api;
+pub mod client;
+pub mod endpoints;
+pub mod error;
+mod http;
+pub mod job;
+pub mod location;
+pub mod runner;
+pub mod scheduler;
+pub mod service;
+mod sizesync;
+pub mod store;
+pub mod tls;
+
+pub use endpoints::{Endpoint, Endpoints};
+pub use error::ServiceError;
+pub use job::{Job, Kind, NewJob, Progress, State, SyncMode};
+pub use runner::{classify, Runner};
+pub use scheduler::{Limits, Scheduler};
+pub use service::{Service, ServiceConfig};
+pub use store::Store;

@@ -1,0 +1,381 @@
+//! Runs one attempt of a job through ferry-net's client library (never the ferry binary):
+//! the client configuration for each server from the endpoints, the sources confined to the
+//! service's local root, and a [`JobReporter`] that counts what the transfer reports.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use ferry_core::filter::Filter;
+use ferry_core::send::Source;
+use ferry_core::{Reporter, Root};
+use ferry_net::copy::CopyConfig;
+use ferry_net::sync::{Direction, SyncOpts};
+use ferry_net::{ClientConfig, SessionError};
+use ferry_proto::{ChecksumAlgo, ExistingPolicy, TransferOpts};
+
+use crate::endpoints::Endpoints;
+use crate::job::{Job, Kind, Progress, SyncMode};
+use crate::location::{name_of, under, Location};
+
+/// How the service's transfers are tuned and reach their servers.
+#[derive(Clone, Debug)]
+pub struct Runner {
+    pub endpoints: Endpoints,
+    /// The directory local paths of put and get jobs are below; `None`: only cp jobs run.
+    pub local_root: Option<PathBuf>,
+    pub block_size: u32,
+    /// Test hook: each reported block waits this long, so that a test can stop the service
+    /// while a job is surely running.
+    pub pace: Option<Duration>,
+}
+
+/// Why an attempt failed, and whether another may succeed.
+#[derive(Debug)]
+pub struct Failure {
+    pub message: String,
+    pub retryable: bool,
+}
+
+impl From<SessionError> for Failure {
+    fn from(e: SessionError) -> Self {
+        Self {
+            retryable: e.is_retryable(),
+            message: e.to_string(),
+        }
+    }
+}
+
+fn refused(message: String) -> Failure {
+    Failure {
+        message,
+        retryable: false,
+    }
+}
+
+/// A job's counters as the transfer reports them; the scheduler writes them to the store.
+#[derive(Debug, Default)]
+pub struct JobReporter {
+    files_done: AtomicU64,
+    files_total: AtomicU64,
+    bytes_done: AtomicU64,
+    bytes_total: AtomicU64,
+    /// Every byte any job moved, for `/metrics`.
+    moved: Arc<AtomicU64>,
+    pace: Option<Duration>,
+}
+
+impl JobReporter {
+    pub fn new(moved: Arc<AtomicU64>, pace: Option<Duration>) -> Self {
+        Self {
+            moved,
+            pace,
+            ..Self::default()
+        }
+    }
+
+    /// The counters now; `rate` is left to the caller, who knows the interval.
+    pub fn snapshot(&self) -> Progress {
+        Progress {
+            files_done: self.files_done.load(Ordering::Relaxed),
+            files_total: self.files_total.load(Ordering::Relaxed),
+            bytes_done: self.bytes_done.load(Ordering::Relaxed),
+            bytes_total: self.bytes_total.load(Ordering::Relaxed),
+            rate: 0.0,
+        }
+    }
+}
+
+impl Reporter for JobReporter {
+    fn on_discovered(&self, files: u64, bytes: u64) {
+        self.files_total.fetch_add(files, Ordering::Relaxed);
+        self.bytes_total.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    fn on_bytes(&self, n: u64) {
+        self.bytes_done.fetch_add(n, Ordering::Relaxed);
+        self.moved.fetch_add(n, Ordering::Relaxed);
+        if let Some(d) = self.pace {
+            pause(d);
+        }
+    }
+
+    fn on_file_done(&self) {
+        self.files_done.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Sleeps on the calling thread (the test hook); on a multi-thread runtime, its other tasks
+/// move to other workers meanwhile.
+fn pause(d: Duration) {
+    let multi = tokio::runtime::Handle::try_current()
+        .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+    if multi {
+        tokio::task::block_in_place(|| std::thread::sleep(d));
+    } else {
+        std::thread::sleep(d);
+    }
+}
+
+/// A job's sources and destination, read and checked: which way it goes, and the server
+/// whose per-server limit it counts against.
+pub fn classify(sources: &[String], dest: &str) -> Result<(Kind, String), crate::ServiceError> {
+    let bad = |m: &str| Err(crate::ServiceError::Invalid(m.to_owned()));
+    let dest = Location::parse(dest)?;
+    let srcs = sources
+        .iter()
+        .map(|s| Location::parse(s))
+        .collect::<Result<Vec<_>, _>>()?;
+    let remote_srcs: Vec<&str> = srcs.iter().filter_map(Location::server).collect();
+    let Some(first) = srcs.first() else {
+        return bad("a job needs at least one source");
+    };
+    if !remote_srcs.is_empty() && remote_srcs.len() != srcs.len() {
+        return bad("a job's sources are all local or all on one server, not both");
+    }
+    if remote_srcs.iter().any(|s| Some(*s) != first.server()) {
+        return bad("a job's remote sources must all be on one server");
+    }
+    match (first.server(), dest.server()) {
+        (None, Some(d)) => Ok((Kind::Put, d.to_owned())),
+        (Some(s), None) => Ok((Kind::Get, s.to_owned())),
+        (Some(_), Some(d)) => Ok((Kind::Cp, d.to_owned())),
+        (None, None) => bad("source and destination are both local: nothing for ferry to move"),
+    }
+}
+
+impl Runner {
+    /// One attempt of `job`, reporting to `reporter`. `Ok(errors)`: the transfers ran to their
+    /// end; `errors` lists the files that failed (a job with any is failed, not retried).
+    pub async fn run(&self, job: &Job, reporter: Arc<JobReporter>) -> Result<Vec<String>, Failure> {
+        let dest = Location::parse(&job.dest).map_err(|e| refused(e.to_string()))?;
+        let srcs = job
+            .sources
+            .iter()
+            .map(|s| Location::parse(s))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| refused(e.to_string()))?;
+        let reporter: Arc<dyn Reporter> = reporter;
+        match (job.kind, dest) {
+            (Kind::Put, Location::Remote { server, path }) => {
+                let cfg = self.client(&server, job.sync)?;
+                self.put(&cfg, &srcs, &path, job.sync, reporter).await
+            }
+            (Kind::Get, Location::Local(rel)) => {
+                let dest = under(self.root()?, &rel);
+                self.get(&srcs, &dest, job.sync, reporter).await
+            }
+            (Kind::Cp, Location::Remote { server, path }) => {
+                if job.sync != SyncMode::Off {
+                    return Err(refused(
+                        "sync between two servers is not supported yet".into(),
+                    ));
+                }
+                self.cp(&srcs, &server, &path, reporter).await
+            }
+            (kind, _) => Err(refused(format!(
+                "job {}: a {} whose destination does not fit it",
+                job.id,
+                kind.as_str()
+            ))),
+        }
+    }
+
+    fn root(&self) -> Result<&Path, Failure> {
+        self.local_root.as_deref().ok_or_else(|| {
+            refused("the service has no --local-root: it runs only server-to-server copies".into())
+        })
+    }
+
+    /// The client configuration for `server`: the endpoint's token and trust, fixed tuning,
+    /// no retries of its own (the scheduler retries, with the job's attempts counted).
+    fn client(&self, server: &str, sync: SyncMode) -> Result<ClientConfig, Failure> {
+        let (token, security) = self
+            .endpoints
+            .reach(server)
+            .map_err(|e| refused(e.to_string()))?;
+        Ok(ClientConfig {
+            server: server.to_owned(),
+            token,
+            opts: TransferOpts {
+                streams: ferry_net::AUTO_MAX_STREAMS,
+                block_size: self.block_size,
+                checksum: ChecksumAlgo::Blake3,
+                existing: match sync {
+                    SyncMode::Off => ExistingPolicy::Fail,
+                    SyncMode::Size | SyncMode::Mtime | SyncMode::Checksum => {
+                        ExistingPolicy::Overwrite
+                    }
+                },
+                tcp_window: 0,
+                auto_start: ferry_net::DEFAULT_STREAMS,
+                storage_threads: 0,
+            },
+            readers: 4,
+            writers: 4,
+            tune_storage: true,
+            storage_from: "default",
+            block_from: "fixed",
+            connect_timeout: Duration::from_secs(15),
+            idle_timeout: Duration::from_secs(120),
+            corrupt_blocks: Vec::new(),
+            retry_for: Duration::ZERO,
+            security,
+            start_from: Default::default(),
+            force_streams: None,
+            stall_stream: None,
+            drain_at_end: false,
+            helpers: 0,
+            modes: Default::default(),
+            links: Default::default(),
+            multipath: false,
+            bind: Vec::new(),
+            stripe: Vec::new(),
+        })
+    }
+
+    async fn put(
+        &self,
+        cfg: &ClientConfig,
+        srcs: &[Location],
+        dest: &str,
+        sync: SyncMode,
+        reporter: Arc<dyn Reporter>,
+    ) -> Result<Vec<String>, Failure> {
+        let root = self.root()?.to_path_buf();
+        let rels: Vec<String> = srcs
+            .iter()
+            .filter_map(|s| match s {
+                Location::Local(rel) => Some(rel.clone()),
+                Location::Remote { .. } => None,
+            })
+            .collect();
+        if sync == SyncMode::Size {
+            let mut errors = Vec::new();
+            for rel in &rels {
+                let to = format!("{}/{}", dest.trim_end_matches('/'), name_of(rel));
+                errors.extend(crate::sizesync::put(cfg, &root, rel, &to, reporter.clone()).await?);
+            }
+            return Ok(errors);
+        }
+        if let Some(checksum) = sync.compares() {
+            let mut errors = Vec::new();
+            for rel in &rels {
+                let to = format!("{}/{}", dest.trim_end_matches('/'), name_of(rel));
+                let dir = Direction::Put {
+                    src: under(&root, rel),
+                    dest: to,
+                };
+                let r = ferry_net::sync::sync(
+                    cfg,
+                    &dir,
+                    &Filter::default(),
+                    checksum,
+                    reporter.clone(),
+                )
+                .await?;
+                errors.extend(r.transfer.map(|t| t.errors).unwrap_or_default());
+                errors.extend(r.delete_errors);
+            }
+            return Ok(errors);
+        }
+        // Opened below the local root for each attempt: a symlink cannot lead a source out.
+        let sources = || -> Result<Vec<Source>, SessionError> {
+            rels.iter()
+                .map(|rel| {
+                    if rel.is_empty() {
+                        let why = std::io::Error::other("cannot send the local root itself");
+                        return Err(ferry_core::FsError::io("/".to_owned(), why).into());
+                    }
+                    Ok(Source {
+                        root: Root::open(&root)?,
+                        rel: rel.clone(),
+                        name: name_of(rel).to_owned(),
+                    })
+                })
+                .collect()
+        };
+        let r = ferry_net::client::put_sources(cfg, sources, dest, reporter).await?;
+        Ok(r.errors)
+    }
+
+    async fn get(
+        &self,
+        srcs: &[Location],
+        dest: &Path,
+        sync: SyncMode,
+        reporter: Arc<dyn Reporter>,
+    ) -> Result<Vec<String>, Failure> {
+        std::fs::create_dir_all(dest).map_err(|e| refused(format!("{}: {e}", dest.display())))?;
+        let mut errors = Vec::new();
+        for s in srcs {
+            let Location::Remote { server, path } = s else {
+                continue;
+            };
+            let cfg = self.client(server, sync)?;
+            if sync == SyncMode::Size {
+                let to = dest.join(name_of(path));
+                errors.extend(crate::sizesync::get(&cfg, path, &to, reporter.clone()).await?);
+                continue;
+            }
+            if let Some(checksum) = sync.compares() {
+                let dir = Direction::Get {
+                    src: path.clone(),
+                    dest: dest.join(name_of(path)),
+                };
+                let r = ferry_net::sync::sync(
+                    &cfg,
+                    &dir,
+                    &Filter::default(),
+                    checksum,
+                    reporter.clone(),
+                )
+                .await?;
+                errors.extend(r.transfer.map(|t| t.errors).unwrap_or_default());
+                continue;
+            }
+            let r = ferry_net::client::get(&cfg, path, dest, reporter.clone()).await?;
+            errors.extend(r.errors);
+        }
+        Ok(errors)
+    }
+
+    async fn cp(
+        &self,
+        srcs: &[Location],
+        server: &str,
+        dest: &str,
+        reporter: Arc<dyn Reporter>,
+    ) -> Result<Vec<String>, Failure> {
+        let mut errors = Vec::new();
+        for s in srcs {
+            let Location::Remote { server: from, path } = s else {
+                continue;
+            };
+            let cfg = CopyConfig {
+                source: self.client(from, SyncMode::Off)?,
+                dest: self.client(server, SyncMode::Off)?,
+                dest_addr: None,
+            };
+            let r = ferry_net::copy::copy(&cfg, path, dest, reporter.clone()).await?;
+            errors.extend(r.errors);
+        }
+        Ok(errors)
+    }
+}
+
+impl SyncMode {
+    /// The `ferry sync` options this mode runs with; `None` for a plain transfer, or a sync by
+    /// size (`sizesync`, which ferry sync has no comparison for).
+    fn compares(self) -> Option<SyncOpts> {
+        match self {
+            SyncMode::Off | SyncMode::Size => None,
+            SyncMode::Mtime | SyncMode::Checksum => Some(SyncOpts {
+                checksum: self == SyncMode::Checksum,
+                delete: false,
+                dry_run: false,
+            }),
+        }
+    }
+}

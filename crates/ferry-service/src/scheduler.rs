@@ -1,0 +1,230 @@
+//! The scheduler: starts queued jobs side by side, higher priority first then older first,
+//! at most `per_server` at once against any one server; writes each running job's progress
+//! to the store (a few times a second, not per block); retries a failed attempt with
+//! exponential backoff up to `max_attempts`; stops a job that is cancelled. A retry, or the
+//! run after a restart, is the same transfer again, which resumes from ferry's partial files.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::sync::Notify;
+use tokio::task::AbortHandle;
+
+use crate::job::{now_ms, Job, State};
+use crate::runner::{Failure, JobReporter, Runner};
+use crate::store::Store;
+
+/// How many jobs run at once, and how failed attempts are retried.
+#[derive(Clone, Debug)]
+pub struct Limits {
+    /// Jobs running at once against one server (the destination's; the source's for a get).
+    pub per_server: usize,
+    /// Jobs running at once in all.
+    pub total: usize,
+    /// Attempts a job gets before it fails for good (a restart after a crash counts one).
+    pub max_attempts: u32,
+    /// The wait before the second attempt; doubled for each after, up to `most_backoff`.
+    pub first_backoff: Duration,
+    pub most_backoff: Duration,
+    /// How often a running job's counters are written to the store.
+    pub progress_every: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            per_server: 2,
+            total: 16,
+            max_attempts: 5,
+            first_backoff: Duration::from_secs(2),
+            most_backoff: Duration::from_secs(300),
+            progress_every: Duration::from_millis(500),
+        }
+    }
+}
+
+/// How often the queue is looked at with nothing else to wake it (a backoff ending, a
+/// deadline passing).
+const TICK: Duration = Duration::from_millis(500);
+/// The most queued jobs looked at per pass.
+const PASS: usize = 256;
+
+struct Running {
+    server: String,
+    task: AbortHandle,
+}
+
+pub struct Scheduler {
+    store: Arc<Store>,
+    runner: Runner,
+    limits: Limits,
+    running: Mutex<HashMap<i64, Running>>,
+    wake: Notify,
+    /// Every byte any job moved, for `/metrics`.
+    moved: Arc<AtomicU64>,
+}
+
+impl Scheduler {
+    pub fn new(store: Arc<Store>, runner: Runner, limits: Limits) -> Arc<Self> {
+        Arc::new(Self {
+            store,
+            runner,
+            limits,
+            running: Mutex::new(HashMap::new()),
+            wake: Notify::new(),
+            moved: Arc::default(),
+        })
+    }
+
+    pub fn store(&self) -> &Arc<Store> {
+        &self.store
+    }
+
+    /// Bytes moved by all jobs since the service started.
+    pub fn moved(&self) -> u64 {
+        self.moved.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Jobs running now.
+    pub fn running(&self) -> usize {
+        self.lock().len()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<i64, Running>> {
+        self.running.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Looks at the queue now (a job was submitted).
+    pub fn wake(&self) {
+        self.wake.notify_one();
+    }
+
+    /// Stops job `id` if it runs (the store already says cancelled): its transfer is dropped
+    /// where it stands, its partial files stay for a later job to resume.
+    pub fn stop(&self, id: i64) {
+        if let Some(r) = self.lock().remove(&id) {
+            r.task.abort();
+        }
+        self.wake();
+    }
+
+    /// Runs the queue until `shutdown` resolves; then stops the running jobs and queues them
+    /// again, so that the next start resumes them.
+    pub async fn run(self: Arc<Self>, shutdown: impl Future<Output = ()>) {
+        tokio::pin!(shutdown);
+        loop {
+            if let Err(e) = self.pass() {
+                tracing::warn!("scheduler: {e}");
+            }
+            tokio::select! {
+                _ = &mut shutdown => break,
+                _ = self.wake.notified() => {}
+                _ = tokio::time::sleep(TICK) => {}
+            }
+        }
+        let stopped: Vec<(i64, Running)> = self.lock().drain().collect();
+        for (id, r) in stopped {
+            r.task.abort();
+            let _ = self
+                .store
+                .retry_later(id, "the service stopped while the job ran", now_ms());
+        }
+    }
+
+    /// Starts what the limits allow, in queue order; fails queued jobs whose deadline passed.
+    fn pass(self: &Arc<Self>) -> Result<(), crate::ServiceError> {
+        let now = now_ms();
+        for job in self.store.runnable(now, PASS)? {
+            if job.deadline.is_some_and(|d| d.saturating_mul(1000) < now) {
+                self.store
+                    .expire(job.id, "its deadline passed before it could start")?;
+                continue;
+            }
+            let mut running = self.lock();
+            if running.len() >= self.limits.total {
+                break;
+            }
+            let on_server = running.values().filter(|r| r.server == job.server).count();
+            if on_server >= self.limits.per_server || running.contains_key(&job.id) {
+                continue;
+            }
+            if !self.store.start(job.id)? {
+                continue;
+            }
+            let server = job.server.clone();
+            let id = job.id;
+            let task = tokio::spawn(self.clone().drive(job)).abort_handle();
+            running.insert(id, Running { server, task });
+        }
+        Ok(())
+    }
+
+    /// One attempt of `job`, its progress written as it goes, then its end recorded: done,
+    /// failed, or queued again after a backoff.
+    async fn drive(self: Arc<Self>, job: Job) {
+        let reporter = Arc::new(JobReporter::new(self.moved.clone(), self.runner.pace));
+        let attempt = self.runner.run(&job, reporter.clone());
+        tokio::pin!(attempt);
+        let mut tick = tokio::time::interval(self.limits.progress_every);
+        let (mut last, mut at) = (0u64, Instant::now());
+        let result = loop {
+            tokio::select! {
+                r = &mut attempt => break r,
+                _ = tick.tick() => {
+                    let mut p = reporter.snapshot();
+                    let dt = at.elapsed().as_secs_f64().max(1e-3);
+                    p.rate = p.bytes_done.saturating_sub(last) as f64 / dt;
+                    (last, at) = (p.bytes_done, Instant::now());
+                    if let Err(e) = self.store.progress(job.id, &p) {
+                        tracing::warn!("job {}: recording progress: {e}", job.id);
+                    }
+                }
+            }
+        };
+        let _ = self.store.progress(job.id, &reporter.snapshot());
+        if let Err(e) = self.record(&job, result) {
+            tracing::warn!("job {}: recording its end: {e}", job.id);
+        }
+        self.lock().remove(&job.id);
+        self.wake();
+    }
+
+    fn record(
+        &self,
+        job: &Job,
+        result: Result<Vec<String>, Failure>,
+    ) -> Result<(), crate::ServiceError> {
+        // `job.attempts` is the count before this attempt started.
+        let attempts = job.attempts + 1;
+        match result {
+            Ok(errors) if errors.is_empty() => {
+                self.store.finish(job.id, State::Done, None)?;
+            }
+            Ok(errors) => {
+                let why = format!("{} file(s) failed: {}", errors.len(), errors.join("; "));
+                self.store.finish(job.id, State::Failed, Some(&why))?;
+            }
+            Err(f) if f.retryable && attempts < self.limits.max_attempts => {
+                let wait = self.backoff(attempts);
+                let at = now_ms().saturating_add(wait.as_millis() as i64);
+                self.store.retry_later(job.id, &f.message, at)?;
+            }
+            Err(f) => {
+                self.store.finish(job.id, State::Failed, Some(&f.message))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The wait after attempt `n` (1-based): `first_backoff` doubled each time, capped.
+    fn backoff(&self, n: u32) -> Duration {
+        let doublings = n.saturating_sub(1).min(20);
+        self.limits
+            .first_backoff
+            .saturating_mul(1 << doublings)
+            .min(self.limits.most_backoff)
+    }
+}

@@ -1,0 +1,150 @@
+//! The service as one piece: the store in the state directory, the scheduler, and the API
+//! listening with TLS, started together and stopped together.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ferry_net::access::Access;
+use ferry_net::Fingerprint;
+
+use crate::api::{self, App};
+use crate::endpoints::{Endpoints, ENDPOINTS_FILE, KNOWN_HOSTS_FILE};
+use crate::error::ServiceError;
+use crate::runner::Runner;
+use crate::scheduler::{Limits, Scheduler};
+use crate::store::Store;
+
+/// The job database in the state directory.
+pub const JOBS_FILE: &str = "jobs.db";
+/// The token file in the state directory unless another is named (ferry serve's name).
+pub const TOKENS_FILE: &str = "tokens.toml";
+
+/// How the service is set up (`ferry service`'s options).
+#[derive(Clone, Debug)]
+pub struct ServiceConfig {
+    pub listen: SocketAddr,
+    /// Holds the job database, the TLS key, the endpoints and known hosts.
+    pub state_dir: PathBuf,
+    /// The token file; default `tokens.toml` in the state directory.
+    pub tokens: Option<PathBuf>,
+    /// The endpoints file; default `endpoints.toml` in the state directory.
+    pub endpoints: Option<PathBuf>,
+    /// Token names that may see and cancel every job.
+    pub admins: Vec<String>,
+    /// The directory local paths are below; `None`: only server-to-server copies.
+    pub local_root: Option<PathBuf>,
+    pub limits: Limits,
+    pub block_size: u32,
+    /// Test hook, see [`Runner::pace`].
+    pub pace: Option<Duration>,
+}
+
+impl ServiceConfig {
+    pub fn new(listen: SocketAddr, state_dir: impl Into<PathBuf>) -> Self {
+        Self {
+            listen,
+            state_dir: state_dir.into(),
+            tokens: None,
+            endpoints: None,
+            admins: Vec::new(),
+            local_root: None,
+            limits: Limits::default(),
+            block_size: 8 << 20,
+            pace: None,
+        }
+    }
+}
+
+/// A bound, not yet running service.
+pub struct Service {
+    listener: tokio::net::TcpListener,
+    tls: Arc<rustls::ServerConfig>,
+    fingerprint: Fingerprint,
+    scheduler: Arc<Scheduler>,
+    app: Arc<App>,
+}
+
+impl Service {
+    /// Opens the store (queuing again what a crash left running), makes or loads the TLS key,
+    /// reads the endpoints, and binds the API's address.
+    pub async fn bind(cfg: ServiceConfig) -> Result<Self, ServiceError> {
+        let io = |what: String| move |source| ServiceError::Io { what, source };
+        std::fs::create_dir_all(&cfg.state_dir)
+            .map_err(io(format!("creating {}", cfg.state_dir.display())))?;
+        let store = Arc::new(Store::open(Some(&cfg.state_dir.join(JOBS_FILE)))?);
+        let (tls, fingerprint) = crate::tls::server_config(&cfg.state_dir.join("tls"))?;
+        let endpoints = Endpoints::load(
+            &cfg.endpoints
+                .clone()
+                .unwrap_or_else(|| cfg.state_dir.join(ENDPOINTS_FILE)),
+            cfg.state_dir.join(KNOWN_HOSTS_FILE),
+        )?;
+        if let Some(root) = &cfg.local_root {
+            if !root.is_dir() {
+                return Err(ServiceError::Invalid(format!(
+                    "--local-root {}: not a directory",
+                    root.display()
+                )));
+            }
+        }
+        let runner = Runner {
+            endpoints,
+            local_root: cfg.local_root.clone(),
+            block_size: cfg.block_size,
+            pace: cfg.pace,
+        };
+        let scheduler = Scheduler::new(store, runner, cfg.limits.clone());
+        let tokens = cfg
+            .tokens
+            .clone()
+            .unwrap_or_else(|| cfg.state_dir.join(TOKENS_FILE));
+        let app = Arc::new(App {
+            scheduler: scheduler.clone(),
+            access: Access::file(tokens),
+            admins: cfg.admins.clone(),
+        });
+        let listener = tokio::net::TcpListener::bind(cfg.listen)
+            .await
+            .map_err(io(format!("listening on {}", cfg.listen)))?;
+        Ok(Self {
+            listener,
+            tls,
+            fingerprint,
+            scheduler,
+            app,
+        })
+    }
+
+    pub fn local_addr(&self) -> Result<SocketAddr, ServiceError> {
+        self.listener
+            .local_addr()
+            .map_err(|source| ServiceError::Io {
+                what: "the API's address".into(),
+                source,
+            })
+    }
+
+    /// What clients pin.
+    pub fn fingerprint(&self) -> Fingerprint {
+        self.fingerprint
+    }
+
+    pub fn scheduler(&self) -> &Arc<Scheduler> {
+        &self.scheduler
+    }
+
+    /// Serves the API and runs the queue until `shutdown` resolves; running jobs are then
+    /// stopped and queued again for the next start.
+    pub async fn run(self, shutdown: impl std::future::Future<Output = ()>) {
+        let (tx, rx) = tokio::sync::watch::channel(false);
+        let sched = tokio::spawn(self.scheduler.clone().run(async move {
+            let mut rx = rx;
+            let _ = rx.wait_for(|s| *s).await;
+        }));
+        crate::http::serve(self.listener, self.tls, api::router(self.app), shutdown).await;
+        let _ = tx.send(true);
+        let _ = sched.await;
+    }
+}

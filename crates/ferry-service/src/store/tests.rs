@@ -1,0 +1,182 @@
+use super::*;
+
+fn new_job(owner: &str, priority: i64) -> NewJob {
+    NewJob {
+        kind: Kind::Put,
+        sources: vec!["/data/a".into(), "/data/b".into()],
+        dest: "host:7070:/in/".into(),
+        sync: SyncMode::Mtime,
+        priority,
+        deadline: Some(2_000_000_000),
+        label: "run 42".into(),
+        owner: owner.into(),
+        server: "host:7070".into(),
+    }
+}
+
+#[test]
+fn a_submitted_job_reads_back_as_given_and_queued() {
+    let s = Store::open(None).unwrap();
+    let j = s.submit(&new_job("alice", 3)).unwrap();
+    assert_eq!(j.state, State::Queued);
+    assert_eq!(j.sources, vec!["/data/a", "/data/b"]);
+    assert_eq!(
+        (j.kind, j.sync, j.priority, j.deadline),
+        (Kind::Put, SyncMode::Mtime, 3, Some(2_000_000_000))
+    );
+    assert_eq!((j.label.as_str(), j.owner.as_str()), ("run 42", "alice"));
+    assert_eq!(j.attempts, 0);
+    assert_eq!(s.get(j.id).unwrap(), Some(j.clone()));
+    assert_eq!(s.get(j.id + 100).unwrap(), None);
+}
+
+#[test]
+fn listing_filters_by_owner_newest_first() {
+    let s = Store::open(None).unwrap();
+    let a1 = s.submit(&new_job("alice", 0)).unwrap();
+    let b = s.submit(&new_job("bob", 0)).unwrap();
+    let a2 = s.submit(&new_job("alice", 0)).unwrap();
+    let ids = |v: Vec<Job>| v.into_iter().map(|j| j.id).collect::<Vec<_>>();
+    assert_eq!(ids(s.list(Some("alice"), 10).unwrap()), vec![a2.id, a1.id]);
+    assert_eq!(ids(s.list(None, 10).unwrap()), vec![a2.id, b.id, a1.id]);
+    assert_eq!(ids(s.list(None, 1).unwrap()), vec![a2.id]);
+}
+
+#[test]
+fn runnable_goes_by_priority_then_age_and_respects_backoff() {
+    let s = Store::open(None).unwrap();
+    let low = s.submit(&new_job("a", 0)).unwrap();
+    let high = s.submit(&new_job("a", 5)).unwrap();
+    let low2 = s.submit(&new_job("a", 0)).unwrap();
+    let ids: Vec<i64> = s
+        .runnable(now_ms(), 10)
+        .unwrap()
+        .iter()
+        .map(|j| j.id)
+        .collect();
+    assert_eq!(ids, vec![high.id, low.id, low2.id]);
+    assert!(s.start(high.id).unwrap());
+    assert!(s.retry_later(high.id, "lost", now_ms() + 60_000).unwrap());
+    let ids: Vec<i64> = s
+        .runnable(now_ms(), 10)
+        .unwrap()
+        .iter()
+        .map(|j| j.id)
+        .collect();
+    assert_eq!(ids, vec![low.id, low2.id], "a job in backoff waits");
+    let j = s.get(high.id).unwrap().unwrap();
+    assert_eq!((j.state, j.attempts), (State::Queued, 1));
+    assert_eq!(j.last_error.as_deref(), Some("lost"));
+}
+
+#[test]
+fn progress_and_finish_are_recorded_and_only_while_running() {
+    let s = Store::open(None).unwrap();
+    let j = s.submit(&new_job("a", 0)).unwrap();
+    let p = Progress {
+        files_done: 1,
+        files_total: 2,
+        bytes_done: 10,
+        bytes_total: 20,
+        rate: 5.0,
+    };
+    s.progress(j.id, &p).unwrap();
+    assert_eq!(
+        s.get(j.id).unwrap().unwrap().bytes_done,
+        0,
+        "not running yet"
+    );
+    assert!(s.start(j.id).unwrap());
+    assert!(!s.start(j.id).unwrap(), "started once");
+    s.progress(j.id, &p).unwrap();
+    let got = s.get(j.id).unwrap().unwrap();
+    assert_eq!((got.files_done, got.bytes_total, got.rate), (1, 20, 5.0));
+    assert!(s.finish(j.id, State::Done, None).unwrap());
+    let got = s.get(j.id).unwrap().unwrap();
+    assert_eq!(got.state, State::Done);
+    assert!(got.finished_ms.is_some());
+    assert!(!s.finish(j.id, State::Failed, Some("late")).unwrap());
+}
+
+#[test]
+fn cancel_ends_queued_and_running_jobs_but_not_ended_ones() {
+    let s = Store::open(None).unwrap();
+    let q = s.submit(&new_job("a", 0)).unwrap();
+    let r = s.submit(&new_job("a", 0)).unwrap();
+    assert!(s.start(r.id).unwrap());
+    assert_eq!(s.cancel(q.id).unwrap(), State::Queued);
+    assert_eq!(s.cancel(r.id).unwrap(), State::Running);
+    assert_eq!(s.get(r.id).unwrap().unwrap().state, State::Cancelled);
+    assert!(
+        !s.finish(r.id, State::Done, None).unwrap(),
+        "a cancelled job stays so"
+    );
+    assert!(matches!(s.cancel(q.id), Err(ServiceError::Ended { .. })));
+    assert!(matches!(s.cancel(999), Err(ServiceError::NotFound(999))));
+}
+
+#[test]
+fn a_job_running_at_a_crash_is_queued_again_at_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("jobs.db");
+    let id = {
+        let s = Store::open(Some(&path)).unwrap();
+        let j = s.submit(&new_job("a", 0)).unwrap();
+        assert!(s.start(j.id).unwrap());
+        j.id
+    };
+    let s = Store::open(Some(&path)).unwrap();
+    let j = s.get(id).unwrap().unwrap();
+    assert_eq!((j.state, j.attempts), (State::Queued, 1));
+    assert_eq!(j.last_error.as_deref(), Some(INTERRUPTED));
+    assert_eq!(s.runnable(now_ms(), 10).unwrap().len(), 1);
+}
+
+#[test]
+fn a_newer_schema_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("jobs.db");
+    drop(Store::open(Some(&path)).unwrap());
+    let c = Connection::open(&path).unwrap();
+    c.execute(
+        "INSERT INTO service_migrations (version, applied_at) VALUES (99, 0)",
+        [],
+    )
+    .unwrap();
+    drop(c);
+    assert!(matches!(
+        Store::open(Some(&path)),
+        Err(ServiceError::TooNew { found: 99, .. })
+    ));
+}
+
+#[test]
+fn bad_jobs_are_refused_with_why() {
+    let s = Store::open(None).unwrap();
+    let mut j = new_job("a", 0);
+    j.sources.clear();
+    assert!(s
+        .submit(&j)
+        .unwrap_err()
+        .to_string()
+        .contains("at least one source"));
+    let mut j = new_job("a", 0);
+    j.label = "x".repeat(1000);
+    assert!(s.submit(&j).unwrap_err().to_string().contains("label"));
+    let mut j = new_job("a", 0);
+    j.dest = "a\0b".into();
+    assert!(matches!(s.submit(&j), Err(ServiceError::Invalid(_))));
+}
+
+#[test]
+fn counts_cover_every_state() {
+    let s = Store::open(None).unwrap();
+    let a = s.submit(&new_job("a", 0)).unwrap();
+    s.submit(&new_job("a", 0)).unwrap();
+    s.cancel(a.id).unwrap();
+    let c = s.counts().unwrap();
+    assert_eq!(c.len(), 5);
+    assert!(c.contains(&(State::Queued, 1)));
+    assert!(c.contains(&(State::Cancelled, 1)));
+    assert!(c.contains(&(State::Done, 0)));
+}

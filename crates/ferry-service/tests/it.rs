@@ -1,0 +1,7 @@
+//! ferry-service's integration tests, one binary: a real ferry server (ferry-net's `Server`)
+//! on loopback, the service's scheduler and HTTP API in front of it.
+
+mod api;
+mod crash;
+mod scheduler;
+mod util;
