@@ -135,6 +135,67 @@ fn intents_are_reconciled_by_what_is_there() {
 }
 
 #[test]
+fn queued_registrations_are_seen_by_every_read_after_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = Catalog::open(&Location::Sqlite(dir.path().join("c.sqlite")), "here").unwrap();
+    assert_eq!(
+        c.device(),
+        Some(std::os::unix::fs::MetadataExt::dev(
+            &std::fs::metadata(dir.path()).unwrap()
+        ))
+    );
+    let files: Vec<Commit> = (0..3000).map(|i| commit(&format!("q/{i:04}"), 7)).collect();
+    for chunk in files.chunks(100) {
+        c.intend_unsynced(chunk).unwrap();
+        c.register_later(chunk.to_vec());
+    }
+    // No settle first: the reads wait for what was queued before them.
+    assert_eq!(c.count().unwrap(), 3000);
+    assert!(c.pending().unwrap().is_empty());
+    assert!(c.stat("q/2999").unwrap().is_some());
+    c.settle().unwrap();
+    // What is queued when the catalog closes is registered before it does.
+    c.intend_unsynced(&[commit("last", 1)]).unwrap();
+    c.register_later(vec![commit("last", 1)]);
+    drop(c);
+    let c = Catalog::open(&Location::Sqlite(dir.path().join("c.sqlite")), "here").unwrap();
+    assert!(c.stat("last").unwrap().is_some());
+    assert!(c.pending().unwrap().is_empty());
+}
+
+#[test]
+fn a_queued_registration_that_fails_is_reported_and_its_intent_kept() {
+    let c = mem();
+    let heard = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let h = heard.clone();
+    c.on_register_error(Box::new(move |_, n| {
+        h.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+    }));
+    let mut bad = commit("bad", 1);
+    bad.algo = "x".repeat(17);
+    c.intend(&[commit("good", 1)]).unwrap();
+    c.register_later(vec![bad]);
+    assert!(matches!(c.settle(), Err(CatalogError::TooLong { .. })));
+    assert_eq!(heard.load(std::sync::atomic::Ordering::Relaxed), 1);
+    assert!(c.settle().is_ok(), "an error is told once");
+    assert_eq!(c.pending().unwrap().len(), 1);
+}
+
+#[test]
+fn registering_older_contents_keeps_a_newer_intent_of_the_same_path() {
+    let c = mem();
+    let old = commit("p", 1);
+    let new = commit("p", 2);
+    c.intend(std::slice::from_ref(&old)).unwrap();
+    // A second put of the same path writes its intent before the first is registered.
+    c.intend(std::slice::from_ref(&new)).unwrap();
+    c.register(&[old]).unwrap();
+    assert_eq!(c.pending().unwrap(), std::slice::from_ref(&new));
+    c.register(&[new]).unwrap();
+    assert!(c.pending().unwrap().is_empty());
+}
+
+#[test]
 fn remove_and_remove_prefix_touch_only_their_paths() {
     let c = mem();
     for p in ["d/a", "d/b/c", "d0", "dd/x", "d"] {
