@@ -73,6 +73,27 @@ impl Catalog {
         self.device
     }
 
+    /// Records that this server's paths are relative to `root`, or checks that they were:
+    /// a catalog kept for another root of the same server is refused.
+    pub fn claim_root(&self, root: &str) -> Result<(), CatalogError> {
+        bounded("root", root, MAX_PATH, false)?;
+        let conn = self.lock();
+        conn.prepare_cached(
+            "INSERT INTO roots (server, root) VALUES (?1, ?2) ON CONFLICT DO NOTHING",
+        )?
+        .execute(params![self.shared.server, root])?;
+        let recorded: String = conn
+            .prepare_cached("SELECT root FROM roots WHERE server = ?1")?
+            .query_row([&self.shared.server], |r| r.get(0))?;
+        if recorded != root {
+            return Err(CatalogError::OtherRoot {
+                recorded,
+                asked: root.to_owned(),
+            });
+        }
+        Ok(())
+    }
+
     /// The schema version this catalog is at.
     pub fn schema_version(&self) -> Result<i64, CatalogError> {
         Ok(self

@@ -34,7 +34,7 @@ fn paths(found: Vec<Object>) -> Vec<String> {
 #[test]
 fn register_then_stat_shows_the_object_and_its_replica() {
     let c = mem();
-    assert_eq!(c.schema_version().unwrap(), 1);
+    assert_eq!(c.schema_version().unwrap(), 2);
     c.register_commit(&commit("a/b.txt", 7)).unwrap();
     let s = c.stat("a/b.txt").unwrap().unwrap();
     assert_eq!(s.object.size, 7);
@@ -65,13 +65,38 @@ fn reopening_a_file_keeps_what_was_registered_and_migrates_once() {
         .register_commit(&commit("x", 1))
         .unwrap();
     let c = Catalog::open(&loc, "here").unwrap();
-    assert_eq!(c.schema_version().unwrap(), 1);
+    assert_eq!(c.schema_version().unwrap(), 2);
     assert_eq!(c.count().unwrap(), 1);
     let mode: String = c
         .lock()
         .query_row("PRAGMA journal_mode", [], |r| r.get(0))
         .unwrap();
     assert_eq!(mode, "wal");
+}
+
+#[test]
+fn a_catalog_is_kept_for_one_root_of_a_server() {
+    let c = mem();
+    c.claim_root("/srv/a").unwrap();
+    c.claim_root("/srv/a").unwrap();
+    let e = c.claim_root("/srv/b").unwrap_err();
+    assert!(matches!(e, CatalogError::OtherRoot { .. }), "{e}");
+    assert!(e.to_string().contains("/srv/a"), "{e}");
+    // Another server of a shared catalog has a root of its own.
+    let dir = tempfile::tempdir().unwrap();
+    let loc = Location::Sqlite(dir.path().join("c.sqlite"));
+    Catalog::open(&loc, "one")
+        .unwrap()
+        .claim_root("/a")
+        .unwrap();
+    Catalog::open(&loc, "two")
+        .unwrap()
+        .claim_root("/b")
+        .unwrap();
+    assert!(Catalog::open(&loc, "one")
+        .unwrap()
+        .claim_root("/b")
+        .is_err());
 }
 
 #[test]
@@ -92,7 +117,7 @@ fn a_newer_schema_is_refused() {
             e,
             CatalogError::TooNew {
                 found: 99,
-                known: 1
+                known: 2
             }
         ),
         "{e}"
