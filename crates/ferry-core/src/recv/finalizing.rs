@@ -152,11 +152,11 @@ impl Receiver {
                 return;
             }
         }
-        // One sync for the batch: syncfs when several files share it, or a hook's records
-        // ride on it; fsync for a lone file.
+        // One sync for the batch: syncfs when several files share it (a hook's records ride on
+        // it), fsync for a lone file.
         let sync = match ok.as_slice() {
             [] => Ok(()),
-            [one] if hook.is_none() => root::fsync(&*one.file),
+            [one] => root::fsync(&*one.file),
             [first, ..] => root::syncfs(&*first.file),
         };
         if let Err(e) = sync {
@@ -183,12 +183,13 @@ impl Receiver {
 
     /// Tells `hook` of a batch about to be synced, with the file system the sync flushes.
     fn tell_before_sync(&self, hook: &dyn CommitHook, ok: &[FinalizeJob]) -> std::io::Result<()> {
-        let Some(first) = ok.first() else {
-            return Ok(());
+        let syncfs = match ok {
+            [] => return Ok(()),
+            [_] => None,
+            [first, ..] => Some(rustix::fs::fstat(&*first.file)?.st_dev),
         };
-        let dev = rustix::fs::fstat(&*first.file)?.st_dev;
         let files: Vec<Stored> = ok.iter().map(|j| self.stored(j)).collect();
-        hook.before_sync(&files, dev)
+        hook.before_sync(&files, syncfs)
     }
 
     /// What a commit hook is told of a job.

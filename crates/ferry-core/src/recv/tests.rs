@@ -768,7 +768,7 @@ struct Hook {
 }
 
 impl CommitHook for Hook {
-    fn before_sync(&self, files: &[Stored], _dev: u64) -> std::io::Result<()> {
+    fn before_sync(&self, files: &[Stored], _syncfs: Option<u64>) -> std::io::Result<()> {
         let there = self.dir.join("in/f.bin").exists();
         lock(&self.seen).push(("before", files.to_vec(), there));
         if self.fail {

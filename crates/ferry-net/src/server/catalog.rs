@@ -42,16 +42,17 @@ impl CatalogHook {
 }
 
 /// Why the order is durable: the intents are written before the batch's `syncfs`, so when
-/// the catalog shares the root's file system that one flush puts them on disk with the
-/// batch's data, before any rename (a killed process loses nothing in any case: SQLite has
-/// handed them to the kernel). A catalog elsewhere syncs its intents itself. The renames are
+/// the catalog shares that file system the one flush puts them on disk with the batch's
+/// data, before any rename (a killed process loses nothing in any case: SQLite has handed them
+/// to the kernel). A catalog elsewhere, or a lone file's batch (an `fsync`, not a `syncfs`),
+/// syncs its intents itself. The renames are
 /// then durable (their directories synced) before the files are queued for registration; a
 /// crash at any point leaves each renamed file either registered or with its intent, which
 /// [`reconcile`] registers at the next start.
 impl CommitHook for CatalogHook {
-    fn before_sync(&self, files: &[Stored], dev: u64) -> std::io::Result<()> {
+    fn before_sync(&self, files: &[Stored], syncfs: Option<u64>) -> std::io::Result<()> {
         let commits = self.commits(files);
-        let done = if self.catalog.device() == Some(dev) {
+        let done = if syncfs.is_some() && self.catalog.device() == syncfs {
             self.catalog.intend_unsynced(&commits)
         } else {
             self.catalog.intend(&commits)
