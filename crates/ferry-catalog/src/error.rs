@@ -22,6 +22,8 @@ pub enum CatalogError {
     NotFound(String),
     #[error("{0}: already in the catalog")]
     Exists(String),
+    #[error("the catalog is {recorded}'s (this server's paths are relative to it), not {asked}'s")]
+    OtherRoot { recorded: String, asked: String },
     #[error("bad find condition {0:?}: {1}")]
     BadCondition(String, &'static str),
 }

@@ -74,6 +74,7 @@ impl Catalog {
     /// The objects `query` matches, in path order.
     pub fn find(&self, query: &Query) -> Result<Vec<Object>, CatalogError> {
         let (sql, params) = compose(query);
+        self.settled();
         let conn = self.lock();
         let mut st = conn.prepare_cached(&sql)?;
         let mut rows = st.query(rusqlite::params_from_iter(params))?;

@@ -5,12 +5,15 @@
 //! later behind the same [`Catalog`] API ([`Location`] is the seam). Every value reaches the
 //! database as a bound parameter: the only SQL text is fixed fragments in this crate.
 //!
-//! Crash safety: a server writes an intent ([`Catalog::intend`]) before it renames a batch of
-//! files into place and registers them ([`Catalog::register`]) after; at its next start
-//! [`Catalog::reconcile`] settles whatever intents a crash left, looking only at those files.
+//! Crash safety: a server writes an intent ([`Catalog::intend`], or
+//! [`Catalog::intend_unsynced`] when the batch's own `syncfs` makes it durable) before it
+//! renames a batch of files into place and registers them after ([`Catalog::register`], or
+//! [`Catalog::register_later`] off its path); at its next start [`Catalog::reconcile`]
+//! settles whatever intents a crash left, looking only at those files.
 
 mod error;
 mod find;
+mod later;
 mod schema;
 mod store;
 
@@ -19,6 +22,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 pub use error::CatalogError;
 pub use find::{glob_match, Condition, Query};
+pub use later::OnError;
 pub use schema::{MAX_ATTR, MAX_PATH, MAX_UNIT, MAX_VALUE};
 pub use store::Catalog;
 

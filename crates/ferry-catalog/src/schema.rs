@@ -11,7 +11,7 @@ use crate::error::CatalogError;
 
 /// Each migration's version and statements; a version is never edited once released, only
 /// followed by another.
-pub(crate) const MIGRATIONS: &[(i64, &str)] = &[(1, V1)];
+pub(crate) const MIGRATIONS: &[(i64, &str)] = &[(1, V1), (2, V2)];
 
 /// Longest attribute name, value and unit of a metadata entry, in bytes (SECURITY.md).
 pub const MAX_ATTR: usize = 256;
@@ -62,6 +62,15 @@ CREATE TABLE pending (
     stored_by TEXT NOT NULL,
     physical  TEXT NOT NULL,
     since     INTEGER NOT NULL
+);
+";
+
+/// Which root each server's paths are relative to, so that a second server on another root
+/// is not handed the first one's catalog (the state directory's is the default).
+const V2: &str = "
+CREATE TABLE roots (
+    server TEXT PRIMARY KEY,
+    root   TEXT NOT NULL
 );
 ";
 

@@ -1,10 +1,12 @@
 //! The [`Catalog`]: one SQLite connection in WAL mode behind a mutex (the server's sessions
 //! share it; each call is short), every statement cached and bound with parameters.
 
-use std::sync::{Mutex, MutexGuard};
+use std::os::unix::fs::MetadataExt;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use rusqlite::{params, Connection, OptionalExtension, Transaction};
 
+use crate::later::{Later, Tracker};
 use crate::schema::{self, MAX_ATTR, MAX_PATH, MAX_UNIT, MAX_VALUE};
 use crate::{
     bounded, now_ns, under, Avu, CatalogError, Commit, Location, Object, Reconciled, Replica,
@@ -13,15 +15,24 @@ use crate::{
 
 /// A catalog, opened and migrated to the newest schema.
 pub struct Catalog {
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) later: Later,
+    /// The file system its file is on (`st_dev`); `None` in memory.
+    device: Option<u64>,
+}
+
+/// What the catalog's callers and its registering thread ([`Later`]) share.
+pub(crate) struct Shared {
     pub(crate) conn: Mutex<Connection>,
     /// This server's name in `replicas`.
     server: String,
+    pub(crate) tracker: Tracker,
 }
 
 impl std::fmt::Debug for Catalog {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Catalog")
-            .field("server", &self.server)
+            .field("server", &self.shared.server)
             .finish_non_exhaustive()
     }
 }
@@ -30,23 +41,57 @@ impl Catalog {
     /// Opens (creating if need be) the catalog at `location`; `server` names this server's
     /// replicas.
     pub fn open(location: &Location, server: &str) -> Result<Self, CatalogError> {
-        let mut conn = match location {
-            Location::Sqlite(path) => Connection::open(path)?,
-            Location::Memory => Connection::open_in_memory()?,
+        let (mut conn, device) = match location {
+            Location::Sqlite(path) => {
+                let conn = Connection::open(path)?;
+                (conn, std::fs::metadata(path).ok().map(|m| m.dev()))
+            }
+            Location::Memory => (Connection::open_in_memory()?, None),
         };
-        // WAL: readers never wait for the writer. NORMAL: a commit is not synced on its own;
-        // `intend` alone asks for FULL (an intent is on disk before the renames it announces),
-        // and its sync covers the registrations before it (one lost with the power is redone
-        // from its intent).
+        // WAL: readers never wait for the writer. NORMAL: a commit is not synced on its own
+        // (a checkpoint is); `intend` alone asks for FULL unless the caller's sync covers it
+        // (`intend_unsynced`), and that sync covers the registrations before it (one lost
+        // with the power is redone from its intent).
         conn.pragma_update(None, "journal_mode", "WAL")?;
         conn.pragma_update(None, "synchronous", "NORMAL")?;
         conn.pragma_update(None, "foreign_keys", true)?;
         conn.busy_timeout(std::time::Duration::from_secs(5))?;
         schema::migrate(&mut conn)?;
         Ok(Self {
-            conn: Mutex::new(conn),
-            server: server.to_owned(),
+            shared: Arc::new(Shared {
+                conn: Mutex::new(conn),
+                server: server.to_owned(),
+                tracker: Tracker::default(),
+            }),
+            later: Later::default(),
+            device,
         })
+    }
+
+    /// The file system (`st_dev`) the catalog's files are on; `None` for one in memory.
+    pub fn device(&self) -> Option<u64> {
+        self.device
+    }
+
+    /// Records that this server's paths are relative to `root`, or checks that they were:
+    /// a catalog kept for another root of the same server is refused.
+    pub fn claim_root(&self, root: &str) -> Result<(), CatalogError> {
+        bounded("root", root, MAX_PATH, false)?;
+        let conn = self.lock();
+        conn.prepare_cached(
+            "INSERT INTO roots (server, root) VALUES (?1, ?2) ON CONFLICT DO NOTHING",
+        )?
+        .execute(params![self.shared.server, root])?;
+        let recorded: String = conn
+            .prepare_cached("SELECT root FROM roots WHERE server = ?1")?
+            .query_row([&self.shared.server], |r| r.get(0))?;
+        if recorded != root {
+            return Err(CatalogError::OtherRoot {
+                recorded,
+                asked: root.to_owned(),
+            });
+        }
+        Ok(())
     }
 
     /// The schema version this catalog is at.
@@ -59,7 +104,7 @@ impl Catalog {
     }
 
     pub(crate) fn lock(&self) -> MutexGuard<'_, Connection> {
-        self.conn.lock().unwrap_or_else(|e| e.into_inner())
+        self.shared.lock()
     }
 
     /// Records that `files` are about to be renamed into place, in one durable transaction:
@@ -75,20 +120,24 @@ impl Catalog {
         done
     }
 
-    /// Registers `files` as stored here (a good replica on this server), replacing what was
-    /// registered under their paths, and clears their intents: one transaction.
-    pub fn register(&self, files: &[Commit]) -> Result<(), CatalogError> {
+    /// As [`Self::intend`], without a sync of its own: the intents are in the operating
+    /// system's cache when it returns (a killed process loses none), and on disk once the
+    /// caller has synced the file system [`Self::device`] names, which it must do before the
+    /// renames the intents announce. A batch's `syncfs` then makes its data and its intents
+    /// durable in one flush instead of two in series.
+    pub fn intend_unsynced(&self, files: &[Commit]) -> Result<(), CatalogError> {
         for f in files {
             check_commit(f)?;
         }
-        let mut conn = self.lock();
-        let tx = conn.transaction()?;
-        let at = now_ns();
-        for f in files {
-            register_in(&tx, &self.server, f, at)?;
-        }
-        tx.commit()?;
-        Ok(())
+        write_intents(&mut self.lock(), files)
+    }
+
+    /// Registers `files` as stored here (a good replica on this server), replacing what was
+    /// registered under their paths, and clears their intents: one transaction, after the
+    /// registrations queued before it.
+    pub fn register(&self, files: &[Commit]) -> Result<(), CatalogError> {
+        self.settled();
+        self.shared.register(files)
     }
 
     /// Registers one file (see [`Self::register`]).
@@ -98,6 +147,7 @@ impl Catalog {
 
     /// The intents left by a crash, in path order.
     pub fn pending(&self) -> Result<Vec<Commit>, CatalogError> {
+        self.settled();
         let conn = self.lock();
         let mut st = conn.prepare_cached(
             "SELECT path, size, mtime_ns, digest, algo, stored_by, physical
@@ -130,7 +180,7 @@ impl Catalog {
         let at = now_ns();
         for c in &pending {
             if is_there(c) {
-                register_in(&tx, &self.server, c, at)?;
+                register_in(&tx, &self.shared.server, c, at)?;
                 done.registered += 1;
             } else {
                 tx.execute("DELETE FROM pending WHERE path = ?1", [&c.path])?;
@@ -143,6 +193,7 @@ impl Catalog {
 
     /// Everything known of `path`, or `None` when it is not registered.
     pub fn stat(&self, path: &str) -> Result<Option<Stat>, CatalogError> {
+        self.settled();
         let conn = self.lock();
         let row = conn
             .prepare_cached(
@@ -176,6 +227,7 @@ impl Catalog {
 
     /// Forgets `path`; whether it was registered.
     pub fn remove(&self, path: &str) -> Result<bool, CatalogError> {
+        self.settled();
         let n = self
             .lock()
             .prepare_cached("DELETE FROM objects WHERE path = ?1")?
@@ -186,6 +238,7 @@ impl Catalog {
     /// Forgets every object under the directory `prefix` (and `prefix` itself, were it a
     /// file); how many.
     pub fn remove_prefix(&self, prefix: &str) -> Result<u64, CatalogError> {
+        self.settled();
         let (lo, hi) = under(prefix);
         let mut conn = self.lock();
         let tx = conn.transaction()?;
@@ -207,6 +260,7 @@ impl Catalog {
         bounded("path", to, MAX_PATH, false)?;
         let from = from.trim_end_matches('/');
         let to = to.trim_end_matches('/');
+        self.settled();
         let mut conn = self.lock();
         let tx = conn.transaction()?;
         let taken: bool = tx.query_row(
@@ -250,6 +304,7 @@ impl Catalog {
     /// Sets a metadata entry on `path` (a second value of the same attribute is added beside
     /// the first, as in iRODS; the same value again replaces its unit).
     pub fn meta_set(&self, path: &str, avu: &Avu) -> Result<(), CatalogError> {
+        self.settled();
         check_avu(avu)?;
         let conn = self.lock();
         let id = object_id(&conn, path)?;
@@ -274,6 +329,7 @@ impl Catalog {
         attr: &str,
         value: Option<&str>,
     ) -> Result<u64, CatalogError> {
+        self.settled();
         let conn = self.lock();
         let id = object_id(&conn, path)?;
         let n = match value {
@@ -291,6 +347,7 @@ impl Catalog {
 
     /// The metadata of `path`, by attribute then value.
     pub fn meta_ls(&self, path: &str) -> Result<Vec<Avu>, CatalogError> {
+        self.settled();
         let conn = self.lock();
         let id = object_id(&conn, path)?;
         avus(&conn, id)
@@ -298,10 +355,32 @@ impl Catalog {
 
     /// How many objects are registered.
     pub fn count(&self) -> Result<u64, CatalogError> {
+        self.settled();
         let n: i64 = self
             .lock()
             .query_row("SELECT COUNT(*) FROM objects", [], |r| r.get(0))?;
         Ok(size_u64(n))
+    }
+}
+
+impl Shared {
+    pub(crate) fn lock(&self) -> MutexGuard<'_, Connection> {
+        self.conn.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// See [`Catalog::register`].
+    pub(crate) fn register(&self, files: &[Commit]) -> Result<(), CatalogError> {
+        for f in files {
+            check_commit(f)?;
+        }
+        let mut conn = self.lock();
+        let tx = conn.transaction()?;
+        let at = now_ns();
+        for f in files {
+            register_in(&tx, &self.server, f, at)?;
+        }
+        tx.commit()?;
+        Ok(())
     }
 }
 
@@ -372,8 +451,12 @@ fn register_in(
              state = 'good'",
     )?
     .execute(params![id, server, f.physical])?;
-    tx.prepare_cached("DELETE FROM pending WHERE path = ?1")?
-        .execute([&f.path])?;
+    // Only the intent of these very contents: a later put of the same path may have written
+    // its own while this registration waited in the queue.
+    tx.prepare_cached(
+        "DELETE FROM pending WHERE path = ?1 AND size = ?2 AND mtime_ns = ?3 AND digest = ?4",
+    )?
+    .execute(params![f.path, size_i64(f.size), f.mtime_ns, f.digest])?;
     Ok(())
 }
 

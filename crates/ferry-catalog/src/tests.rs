@@ -34,7 +34,7 @@ fn paths(found: Vec<Object>) -> Vec<String> {
 #[test]
 fn register_then_stat_shows_the_object_and_its_replica() {
     let c = mem();
-    assert_eq!(c.schema_version().unwrap(), 1);
+    assert_eq!(c.schema_version().unwrap(), 2);
     c.register_commit(&commit("a/b.txt", 7)).unwrap();
     let s = c.stat("a/b.txt").unwrap().unwrap();
     assert_eq!(s.object.size, 7);
@@ -65,13 +65,38 @@ fn reopening_a_file_keeps_what_was_registered_and_migrates_once() {
         .register_commit(&commit("x", 1))
         .unwrap();
     let c = Catalog::open(&loc, "here").unwrap();
-    assert_eq!(c.schema_version().unwrap(), 1);
+    assert_eq!(c.schema_version().unwrap(), 2);
     assert_eq!(c.count().unwrap(), 1);
     let mode: String = c
         .lock()
         .query_row("PRAGMA journal_mode", [], |r| r.get(0))
         .unwrap();
     assert_eq!(mode, "wal");
+}
+
+#[test]
+fn a_catalog_is_kept_for_one_root_of_a_server() {
+    let c = mem();
+    c.claim_root("/srv/a").unwrap();
+    c.claim_root("/srv/a").unwrap();
+    let e = c.claim_root("/srv/b").unwrap_err();
+    assert!(matches!(e, CatalogError::OtherRoot { .. }), "{e}");
+    assert!(e.to_string().contains("/srv/a"), "{e}");
+    // Another server of a shared catalog has a root of its own.
+    let dir = tempfile::tempdir().unwrap();
+    let loc = Location::Sqlite(dir.path().join("c.sqlite"));
+    Catalog::open(&loc, "one")
+        .unwrap()
+        .claim_root("/a")
+        .unwrap();
+    Catalog::open(&loc, "two")
+        .unwrap()
+        .claim_root("/b")
+        .unwrap();
+    assert!(Catalog::open(&loc, "one")
+        .unwrap()
+        .claim_root("/b")
+        .is_err());
 }
 
 #[test]
@@ -92,7 +117,7 @@ fn a_newer_schema_is_refused() {
             e,
             CatalogError::TooNew {
                 found: 99,
-                known: 1
+                known: 2
             }
         ),
         "{e}"
@@ -131,6 +156,67 @@ fn intents_are_reconciled_by_what_is_there() {
     // Registering clears a file's intent.
     c.intend(&[commit("n", 3)]).unwrap();
     c.register(&[commit("n", 3)]).unwrap();
+    assert!(c.pending().unwrap().is_empty());
+}
+
+#[test]
+fn queued_registrations_are_seen_by_every_read_after_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = Catalog::open(&Location::Sqlite(dir.path().join("c.sqlite")), "here").unwrap();
+    assert_eq!(
+        c.device(),
+        Some(std::os::unix::fs::MetadataExt::dev(
+            &std::fs::metadata(dir.path()).unwrap()
+        ))
+    );
+    let files: Vec<Commit> = (0..3000).map(|i| commit(&format!("q/{i:04}"), 7)).collect();
+    for chunk in files.chunks(100) {
+        c.intend_unsynced(chunk).unwrap();
+        c.register_later(chunk.to_vec());
+    }
+    // No settle first: the reads wait for what was queued before them.
+    assert_eq!(c.count().unwrap(), 3000);
+    assert!(c.pending().unwrap().is_empty());
+    assert!(c.stat("q/2999").unwrap().is_some());
+    c.settle().unwrap();
+    // What is queued when the catalog closes is registered before it does.
+    c.intend_unsynced(&[commit("last", 1)]).unwrap();
+    c.register_later(vec![commit("last", 1)]);
+    drop(c);
+    let c = Catalog::open(&Location::Sqlite(dir.path().join("c.sqlite")), "here").unwrap();
+    assert!(c.stat("last").unwrap().is_some());
+    assert!(c.pending().unwrap().is_empty());
+}
+
+#[test]
+fn a_queued_registration_that_fails_is_reported_and_its_intent_kept() {
+    let c = mem();
+    let heard = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let h = heard.clone();
+    c.on_register_error(Box::new(move |_, n| {
+        h.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+    }));
+    let mut bad = commit("bad", 1);
+    bad.algo = "x".repeat(17);
+    c.intend(&[commit("good", 1)]).unwrap();
+    c.register_later(vec![bad]);
+    assert!(matches!(c.settle(), Err(CatalogError::TooLong { .. })));
+    assert_eq!(heard.load(std::sync::atomic::Ordering::Relaxed), 1);
+    assert!(c.settle().is_ok(), "an error is told once");
+    assert_eq!(c.pending().unwrap().len(), 1);
+}
+
+#[test]
+fn registering_older_contents_keeps_a_newer_intent_of_the_same_path() {
+    let c = mem();
+    let old = commit("p", 1);
+    let new = commit("p", 2);
+    c.intend(std::slice::from_ref(&old)).unwrap();
+    // A second put of the same path writes its intent before the first is registered.
+    c.intend(std::slice::from_ref(&new)).unwrap();
+    c.register(&[old]).unwrap();
+    assert_eq!(c.pending().unwrap(), std::slice::from_ref(&new));
+    c.register(&[new]).unwrap();
     assert!(c.pending().unwrap().is_empty());
 }
 

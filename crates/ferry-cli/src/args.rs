@@ -479,8 +479,9 @@ pub struct ServeArgs {
     #[arg(long)]
     pub stripe: bool,
     /// Where every stored file is registered (size, mtime, digest, replicas, metadata): a
-    /// SQLite file, created if missing, `state` (catalog.sqlite in the state directory) or
-    /// `none` (the default, for now: see docs/DESIGN.md, "The catalog").
+    /// SQLite file, created if missing, `state` (the default: catalog.sqlite in the state
+    /// directory) or `none`. A catalog serves one root; the default one kept for another root
+    /// is left alone (with a warning) and this server runs without.
     #[arg(long, value_name = "PATH|none", conflicts_with = "oneshot")]
     pub catalog: Option<String>,
     /// Read these options from a TOML file (keys as the long options, with `_` for `-`:

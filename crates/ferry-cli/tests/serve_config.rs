@@ -254,3 +254,58 @@ fn the_catalog_key_places_the_catalog_and_none_turns_it_off() {
     assert!(!text.contains("ferry: catalog"), "{text}");
     assert!(!sb.state_dir().join("catalog.sqlite").exists());
 }
+
+/// Without `catalog` a server keeps one in its state directory (catalog.sqlite) for its root;
+/// a second server of the same user on another root leaves that one alone and serves without,
+/// and naming it for the other root is refused.
+#[test]
+fn the_catalog_is_on_by_default_in_the_state_directory_for_one_root() {
+    let sb = Sandbox::new();
+    sb.mkdir("etc/data");
+    sb.mkdir("etc/other");
+    let listen = format!("127.0.0.1:{}", free_port());
+    let config = |root: &str| {
+        let path = sb.path(&format!("etc/{root}.toml"));
+        let text = format!("root = \"{root}\"\nlisten = [\"{listen}\"]\ntoken_file = \"token\"\n");
+        fs::write(&path, text).unwrap();
+        path
+    };
+    let db = sb.state_dir().join("catalog.sqlite");
+    {
+        let (_server, _log) = serve_with_config(&sb, &config("data"), &[], &listen);
+        let token = fs::read_to_string(sb.path("etc/token")).unwrap();
+        let src = sb.path("src/a.bin");
+        write_pattern(&src, 200_000, 5);
+        let out = run(
+            sb.client(token.trim())
+                .arg("put")
+                .arg(&src)
+                .arg(format!("{listen}:/")),
+            CMD_TIMEOUT,
+        );
+        assert_code(&out, 0);
+        let catalog =
+            ferry_catalog::Catalog::open(&ferry_catalog::Location::Sqlite(db.clone()), "test")
+                .unwrap();
+        let stat = catalog.stat("a.bin").unwrap().expect("a.bin is registered");
+        assert_eq!(stat.object.size, 200_000);
+    }
+    let other = config("other");
+    {
+        let (_server, log) = serve_with_config(&sb, &other, &[], &listen);
+        let text = fs::read_to_string(log).unwrap();
+        assert!(text.contains("ferry: warning: no catalog"), "{text}");
+        assert!(!text.contains("ferry: catalog "), "{text}");
+    }
+    let out = run(
+        sb.ferry()
+            .arg("serve")
+            .arg("--config")
+            .arg(&other)
+            .arg("--catalog")
+            .arg(&db),
+        CMD_TIMEOUT,
+    );
+    assert_code(&out, 2);
+    assert!(out.stderr.contains("etc/data"), "{out:?}");
+}

@@ -55,7 +55,7 @@ pub async fn run(args: ServeArgs, quiet: bool) -> Result<ExitCode> {
     config.access = Arc::new(access);
     config.tls = Some(identity);
     limits(&mut config, &args)?;
-    config.catalog = open_catalog(args.catalog.as_deref(), &state, quiet)?;
+    config.catalog = open_catalog(args.catalog.as_deref(), &state, &root, quiet)?;
     storage_from_profile(&mut config, &state, &root, quiet);
     if args.allow_plaintext {
         eprintln!(
@@ -133,17 +133,16 @@ fn access_for(args: &ServeArgs, state: &Path, quiet: bool) -> Result<Access> {
 }
 
 /// The catalog `--catalog` names (`none`: no catalog), by default catalog.sqlite in the
-/// state directory; its replicas are named after this host.
+/// state directory; its replicas are named after this host, its paths are relative to `root`.
 fn open_catalog(
     arg: Option<&str>,
     state: &Path,
+    root: &Path,
     quiet: bool,
 ) -> Result<Option<Arc<ferry_catalog::Catalog>>> {
-    // Off unless asked for: registering costs the tiny-file put more than the 5 % the
-    // catalog may take until its intents ride on the batch's own sync (docs/bench/NOTEBOOK.md).
     let location = match arg {
-        None | Some("none") => return Ok(None),
-        Some("state") => ferry_catalog::Location::Sqlite(state.join("catalog.sqlite")),
+        Some("none") => return Ok(None),
+        None | Some("state") => ferry_catalog::Location::Sqlite(state.join("catalog.sqlite")),
         Some(s) => ferry_catalog::Location::parse(s).map_err(|e| usage(e.into()))?,
     };
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
@@ -152,6 +151,23 @@ fn open_catalog(
     let host = if host.is_empty() { "localhost" } else { &host };
     let catalog = ferry_catalog::Catalog::open(&location, host)
         .with_context(|| format!("opening the catalog {location:?}"))?;
+    let root = std::fs::canonicalize(root).unwrap_or_else(|_| root.to_owned());
+    match catalog.claim_root(&root.to_string_lossy()) {
+        Ok(()) => {}
+        // The state directory's catalog, kept for another root by another server of this
+        // user: this one serves without, rather than mix two trees' paths.
+        Err(e @ ferry_catalog::CatalogError::OtherRoot { .. }) if arg.is_none() => {
+            eprintln!(
+                "ferry: warning: no catalog: {e}; pass --catalog PATH to keep one for this root"
+            );
+            return Ok(None);
+        }
+        Err(e) => {
+            return Err(usage(
+                anyhow::Error::new(e).context(format!("the catalog {location:?}")),
+            ))
+        }
+    }
     if !quiet {
         if let ferry_catalog::Location::Sqlite(p) = &location {
             eprintln!("ferry: catalog {}", p.display());

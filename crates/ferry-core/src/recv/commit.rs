@@ -18,9 +18,13 @@ pub struct Stored {
 /// Told of each batch the finalizer commits, on the finalizer's thread (a blocking call is
 /// fine there; it delays only the batch's renames).
 pub trait CommitHook: Send + Sync {
-    /// Before the batch's renames, its data already durable: an error fails every file of the
-    /// batch, so nothing is stored that the hook could not record.
-    fn before_rename(&self, files: &[Stored]) -> std::io::Result<()>;
+    /// Before the batch's sync and its renames. `syncfs`: the file system (its `st_dev`) the
+    /// batch's `syncfs` flushes, so that what the hook has written there by its return is
+    /// durable before any file gets its final name; `None` when the batch is a lone file,
+    /// synced with an `fsync` of its own (a `syncfs` would flush every other writer's data on
+    /// a busy file system), so the hook makes its records durable itself. An error fails
+    /// every file of the batch, so nothing is stored that the hook could not record.
+    fn before_sync(&self, files: &[Stored], syncfs: Option<u64>) -> std::io::Result<()>;
     /// After the renamed ones (a subset, in order) are durable under their final names.
     fn after_rename(&self, files: &[Stored]);
 }

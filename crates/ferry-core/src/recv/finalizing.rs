@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use ferry_proto::{ErrorCode, ExistingPolicy, Frame};
 
-use super::commit::Stored;
+use super::commit::{CommitHook, Stored};
 use super::receiver::Receiver;
 use super::state::{lock, remove_temp, FileEntry, FinalizeJob, Slot, Writing};
 use crate::digest::{Blake3Tree, FileHasher};
@@ -142,7 +142,18 @@ impl Receiver {
                 ),
             }
         }
-        // One sync for the batch: syncfs when several files share it, fsync for a lone file.
+        let hook = self.commit_hook.get().filter(|_| !ok.is_empty());
+        if let Some(hook) = hook {
+            if let Err(e) = self.tell_before_sync(hook.as_ref(), &ok) {
+                for job in &ok {
+                    let msg = format!("{}: cannot record it before storing: {e}", job.meta.path);
+                    self.finalize_failed(job, msg, std::io::Error::new(e.kind(), e.to_string()));
+                }
+                return;
+            }
+        }
+        // One sync for the batch: syncfs when several files share it (a hook's records ride on
+        // it), fsync for a lone file.
         let sync = match ok.as_slice() {
             [] => Ok(()),
             [one] => root::fsync(&*one.file),
@@ -158,20 +169,9 @@ impl Receiver {
             }
             return;
         }
-        let hook = self.commit_hook.get().filter(|_| !ok.is_empty());
-        if let Some(hook) = hook {
-            let files: Vec<Stored> = ok.iter().map(|j| self.stored(j)).collect();
-            if let Err(e) = hook.before_rename(&files) {
-                for job in &ok {
-                    let msg = format!("{}: cannot record it before storing: {e}", job.meta.path);
-                    self.finalize_failed(job, msg, std::io::Error::new(e.kind(), e.to_string()));
-                }
-                return;
-            }
-        }
         let renamed = self.rename_batch(ok);
-        // Registered before the files resolve, so a sender told they are stored finds them
-        // recorded.
+        // Told before the files resolve, so a sender told they are stored finds them recorded
+        // (a hook that registers them later settles that before answering for them).
         if let Some(hook) = hook {
             let files: Vec<Stored> = renamed.iter().map(|j| self.stored(j)).collect();
             hook.after_rename(&files);
@@ -179,6 +179,17 @@ impl Receiver {
         for job in renamed {
             self.renamed(job);
         }
+    }
+
+    /// Tells `hook` of a batch about to be synced, with the file system the sync flushes.
+    fn tell_before_sync(&self, hook: &dyn CommitHook, ok: &[FinalizeJob]) -> std::io::Result<()> {
+        let syncfs = match ok {
+            [] => return Ok(()),
+            [_] => None,
+            [first, ..] => Some(rustix::fs::fstat(&*first.file)?.st_dev),
+        };
+        let files: Vec<Stored> = ok.iter().map(|j| self.stored(j)).collect();
+        hook.before_sync(&files, syncfs)
     }
 
     /// What a commit hook is told of a job.

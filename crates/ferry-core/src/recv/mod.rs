@@ -28,8 +28,9 @@
 //! with one `syncfs` (or one `fsync` for a lone file), renames each with `RENAME_NOREPLACE`
 //! unless overwriting, then fsyncs each parent directory once. Many small files therefore share
 //! one sync latency instead of paying one each in series. A [`CommitHook`] (a server's catalog)
-//! is told of the batch before its renames and after the directory syncs; the files resolve
-//! only after that, so a sender told a file is stored finds it recorded.
+//! is told of the batch before its sync (a batch's `syncfs` makes the hook's records on the
+//! same file system durable too) and after the directory syncs; the files resolve only after
+//! that, so a sender told a file is stored finds it recorded.
 //!
 //! The code is laid out by concern; each module depends only on those above it:
 //!

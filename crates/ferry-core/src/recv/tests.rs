@@ -769,7 +769,7 @@ fn a_block_a_stripe_host_landed_completes_the_file() {
     assert_eq!(std::fs::read(dir.path().join("in/f.bin")).unwrap(), data);
 }
 
-/// Records what a receiver tells of its commits; fails `before_rename` when told to.
+/// Records what a receiver tells of its commits; fails `before_sync` when told to.
 #[derive(Default)]
 struct Hook {
     fail: bool,
@@ -778,7 +778,7 @@ struct Hook {
 }
 
 impl CommitHook for Hook {
-    fn before_rename(&self, files: &[Stored]) -> std::io::Result<()> {
+    fn before_sync(&self, files: &[Stored], _syncfs: Option<u64>) -> std::io::Result<()> {
         let there = self.dir.join("in/f.bin").exists();
         lock(&self.seen).push(("before", files.to_vec(), there));
         if self.fail {

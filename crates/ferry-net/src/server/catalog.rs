@@ -41,22 +41,37 @@ impl CatalogHook {
     }
 }
 
+/// Why the order is durable: the intents are written before the batch's `syncfs`, so when
+/// the catalog shares that file system the one flush puts them on disk with the batch's
+/// data, before any rename (a killed process loses nothing in any case: SQLite has handed them
+/// to the kernel). A catalog elsewhere, or a lone file's batch (an `fsync`, not a `syncfs`),
+/// syncs its intents itself. The renames are
+/// then durable (their directories synced) before the files are queued for registration; a
+/// crash at any point leaves each renamed file either registered or with its intent, which
+/// [`reconcile`] registers at the next start.
 impl CommitHook for CatalogHook {
-    fn before_rename(&self, files: &[Stored]) -> std::io::Result<()> {
-        self.catalog
-            .intend(&self.commits(files))
-            .map_err(|e| std::io::Error::other(format!("catalog: {e}")))
+    fn before_sync(&self, files: &[Stored], syncfs: Option<u64>) -> std::io::Result<()> {
+        let commits = self.commits(files);
+        let done = if syncfs.is_some() && self.catalog.device() == syncfs {
+            self.catalog.intend_unsynced(&commits)
+        } else {
+            self.catalog.intend(&commits)
+        };
+        done.map_err(|e| std::io::Error::other(format!("catalog: {e}")))
     }
 
     fn after_rename(&self, files: &[Stored]) {
-        // The files are stored; their intents stay and the next start registers them.
-        if let Err(e) = self.catalog.register(&self.commits(files)) {
-            warn!(
-                files = files.len(),
-                "catalog: registering stored files: {e}"
-            );
-        }
+        // The files are stored; their intents stay until the catalog's thread registers them.
+        self.catalog.register_later(self.commits(files));
     }
+}
+
+/// Logs a queued registration that failed: its files stay stored, their intents are
+/// registered at the next start.
+pub(super) fn log_register_errors(catalog: &Catalog) {
+    catalog.on_register_error(Box::new(|e, files| {
+        warn!(files, "catalog: registering stored files: {e}");
+    }));
 }
 
 /// Settles the intents a crash left: a file under its final name with the size (and the

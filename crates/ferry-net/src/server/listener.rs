@@ -72,6 +72,7 @@ impl Server {
         // Before any session: what a crash left in flight is settled first.
         let reconciled = match config.catalog.clone() {
             Some(catalog) => {
+                super::catalog::log_register_errors(&catalog);
                 let dir = config.root.clone();
                 let done =
                     tokio::task::spawn_blocking(move || super::catalog::reconcile(&catalog, &dir))
