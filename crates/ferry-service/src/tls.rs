@@ -4,20 +4,16 @@
 //! or remembered on first use in a known-hosts file, as ferry's clients pin servers.
 
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
-use ferry_net::{Fingerprint, Identity, KnownHosts};
-use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use ferry_net::tls::ClientTls;
+use ferry_net::{Fingerprint, Identity};
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
-use rustls::{DigitallySignedStruct, SignatureScheme};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
 use crate::error::ServiceError;
 
-/// The name in the certificate (ferry's), which the client presents and never checks: the
-/// fingerprint is what identifies the service.
-const CERT_NAME: &str = "ferry.invalid";
 const ALPN: &[u8] = b"http/1.1";
 
 fn provider() -> Arc<CryptoProvider> {
@@ -44,74 +40,9 @@ pub fn server_config(dir: &Path) -> Result<(Arc<rustls::ServerConfig>, Fingerpri
     Ok((Arc::new(cfg), id.fingerprint()))
 }
 
-/// How a client knows the service is the one it means.
-#[derive(Clone, Debug)]
-pub enum Trust {
-    /// Only this certificate (`--service-fingerprint`, or what the service printed at start).
-    Pinned(Fingerprint),
-    /// What the known-hosts file pins for `host`; on first contact, what the service presents,
-    /// then remembered there.
-    KnownHosts { file: KnownHosts, host: String },
-}
-
-/// Checks the certificate against the pin, then the handshake's signature against it.
-#[derive(Debug)]
-struct PinVerifier {
-    pin: Option<Fingerprint>,
-    seen: Mutex<Option<Fingerprint>>,
-    provider: Arc<CryptoProvider>,
-}
-
-impl ServerCertVerifier for PinVerifier {
-    fn verify_server_cert(
-        &self,
-        end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp: &[u8],
-        _now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        let got = Fingerprint::of(end_entity);
-        *self.seen.lock().unwrap_or_else(|e| e.into_inner()) = Some(got);
-        match self.pin {
-            Some(want) if want != got => Err(rustls::Error::InvalidCertificate(
-                rustls::CertificateError::ApplicationVerificationFailure,
-            )),
-            _ => Ok(ServerCertVerified::assertion()),
-        }
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        _message: &[u8],
-        _cert: &CertificateDer<'_>,
-        _dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        Err(rustls::Error::PeerIncompatible(
-            rustls::PeerIncompatible::Tls12NotOffered,
-        ))
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.provider
-            .signature_verification_algorithms
-            .supported_schemes()
-    }
-}
+/// How a client knows the service is the one it means: as ferry's clients know servers, a
+/// pinned fingerprint or the known-hosts file (trust on first use).
+pub use ferry_net::ServerTrust as Trust;
 
 /// Opens a TLS connection to `addr` that only the trusted certificate completes; a first
 /// contact through known hosts records the certificate it met.
@@ -126,42 +57,26 @@ pub async fn connect(
             ferry_net::tls::Known::Unknown => None,
         },
     };
-    let provider = provider();
-    let verifier = Arc::new(PinVerifier {
-        pin,
-        seen: Mutex::new(None),
-        provider: provider.clone(),
-    });
-    let mut cfg = rustls::ClientConfig::builder_with_provider(provider)
-        .with_protocol_versions(&[&rustls::version::TLS13])
-        .map_err(tls_err)?
-        .dangerous()
-        .with_custom_certificate_verifier(verifier.clone())
-        .with_no_client_auth();
-    cfg.alpn_protocols = vec![ALPN.to_vec()];
+    let tls = ClientTls::with_alpn(pin, ALPN).map_err(tls_err)?;
     let tcp = tokio::net::TcpStream::connect(addr)
         .await
         .map_err(|source| ServiceError::Io {
             what: format!("connecting to the service at {addr}"),
             source,
         })?;
-    let name = ServerName::try_from(CERT_NAME).map_err(tls_err)?;
-    let stream = tokio_rustls::TlsConnector::from(Arc::new(cfg))
-        .connect(name, tcp)
+    let stream = tls
+        .connector()
+        .connect(ClientTls::server_name(), tcp)
         .await
-        .map_err(|e| {
-            let seen = *verifier.seen.lock().unwrap_or_else(|e| e.into_inner());
-            match (pin, seen) {
-                (Some(want), Some(got)) if want != got => ServiceError::Tls(format!(
-                    "the service at {addr} presented {got}, not the pinned {want}: another \
+        .map_err(|e| match (pin, tls.seen()) {
+            (Some(want), Some(got)) if want != got => ServiceError::Tls(format!(
+                "the service at {addr} presented {got}, not the pinned {want}: another \
                      service, or its key changed"
-                )),
-                _ => ServiceError::Tls(format!("handshake with the service at {addr}: {e}")),
-            }
+            )),
+            _ => ServiceError::Tls(format!("handshake with the service at {addr}: {e}")),
         })?;
     if let (Trust::KnownHosts { file, host }, None) = (trust, pin) {
-        let seen = *verifier.seen.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(fp) = seen {
+        if let Some(fp) = tls.seen() {
             file.add(host, fp).map_err(tls_err)?;
         }
     }

@@ -319,13 +319,19 @@ impl ServerCertVerifier for PinVerifier {
 
 /// A client TLS configuration for one session: every connection of the session shares it,
 /// and with it the session-resumption cache.
-pub(crate) struct ClientTls {
+pub struct ClientTls {
     config: Arc<rustls::ClientConfig>,
     verifier: Arc<PinVerifier>,
 }
 
 impl ClientTls {
     pub(crate) fn new(pin: Option<Fingerprint>) -> Result<Self, TlsError> {
+        Self::with_alpn(pin, ALPN)
+    }
+
+    /// A client that speaks `alpn` (e.g. `http/1.1` to the transfer service's API) and trusts
+    /// only the certificate `pin` names, or on first use (`None`) any, recorded in `seen`.
+    pub fn with_alpn(pin: Option<Fingerprint>, alpn: &[u8]) -> Result<Self, TlsError> {
         let provider = provider();
         let verifier = Arc::new(PinVerifier {
             pin,
@@ -337,18 +343,19 @@ impl ClientTls {
             .dangerous()
             .with_custom_certificate_verifier(verifier.clone())
             .with_no_client_auth();
-        cfg.alpn_protocols = vec![ALPN.to_vec()];
+        cfg.alpn_protocols = vec![alpn.to_vec()];
         Ok(Self {
             config: Arc::new(cfg),
             verifier,
         })
     }
 
-    pub(crate) fn connector(&self) -> tokio_rustls::TlsConnector {
+    pub fn connector(&self) -> tokio_rustls::TlsConnector {
         tokio_rustls::TlsConnector::from(self.config.clone())
     }
 
-    pub(crate) fn server_name() -> ServerName<'static> {
+    /// The name every ferry certificate carries; the fingerprint, not the name, is checked.
+    pub fn server_name() -> ServerName<'static> {
         ServerName::try_from(CERT_NAME).expect("a valid DNS name")
     }
 
@@ -357,7 +364,7 @@ impl ClientTls {
     }
 
     /// The fingerprint the last handshake presented.
-    pub(crate) fn seen(&self) -> Option<Fingerprint> {
+    pub fn seen(&self) -> Option<Fingerprint> {
         *self.verifier.seen.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
