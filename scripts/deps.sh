@@ -16,3 +16,13 @@ if ! command -v rsync >/dev/null 2>&1; then
     $SUDO apt-get update -qq >/dev/null
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq rsync >/dev/null
 fi
+# The dashboard's browser test drives Debian's headless Chromium over the DevTools protocol.
+if [ ! -x /usr/bin/chromium ]; then
+    SUDO=""
+    [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+    export DEBIAN_FRONTEND=noninteractive
+    if ! apt-cache show chromium >/dev/null 2>&1; then
+        $SUDO apt-get update -qq >/dev/null
+    fi
+    $SUDO apt-get install -y -qq chromium >/dev/null
+fi

@@ -1,7 +1,8 @@
 //! The HTTP API (JSON): submit, list, show and cancel jobs, and `/metrics` in Prometheus'
-//! text format. Every `/api` request carries a bearer token from ferry's token file (the one
-//! `ferry token add` writes); a token sees and cancels only the jobs it submitted, unless the
-//! service names it an admin. Bodies are bounded and every request has a time limit.
+//! text format; the dashboard's files (`crate::dashboard`) beside them. Every `/api` request
+//! carries a bearer token from ferry's token file (the one `ferry token add` writes); a token
+//! sees and cancels only the jobs it submitted, unless the service names it an admin. Bodies
+//! are bounded and every request has a time limit.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -45,6 +46,7 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/api/jobs/{id}", get(show))
         .route("/api/jobs/{id}/cancel", post(cancel))
         .route("/metrics", get(metrics))
+        .merge(crate::dashboard::routes())
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "no such endpoint") })
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .layer(middleware::from_fn(time_limit))

@@ -4,6 +4,7 @@
 
 pub mod api;
 pub mod client;
+pub mod dashboard;
 pub mod endpoints;
 pub mod error;
 mod http;

@@ -2,6 +2,7 @@
 //! on loopback, the service's scheduler and HTTP API in front of it.
 
 mod api;
+mod browser;
 mod crash;
 mod scheduler;
 mod util;

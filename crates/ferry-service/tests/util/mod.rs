@@ -2,6 +2,8 @@
 //! 127.0.0.1:0, the service's pieces pointed at it, small trees, and bounded waits.
 #![allow(dead_code)]
 
+pub mod chromium;
+
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

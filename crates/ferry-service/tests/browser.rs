@@ -1,0 +1,220 @@
+//! The dashboard in a real browser: headless Chromium, pinned to the service's key, is given a
+//! token through the page's form (a wrong one first), submits a put of a small tree through
+//! the job form, and the test watches that job's progress bar in the page reach 100 % and
+//! reads the plots' data from the DOM. With FERRY_SCREENSHOT=PATH it saves the page as a PNG.
+
+use std::time::Duration;
+
+use ferry_service::State;
+use serde_json::Value;
+
+use crate::util::chromium::{self, Browser};
+use crate::util::*;
+
+/// Four files of 1 MiB: at 64 KiB blocks and the pace below, the job runs for about a second,
+/// long enough for the page to show it partway.
+fn make_batch(dir: &std::path::Path) -> std::path::PathBuf {
+    let top = dir.join("batch");
+    std::fs::create_dir_all(&top).unwrap();
+    for i in 0..4 {
+        make_file(&top.join(format!("part{i}.bin")), 1 << 20);
+    }
+    top
+}
+
+/// A JavaScript string literal of `s`.
+fn js(s: &str) -> String {
+    serde_json::to_string(s).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_dashboard_in_chromium_submits_a_put_and_shows_it_reach_100_percent() {
+    let test = "the_dashboard_in_chromium_submits_a_put_and_shows_it_reach_100_percent";
+    let Some(()) = ferry_netem::needs(test, chromium::present()) else {
+        return;
+    };
+    let server = TestServer::start().await;
+    let local = tempfile::tempdir().unwrap();
+    let top = make_batch(local.path());
+    let svc = TestService::start_with(&server, local.path(), |c| {
+        c.pace = Some(Duration::from_millis(15))
+    })
+    .await;
+    let cert = std::fs::read_to_string(svc.state.path().join("tls/server-cert.pem")).unwrap();
+    let der = rustls::pki_types::pem::PemObject::from_pem_slice(cert.as_bytes())
+        .map(|c: rustls::pki_types::CertificateDer<'static>| c.to_vec())
+        .unwrap();
+    let page = Page {
+        url: format!("https://{}/", svc.addr),
+        pin: chromium::spki_pin(&der),
+        token: svc.tokens["alice"].clone(),
+        dest: format!("{}:/", server.addr),
+    };
+    let seen = tokio::task::spawn_blocking(move || page.drive())
+        .await
+        .unwrap();
+    let job = svc.store.get(seen.job).unwrap().unwrap();
+    assert_eq!(job.state, State::Done, "{job:?}");
+    assert_eq!(
+        (job.owner.as_str(), job.label.as_str()),
+        ("alice", "from the browser")
+    );
+    assert_eq!(tree_bytes(&server.root.join("batch")), tree_bytes(&top));
+    assert!(
+        seen.percents.windows(2).all(|w| w[0] <= w[1]) && seen.percents.last() == Some(&100),
+        "the bar only grows, to 100: {:?}",
+        seen.percents
+    );
+    svc.stop().await;
+    server.stop().await;
+}
+
+struct Page {
+    url: String,
+    pin: String,
+    token: String,
+    dest: String,
+}
+
+/// What the page showed.
+struct Seen {
+    job: i64,
+    /// The job's progress bar, each time the test looked, until it read done.
+    percents: Vec<u64>,
+}
+
+impl Page {
+    fn drive(self) -> Seen {
+        let mut b = Browser::start(&self.pin);
+        let tab = b.open_tab();
+        b.call(
+            Some(&tab),
+            "Page.navigate",
+            serde_json::json!({"url": self.url}),
+        );
+        b.wait_for(
+            &tab,
+            "document.readyState === 'complete' && !!document.getElementById('token-form')",
+            Duration::from_secs(20),
+        );
+        self.check_headers(&mut b, &tab);
+        let wait = Duration::from_secs(20);
+        // A wrong token is refused in words and forgotten; the right one is kept for the tab.
+        let enter = |t: &str| {
+            format!(
+                "document.getElementById('token').value = {}; \
+                 document.getElementById('token-form').requestSubmit(); true",
+                js(t)
+            )
+        };
+        b.eval(&tab, &enter("not-a-token"));
+        b.wait_for(
+            &tab,
+            "!document.getElementById('token-form').hidden && \
+             document.getElementById('status').textContent.includes('refused')",
+            wait,
+        );
+        b.eval(&tab, &enter(&self.token));
+        b.wait_for(
+            &tab,
+            "document.getElementById('status').textContent.startsWith('updated')",
+            wait,
+        );
+        let kept = b.eval(
+            &tab,
+            "[sessionStorage.getItem('ferry-token'), location.href, localStorage.length]",
+        );
+        assert_eq!(kept[0], Value::from(self.token.as_str()));
+        assert!(!kept[1].as_str().unwrap().contains(&self.token), "{kept}");
+        assert_eq!(kept[2], 0, "nothing in localStorage");
+        let job = self.submit(&mut b, &tab);
+        let percents = watch(&mut b, &tab, job);
+        read_plots(&mut b, &tab);
+        if let Some(path) = std::env::var_os("FERRY_SCREENSHOT") {
+            std::fs::write(&path, b.screenshot(&tab)).unwrap();
+        }
+        Seen { job, percents }
+    }
+
+    /// The page's headers, read by the page itself: the policy, no sniffing, no caching.
+    fn check_headers(&self, b: &mut Browser, tab: &str) {
+        let h = b.eval(
+            tab,
+            "fetch('/').then(r => [r.status, r.headers.get('content-security-policy'), \
+             r.headers.get('x-content-type-options'), r.headers.get('cache-control')])",
+        );
+        assert_eq!(h[0], 200, "{h}");
+        let csp = h[1].as_str().unwrap();
+        assert!(csp.contains("default-src 'self'"), "{csp}");
+        assert!(!csp.contains("unsafe"), "{csp}");
+        assert_eq!(
+            (h[2].as_str(), h[3].as_str()),
+            (Some("nosniff"), Some("no-store"))
+        );
+    }
+
+    /// Fills the job form and submits it; the id the page reports.
+    fn submit(&self, b: &mut Browser, tab: &str) -> i64 {
+        b.eval(
+            tab,
+            &format!(
+                "document.getElementById('sources').value = '/batch'; \
+                 document.getElementById('dest').value = {}; \
+                 document.getElementById('priority').value = '2'; \
+                 document.getElementById('label').value = 'from the browser'; \
+                 document.getElementById('job-form').requestSubmit(); true",
+                js(&self.dest)
+            ),
+        );
+        let msg = b.wait_for(
+            tab,
+            "(m => m.startsWith('job ') && m)(document.getElementById('submit-msg').textContent)",
+            Duration::from_secs(20),
+        );
+        let msg = msg.as_str().unwrap();
+        msg.split(' ').nth(1).unwrap().parse().expect(msg)
+    }
+}
+
+/// Reads job `id`'s row every 100 ms until it says done, at most 60 s: its bar's percents.
+fn watch(b: &mut Browser, tab: &str, id: i64) -> Vec<u64> {
+    let row = format!(
+        "(r => r && [r.dataset.state, Number(r.dataset.percent), r.innerText])\
+         (document.querySelector('tr[data-job=\"{id}\"]'))"
+    );
+    let t0 = std::time::Instant::now();
+    let mut percents = Vec::new();
+    loop {
+        let r = b.eval(tab, &row);
+        if let Some(p) = r[1].as_u64() {
+            percents.push(p);
+        }
+        if r[0] == "done" {
+            assert!(r[2].as_str().unwrap().contains("100 %"), "{r}");
+            return percents;
+        }
+        assert!(r[0] != "failed" && r[0] != "cancelled", "{r}");
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "job {id} in the page: {r}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The plots' data as the page keeps it in `data-points`: until the history endpoints exist
+/// (they answer 404 here), both plots say so rather than fail.
+fn read_plots(b: &mut Browser, tab: &str) {
+    let v = b.wait_for(
+        tab,
+        "(p => p.dataset.points === '[]' && p.innerText.includes('no history yet') && p.dataset.points)\
+         (document.getElementById('rate-plot'))",
+        Duration::from_secs(10),
+    );
+    assert_eq!(v, "[]");
+    b.wait_for(
+        tab,
+        "document.getElementById('links').innerText.includes('no history yet')",
+        Duration::from_secs(10),
+    );
+}
