@@ -53,6 +53,7 @@ function bytes(n) {
 
 function duration(s) {
   if (!isFinite(s) || s < 0) return '—';
+  if (s < 1) return Math.round(s * 1000) + ' ms';
   if (s < 60) return Math.ceil(s) + ' s';
   if (s < 3600) return Math.floor(s / 60) + ' min ' + Math.ceil(s % 60) + ' s';
   return Math.floor(s / 3600) + ' h ' + Math.floor((s % 3600) / 60) + ' min';
@@ -117,7 +118,7 @@ function plot(box, samples, series, unitLeft, unitRight) {
   svg.setAttribute('viewBox', `0 0 ${W} ${H}`);
   svg.setAttribute('role', 'img');
   const ts = samples.map((s) => s.t_ms);
-  const t0 = Math.min(...ts), t1 = Math.max(...ts, t0 + 1);
+  const t0 = Math.min(...ts), t1 = Math.max(...ts, t0 + 1000);
   const x = (t) => L + (t - t0) / (t1 - t0) * (W - L - R);
   const node = (tag, attrs, text) => {
     const n = document.createElementNS(SVG, tag);
@@ -137,7 +138,10 @@ function plot(box, samples, series, unitLeft, unitRight) {
     const label = s.right ? top.toFixed(1) + ' ' + unitRight : unitLeft(top);
     node('text', s.right ? { x: W - R + 4, y: T + 8 } : { x: 2, y: T + 8 }, label);
     node('polyline', { class: s.cls, points: pts.map((p) => x(p[0]).toFixed(1) + ',' + y(p[1]).toFixed(1)).join(' ') });
-    for (const p of pts.filter((p) => p[2])) node('circle', { cx: x(p[0]), cy: y(p[1]), r: 3, class: 'transfer' });
+    // A lone sample has no line to draw; it and each transfer sample get a dot.
+    for (const p of pts.filter((p) => p[2] || pts.length === 1)) {
+      node('circle', { cx: x(p[0]), cy: y(p[1]), r: 3, class: p[2] ? 'transfer' : s.cls + '-dot' });
+    }
   }
   box.append(svg);
 }
@@ -169,8 +173,10 @@ async function drawLinks() {
     const div = el('div', undefined, l.flagged ? 'link flagged' : 'link');
     div.dataset.link = l.name;
     div.dataset.flagged = l.flagged;
-    const median = l.median_rate === null ? 'no median yet' : 'median ' + perSecond(l.median_rate);
-    div.append(el('h3', l.name + ' — ' + median + (l.flagged ? ' — flagged: ' + (l.reason || 'slow') : '')));
+    const words = [l.name, l.median_rate === null ? 'no median yet' : 'median ' + perSecond(l.median_rate)];
+    if (l.last) words.push('last ' + perSecond(l.last.rate) + ' (' + l.last.source + ')');
+    if (l.flagged) words.push('flagged: ' + (l.reason || 'slow'));
+    div.append(el('h3', words.join(' — ')));
     let samples = [];
     try {
       samples = (await api('/api/links/' + encodeURIComponent(l.name) + '/history')).samples || [];
