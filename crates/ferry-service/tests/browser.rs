@@ -1,7 +1,8 @@
 //! The dashboard in a real browser: headless Chromium, pinned to the service's key, is given a
 //! token through the page's form (a wrong one first), submits a put of a small tree through
 //! the job form, and the test watches that job's progress bar in the page reach 100 % and
-//! reads the plots' data from the DOM. With FERRY_SCREENSHOT=PATH it saves the page as a PNG.
+//! reads the plots' data from the DOM; a second job is cancelled with its row's button. With
+//! FERRY_SCREENSHOT=PATH it saves the page, the first job done, as a PNG.
 
 use std::time::Duration;
 
@@ -22,6 +23,9 @@ fn make_batch(dir: &std::path::Path) -> std::path::PathBuf {
     top
 }
 
+/// Markup in a label is shown as text, never made into elements.
+const LABEL: &str = "from the <b>browser</b>";
+
 /// A JavaScript string literal of `s`.
 fn js(s: &str) -> String {
     serde_json::to_string(s).unwrap()
@@ -36,6 +40,8 @@ async fn the_dashboard_in_chromium_submits_a_put_and_shows_it_reach_100_percent(
     let server = TestServer::start().await;
     let local = tempfile::tempdir().unwrap();
     let top = make_batch(local.path());
+    // 16 MiB: at the pace below it would run for half a minute; it is cancelled long before.
+    make_file(&local.path().join("slow.bin"), 16 << 20);
     let svc = TestService::start_with(&server, local.path(), |c| {
         c.pace = Some(Duration::from_millis(150))
     })
@@ -55,11 +61,11 @@ async fn the_dashboard_in_chromium_submits_a_put_and_shows_it_reach_100_percent(
         .unwrap();
     let job = svc.store.get(seen.job).unwrap().unwrap();
     assert_eq!(job.state, State::Done, "{job:?}");
-    assert_eq!(
-        (job.owner.as_str(), job.label.as_str()),
-        ("alice", "from the browser")
-    );
+    assert_eq!((job.owner.as_str(), job.label.as_str()), ("alice", LABEL));
     assert_eq!(tree_bytes(&server.root.join("batch")), tree_bytes(&top));
+    let c = svc.store.get(seen.cancelled).unwrap().unwrap();
+    assert_eq!(c.state, State::Cancelled, "{c:?}");
+    assert!(c.bytes_done < c.bytes_total, "{c:?}");
     assert!(
         seen.percents.windows(2).all(|w| w[0] <= w[1])
             && seen.percents.iter().any(|p| (1..100).contains(p))
@@ -83,6 +89,8 @@ struct Seen {
     job: i64,
     /// The job's progress bar, each time the test looked, until it read done.
     percents: Vec<u64>,
+    /// A second job, cancelled with its row's button while it ran.
+    cancelled: i64,
 }
 
 impl Page {
@@ -129,13 +137,19 @@ impl Page {
         assert_eq!(kept[0], Value::from(self.token.as_str()));
         assert!(!kept[1].as_str().unwrap().contains(&self.token), "{kept}");
         assert_eq!(kept[2], 0, "nothing in localStorage");
-        let job = self.submit(&mut b, &tab);
+        let job = self.submit(&mut b, &tab, "/batch", LABEL);
         let percents = watch(&mut b, &tab, job);
         read_plots(&mut b, &tab);
         if let Some(path) = std::env::var_os("FERRY_SCREENSHOT") {
             std::fs::write(&path, b.screenshot(&tab)).unwrap();
         }
-        Seen { job, percents }
+        let cancelled = self.submit(&mut b, &tab, "/slow.bin", "to cancel");
+        cancel(&mut b, &tab, cancelled);
+        Seen {
+            job,
+            percents,
+            cancelled,
+        }
     }
 
     /// The page's headers, read by the page itself: the policy, no sniffing, no caching.
@@ -156,16 +170,19 @@ impl Page {
     }
 
     /// Fills the job form and submits it; the id the page reports.
-    fn submit(&self, b: &mut Browser, tab: &str) -> i64 {
+    fn submit(&self, b: &mut Browser, tab: &str, source: &str, label: &str) -> i64 {
         b.eval(
             tab,
             &format!(
-                "document.getElementById('sources').value = '/batch'; \
+                "document.getElementById('submit-msg').textContent = ''; \
+                 document.getElementById('sources').value = {}; \
                  document.getElementById('dest').value = {}; \
                  document.getElementById('priority').value = '2'; \
-                 document.getElementById('label').value = 'from the browser'; \
+                 document.getElementById('label').value = {}; \
                  document.getElementById('job-form').requestSubmit(); true",
-                js(&self.dest)
+                js(source),
+                js(&self.dest),
+                js(label)
             ),
         );
         let msg = b.wait_for(
@@ -178,10 +195,35 @@ impl Page {
     }
 }
 
+/// Waits for job `id`'s row to say running, clicks its Cancel button, and waits for the row
+/// to say cancelled, without a button.
+fn cancel(b: &mut Browser, tab: &str, id: i64) {
+    let row = format!("document.querySelector('tr[data-job=\"{id}\"]')");
+    let within = Duration::from_secs(20);
+    b.wait_for(
+        tab,
+        &format!("(r => r && r.dataset.state === 'running')({row})"),
+        within,
+    );
+    b.eval(
+        tab,
+        &format!("{row}.querySelector('button[data-cancel]').click(); true"),
+    );
+    b.wait_for(
+        tab,
+        &format!(
+            "(r => r && r.dataset.state === 'cancelled' && !r.querySelector('button') \
+             && r.innerText.includes('cancelled'))({row})"
+        ),
+        within,
+    );
+}
+
 /// Reads job `id`'s row every 100 ms until it says done, at most 60 s: its bar's percents.
 fn watch(b: &mut Browser, tab: &str, id: i64) -> Vec<u64> {
     let row = format!(
-        "(r => r && [r.dataset.state, Number(r.dataset.percent), r.innerText])\
+        "(r => r && [r.dataset.state, Number(r.dataset.percent), r.innerText, \
+         r.cells[1].textContent, r.querySelectorAll('b').length])\
          (document.querySelector('tr[data-job=\"{id}\"]'))"
     );
     let t0 = std::time::Instant::now();
@@ -193,6 +235,11 @@ fn watch(b: &mut Browser, tab: &str, id: i64) -> Vec<u64> {
         }
         if r[0] == "done" {
             assert!(r[2].as_str().unwrap().contains("100 %"), "{r}");
+            assert!(
+                r[3].as_str().unwrap().contains(LABEL),
+                "the label as text: {r}"
+            );
+            assert_eq!(r[4], 0, "no element made from the label: {r}");
             return percents;
         }
         assert!(r[0] != "failed" && r[0] != "cancelled", "{r}");
@@ -219,4 +266,50 @@ fn read_plots(b: &mut Browser, tab: &str) {
         "document.getElementById('links').innerText.includes('no history yet')",
         Duration::from_secs(10),
     );
+}
+
+/// Without a browser: the page and its two files come without a token, the page names only
+/// them, and the script neither evaluates strings nor writes HTML.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_dashboard_is_served_without_a_token_and_its_script_writes_no_html() {
+    let server = TestServer::start().await;
+    let local = tempfile::tempdir().unwrap();
+    let svc = TestService::start(&server, local.path()).await;
+    let c = svc.client("alice");
+    let get = |path: &'static str| {
+        let c = c.clone();
+        async move {
+            let a = c
+                .request(hyper::Method::GET, path, vec![], false)
+                .await
+                .unwrap();
+            assert_eq!(a.status, 200, "{path}");
+            String::from_utf8(a.body).unwrap()
+        }
+    };
+    let page = get("/").await;
+    assert!(
+        page.contains(r#"<script src="/dashboard.js" defer></script>"#),
+        "{page}"
+    );
+    assert!(page.contains(r#"href="/dashboard.css""#), "{page}");
+    assert!(
+        !page.contains("<script>") && !page.contains("style="),
+        "nothing inline"
+    );
+    let script = get("/dashboard.js").await;
+    for bad in [
+        "innerHTML",
+        "outerHTML",
+        "insertAdjacentHTML",
+        "eval(",
+        "new Function",
+        "localStorage",
+    ] {
+        assert!(!script.contains(bad), "the script uses {bad}");
+    }
+    assert!(script.contains("sessionStorage"));
+    assert!(get("/dashboard.css").await.contains(".plot"));
+    svc.stop().await;
+    server.stop().await;
 }
