@@ -5,10 +5,13 @@
 
 const KEY = 'ferry-token';
 const EVERY_MS = 1000;
+// Link histories are long (thousands of samples) and change slowly: fetched less often.
+const LINKS_EVERY_MS = 5000;
 const SVG = 'http://www.w3.org/2000/svg';
 const $ = (id) => document.getElementById(id);
 let selected = null;
 let timer = null;
+let linksAt = 0;
 
 function token() { return sessionStorage.getItem(KEY); }
 
@@ -201,7 +204,10 @@ async function refresh() {
     const jobs = await api('/api/jobs?limit=50');
     $('jobs').tBodies[0].replaceChildren(...jobs.map(jobRow));
     await drawRates();
-    await drawLinks();
+    if (Date.now() - linksAt >= LINKS_EVERY_MS) {
+      linksAt = Date.now();
+      await drawLinks();
+    }
     status('updated ' + new Date().toLocaleTimeString());
   } catch (e) {
     status(e.message, true);
@@ -218,6 +224,7 @@ function show(signedIn) {
 function forget(why) {
   sessionStorage.removeItem(KEY);
   clearTimeout(timer);
+  linksAt = 0;
   show(false);
   status(why || '', Boolean(why));
 }
