@@ -27,6 +27,8 @@ use crate::scheduler::Scheduler;
 pub const MAX_BODY: usize = 256 * 1024;
 /// How long one request may take before it is answered 503.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// Prometheus' text exposition format.
+pub const METRICS_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 /// Jobs a listing returns unless asked for fewer.
 const DEFAULT_LIST: usize = 100;
 
@@ -325,12 +327,5 @@ async fn metrics(State(app): State<Arc<App>>) -> Result<Response, ApiError> {
         "ferry_service_transferred_bytes_total {}\n",
         s.moved()
     ));
-    Ok((
-        [(
-            header::CONTENT_TYPE,
-            "text/plain; version=0.0.4; charset=utf-8",
-        )],
-        out,
-    )
-        .into_response())
+    Ok(([(header::CONTENT_TYPE, METRICS_CONTENT_TYPE)], out).into_response())
 }

@@ -6,7 +6,7 @@ pub mod api;
 pub mod client;
 pub mod endpoints;
 pub mod error;
-mod http;
+pub mod http;
 pub mod job;
 pub mod location;
 pub mod runner;

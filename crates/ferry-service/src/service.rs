@@ -143,7 +143,13 @@ impl Service {
             let mut rx = rx;
             let _ = rx.wait_for(|s| *s).await;
         }));
-        crate::http::serve(self.listener, self.tls, api::router(self.app), shutdown).await;
+        crate::http::serve(
+            self.listener,
+            Some(self.tls),
+            api::router(self.app),
+            shutdown,
+        )
+        .await;
         let _ = tx.send(true);
         let _ = sched.await;
     }
