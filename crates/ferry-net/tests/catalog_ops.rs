@@ -512,3 +512,42 @@ async fn without_a_catalog_files_alone() {
     assert!(!Path::new(&root.join("in/tree")).exists());
     server.stop().await;
 }
+
+/// A find's answer past one frame's worth comes in several, in path order, capped at the limit
+/// with `more` said once, at its end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_find_comes_in_frames_and_stops_at_its_limit() {
+    let catalog = memory_catalog();
+    let n = 3 * ferry_proto::MAX_FOUND_ENTRIES + 7;
+    let commits: Vec<ferry_catalog::Commit> = (0..n)
+        .map(|i| ferry_catalog::Commit {
+            path: format!("big/f{i:05}"),
+            size: i as u64,
+            mtime_ns: 1,
+            digest: vec![1; 32],
+            algo: "blake3".into(),
+            stored_by: "t".into(),
+            physical: format!("/srv/big/f{i:05}"),
+        })
+        .collect();
+    catalog.register(&commits).unwrap();
+    let c2 = catalog.clone();
+    let server = TestServer::start_with(move |c| c.catalog = Some(c2)).await;
+    let cfg = server.client();
+    let all = cat::find(&cfg, find_under("/big"), R).await.unwrap();
+    assert!(!all.more);
+    let want: Vec<String> = (0..n).map(|i| format!("big/f{i:05}")).collect();
+    let got: Vec<String> = all.objects.into_iter().map(|o| o.path).collect();
+    assert_eq!(got, want);
+    let mut f = find_under("/big");
+    f.limit = 2 * ferry_proto::MAX_FOUND_ENTRIES as u32 + 1;
+    let some = cat::find(&cfg, f, R).await.unwrap();
+    assert!(some.more);
+    assert_eq!(some.objects.len(), 2 * ferry_proto::MAX_FOUND_ENTRIES + 1);
+    assert_eq!(some.objects[0].path, "big/f00000");
+    let mut f = find_under("/big");
+    f.limit = n as u32;
+    let exact = cat::find(&cfg, f, R).await.unwrap();
+    assert_eq!((exact.objects.len(), exact.more), (n, false));
+    server.stop().await;
+}
