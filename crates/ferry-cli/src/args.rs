@@ -41,6 +41,21 @@ pub enum Command {
     Cp(Box<CpArgs>),
     /// List a remote directory: names, sizes, mtimes.
     Ls(LsArgs),
+    /// What the server's catalog knows of a file: size, mtime, digest, who stored it and
+    /// when, its replicas and metadata.
+    Stat(crate::catalog_args::StatArgs),
+    /// Remove a remote file (-r: a directory and all in it) and its catalog entries.
+    Rm(crate::catalog_args::RmArgs),
+    /// Rename a remote file or directory within one server, its catalog entries with it.
+    Mv(crate::catalog_args::MvArgs),
+    /// Make a remote directory (-p: with its missing parents).
+    Mkdir(crate::catalog_args::MkdirArgs),
+    /// A remote file's metadata in the server's catalog: attribute, value, unit.
+    #[command(subcommand)]
+    Meta(crate::catalog_args::MetaCommand),
+    /// Find files by metadata, name, age and size, from the server's catalog (the file system
+    /// is never walked): `ferry find dtn2:/data --meta 'temp>40' --name '*.h5'`.
+    Find(crate::catalog_args::FindArgs),
     /// Start a local server on loopback, generate a data set, transfer and verify it, and print
     /// the throughput.
     Demo(DemoArgs),
@@ -165,6 +180,12 @@ impl Command {
             Command::Cp(a) => Some(&a.transfer.output),
             Command::Sync(a) => Some(&a.transfer.output),
             Command::Ls(a) => Some(&a.output),
+            Command::Stat(a) => Some(&a.reach.output),
+            Command::Rm(a) => Some(&a.reach.output),
+            Command::Mv(a) => Some(&a.reach.output),
+            Command::Mkdir(a) => Some(&a.reach.output),
+            Command::Meta(c) => Some(&c.reach().output),
+            Command::Find(a) => Some(&a.reach.output),
             Command::Demo(a) => Some(&a.output),
             Command::Probe(ProbeCommand::Host(a)) => Some(&a.output),
             Command::Probe(ProbeCommand::Disk(a)) => Some(&a.output),

@@ -5,6 +5,7 @@
 //! neither place.
 
 mod access;
+mod catalog_cmds;
 mod cli;
 mod endpoints;
 mod filters;

@@ -12,9 +12,19 @@ use ferry_core::Reporter;
 use super::state::ServerState;
 
 /// The kinds of session the server logs (`Served::what`), in the order they are rendered.
-const KINDS: [&str; 8] = [
-    "put", "get", "list", "probe", "grant", "copy", "stripe", "remove",
+const KINDS: [&str; 9] = [
+    "put", "get", "list", "probe", "grant", "copy", "stripe", "remove", "catalog",
 ];
+
+/// The kind a session is counted under: a user's catalog requests (`stat`, `rm`, `mv`,
+/// `mkdir`, `meta ...`, `find`) as one.
+fn kind_of(what: &str) -> &str {
+    match what {
+        "stat" | "rm" | "mv" | "mkdir" | "find" => "catalog",
+        w if w.starts_with("meta") => "catalog",
+        w => w,
+    }
+}
 
 /// The server's counters; every field only grows.
 #[derive(Default)]
@@ -37,6 +47,7 @@ pub(super) struct Metrics {
 impl Metrics {
     /// A session ended well: `what` it was and its rate, if it moved bytes.
     pub(super) fn session_ok(&self, what: &str, rate: Option<u64>) {
+        let what = kind_of(what);
         match KINDS.iter().position(|k| *k == what) {
             Some(i) => {
                 self.sessions_ok[i].fetch_add(1, Ordering::Relaxed);

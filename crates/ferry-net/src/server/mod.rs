@@ -9,13 +9,17 @@
 //! destination's side) and `copy` (the source's, which runs the client's put to the other
 //! server). A striped put's other hosts: `stripe` (blocks into the coordinator's partial
 //! copies, each reported `Landed`). `catalog` registers every file a put stores and
-//! reconciles a crash's leftovers. `metrics` counts sessions, bytes and refusals for a scraper.
+//! reconciles a crash's leftovers; `catalog_ops` serves a user's catalog requests (stat, rm,
+//! mv, mkdir, meta, find), their file-system half in `files`. `metrics`
+//! counts sessions, bytes and refusals for a scraper.
 
 pub mod access;
 mod admission;
 mod catalog;
+mod catalog_ops;
 mod config;
 mod copy;
+mod files;
 mod grants;
 mod listener;
 mod measure;

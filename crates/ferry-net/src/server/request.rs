@@ -1,4 +1,5 @@
-//! What a logged-in control connection asks for (list, put, get, remove or a network probe): checked
+//! What a logged-in control connection asks for (list, put, get, remove, a catalog operation
+//! or a network probe): checked
 //! against the token's scopes, bounded by the server's limits, and made ready to run.
 
 use std::sync::Arc;
@@ -18,7 +19,7 @@ use super::catalog::{CatalogHook, ScopeDigests, SourceDigests};
 use super::registry::{announce, gather, Named, Unregister};
 use super::state::ServerState;
 use super::wire::welcome_with;
-use super::{copy, measure, remove};
+use super::{catalog_ops, copy, measure, remove};
 use crate::engine::{frame_queue, Joins, StreamPlan};
 use crate::error::SessionError;
 use crate::transport::conn::{expect_frame, send};
@@ -133,6 +134,15 @@ pub(super) async fn prepare<'a>(
             let files = remove::serve(shared, stream, grant, (paths, more)).await?;
             Ok(Work::Done {
                 what: "remove",
+                files,
+                bytes: 0,
+            })
+        }
+        Frame::CatalogRequest(request) => {
+            let what = request.name();
+            let files = catalog_ops::serve(shared, stream, grant, request).await?;
+            Ok(Work::Done {
+                what,
                 files,
                 bytes: 0,
             })
@@ -446,12 +456,7 @@ fn source_of(
 /// A remote path as a path under the root: absolute paths from the root, relative ones from
 /// the configured base.
 pub(super) fn resolve(shared: &ServerState, raw: &str) -> Result<String, SessionError> {
-    let rel = path::normalize_remote(raw).map_err(FsError::from)?;
-    if raw.starts_with('/') || shared.config.base.is_empty() {
-        Ok(rel)
-    } else {
-        Ok(path::join(&shared.config.base, &rel))
-    }
+    shared.resolve(raw)
 }
 
 /// A failure to find or open the path a request named, named as the client wrote it: the file

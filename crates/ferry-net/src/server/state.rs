@@ -69,6 +69,19 @@ impl ServerState {
     }
 }
 
+impl ServerState {
+    /// A remote path as a path under the root: absolute paths from the root, relative ones
+    /// from the configured base; `..` and the like are refused (`normalize_remote`).
+    pub(super) fn resolve(&self, raw: &str) -> Result<String, crate::error::SessionError> {
+        let rel = ferry_core::path::normalize_remote(raw).map_err(ferry_core::FsError::from)?;
+        if raw.starts_with('/') || self.config.base.is_empty() {
+            Ok(rel)
+        } else {
+            Ok(ferry_core::path::join(&self.config.base, &rel))
+        }
+    }
+}
+
 /// What a source remembers of a destination from its last copies there.
 #[derive(Clone, Copy, Debug, Default)]
 pub(super) struct Remembered {
