@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
+use axum::extract::rejection::{BytesRejection, QueryRejection};
 use axum::extract::{DefaultBodyLimit, Path, Query, Request, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::middleware::{self, Next};
@@ -18,6 +18,7 @@ use ferry_net::access::{Access, Grant};
 use serde::{Deserialize, Serialize};
 
 use crate::error::ServiceError;
+use crate::history::{self, JobRates, LinkHistory, Links, MAX_HISTORY, RECENT};
 use crate::job::{Job, NewJob, SyncMode};
 use crate::location::Location;
 use crate::runner::classify;
@@ -36,6 +37,8 @@ pub struct App {
     pub access: Access,
     /// Token names that may see and cancel every job.
     pub admins: Vec<String>,
+    /// A link is flagged when its latest rate is below this fraction of its recent median.
+    pub slow_fraction: f64,
 }
 
 /// The router, with its limits.
@@ -44,6 +47,9 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/api/jobs", post(submit).get(list))
         .route("/api/jobs/{id}", get(show))
         .route("/api/jobs/{id}/cancel", post(cancel))
+        .route("/api/jobs/{id}/rates", get(rates))
+        .route("/api/links", get(links))
+        .route("/api/links/{name}/history", get(link_history))
         .route("/metrics", get(metrics))
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "no such endpoint") })
         .layer(DefaultBodyLimit::max(MAX_BODY))
@@ -291,6 +297,59 @@ async fn cancel(
         .get(job.id)?
         .ok_or(ServiceError::NotFound(job.id))?;
     Ok(Json(job))
+}
+
+async fn rates(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Json<JobRates>, ApiError> {
+    let c = caller(&app, &headers)?;
+    let job = visible(&app, &c, &id)?;
+    let samples = app.scheduler.store().rates(job.id)?;
+    Ok(Json(JobRates {
+        job: job.id,
+        samples,
+    }))
+}
+
+/// Every link's state; any valid token may read them (server names and rates, no job's
+/// paths).
+async fn links(State(app): State<Arc<App>>, headers: HeaderMap) -> Result<Json<Links>, ApiError> {
+    caller(&app, &headers)?;
+    let store = app.scheduler.store();
+    let mut links = Vec::new();
+    for name in app.scheduler.runner().endpoints.servers() {
+        let samples = store.link_samples(name, i64::MIN, RECENT * 20)?;
+        links.push(history::status(name, &samples, app.slow_fraction));
+    }
+    Ok(Json(Links { links }))
+}
+
+#[derive(Debug, Deserialize)]
+struct HistoryQuery {
+    since_ms: Option<i64>,
+}
+
+async fn link_history(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+    q: Result<Query<HistoryQuery>, QueryRejection>,
+) -> Result<Json<LinkHistory>, ApiError> {
+    caller(&app, &headers)?;
+    let Query(q) = q.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, e.body_text()))?;
+    if !app.scheduler.runner().endpoints.has(&name) {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            format!("no link {name:?}: links are the servers of the service's endpoints"),
+        ));
+    }
+    let samples =
+        app.scheduler
+            .store()
+            .link_samples(&name, q.since_ms.unwrap_or(i64::MIN), MAX_HISTORY)?;
+    Ok(Json(LinkHistory { name, samples }))
 }
 
 /// Prometheus' text format: jobs by state, the queue's depth, jobs running, bytes moved.

@@ -6,6 +6,7 @@ pub mod api;
 pub mod client;
 pub mod endpoints;
 pub mod error;
+pub mod history;
 mod http;
 pub mod job;
 pub mod location;

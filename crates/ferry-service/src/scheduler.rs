@@ -13,7 +13,8 @@ use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 use tokio::task::AbortHandle;
 
-use crate::job::{now_ms, Job, State};
+use crate::history::{LinkSample, RateSample, Source};
+use crate::job::{now_ms, Job, Kind, State};
 use crate::runner::{Failure, JobReporter, Runner};
 use crate::store::Store;
 
@@ -49,6 +50,8 @@ impl Default for Limits {
 /// How often the queue is looked at with nothing else to wake it (a backoff ending, a
 /// deadline passing).
 const TICK: Duration = Duration::from_millis(500);
+/// How often a running job's rate is sampled for its history.
+const SAMPLE_EVERY: Duration = Duration::from_secs(1);
 /// The most queued jobs looked at per pass.
 const PASS: usize = 256;
 
@@ -81,6 +84,11 @@ impl Scheduler {
 
     pub fn store(&self) -> &Arc<Store> {
         &self.store
+    }
+
+    /// How jobs reach their servers (the endpoints are the links of the path history).
+    pub fn runner(&self) -> &Runner {
+        &self.runner
     }
 
     /// Bytes moved by all jobs since the service started.
@@ -170,6 +178,8 @@ impl Scheduler {
         tokio::pin!(attempt);
         let mut tick = tokio::time::interval(self.limits.progress_every);
         let (mut last, mut at) = (0u64, Instant::now());
+        let started = Instant::now();
+        let mut sampled = (0u64, started);
         let result = loop {
             tokio::select! {
                 r = &mut attempt => break r,
@@ -181,15 +191,71 @@ impl Scheduler {
                     if let Err(e) = self.store.progress(job.id, &p) {
                         tracing::warn!("job {}: recording progress: {e}", job.id);
                     }
+                    if sampled.1.elapsed() >= SAMPLE_EVERY {
+                        sampled = self.sample(job.id, p.bytes_done, sampled);
+                    }
                 }
             }
         };
-        let _ = self.store.progress(job.id, &reporter.snapshot());
+        let end = reporter.snapshot();
+        let _ = self.store.progress(job.id, &end);
+        self.sample(job.id, end.bytes_done, sampled);
+        let done = matches!(&result, Ok(errors) if errors.is_empty());
         if let Err(e) = self.record(&job, result) {
             tracing::warn!("job {}: recording its end: {e}", job.id);
         }
+        if done {
+            self.add_transfer(&job, end.bytes_done, started.elapsed());
+        }
         self.lock().remove(&job.id);
         self.wake();
+    }
+
+    /// Records a rate sample of job `id` at `bytes` (the rate since `prev`, the last sample's
+    /// bytes and time) and returns it as the new last.
+    fn sample(&self, id: i64, bytes: u64, prev: (u64, Instant)) -> (u64, Instant) {
+        let now = Instant::now();
+        let dt = now.duration_since(prev.1).as_secs_f64().max(1e-3);
+        let s = RateSample {
+            t_ms: now_ms(),
+            bytes_done: bytes,
+            rate: bytes.saturating_sub(prev.0) as f64 / dt,
+        };
+        if let Err(e) = self.store.add_rate(id, &s) {
+            tracing::warn!("job {id}: recording a rate sample: {e}");
+        }
+        (bytes, now)
+    }
+
+    /// A done job's achieved rate, into its link's history. A copy between two servers is left
+    /// out (its bytes never crossed the service's link), as is a job that moved nothing (a
+    /// sync with nothing to do has no rate to speak of).
+    fn add_transfer(&self, job: &Job, bytes: u64, took: Duration) {
+        if job.kind == Kind::Cp || bytes == 0 {
+            return;
+        }
+        // Cancelled in its last moment: the store did not mark it done.
+        if !self
+            .store
+            .get(job.id)
+            .is_ok_and(|j| j.is_some_and(|j| j.state == State::Done))
+        {
+            return;
+        }
+        let s = LinkSample {
+            t_ms: now_ms(),
+            rate: bytes as f64 / took.as_secs_f64().max(1e-3),
+            rtt_ms: None,
+            loss: None,
+            source: Source::Transfer,
+            job: Some(job.id),
+        };
+        if let Err(e) = self.store.add_link_sample(&job.server, &s) {
+            tracing::warn!(
+                "job {}: recording its rate in the link history: {e}",
+                job.id
+            );
+        }
     }
 
     fn record(

@@ -104,6 +104,7 @@ impl Service {
             scheduler: scheduler.clone(),
             access: Access::file(tokens),
             admins: cfg.admins.clone(),
+            slow_fraction: crate::history::SLOW_FRACTION,
         });
         let listener = tokio::net::TcpListener::bind(cfg.listen)
             .await

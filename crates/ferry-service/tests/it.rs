@@ -3,5 +3,6 @@
 
 mod api;
 mod crash;
+mod history;
 mod scheduler;
 mod util;
