@@ -18,7 +18,7 @@ use ferry_net::access::{Access, Grant};
 use serde::{Deserialize, Serialize};
 
 use crate::error::ServiceError;
-use crate::history::{self, JobRates, LinkHistory, Links, MAX_HISTORY, RECENT};
+use crate::history::{self, JobRates, LinkHistory, LinkStatus, Links, MAX_HISTORY, RECENT};
 use crate::job::{Job, NewJob, SyncMode};
 use crate::location::Location;
 use crate::runner::classify;
@@ -317,13 +317,20 @@ async fn rates(
 /// paths).
 async fn links(State(app): State<Arc<App>>, headers: HeaderMap) -> Result<Json<Links>, ApiError> {
     caller(&app, &headers)?;
+    Ok(Json(Links {
+        links: link_statuses(&app)?,
+    }))
+}
+
+/// Every link's state, judged from enough of its newest samples to find 20 of each source.
+fn link_statuses(app: &App) -> Result<Vec<LinkStatus>, ServiceError> {
     let store = app.scheduler.store();
     let mut links = Vec::new();
     for name in app.scheduler.runner().endpoints.servers() {
         let samples = store.link_samples(name, i64::MIN, RECENT * 20)?;
         links.push(history::status(name, &samples, app.slow_fraction));
     }
-    Ok(Json(Links { links }))
+    Ok(links)
 }
 
 #[derive(Debug, Deserialize)]
@@ -350,6 +357,50 @@ async fn link_history(
             .store()
             .link_samples(&name, q.since_ms.unwrap_or(i64::MIN), MAX_HISTORY)?;
     Ok(Json(LinkHistory { name, samples }))
+}
+
+/// Each link's latest rate and RTT, its recent median, and whether it is flagged.
+fn link_metrics(app: &App, out: &mut String) -> Result<(), ApiError> {
+    let links = link_statuses(app)?;
+    type Metric = (&'static str, &'static str, fn(&LinkStatus) -> Option<f64>);
+    let metrics: [Metric; 4] = [
+        (
+            "ferry_service_link_rate_bytes_per_second",
+            "The latest measured rate of the path to each server (probe or transfer).",
+            |l| l.last.map(|s| s.rate),
+        ),
+        (
+            "ferry_service_link_median_rate_bytes_per_second",
+            "The median of the samples the latest is judged against.",
+            |l| l.median_rate,
+        ),
+        (
+            "ferry_service_link_rtt_seconds",
+            "The latest probe's round-trip time to each server.",
+            |l| l.last.and_then(|s| s.rtt_ms).map(|ms| ms / 1000.0),
+        ),
+        (
+            "ferry_service_link_flagged",
+            "1 when the path's latest rate fell below its fraction of the recent median.",
+            |l| Some(if l.flagged { 1.0 } else { 0.0 }),
+        ),
+    ];
+    for (name, help, value) in metrics {
+        out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} gauge\n"));
+        for l in &links {
+            if let Some(v) = value(l) {
+                out.push_str(&format!("{name}{{link=\"{}\"}} {v}\n", label(&l.name)));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A Prometheus label value: backslash, quote and newline escaped.
+fn label(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
 }
 
 /// Prometheus' text format: jobs by state, the queue's depth, jobs running, bytes moved.
@@ -384,6 +435,7 @@ async fn metrics(State(app): State<Arc<App>>) -> Result<Response, ApiError> {
         "ferry_service_transferred_bytes_total {}\n",
         s.moved()
     ));
+    link_metrics(&app, &mut out)?;
     Ok((
         [(
             header::CONTENT_TYPE,

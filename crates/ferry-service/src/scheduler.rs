@@ -4,7 +4,7 @@
 //! exponential backoff up to `max_attempts`; stops a job that is cancelled. A retry, or the
 //! run after a restart, is the same transfer again, which resumes from ferry's partial files.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
@@ -60,11 +60,33 @@ struct Running {
     task: AbortHandle,
 }
 
+/// A link reserved for a probe (see [`Scheduler::claim_link`]); dropping it frees the link
+/// and lets the queue start what waited for it.
+pub struct LinkClaim {
+    scheduler: Arc<Scheduler>,
+    link: String,
+}
+
+impl LinkClaim {
+    pub fn link(&self) -> &str {
+        &self.link
+    }
+}
+
+impl Drop for LinkClaim {
+    fn drop(&mut self) {
+        self.scheduler.probing().remove(&self.link);
+        self.scheduler.wake();
+    }
+}
+
 pub struct Scheduler {
     store: Arc<Store>,
     runner: Runner,
     limits: Limits,
     running: Mutex<HashMap<i64, Running>>,
+    /// Links a probe measures now: no job starts on them meanwhile. Locked after `running`.
+    probing: Mutex<HashSet<String>>,
     wake: Notify,
     /// Every byte any job moved, for `/metrics`.
     moved: Arc<AtomicU64>,
@@ -77,6 +99,7 @@ impl Scheduler {
             runner,
             limits,
             running: Mutex::new(HashMap::new()),
+            probing: Mutex::new(HashSet::new()),
             wake: Notify::new(),
             moved: Arc::default(),
         })
@@ -103,6 +126,27 @@ impl Scheduler {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<i64, Running>> {
         self.running.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn probing(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
+        self.probing.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Reserves `link` for a probe, or `None` while a job runs on it (or another probe does):
+    /// a probe must not measure a path a transfer is using, nor slow that transfer. While the
+    /// claim is held no job starts on the link.
+    pub fn claim_link(self: &Arc<Self>, link: &str) -> Option<LinkClaim> {
+        let running = self.lock();
+        if running.values().any(|r| r.server == link) {
+            return None;
+        }
+        if !self.probing().insert(link.to_owned()) {
+            return None;
+        }
+        Some(LinkClaim {
+            scheduler: self.clone(),
+            link: link.to_owned(),
+        })
     }
 
     /// Looks at the queue now (a job was submitted).
@@ -157,6 +201,9 @@ impl Scheduler {
             }
             let on_server = running.values().filter(|r| r.server == job.server).count();
             if on_server >= self.limits.per_server || running.contains_key(&job.id) {
+                continue;
+            }
+            if self.probing().contains(&job.server) {
                 continue;
             }
             if !self.store.start(job.id)? {

@@ -12,6 +12,7 @@ use ferry_net::Fingerprint;
 use crate::api::{self, App};
 use crate::endpoints::{Endpoints, ENDPOINTS_FILE, KNOWN_HOSTS_FILE};
 use crate::error::ServiceError;
+use crate::prober::ProbeSchedule;
 use crate::runner::Runner;
 use crate::scheduler::{Limits, Scheduler};
 use crate::store::Store;
@@ -39,6 +40,8 @@ pub struct ServiceConfig {
     pub block_size: u32,
     /// Test hook, see [`Runner::pace`].
     pub pace: Option<Duration>,
+    /// Measure the links on this schedule; `None`: no probes (transfers still add samples).
+    pub probe: Option<ProbeSchedule>,
 }
 
 impl ServiceConfig {
@@ -53,6 +56,7 @@ impl ServiceConfig {
             limits: Limits::default(),
             block_size: 8 << 20,
             pace: None,
+            probe: None,
         }
     }
 }
@@ -64,6 +68,7 @@ pub struct Service {
     fingerprint: Fingerprint,
     scheduler: Arc<Scheduler>,
     app: Arc<App>,
+    probe: Option<ProbeSchedule>,
 }
 
 impl Service {
@@ -115,6 +120,7 @@ impl Service {
             fingerprint,
             scheduler,
             app,
+            probe: cfg.probe.clone(),
         })
     }
 
@@ -140,12 +146,22 @@ impl Service {
     /// stopped and queued again for the next start.
     pub async fn run(self, shutdown: impl std::future::Future<Output = ()>) {
         let (tx, rx) = tokio::sync::watch::channel(false);
-        let sched = tokio::spawn(self.scheduler.clone().run(async move {
-            let mut rx = rx;
+        let stopped = move |mut rx: tokio::sync::watch::Receiver<bool>| async move {
             let _ = rx.wait_for(|s| *s).await;
-        }));
+        };
+        let sched = tokio::spawn(self.scheduler.clone().run(stopped(rx.clone())));
+        let probes = self.probe.map(|p| {
+            tokio::spawn(crate::prober::run(
+                self.scheduler.clone(),
+                p,
+                stopped(rx.clone()),
+            ))
+        });
         crate::http::serve(self.listener, self.tls, api::router(self.app), shutdown).await;
         let _ = tx.send(true);
         let _ = sched.await;
+        if let Some(p) = probes {
+            let _ = p.await;
+        }
     }
 }

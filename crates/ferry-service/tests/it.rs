@@ -4,5 +4,6 @@
 mod api;
 mod crash;
 mod history;
+mod probes;
 mod scheduler;
 mod util;
