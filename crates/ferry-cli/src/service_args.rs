@@ -1,5 +1,5 @@
 //! Raw arguments of the transfer service's commands: `ferry service` (the daemon) and its
-//! clients `submit`, `jobs`, `job` and `cancel`. Parsing only; the commands resolve them.
+//! clients `submit`, `jobs`, `job`, `cancel` and `links`. Parsing only; the commands resolve them.
 
 use std::path::PathBuf;
 
@@ -43,6 +43,13 @@ pub struct ServiceArgs {
     /// Attempts a job gets (with exponential backoff between them) before it fails.
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=100))]
     pub max_attempts: u32,
+    /// Measure the path to each endpoint this often (e.g. 30m) with ferry's network probe,
+    /// never while a job runs on it; the samples form each link's history. Default: off.
+    #[arg(long, value_name = "DURATION")]
+    pub probe_every: Option<String>,
+    /// Each probe's sending time (100ms to 30s).
+    #[arg(long, default_value = "2s", value_name = "DURATION")]
+    pub probe_duration: String,
 }
 
 /// How a client reaches the service and proves who it is.
@@ -98,6 +105,12 @@ pub struct JobsArgs {
     /// Show the list again every 2 s until none of its jobs is queued or running (or ctrl-c).
     #[arg(long, conflicts_with = "json")]
     pub watch: bool,
+    #[command(flatten)]
+    pub client: ServiceClientArgs,
+}
+
+#[derive(Args, Debug)]
+pub struct LinksArgs {
     #[command(flatten)]
     pub client: ServiceClientArgs,
 }

@@ -1,6 +1,6 @@
 //! `ferry service` and its clients end to end: a real `ferry serve`, the service in front of
-//! it, `ferry submit` of a tree that ends done and identical, `ferry jobs`/`job`/`cancel` with
-//! `--json` and their exit codes, and a graceful stop on SIGTERM.
+//! it, `ferry submit` of a tree that ends done and identical, `ferry jobs`/`job`/`cancel`/`links`
+//! with `--json` and their exit codes, and a graceful stop on SIGTERM.
 
 use std::fs;
 use std::process::Stdio;
@@ -137,6 +137,17 @@ fn submit_a_tree_then_watch_it_done_and_identical_through_the_cli() {
     let out = svc.cmd(&sb, &alice, &["jobs", "--watch"]);
     assert_code(&out, 0);
     assert_eq!(out.stdout.lines().count(), 2, "{out:?}");
+    // The job's achieved rate is on its link's history.
+    let out = svc.cmd(&sb, &alice, &["links", "--json"]);
+    assert_code(&out, 0);
+    let links = one_json(&out.stdout);
+    let link = &links["links"][0];
+    assert_eq!(link["name"], format!("127.0.0.1:{}", server.port));
+    assert_eq!(link["last"]["source"], "transfer", "{links}");
+    assert_eq!(link["flagged"], false);
+    let out = svc.cmd(&sb, &alice, &["links"]);
+    assert_code(&out, 0);
+    assert!(out.stdout.contains("transfer"), "{out:?}");
     let out = svc.cmd(&sb, &alice, &["job", &id]);
     assert_code(&out, 0);
     assert!(
