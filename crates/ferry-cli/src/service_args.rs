@@ -50,6 +50,23 @@ pub struct ServiceArgs {
     /// Each probe's sending time (100ms to 30s).
     #[arg(long, default_value = "2s", value_name = "DURATION")]
     pub probe_duration: String,
+    /// Run this program when a job ends (done, failed or cancelled), as the service's user,
+    /// with the job's JSON on stdin and FERRY_JOB_ID and FERRY_JOB_STATE in its environment.
+    /// Not a shell command line: arguments go in --on-end-arg.
+    #[arg(long, value_name = "PROGRAM")]
+    pub on_end_command: Option<std::ffi::OsString>,
+    /// An argument for --on-end-command; repeat for more.
+    #[arg(long = "on-end-arg", value_name = "ARG", requires = "on_end_command")]
+    pub on_end_args: Vec<std::ffi::OsString>,
+    /// How long --on-end-command may run before it and what it started are killed.
+    #[arg(long, default_value = "60s", value_name = "DURATION")]
+    pub on_end_timeout: String,
+    /// POST each ended job's JSON to this http:// or https:// URL (10 s a try, 3 tries).
+    #[arg(long, value_name = "URL")]
+    pub on_end_webhook: Option<String>,
+    /// CA certificates (PEM) an https webhook must chain to (default: the system's).
+    #[arg(long, value_name = "FILE", requires = "on_end_webhook")]
+    pub on_end_webhook_ca: Option<PathBuf>,
 }
 
 /// How a client reaches the service and proves who it is.

@@ -200,3 +200,21 @@ fn submit_a_tree_then_watch_it_done_and_identical_through_the_cli() {
         .unwrap()
         .contains("ferry: service stopped"));
 }
+
+#[test]
+fn a_bad_notification_setting_stops_the_service_at_start_with_why() {
+    let sb = Sandbox::new();
+    let state = sb.mkdir("svc");
+    let mut c = sb.ferry();
+    c.args(["service", "--listen", "127.0.0.1:0", "--state"])
+        .arg(&state)
+        .args(["--on-end-webhook", "ftp://hooks.example/"]);
+    let out = run(&mut c, CMD_TIMEOUT);
+    assert_code(&out, 2);
+    assert!(out.stderr.contains("http:// or https://"), "{out:?}");
+    let mut c = sb.ferry();
+    c.args(["service", "--listen", "127.0.0.1:0", "--state"])
+        .arg(&state)
+        .args(["--on-end-arg", "x"]);
+    assert_code(&run(&mut c, CMD_TIMEOUT), 2);
+}

@@ -291,6 +291,7 @@ async fn cancel(
     let job = visible(&app, &c, &id)?;
     app.scheduler.store().cancel(job.id)?;
     app.scheduler.stop(job.id);
+    app.scheduler.ended(job.id);
     let job = app
         .scheduler
         .store()

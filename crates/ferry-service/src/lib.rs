@@ -10,6 +10,7 @@ pub mod history;
 mod http;
 pub mod job;
 pub mod location;
+pub mod notify;
 pub mod prober;
 pub mod runner;
 pub mod scheduler;

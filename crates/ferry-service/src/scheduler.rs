@@ -15,6 +15,7 @@ use tokio::task::AbortHandle;
 
 use crate::history::{LinkSample, RateSample, Source};
 use crate::job::{now_ms, Job, Kind, State};
+use crate::notify::Notifier;
 use crate::runner::{Failure, JobReporter, Runner};
 use crate::store::Store;
 
@@ -90,10 +91,22 @@ pub struct Scheduler {
     wake: Notify,
     /// Every byte any job moved, for `/metrics`.
     moved: Arc<AtomicU64>,
+    /// Told of every job that ends.
+    notifier: Option<Arc<Notifier>>,
 }
 
 impl Scheduler {
     pub fn new(store: Arc<Store>, runner: Runner, limits: Limits) -> Arc<Self> {
+        Self::with_notifier(store, runner, limits, None)
+    }
+
+    /// [`Scheduler::new`], with `notifier` told of each job's end.
+    pub fn with_notifier(
+        store: Arc<Store>,
+        runner: Runner,
+        limits: Limits,
+        notifier: Option<Arc<Notifier>>,
+    ) -> Arc<Self> {
         Arc::new(Self {
             store,
             runner,
@@ -102,6 +115,7 @@ impl Scheduler {
             probing: Mutex::new(HashSet::new()),
             wake: Notify::new(),
             moved: Arc::default(),
+            notifier,
         })
     }
 
@@ -149,6 +163,19 @@ impl Scheduler {
         })
     }
 
+    /// Job `id` has ended (done, failed, cancelled): the notifications go out, in the
+    /// background.
+    pub fn ended(&self, id: i64) {
+        let Some(n) = &self.notifier else {
+            return;
+        };
+        match self.store.get(id) {
+            Ok(Some(job)) => n.job_ended(job),
+            Ok(None) => {}
+            Err(e) => tracing::warn!("job {id}: reading it to notify its end: {e}"),
+        }
+    }
+
     /// Looks at the queue now (a job was submitted).
     pub fn wake(&self) {
         self.wake.notify_one();
@@ -191,8 +218,12 @@ impl Scheduler {
         let now = now_ms();
         for job in self.store.runnable(now, PASS)? {
             if job.deadline.is_some_and(|d| d.saturating_mul(1000) < now) {
-                self.store
-                    .expire(job.id, "its deadline passed before it could start")?;
+                if self
+                    .store
+                    .expire(job.id, "its deadline passed before it could start")?
+                {
+                    self.ended(job.id);
+                }
                 continue;
             }
             let mut running = self.lock();
@@ -312,22 +343,23 @@ impl Scheduler {
     ) -> Result<(), crate::ServiceError> {
         // `job.attempts` is the count before this attempt started.
         let attempts = job.attempts + 1;
-        match result {
-            Ok(errors) if errors.is_empty() => {
-                self.store.finish(job.id, State::Done, None)?;
-            }
+        let ended = match result {
+            Ok(errors) if errors.is_empty() => self.store.finish(job.id, State::Done, None)?,
             Ok(errors) => {
                 let why = format!("{} file(s) failed: {}", errors.len(), errors.join("; "));
-                self.store.finish(job.id, State::Failed, Some(&why))?;
+                self.store.finish(job.id, State::Failed, Some(&why))?
             }
             Err(f) if f.retryable && attempts < self.limits.max_attempts => {
                 let wait = self.backoff(attempts);
                 let at = now_ms().saturating_add(wait.as_millis() as i64);
                 self.store.retry_later(job.id, &f.message, at)?;
+                false
             }
-            Err(f) => {
-                self.store.finish(job.id, State::Failed, Some(&f.message))?;
-            }
+            Err(f) => self.store.finish(job.id, State::Failed, Some(&f.message))?,
+        };
+        // Not ended here when cancelled meanwhile: the cancel told of it.
+        if ended {
+            self.ended(job.id);
         }
         Ok(())
     }

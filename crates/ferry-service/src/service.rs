@@ -12,6 +12,7 @@ use ferry_net::Fingerprint;
 use crate::api::{self, App};
 use crate::endpoints::{Endpoints, ENDPOINTS_FILE, KNOWN_HOSTS_FILE};
 use crate::error::ServiceError;
+use crate::notify::{Notifications, Notifier};
 use crate::prober::ProbeSchedule;
 use crate::runner::Runner;
 use crate::scheduler::{Limits, Scheduler};
@@ -42,6 +43,8 @@ pub struct ServiceConfig {
     pub pace: Option<Duration>,
     /// Measure the links on this schedule; `None`: no probes (transfers still add samples).
     pub probe: Option<ProbeSchedule>,
+    /// What runs when a job ends.
+    pub notify: Notifications,
 }
 
 impl ServiceConfig {
@@ -57,6 +60,7 @@ impl ServiceConfig {
             block_size: 8 << 20,
             pace: None,
             probe: None,
+            notify: Notifications::default(),
         }
     }
 }
@@ -100,7 +104,9 @@ impl Service {
             block_size: cfg.block_size,
             pace: cfg.pace,
         };
-        let scheduler = Scheduler::new(store, runner, cfg.limits.clone());
+        let notifier = Arc::new(Notifier::new(cfg.notify.clone())?);
+        let notifier = notifier.enabled().then_some(notifier);
+        let scheduler = Scheduler::with_notifier(store, runner, cfg.limits.clone(), notifier);
         let tokens = cfg
             .tokens
             .clone()

@@ -4,6 +4,7 @@
 mod api;
 mod crash;
 mod history;
+mod notify;
 mod probes;
 mod scheduler;
 mod util;

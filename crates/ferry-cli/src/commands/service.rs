@@ -3,6 +3,7 @@
 use std::process::ExitCode;
 
 use anyhow::{Context, Result};
+use ferry_service::notify::Notifications;
 use ferry_service::prober::ProbeSchedule;
 use ferry_service::{Limits, Service, ServiceConfig};
 use ferry_units::units::parse_duration;
@@ -27,6 +28,19 @@ pub async fn run(args: ServiceArgs, quiet: bool) -> Result<ExitCode> {
         ..Limits::default()
     };
     cfg.probe = probe_schedule(args.probe_every.as_deref(), &args.probe_duration)?;
+    cfg.notify = Notifications {
+        command: args.on_end_command.map(|p| {
+            let mut argv = vec![p];
+            argv.extend(args.on_end_args);
+            argv
+        }),
+        command_limit: parse_duration(&args.on_end_timeout)
+            .context("--on-end-timeout")
+            .map_err(usage)?,
+        webhook: args.on_end_webhook,
+        webhook_ca: args.on_end_webhook_ca,
+        ..Notifications::default()
+    };
     let tokens = cfg
         .tokens
         .clone()
