@@ -79,6 +79,9 @@ const JOB_COLUMNS: &str = "id, kind, dest, sync_mode, priority, deadline, label,
     state, attempts, files_done, files_total, bytes_done, bytes_total, rate, last_error, \
     created_ms, started_ms, finished_ms, not_before_ms";
 
+/// How many link samples are added between two prunings of the links' oldest.
+pub const PRUNE_EVERY: i64 = 64;
+
 /// The most jobs one listing returns.
 pub const MAX_LIST: usize = 1000;
 
@@ -88,6 +91,8 @@ pub const INTERRUPTED: &str = "interrupted: the service stopped while the job ra
 /// The job store, opened and migrated to the newest schema.
 pub struct Store {
     conn: Mutex<Connection>,
+    /// Samples kept per link ([`MAX_LINK_SAMPLES`]; smaller in unit tests).
+    link_bound: usize,
 }
 
 impl std::fmt::Debug for Store {
@@ -117,6 +122,7 @@ impl Store {
         )?;
         Ok(Self {
             conn: Mutex::new(conn),
+            link_bound: MAX_LINK_SAMPLES,
         })
     }
 
@@ -380,7 +386,8 @@ impl Store {
         Ok(rows.collect::<Result<_, _>>()?)
     }
 
-    /// Adds a sample to `link`'s history; the oldest beyond [`MAX_LINK_SAMPLES`] go.
+    /// Adds a sample to `link`'s history; the oldest beyond [`MAX_LINK_SAMPLES`] go (checked
+    /// every [`PRUNE_EVERY`] samples).
     pub fn add_link_sample(&self, link: &str, s: &LinkSample) -> Result<(), ServiceError> {
         let mut conn = self.lock();
         let tx = conn.transaction()?;
@@ -403,8 +410,24 @@ impl Store {
             s.source.as_str(),
             s.job
         ])?;
-        tx.prepare_cached("DELETE FROM link_samples WHERE link = ?1 AND id <= ?2 - ?3")?
-            .execute(params![link, id, MAX_LINK_SAMPLES as i64])?;
+        // Finding a link's cut-off walks its bound of index entries, so it is done every
+        // PRUNE_EVERY samples, for every link: a link holds at most that many more.
+        if id % PRUNE_EVERY == 0 {
+            let links: Vec<String> = {
+                let mut st = tx.prepare_cached("SELECT DISTINCT link FROM link_samples")?;
+                let rows = st.query_map([], |r| r.get(0))?;
+                rows.collect::<Result<_, _>>()?
+            };
+            // The link's own oldest beyond the bound (none while it has fewer: NULL compares
+            // false).
+            let mut del = tx.prepare_cached(
+                "DELETE FROM link_samples WHERE link = ?1 AND id <= (SELECT id FROM \
+                 link_samples WHERE link = ?1 ORDER BY id DESC LIMIT 1 OFFSET ?2)",
+            )?;
+            for l in &links {
+                del.execute(params![l, self.link_bound as i64])?;
+            }
+        }
         tx.commit()?;
         Ok(())
     }

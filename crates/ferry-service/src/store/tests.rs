@@ -273,13 +273,21 @@ fn link_samples_read_back_newest_bounded_and_since() {
 
 #[test]
 fn a_link_keeps_at_most_its_bound_of_samples() {
-    let s = Store::open(None).unwrap();
-    let n = MAX_LINK_SAMPLES as i64 + 25;
+    let mut s = Store::open(None).unwrap();
+    s.link_bound = 500;
+    // A quiet link's few samples stay however busy another link is.
+    s.add_link_sample("quiet:1", &link_sample(-1, 1.0, Source::Probe))
+        .unwrap();
+    let n = 1000;
     for t in 0..n {
         s.add_link_sample("h:1", &link_sample(t, 1.0, Source::Probe))
             .unwrap();
+        let held = s.link_samples("h:1", i64::MIN, 10_000).unwrap().len() as i64;
+        assert!(held <= 500 + PRUNE_EVERY, "{held} after {t}");
     }
     let all = s.link_samples("h:1", i64::MIN, usize::MAX >> 1).unwrap();
-    assert_eq!(all.len(), MAX_LINK_SAMPLES);
+    assert!(all.len() >= 500, "{}", all.len());
     assert_eq!(all.last().unwrap().t_ms, n - 1);
+    assert!(all.windows(2).all(|w| w[1].t_ms == w[0].t_ms + 1));
+    assert_eq!(s.link_samples("quiet:1", i64::MIN, 10).unwrap().len(), 1);
 }
