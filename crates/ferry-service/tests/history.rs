@@ -182,3 +182,60 @@ async fn the_endpoints_answer_in_the_dashboards_shapes_and_keep_jobs_to_their_ow
     svc.stop().await;
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_link_whose_rate_fell_below_half_its_median_is_flagged_in_the_api_and_metrics() {
+    use ferry_service::history::LinkSample;
+
+    let server = TestServer::start().await;
+    let local = tempfile::tempdir().unwrap();
+    let svc = TestService::start(&server, local.path()).await;
+    let link = server.addr.to_string();
+    let probe = |t_ms, rate| LinkSample {
+        t_ms,
+        rate,
+        rtt_ms: Some(1.0),
+        loss: Some(0.0),
+        source: Source::Probe,
+        job: None,
+    };
+    for (t, r) in [(1, 100e6), (2, 110e6), (3, 90e6), (4, 20e6)] {
+        svc.store.add_link_sample(&link, &probe(t, r)).unwrap();
+    }
+    let l = svc.client("bob").links().await.unwrap().links.remove(0);
+    assert!(l.flagged, "{l:?}");
+    assert_eq!(l.median_rate, Some(100e6));
+    let why = l.reason.unwrap();
+    assert!(
+        why.contains("20.0 MB/s") && why.contains("100.0 MB/s"),
+        "{why}"
+    );
+    let a = svc
+        .client("bob")
+        .request(Method::GET, "/metrics", vec![], false)
+        .await
+        .unwrap();
+    let text = String::from_utf8(a.body).unwrap();
+    for want in [
+        format!("ferry_service_link_flagged{{link=\"{link}\"}} 1"),
+        format!("ferry_service_link_rate_bytes_per_second{{link=\"{link}\"}} 20000000"),
+        format!("ferry_service_link_median_rate_bytes_per_second{{link=\"{link}\"}} 100000000"),
+        format!("ferry_service_link_rtt_seconds{{link=\"{link}\"}} 0.001"),
+    ] {
+        assert!(text.lines().any(|l| l == want), "{want:?} in\n{text}");
+    }
+    // A name sent %-escaped (as a browser's encodeURIComponent does) is the same link.
+    let (st, v) = get_json(
+        &svc,
+        "bob",
+        &format!("/api/links/{}/history", link.replace(':', "%3A")),
+    )
+    .await;
+    assert_eq!(
+        (st, v["samples"].as_array().unwrap().len()),
+        (200, 4),
+        "{v}"
+    );
+    svc.stop().await;
+    server.stop().await;
+}
