@@ -482,6 +482,11 @@ pub struct ServeArgs {
     /// default: only a server that shares its file system with its peers needs it.
     #[arg(long)]
     pub stripe: bool,
+    /// Serve the server's counters (sessions, bytes, files, refusals, connections) in
+    /// Prometheus' text format at `http://ADDR/metrics`. Off by default. Plain HTTP without a
+    /// token: the page says counts only, but bind it to loopback or a management network.
+    #[arg(long, value_name = "ADDR", conflicts_with = "oneshot")]
+    pub metrics_listen: Option<String>,
     /// Where every stored file is registered (size, mtime, digest, replicas, metadata): a
     /// SQLite file, created if missing, `state` (the default: catalog.sqlite in the state
     /// directory) or `none`. A catalog serves one root; the default one kept for another root

@@ -8,6 +8,7 @@ mod access;
 mod cli;
 mod endpoints;
 mod filters;
+mod metrics;
 mod multipath;
 mod rerun;
 mod serve_config;

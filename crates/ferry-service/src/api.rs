@@ -28,6 +28,8 @@ use crate::scheduler::Scheduler;
 pub const MAX_BODY: usize = 256 * 1024;
 /// How long one request may take before it is answered 503.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// Prometheus' text exposition format.
+pub const METRICS_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 /// Jobs a listing returns unless asked for fewer.
 const DEFAULT_LIST: usize = 100;
 
@@ -437,12 +439,5 @@ async fn metrics(State(app): State<Arc<App>>) -> Result<Response, ApiError> {
         s.moved()
     ));
     link_metrics(&app, &mut out)?;
-    Ok((
-        [(
-            header::CONTENT_TYPE,
-            "text/plain; version=0.0.4; charset=utf-8",
-        )],
-        out,
-    )
-        .into_response())
+    Ok(([(header::CONTENT_TYPE, METRICS_CONTENT_TYPE)], out).into_response())
 }

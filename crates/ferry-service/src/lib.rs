@@ -7,7 +7,7 @@ pub mod client;
 pub mod endpoints;
 pub mod error;
 pub mod history;
-mod http;
+pub mod http;
 pub mod job;
 pub mod location;
 pub mod notify;

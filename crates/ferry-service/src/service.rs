@@ -163,7 +163,13 @@ impl Service {
                 stopped(rx.clone()),
             ))
         });
-        crate::http::serve(self.listener, self.tls, api::router(self.app), shutdown).await;
+        crate::http::serve(
+            self.listener,
+            Some(self.tls),
+            api::router(self.app),
+            shutdown,
+        )
+        .await;
         let _ = tx.send(true);
         let _ = sched.await;
         if let Some(p) = probes {

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use ferry_core::recv::{Destination, Links, Receiver, ReceiverConfig, StripeWriter};
 use ferry_core::root::Kind;
 use ferry_core::send::{Sender, SenderConfig, Source};
-use ferry_core::{path, FsError, NoReporter, Root};
+use ferry_core::{path, FsError, Root};
 use ferry_proto::{
     Capabilities, ErrorCode, Frame, ListEntry, SessionId, TransferOpts, MAX_CONTROL_PAYLOAD,
     MAX_LIST_ENTRIES,
@@ -263,7 +263,7 @@ async fn prepare_put<'a>(
             Some(_) => Links::InTree,
         },
     };
-    let receiver = Receiver::new(dest, config, tx, Arc::new(NoReporter))
+    let receiver = Receiver::new(dest, config, tx, shared.metrics.receiving())
         .map_err(|e| as_requested(e.into(), &asked))?;
     if let Some(catalog) = &shared.config.catalog {
         receiver.set_commit_hook(Arc::new(CatalogHook {
@@ -375,7 +375,7 @@ async fn prepare_get<'a>(
         corrupt_blocks: Vec::new(),
         digest_cache: Arc::default(),
     };
-    let sender = Sender::start(vec![source], config, tx, ctl_tx, Arc::new(NoReporter));
+    let sender = Sender::start(vec![source], config, tx, ctl_tx, shared.metrics.sending());
     // The grant is this server's own: blocks are cut by it from the first.
     sender.grant(opts.block_size, opts.streams);
     let gathered = gather(&shared.registry, stream, named, &opts, Some(&offers)).await;
