@@ -78,6 +78,9 @@ pub enum Command {
     Job(crate::service_args::JobArgs),
     /// Cancel a queued or running job.
     Cancel(crate::service_args::JobArgs),
+    /// The service's links (its endpoints): latest measured rate, RTT, and whether the rate
+    /// fell well below its recent median.
+    Links(crate::service_args::LinksArgs),
     /// Write shell completions or the man page, generated from this command line's
     /// definition (what the Debian package ships; see scripts/deb.sh).
     #[command(subcommand, hide = true)]
@@ -193,6 +196,7 @@ impl Command {
             Command::Submit(a) => Some(&a.client.output),
             Command::Jobs(a) => Some(&a.client.output),
             Command::Job(a) | Command::Cancel(a) => Some(&a.client.output),
+            Command::Links(a) => Some(&a.client.output),
             Command::Serve(_) | Command::Service(_) | Command::Token(_) | Command::Generate(_) => {
                 None
             }

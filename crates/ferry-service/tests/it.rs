@@ -3,5 +3,8 @@
 
 mod api;
 mod crash;
+mod history;
+mod notify;
+mod probes;
 mod scheduler;
 mod util;

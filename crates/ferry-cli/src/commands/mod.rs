@@ -45,5 +45,6 @@ pub async fn run(cli: Cli) -> Result<ExitCode> {
         Command::Jobs(a) => jobs::jobs(a).await,
         Command::Job(a) => jobs::job(a).await,
         Command::Cancel(a) => jobs::cancel(a, quiet).await,
+        Command::Links(a) => jobs::links(a).await,
     }
 }
