@@ -67,13 +67,14 @@ zcat "$root/usr/share/man/man1/ferry.1.gz" | grep -q '^\.TH ferry' || fail "man 
 zcat "$root/usr/share/man/man1/ferry-serve.1.gz" | grep -q -- 'config' || fail "man ferry-serve"
 
 # The installed binary takes the shipped config with every documented key uncommented (a key
-# it does not know would stop it), the command line moving the root and port into the test's
+# it does not know would stop it), the command line moving the root and ports into the test's
 # directory.
 mkdir -p "$work/srv"
 sed 's/^# \([a-z_]* = \)/\1/' "$root/etc/ferry/serve.toml" >"$work/serve.toml"
-[ "$(grep -c '^[a-z_]* = ' "$work/serve.toml")" -eq 16 ] || fail "serve.toml documents other than its 16 keys (all but token_file)"
+[ "$(grep -c '^[a-z_]* = ' "$work/serve.toml")" -eq 17 ] || fail "serve.toml documents other than its 17 keys (all but token_file)"
 FERRY_STATE_DIR="$work/state" "$root/usr/bin/ferry" serve --config "$work/serve.toml" \
-    --root "$work/srv" --listen 127.0.0.1:0 --token-file "$work/token" 2>"$work/serve.log" &
+    --root "$work/srv" --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 \
+    --token-file "$work/token" 2>"$work/serve.log" &
 server=$!
 for _ in $(seq 100); do
     grep -q '^ferry: serving ' "$work/serve.log" && break

@@ -353,6 +353,35 @@ impl Catalog {
         avus(&conn, id)
     }
 
+    /// The registered `algo` digest of `path`, if it was registered with exactly this size
+    /// and mtime and this server's replica of it is good: what a comparison by content
+    /// (`sync --checksum`, a re-run's proof) takes instead of reading the file. A file changed
+    /// behind ferry's back with its size and mtime kept is for an audit (`verify`) to find.
+    pub fn known_digest(
+        &self,
+        path: &str,
+        size: u64,
+        mtime_ns: i64,
+        algo: &str,
+    ) -> Result<Option<Vec<u8>>, CatalogError> {
+        let Ok(size) = i64::try_from(size) else {
+            return Ok(None);
+        };
+        let conn = self.lock();
+        let digest = conn
+            .prepare_cached(
+                "SELECT o.digest FROM objects o JOIN replicas r ON r.object = o.id
+                 WHERE o.path = ?1 AND o.size = ?2 AND o.mtime_ns = ?3 AND o.algo = ?4
+                   AND r.server = ?5 AND r.state = 'good'",
+            )?
+            .query_row(
+                rusqlite::params![path, size, mtime_ns, algo, self.shared.server],
+                |r| r.get(0),
+            )
+            .optional()?;
+        Ok(digest)
+    }
+
     /// How many objects are registered.
     pub fn count(&self) -> Result<u64, CatalogError> {
         self.settled();

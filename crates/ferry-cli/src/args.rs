@@ -41,6 +41,21 @@ pub enum Command {
     Cp(Box<CpArgs>),
     /// List a remote directory: names, sizes, mtimes.
     Ls(LsArgs),
+    /// What the server's catalog knows of a file: size, mtime, digest, who stored it and
+    /// when, its replicas and metadata.
+    Stat(crate::catalog_args::StatArgs),
+    /// Remove a remote file (-r: a directory and all in it) and its catalog entries.
+    Rm(crate::catalog_args::RmArgs),
+    /// Rename a remote file or directory within one server, its catalog entries with it.
+    Mv(crate::catalog_args::MvArgs),
+    /// Make a remote directory (-p: with its missing parents).
+    Mkdir(crate::catalog_args::MkdirArgs),
+    /// A remote file's metadata in the server's catalog: attribute, value, unit.
+    #[command(subcommand)]
+    Meta(crate::catalog_args::MetaCommand),
+    /// Find files by metadata, name, age and size, from the server's catalog (the file system
+    /// is never walked): `ferry find dtn2:/data --meta 'temp>40' --name '*.h5'`.
+    Find(crate::catalog_args::FindArgs),
     /// Start a local server on loopback, generate a data set, transfer and verify it, and print
     /// the throughput.
     Demo(DemoArgs),
@@ -63,6 +78,9 @@ pub enum Command {
     Job(crate::service_args::JobArgs),
     /// Cancel a queued or running job.
     Cancel(crate::service_args::JobArgs),
+    /// The service's links (its endpoints): latest measured rate, RTT, and whether the rate
+    /// fell well below its recent median.
+    Links(crate::service_args::LinksArgs),
     /// Write shell completions or the man page, generated from this command line's
     /// definition (what the Debian package ships; see scripts/deb.sh).
     #[command(subcommand, hide = true)]
@@ -165,6 +183,12 @@ impl Command {
             Command::Cp(a) => Some(&a.transfer.output),
             Command::Sync(a) => Some(&a.transfer.output),
             Command::Ls(a) => Some(&a.output),
+            Command::Stat(a) => Some(&a.reach.output),
+            Command::Rm(a) => Some(&a.reach.output),
+            Command::Mv(a) => Some(&a.reach.output),
+            Command::Mkdir(a) => Some(&a.reach.output),
+            Command::Meta(c) => Some(&c.reach().output),
+            Command::Find(a) => Some(&a.reach.output),
             Command::Demo(a) => Some(&a.output),
             Command::Probe(ProbeCommand::Host(a)) => Some(&a.output),
             Command::Probe(ProbeCommand::Disk(a)) => Some(&a.output),
@@ -172,6 +196,7 @@ impl Command {
             Command::Submit(a) => Some(&a.client.output),
             Command::Jobs(a) => Some(&a.client.output),
             Command::Job(a) | Command::Cancel(a) => Some(&a.client.output),
+            Command::Links(a) => Some(&a.client.output),
             Command::Serve(_) | Command::Service(_) | Command::Token(_) | Command::Generate(_) => {
                 None
             }
@@ -478,6 +503,11 @@ pub struct ServeArgs {
     /// default: only a server that shares its file system with its peers needs it.
     #[arg(long)]
     pub stripe: bool,
+    /// Serve the server's counters (sessions, bytes, files, refusals, connections) in
+    /// Prometheus' text format at `http://ADDR/metrics`. Off by default. Plain HTTP without a
+    /// token: the page says counts only, but bind it to loopback or a management network.
+    #[arg(long, value_name = "ADDR", conflicts_with = "oneshot")]
+    pub metrics_listen: Option<String>,
     /// Where every stored file is registered (size, mtime, digest, replicas, metadata): a
     /// SQLite file, created if missing, `state` (the default: catalog.sqlite in the state
     /// directory) or `none`. A catalog serves one root; the default one kept for another root

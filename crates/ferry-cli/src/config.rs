@@ -735,22 +735,44 @@ pub struct Listing {
 
 impl Listing {
     pub fn new(args: &LsArgs) -> Result<Self> {
-        let mut remote =
-            Remote::parse(&args.remote).context("ls takes a remote directory, HOST[:PORT]:PATH")?;
-        if remote.ssh_user.is_some() {
-            bail!("ls needs a running `ferry serve` (HOST[:PORT]:PATH); over ssh, use ssh itself");
-        }
-        let mut auth = args.auth.clone();
-        resolve_endpoint(&mut auth, &mut remote)?;
-        let mut client = control_config(&auth, &args.conn, &remote, Duration::from_secs(60))?;
-        // The same waits and retries as a transfer.
-        (client.connect_timeout, client.retry_for) = waits(&args.wait)?;
+        let (remote, client) = remote_client(
+            &args.remote,
+            "ls takes a remote directory, HOST[:PORT]:PATH",
+            &args.auth,
+            &args.conn,
+            &args.wait,
+        )?;
         Ok(Self {
             remote,
             client,
             json: args.output.json,
         })
     }
+}
+
+/// A remote path on a running `ferry serve` and the client that reaches it, for a command of
+/// one request (ls, and the catalog commands): `what` is the usage said when `remote` is not
+/// one.
+pub fn remote_client(
+    remote: &str,
+    what: &str,
+    auth: &AuthArgs,
+    conn: &ConnArgs,
+    wait: &WaitArgs,
+) -> Result<(Remote, ClientConfig)> {
+    let mut remote = Remote::parse(remote).with_context(|| what.to_owned())?;
+    if remote.ssh_user.is_some() {
+        bail!(
+            "{} needs a running `ferry serve` (HOST[:PORT]:PATH); over ssh, use ssh itself",
+            what.split(' ').next().unwrap_or("this")
+        );
+    }
+    let mut auth = auth.clone();
+    resolve_endpoint(&mut auth, &mut remote)?;
+    let mut client = control_config(&auth, conn, &remote, Duration::from_secs(60))?;
+    // The same waits and retries as a transfer.
+    (client.connect_timeout, client.retry_for) = waits(wait)?;
+    Ok((remote, client))
 }
 
 /// What a `--readers`/`--writers` number asks of the server's pool: 0 (the server chooses)

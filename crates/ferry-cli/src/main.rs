@@ -5,6 +5,7 @@
 #![forbid(unsafe_code)]
 
 mod args;
+mod catalog_args;
 mod commands;
 mod config;
 mod error;

@@ -30,6 +30,7 @@ pub struct ServeFile {
     keep_modes: Option<bool>,
     third_party: Option<bool>,
     stripe: Option<bool>,
+    metrics_listen: Option<String>,
     catalog: Option<String>,
     log_format: Option<LogFormat>,
 }
@@ -120,6 +121,11 @@ fn merge(args: &mut ServeArgs, file: ServeFile, base: &Path) -> Result<()> {
         unset("third_party"),
     );
     set(&mut args.stripe, file.stripe, unset("stripe"));
+    set(
+        &mut args.metrics_listen,
+        file.metrics_listen.map(Some),
+        unset("metrics_listen"),
+    );
     // `none` and `state` stay words; a path is from the file's directory.
     let catalog = file.catalog.map(|c| match c.as_str() {
         "none" | "state" => c,
@@ -171,7 +177,8 @@ mod tests {
         ]);
         let file: ServeFile = toml::from_str(
             "root = \"data\"\nmax_streams = 4\nmax_connections = 9\nlisten = [\"127.0.0.1:1\"]\n\
-             log_format = \"json\"\nthird_party = true\nstripe = true\ncatalog = \"cat.sqlite\"\n",
+             log_format = \"json\"\nthird_party = true\nstripe = true\ncatalog = \"cat.sqlite\"\n\
+             metrics_listen = \"127.0.0.1:9464\"\n",
         )
         .unwrap();
         merge(&mut a, file, Path::new("/etc/ferry")).unwrap();
@@ -183,6 +190,7 @@ mod tests {
         assert!(a.third_party);
         assert!(a.stripe);
         assert_eq!(a.catalog.as_deref(), Some("/etc/ferry/cat.sqlite"));
+        assert_eq!(a.metrics_listen.as_deref(), Some("127.0.0.1:9464"));
         let mut a = parsed(&["ferry", "serve", "--root", "/"]);
         merge(
             &mut a,

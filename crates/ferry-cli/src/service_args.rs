@@ -1,5 +1,5 @@
 //! Raw arguments of the transfer service's commands: `ferry service` (the daemon) and its
-//! clients `submit`, `jobs`, `job` and `cancel`. Parsing only; the commands resolve them.
+//! clients `submit`, `jobs`, `job`, `cancel` and `links`. Parsing only; the commands resolve them.
 
 use std::path::PathBuf;
 
@@ -43,6 +43,30 @@ pub struct ServiceArgs {
     /// Attempts a job gets (with exponential backoff between them) before it fails.
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=100))]
     pub max_attempts: u32,
+    /// Measure the path to each endpoint this often (e.g. 30m) with ferry's network probe,
+    /// never while a job runs on it; the samples form each link's history. Default: off.
+    #[arg(long, value_name = "DURATION")]
+    pub probe_every: Option<String>,
+    /// Each probe's sending time (100ms to 30s).
+    #[arg(long, default_value = "2s", value_name = "DURATION")]
+    pub probe_duration: String,
+    /// Run this program when a job ends (done, failed or cancelled), as the service's user,
+    /// with the job's JSON on stdin and FERRY_JOB_ID and FERRY_JOB_STATE in its environment.
+    /// Not a shell command line: arguments go in --on-end-arg.
+    #[arg(long, value_name = "PROGRAM")]
+    pub on_end_command: Option<std::ffi::OsString>,
+    /// An argument for --on-end-command; repeat for more.
+    #[arg(long = "on-end-arg", value_name = "ARG", requires = "on_end_command")]
+    pub on_end_args: Vec<std::ffi::OsString>,
+    /// How long --on-end-command may run before it and what it started are killed.
+    #[arg(long, default_value = "60s", value_name = "DURATION")]
+    pub on_end_timeout: String,
+    /// POST each ended job's JSON to this http:// or https:// URL (10 s a try, 3 tries).
+    #[arg(long, value_name = "URL")]
+    pub on_end_webhook: Option<String>,
+    /// CA certificates (PEM) an https webhook must chain to (default: the system's).
+    #[arg(long, value_name = "FILE", requires = "on_end_webhook")]
+    pub on_end_webhook_ca: Option<PathBuf>,
 }
 
 /// How a client reaches the service and proves who it is.
@@ -98,6 +122,12 @@ pub struct JobsArgs {
     /// Show the list again every 2 s until none of its jobs is queued or running (or ctrl-c).
     #[arg(long, conflicts_with = "json")]
     pub watch: bool,
+    #[command(flatten)]
+    pub client: ServiceClientArgs,
+}
+
+#[derive(Args, Debug)]
+pub struct LinksArgs {
     #[command(flatten)]
     pub client: ServiceClientArgs,
 }

@@ -5,9 +5,11 @@
 //! neither place.
 
 mod access;
+mod catalog_cmds;
 mod cli;
 mod endpoints;
 mod filters;
+mod metrics;
 mod multipath;
 mod rerun;
 mod serve_config;

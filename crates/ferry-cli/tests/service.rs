@@ -1,6 +1,6 @@
 //! `ferry service` and its clients end to end: a real `ferry serve`, the service in front of
-//! it, `ferry submit` of a tree that ends done and identical, `ferry jobs`/`job`/`cancel` with
-//! `--json` and their exit codes, and a graceful stop on SIGTERM.
+//! it, `ferry submit` of a tree that ends done and identical, `ferry jobs`/`job`/`cancel`/`links`
+//! with `--json` and their exit codes, and a graceful stop on SIGTERM.
 
 use std::fs;
 use std::process::Stdio;
@@ -137,6 +137,17 @@ fn submit_a_tree_then_watch_it_done_and_identical_through_the_cli() {
     let out = svc.cmd(&sb, &alice, &["jobs", "--watch"]);
     assert_code(&out, 0);
     assert_eq!(out.stdout.lines().count(), 2, "{out:?}");
+    // The job's achieved rate is on its link's history.
+    let out = svc.cmd(&sb, &alice, &["links", "--json"]);
+    assert_code(&out, 0);
+    let links = one_json(&out.stdout);
+    let link = &links["links"][0];
+    assert_eq!(link["name"], format!("127.0.0.1:{}", server.port));
+    assert_eq!(link["last"]["source"], "transfer", "{links}");
+    assert_eq!(link["flagged"], false);
+    let out = svc.cmd(&sb, &alice, &["links"]);
+    assert_code(&out, 0);
+    assert!(out.stdout.contains("transfer"), "{out:?}");
     let out = svc.cmd(&sb, &alice, &["job", &id]);
     assert_code(&out, 0);
     assert!(
@@ -188,4 +199,22 @@ fn submit_a_tree_then_watch_it_done_and_identical_through_the_cli() {
     assert!(fs::read_to_string(&svc.log)
         .unwrap()
         .contains("ferry: service stopped"));
+}
+
+#[test]
+fn a_bad_notification_setting_stops_the_service_at_start_with_why() {
+    let sb = Sandbox::new();
+    let state = sb.mkdir("svc");
+    let mut c = sb.ferry();
+    c.args(["service", "--listen", "127.0.0.1:0", "--state"])
+        .arg(&state)
+        .args(["--on-end-webhook", "ftp://hooks.example/"]);
+    let out = run(&mut c, CMD_TIMEOUT);
+    assert_code(&out, 2);
+    assert!(out.stderr.contains("http:// or https://"), "{out:?}");
+    let mut c = sb.ferry();
+    c.args(["service", "--listen", "127.0.0.1:0", "--state"])
+        .arg(&state)
+        .args(["--on-end-arg", "x"]);
+    assert_code(&run(&mut c, CMD_TIMEOUT), 2);
 }

@@ -255,3 +255,65 @@ fn sync_between_two_servers() {
     assert!(out.stderr.contains("--third-party"), "{out:?}");
     assert!(mirror.join("stale.txt").exists() && !mirror.join("new.txt").exists());
 }
+
+/// `--checksum` against a server with a catalog compares with the digests the server
+/// registered, without reading its files: a change made on the server behind ferry's back,
+/// size and mtime kept, is not seen (that is `verify`'s job), in either direction. Without a
+/// catalog the server reads its file, and the same change is found and undone.
+#[test]
+fn sync_checksum_takes_the_servers_registered_digests() {
+    let sb = Sandbox::new();
+    let src = sb.path("src");
+    make_tree(&src);
+    write_pattern(&src.join("big.bin"), 3 << 20, 7);
+    let sync = |s: &Server, from: &str, to: &str| {
+        run(
+            sb.client(&s.token)
+                .args(["sync", "--json", "--checksum", "--streams", "2", from, to]),
+            CMD_TIMEOUT,
+        )
+    };
+    let src_arg = src.to_str().unwrap().to_owned();
+
+    let root = sb.mkdir("root");
+    let s = Server::start(&sb, &root, Some(&sb.path("token")), &[]);
+    assert_code(&sync(&s, &src_arg, &s.remote("/mirror")), 0);
+    let back = sb.path("back");
+    let back_arg = back.to_str().unwrap().to_owned();
+    assert_code(&sync(&s, &s.remote("/mirror"), &back_arg), 0);
+    // The catalog's thread registers a put's files just after they are stored.
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    change_unseen(&root.join("mirror/sub/b.txt"));
+    change_unseen(&root.join("mirror/big.bin"));
+
+    let out = sync(&s, &src_arg, &s.remote("/mirror"));
+    assert_code(&out, 0);
+    let sent = &one_json(&out.stdout)["transfer"];
+    assert_eq!(u64_field(sent, "bytes"), 0, "{out:?}");
+    assert_eq!(fs::read(root.join("mirror/sub/b.txt")).unwrap(), b"BRAVO");
+    // Down, the server is the sender. A file it has read whole (a small one, sent in the
+    // blocks that leave before the answer) it compares by what it read; a larger one, by
+    // its registered digest.
+    assert_code(&sync(&s, &s.remote("/mirror"), &back_arg), 0);
+    assert_eq!(
+        file_b3(&back.join("big.bin")),
+        file_b3(&src.join("big.bin"))
+    );
+
+    let bare = sb.mkdir("bare");
+    let n = Server::start(&sb, &bare, Some(&sb.path("token2")), &["--catalog", "none"]);
+    assert_code(&sync(&n, &src_arg, &n.remote("/mirror")), 0);
+    change_unseen(&bare.join("mirror/sub/b.txt"));
+    change_unseen(&bare.join("mirror/big.bin"));
+    let out = sync(&n, &src_arg, &n.remote("/mirror"));
+    assert_code(&out, 0);
+    assert_eq!(
+        u64_field(&one_json(&out.stdout)["transfer"], "bytes"),
+        5 + (3 << 20)
+    );
+    assert_eq!(fs::read(bare.join("mirror/sub/b.txt")).unwrap(), b"bravo");
+    assert_eq!(
+        file_b3(&bare.join("mirror/big.bin")),
+        file_b3(&src.join("big.bin"))
+    );
+}

@@ -428,6 +428,15 @@ pub fn unhex32(s: &str) -> Option<[u8; 32]> {
     Some(out)
 }
 
+/// Whole-file digests known without reading the file: a server's catalog holds each stored
+/// file's, for the size and mtime it was stored with. A comparison by content (a re-run's
+/// proof of a same-size, same-mtime file; `sync --checksum`) asks here before it reads.
+pub trait KnownDigests: Send + Sync {
+    /// The `algo` digest of the file at wire path `path`, if one is known for exactly this
+    /// size and mtime.
+    fn known(&self, path: &str, size: u64, mtime_ns: i64, algo: ChecksumAlgo) -> Option<Vec<u8>>;
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

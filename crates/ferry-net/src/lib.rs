@@ -3,6 +3,7 @@
 //! connections, all on one server port.
 
 mod autotune;
+pub mod catalog;
 pub mod client;
 pub mod copy;
 mod engine;

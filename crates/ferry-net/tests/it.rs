@@ -5,6 +5,7 @@
 //! neither place.
 
 mod autotune;
+mod catalog_ops;
 mod ending;
 mod hostile_blocks;
 mod multipath;

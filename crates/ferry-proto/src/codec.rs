@@ -15,6 +15,7 @@ use std::ops::Range;
 
 use bytes::{BufMut, Bytes, BytesMut};
 
+mod catalog;
 mod copy;
 mod remove;
 
@@ -117,6 +118,8 @@ impl Frame {
             Frame::RemoveRequest { .. } => FrameType::REMOVE_REQUEST,
             Frame::Removed { .. } => FrameType::REMOVED,
             Frame::CopyPaths { .. } => FrameType::COPY_PATHS,
+            Frame::CatalogRequest(_) => FrameType::CATALOG_REQUEST,
+            Frame::CatalogAnswer(_) => FrameType::CATALOG_ANSWER,
         }
     }
 
@@ -220,6 +223,8 @@ impl Frame {
             FrameType::REMOVE_REQUEST => remove::decode_remove_request(&mut r)?,
             FrameType::REMOVED => remove::decode_removed(&mut r)?,
             FrameType::COPY_PATHS => copy::decode_copy_paths(&mut r)?,
+            FrameType::CATALOG_REQUEST => catalog::decode_request(&mut r)?,
+            FrameType::CATALOG_ANSWER => catalog::decode_answer(&mut r)?,
             _ => return Err(DecodeError::UnknownFrameType(ty.0)),
         };
         r.finish(ty)?;
@@ -342,6 +347,8 @@ impl Frame {
             Frame::RemoveRequest { paths, more } => remove::put_remove_request(out, paths, *more),
             Frame::Removed { removed, failures } => remove::put_removed(out, *removed, failures),
             Frame::CopyPaths { paths, more } => copy::put_copy_paths(out, paths, *more),
+            Frame::CatalogRequest(req) => catalog::put_request(out, req),
+            Frame::CatalogAnswer(answer) => catalog::put_answer(out, answer),
         }
     }
 
@@ -434,7 +441,9 @@ impl Frame {
             | Frame::Landed { .. }
             | Frame::RemoveRequest { .. }
             | Frame::Removed { .. }
-            | Frame::CopyPaths { .. } => {}
+            | Frame::CopyPaths { .. }
+            | Frame::CatalogRequest(_)
+            | Frame::CatalogAnswer(_) => {}
         }
     }
 }

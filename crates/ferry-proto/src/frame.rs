@@ -5,6 +5,8 @@
 
 use bytes::Bytes;
 
+use crate::catalog::{CatalogAnswer, CatalogRequest};
+
 /// Bytes every ferry connection starts its `Hello` with, so that a stray client (an HTTP probe, a
 /// port scanner) is recognised and dropped at its first frame instead of being parsed further.
 pub const MAGIC: [u8; 8] = *b"FERRY\r\n\x1a";
@@ -126,6 +128,8 @@ impl FrameType {
     pub const REMOVE_REQUEST: Self = Self(0x1D);
     pub const REMOVED: Self = Self(0x3C);
     pub const COPY_PATHS: Self = Self(0x24);
+    pub const CATALOG_REQUEST: Self = Self(0x1E);
+    pub const CATALOG_ANSWER: Self = Self(0x3D);
 
     /// The largest payload a frame of this type may declare, or `None` for an unknown type.
     /// Checked on the header alone, before any payload is read or allocated.
@@ -165,7 +169,9 @@ impl FrameType {
             | Self::LANDED
             | Self::REMOVE_REQUEST
             | Self::REMOVED
-            | Self::COPY_PATHS => Some(MAX_CONTROL_PAYLOAD),
+            | Self::COPY_PATHS
+            | Self::CATALOG_REQUEST
+            | Self::CATALOG_ANSWER => Some(MAX_CONTROL_PAYLOAD),
             _ => None,
         }
     }
@@ -208,6 +214,8 @@ impl FrameType {
             Self::REMOVE_REQUEST => "remove_request",
             Self::REMOVED => "removed",
             Self::COPY_PATHS => "copy_paths",
+            Self::CATALOG_REQUEST => "catalog_request",
+            Self::CATALOG_ANSWER => "catalog_answer",
             _ => "unknown",
         }
     }
@@ -731,6 +739,11 @@ pub enum Frame {
         paths: Vec<String>,
         more: bool,
     },
+    /// Client to server (control), a request of its own: a catalog operation (`ferry stat`,
+    /// `rm`, `mv`, `mkdir`, `meta`, `find`) under the token's scopes.
+    CatalogRequest(CatalogRequest),
+    /// The server's answer to a `CatalogRequest` (a find's may take several frames).
+    CatalogAnswer(CatalogAnswer),
 }
 
 /// One path of a `RemoveRequest` that was not removed.

@@ -9,12 +9,14 @@
 //! A connection's first frame, read before authentication, goes through [`handshake`].
 #![forbid(unsafe_code)]
 
+pub mod catalog;
 mod codec;
 mod error;
 mod frame;
 pub mod handshake;
 pub mod journal;
 
+pub use catalog::*;
 pub use codec::FrameHeader;
 pub use error::{negotiate_version, DecodeError, ProtocolError};
 pub use frame::*;

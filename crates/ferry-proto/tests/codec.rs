@@ -467,6 +467,130 @@ fn frame() -> impl Strategy<Value = Frame> {
         (vec(text(), 0..=64), any::<bool>())
             .prop_map(|(paths, more)| Frame::CopyPaths { paths, more })
             .boxed(),
+        catalog_request().prop_map(Frame::CatalogRequest).boxed(),
+        catalog_answer().prop_map(Frame::CatalogAnswer).boxed(),
+    ]
+}
+
+fn meta_entry() -> impl Strategy<Value = MetaEntry> {
+    (text(), text(), "[a-zA-Z]{0,8}").prop_map(|(attr, value, unit)| MetaEntry {
+        attr,
+        value,
+        unit,
+    })
+}
+
+fn find_request() -> impl Strategy<Value = FindRequest> {
+    (
+        text(),
+        vec(
+            (
+                prop_oneof![Just(Compare::Eq), Just(Compare::Gt), Just(Compare::Lt)],
+                text(),
+                text(),
+            ),
+            0..=MAX_FIND_CONDITIONS,
+        ),
+        proptest::option::of(text()),
+        proptest::option::of(any::<i64>()),
+        proptest::option::of(any::<u64>()),
+        1..=MAX_FIND_LIMIT,
+    )
+        .prop_map(
+            |(under, conds, name, newer_ns, larger, limit)| FindRequest {
+                under,
+                conditions: conds
+                    .into_iter()
+                    .map(|(compare, attr, value)| FindCondition {
+                        compare,
+                        attr,
+                        value,
+                    })
+                    .collect(),
+                name,
+                newer_ns,
+                larger,
+                limit,
+            },
+        )
+}
+
+fn catalog_request() -> impl Strategy<Value = CatalogRequest> {
+    prop_oneof![
+        text().prop_map(|path| CatalogRequest::Stat { path }),
+        (text(), any::<bool>())
+            .prop_map(|(path, recursive)| CatalogRequest::Remove { path, recursive }),
+        (text(), text()).prop_map(|(from, to)| CatalogRequest::Rename { from, to }),
+        (text(), any::<bool>()).prop_map(|(path, parents)| CatalogRequest::Mkdir { path, parents }),
+        (text(), meta_entry()).prop_map(|(path, entry)| CatalogRequest::MetaSet { path, entry }),
+        (text(), text(), proptest::option::of(text()))
+            .prop_map(|(path, attr, value)| CatalogRequest::MetaRm { path, attr, value }),
+        text().prop_map(|path| CatalogRequest::MetaLs { path }),
+        find_request().prop_map(|f| CatalogRequest::Find(Box::new(f))),
+    ]
+}
+
+fn catalog_object() -> impl Strategy<Value = CatalogObject> {
+    (
+        text(),
+        any::<u64>(),
+        any::<i64>(),
+        vec(any::<u8>(), 0..=MAX_DIGEST),
+        "[a-z0-9]{0,16}",
+        text(),
+        any::<i64>(),
+    )
+        .prop_map(
+            |(path, size, mtime_ns, digest, algo, stored_by, stored_at)| CatalogObject {
+                path,
+                size,
+                mtime_ns,
+                digest,
+                algo,
+                stored_by,
+                stored_at,
+            },
+        )
+}
+
+fn catalog_answer() -> impl Strategy<Value = CatalogAnswer> {
+    let replica = (
+        text(),
+        text(),
+        prop_oneof![
+            Just(ReplicaHealth::Good),
+            Just(ReplicaHealth::Stale),
+            Just(ReplicaHealth::Bad)
+        ],
+    )
+        .prop_map(|(server, physical, state)| CatalogReplica {
+            server,
+            physical,
+            state,
+        });
+    prop_oneof![
+        (any::<u64>(), any::<u64>())
+            .prop_map(|(entries, objects)| CatalogAnswer::Done { entries, objects }),
+        (
+            catalog_object(),
+            vec(replica, 0..=MAX_REPLICAS),
+            vec(meta_entry(), 0..=16)
+        )
+            .prop_map(|(object, replicas, metadata)| CatalogAnswer::Stat(Box::new(
+                CatalogStat {
+                    object,
+                    replicas,
+                    metadata,
+                }
+            ))),
+        vec(meta_entry(), 0..=MAX_META_ENTRIES).prop_map(|entries| CatalogAnswer::Meta { entries }),
+        (vec(catalog_object(), 0..=16), any::<bool>(), any::<bool>()).prop_map(
+            |(objects, last, more)| CatalogAnswer::Found {
+                objects,
+                last,
+                more: last && more,
+            }
+        ),
     ]
 }
 
@@ -603,7 +727,7 @@ fn sample_opts() -> TransferOpts {
 }
 
 fn sample_frames() -> Vec<Frame> {
-    vec![
+    let mut frames = vec![
         Frame::Hello {
             version: PROTOCOL_VERSION,
             capabilities: Capabilities::ours(),
@@ -848,7 +972,96 @@ fn sample_frames() -> Vec<Frame> {
             paths: vec!["a.txt".into(), "sub".into(), "sub/b.bin".into()],
             more: false,
         },
-    ]
+    ];
+    frames.extend(sample_catalog_frames());
+    frames
+}
+
+/// One catalog request of each op and one answer of each kind.
+fn sample_catalog_frames() -> Vec<Frame> {
+    let entry = MetaEntry {
+        attr: "instrument".into(),
+        value: "42.5".into(),
+        unit: "K".into(),
+    };
+    let object = CatalogObject {
+        path: "incoming/run42/a.dat".into(),
+        size: 1 << 20,
+        mtime_ns: 1_700_000_000_123_456_789,
+        digest: vec![0xab; 32],
+        algo: "blake3".into(),
+        stored_by: "alice".into(),
+        stored_at: 1_700_000_001_000_000_000,
+    };
+    let requests = vec![
+        CatalogRequest::Stat {
+            path: "/incoming/run42/a.dat".into(),
+        },
+        CatalogRequest::Remove {
+            path: "/incoming/run42".into(),
+            recursive: true,
+        },
+        CatalogRequest::Rename {
+            from: "/incoming/run42".into(),
+            to: "/archive/run42".into(),
+        },
+        CatalogRequest::Mkdir {
+            path: "/incoming/run43/raw".into(),
+            parents: true,
+        },
+        CatalogRequest::MetaSet {
+            path: "/incoming/run42/a.dat".into(),
+            entry: entry.clone(),
+        },
+        CatalogRequest::MetaRm {
+            path: "/incoming/run42/a.dat".into(),
+            attr: "instrument".into(),
+            value: Some("42.5".into()),
+        },
+        CatalogRequest::MetaLs {
+            path: "/incoming/run42/a.dat".into(),
+        },
+        CatalogRequest::Find(Box::new(FindRequest {
+            under: "/incoming".into(),
+            conditions: vec![FindCondition {
+                compare: Compare::Gt,
+                attr: "temp".into(),
+                value: "40".into(),
+            }],
+            name: Some("*.dat".into()),
+            newer_ns: Some(1_600_000_000_000_000_000),
+            larger: Some(1024),
+            limit: 1000,
+        })),
+    ];
+    let answers = vec![
+        CatalogAnswer::Done {
+            entries: 3,
+            objects: 2,
+        },
+        CatalogAnswer::Stat(Box::new(CatalogStat {
+            object: object.clone(),
+            replicas: vec![CatalogReplica {
+                server: "dtn2".into(),
+                physical: "/srv/ferry/incoming/run42/a.dat".into(),
+                state: ReplicaHealth::Good,
+            }],
+            metadata: vec![entry.clone()],
+        })),
+        CatalogAnswer::Meta {
+            entries: vec![entry],
+        },
+        CatalogAnswer::Found {
+            objects: vec![object],
+            last: true,
+            more: true,
+        },
+    ];
+    requests
+        .into_iter()
+        .map(Frame::CatalogRequest)
+        .chain(answers.into_iter().map(Frame::CatalogAnswer))
+        .collect()
 }
 
 fn sample_copy_request() -> CopyRequest {
@@ -867,7 +1080,7 @@ fn sample_copy_request() -> CopyRequest {
 fn samples_cover_every_frame_type() {
     let mut types: Vec<u8> = sample_frames().iter().map(|f| f.frame_type().0).collect();
     types.dedup();
-    assert_eq!(types.len(), 35);
+    assert_eq!(types.len(), 37);
     for ty in 0..=u8::MAX {
         assert_eq!(
             FrameType(ty).max_payload().is_some(),
@@ -1839,4 +2052,150 @@ fn pinned_copy_paths_and_the_only_flag_of_a_copy_request() {
         Frame::decode(FrameType::COPY_PATHS, Bytes::from_static(&[2, 0, 0])),
         Err(DecodeError::InvalidValue { field: "more", .. })
     ));
+}
+
+#[test]
+fn pinned_catalog_frames_and_their_limits() {
+    let frame = Frame::CatalogRequest(CatalogRequest::Stat { path: "a".into() });
+    assert_eq!(&encode(&frame)[..], &[0x1E, 0, 0, 0, 4, 1, 0, 1, b'a']);
+    let frame = Frame::CatalogAnswer(CatalogAnswer::Done {
+        entries: 1,
+        objects: 2,
+    });
+    assert_eq!(
+        &encode(&frame)[..],
+        &[0x3D, 0, 0, 0, 17, 1, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 2]
+    );
+    let refused = |ty: FrameType, payload: &'static [u8]| {
+        Frame::decode(ty, Bytes::from_static(payload)).unwrap_err()
+    };
+    // An unknown op or tag, a flag that is neither 0 nor 1, a limit of 0: refused, named.
+    assert!(matches!(
+        refused(FrameType::CATALOG_REQUEST, &[9, 0, 0]),
+        DecodeError::InvalidValue { field: "op", .. }
+    ));
+    assert!(matches!(
+        refused(FrameType::CATALOG_ANSWER, &[0]),
+        DecodeError::InvalidValue { field: "tag", .. }
+    ));
+    assert!(matches!(
+        refused(FrameType::CATALOG_REQUEST, &[2, 2, 0, 0]),
+        DecodeError::InvalidValue {
+            field: "recursive",
+            ..
+        }
+    ));
+    assert!(matches!(
+        refused(FrameType::CATALOG_REQUEST, &[8, 0, 0, 0, 0, 0, 0, 0, 0, 0]),
+        DecodeError::InvalidValue { field: "limit", .. }
+    ));
+    // `more` alone, without `last`, and unknown find parts.
+    assert!(matches!(
+        refused(FrameType::CATALOG_ANSWER, &[4, 2, 0, 0]),
+        DecodeError::InvalidValue { field: "flags", .. }
+    ));
+    assert!(matches!(
+        refused(FrameType::CATALOG_REQUEST, &[8, 0, 0, 0, 0, 0, 1, 0, 0, 8]),
+        DecodeError::InvalidValue { field: "has", .. }
+    ));
+    // Metadata past its bounds, a find over its limit, too many conditions or objects.
+    let long_attr = Frame::CatalogRequest(CatalogRequest::MetaSet {
+        path: "a".into(),
+        entry: MetaEntry {
+            attr: "x".repeat(MAX_META_ATTR + 1),
+            value: String::new(),
+            unit: String::new(),
+        },
+    });
+    assert!(matches!(
+        decode(encode(&long_attr)),
+        Err(DecodeError::TooLong { field: "attr", .. })
+    ));
+    let long_value = Frame::CatalogRequest(CatalogRequest::MetaSet {
+        path: "a".into(),
+        entry: MetaEntry {
+            attr: "x".into(),
+            value: "v".repeat(MAX_META_VALUE + 1),
+            unit: String::new(),
+        },
+    });
+    assert!(matches!(
+        decode(encode(&long_value)),
+        Err(DecodeError::TooLong { field: "value", .. })
+    ));
+    let find = |limit, conditions| {
+        Frame::CatalogRequest(CatalogRequest::Find(Box::new(FindRequest {
+            under: String::new(),
+            conditions,
+            name: None,
+            newer_ns: None,
+            larger: None,
+            limit,
+        })))
+    };
+    assert!(matches!(
+        decode(encode(&find(MAX_FIND_LIMIT + 1, Vec::new()))),
+        Err(DecodeError::InvalidValue { field: "limit", .. })
+    ));
+    let cond = FindCondition {
+        compare: Compare::Eq,
+        attr: "a".into(),
+        value: "b".into(),
+    };
+    assert!(matches!(
+        decode(encode(&find(1, vec![cond; MAX_FIND_CONDITIONS + 1]))),
+        Err(DecodeError::TooLong {
+            field: "conditions",
+            ..
+        })
+    ));
+    let many = Frame::CatalogAnswer(CatalogAnswer::Meta {
+        entries: vec![
+            MetaEntry {
+                attr: "a".into(),
+                value: String::new(),
+                unit: String::new(),
+            };
+            MAX_META_ENTRIES + 1
+        ],
+    });
+    assert!(matches!(
+        decode(encode(&many)),
+        Err(DecodeError::TooLong {
+            field: "metadata",
+            ..
+        })
+    ));
+    // The largest answers the bounds allow still fit a control frame.
+    let object = CatalogObject {
+        path: "p".repeat(MAX_PATH),
+        size: 0,
+        mtime_ns: 0,
+        digest: vec![0; MAX_DIGEST],
+        algo: "a".repeat(MAX_ALGO),
+        stored_by: "s".repeat(MAX_SERVER_NAME),
+        stored_at: 0,
+    };
+    let found = Frame::CatalogAnswer(CatalogAnswer::Found {
+        objects: vec![object.clone(); MAX_FOUND_ENTRIES],
+        last: true,
+        more: true,
+    });
+    assert_eq!(decode(encode(&found)), Ok(found));
+    let entry = MetaEntry {
+        attr: "a".repeat(MAX_META_ATTR),
+        value: "v".repeat(MAX_META_VALUE),
+        unit: "u".repeat(MAX_META_UNIT),
+    };
+    let replica = CatalogReplica {
+        server: "s".repeat(MAX_SERVER_NAME),
+        physical: "p".repeat(MAX_PHYSICAL),
+        state: ReplicaHealth::Bad,
+    };
+    let stat = Frame::CatalogAnswer(CatalogAnswer::Stat(Box::new(CatalogStat {
+        object,
+        replicas: vec![replica; MAX_REPLICAS],
+        metadata: vec![entry; MAX_META_ENTRIES],
+    })));
+    assert_eq!(decode(encode(&stat)), Ok(stat));
 }

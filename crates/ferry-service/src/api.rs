@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
+use axum::extract::rejection::{BytesRejection, QueryRejection};
 use axum::extract::{DefaultBodyLimit, Path, Query, Request, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::middleware::{self, Next};
@@ -19,6 +19,7 @@ use ferry_net::access::{Access, Grant};
 use serde::{Deserialize, Serialize};
 
 use crate::error::ServiceError;
+use crate::history::{self, JobRates, LinkHistory, LinkStatus, Links, MAX_HISTORY, RECENT};
 use crate::job::{Job, NewJob, SyncMode};
 use crate::location::Location;
 use crate::runner::classify;
@@ -28,6 +29,8 @@ use crate::scheduler::Scheduler;
 pub const MAX_BODY: usize = 256 * 1024;
 /// How long one request may take before it is answered 503.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// Prometheus' text exposition format.
+pub const METRICS_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 /// Jobs a listing returns unless asked for fewer.
 const DEFAULT_LIST: usize = 100;
 
@@ -37,6 +40,8 @@ pub struct App {
     pub access: Access,
     /// Token names that may see and cancel every job.
     pub admins: Vec<String>,
+    /// A link is flagged when its latest rate is below this fraction of its recent median.
+    pub slow_fraction: f64,
 }
 
 /// The router, with its limits.
@@ -45,6 +50,9 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/api/jobs", post(submit).get(list))
         .route("/api/jobs/{id}", get(show))
         .route("/api/jobs/{id}/cancel", post(cancel))
+        .route("/api/jobs/{id}/rates", get(rates))
+        .route("/api/links", get(links))
+        .route("/api/links/{name}/history", get(link_history))
         .route("/metrics", get(metrics))
         .merge(crate::dashboard::routes())
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "no such endpoint") })
@@ -287,12 +295,117 @@ async fn cancel(
     let job = visible(&app, &c, &id)?;
     app.scheduler.store().cancel(job.id)?;
     app.scheduler.stop(job.id);
+    app.scheduler.ended(job.id);
     let job = app
         .scheduler
         .store()
         .get(job.id)?
         .ok_or(ServiceError::NotFound(job.id))?;
     Ok(Json(job))
+}
+
+async fn rates(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Json<JobRates>, ApiError> {
+    let c = caller(&app, &headers)?;
+    let job = visible(&app, &c, &id)?;
+    let samples = app.scheduler.store().rates(job.id)?;
+    Ok(Json(JobRates {
+        job: job.id,
+        samples,
+    }))
+}
+
+/// Every link's state; any valid token may read them (server names and rates, no job's
+/// paths).
+async fn links(State(app): State<Arc<App>>, headers: HeaderMap) -> Result<Json<Links>, ApiError> {
+    caller(&app, &headers)?;
+    Ok(Json(Links {
+        links: link_statuses(&app)?,
+    }))
+}
+
+/// Every link's state, judged from enough of its newest samples to find 20 of each source.
+fn link_statuses(app: &App) -> Result<Vec<LinkStatus>, ServiceError> {
+    let store = app.scheduler.store();
+    let mut links = Vec::new();
+    for name in app.scheduler.runner().endpoints.servers() {
+        let samples = store.link_samples(name, i64::MIN, RECENT * 20)?;
+        links.push(history::status(name, &samples, app.slow_fraction));
+    }
+    Ok(links)
+}
+
+#[derive(Debug, Deserialize)]
+struct HistoryQuery {
+    since_ms: Option<i64>,
+}
+
+async fn link_history(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+    q: Result<Query<HistoryQuery>, QueryRejection>,
+) -> Result<Json<LinkHistory>, ApiError> {
+    caller(&app, &headers)?;
+    let Query(q) = q.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, e.body_text()))?;
+    if !app.scheduler.runner().endpoints.has(&name) {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            format!("no link {name:?}: links are the servers of the service's endpoints"),
+        ));
+    }
+    let samples =
+        app.scheduler
+            .store()
+            .link_samples(&name, q.since_ms.unwrap_or(i64::MIN), MAX_HISTORY)?;
+    Ok(Json(LinkHistory { name, samples }))
+}
+
+/// Each link's latest rate and RTT, its recent median, and whether it is flagged.
+fn link_metrics(app: &App, out: &mut String) -> Result<(), ApiError> {
+    let links = link_statuses(app)?;
+    type Metric = (&'static str, &'static str, fn(&LinkStatus) -> Option<f64>);
+    let metrics: [Metric; 4] = [
+        (
+            "ferry_service_link_rate_bytes_per_second",
+            "The latest measured rate of the path to each server (probe or transfer).",
+            |l| l.last.map(|s| s.rate),
+        ),
+        (
+            "ferry_service_link_median_rate_bytes_per_second",
+            "The median of the samples the latest is judged against.",
+            |l| l.median_rate,
+        ),
+        (
+            "ferry_service_link_rtt_seconds",
+            "The latest probe's round-trip time to each server.",
+            |l| l.last.and_then(|s| s.rtt_ms).map(|ms| ms / 1000.0),
+        ),
+        (
+            "ferry_service_link_flagged",
+            "1 when the path's latest rate fell below its fraction of the recent median.",
+            |l| Some(if l.flagged { 1.0 } else { 0.0 }),
+        ),
+    ];
+    for (name, help, value) in metrics {
+        out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} gauge\n"));
+        for l in &links {
+            if let Some(v) = value(l) {
+                out.push_str(&format!("{name}{{link=\"{}\"}} {v}\n", label(&l.name)));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A Prometheus label value: backslash, quote and newline escaped.
+fn label(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
 }
 
 /// Prometheus' text format: jobs by state, the queue's depth, jobs running, bytes moved.
@@ -327,12 +440,6 @@ async fn metrics(State(app): State<Arc<App>>) -> Result<Response, ApiError> {
         "ferry_service_transferred_bytes_total {}\n",
         s.moved()
     ));
-    Ok((
-        [(
-            header::CONTENT_TYPE,
-            "text/plain; version=0.0.4; charset=utf-8",
-        )],
-        out,
-    )
-        .into_response())
+    link_metrics(&app, &mut out)?;
+    Ok(([(header::CONTENT_TYPE, METRICS_CONTENT_TYPE)], out).into_response())
 }

@@ -12,6 +12,7 @@ use serde::de::DeserializeOwned;
 
 use crate::api::{ErrorBody, SubmitRequest};
 use crate::error::ServiceError;
+use crate::history::{JobRates, LinkHistory, Links};
 use crate::job::Job;
 use crate::tls::Trust;
 
@@ -54,6 +55,30 @@ impl Client {
     pub async fn cancel(&self, id: i64) -> Result<Job, ServiceError> {
         self.json(Method::POST, &format!("/api/jobs/{id}/cancel"), Vec::new())
             .await
+    }
+
+    /// Job `id`'s rate over time.
+    pub async fn rates(&self, id: i64) -> Result<JobRates, ServiceError> {
+        self.json(Method::GET, &format!("/api/jobs/{id}/rates"), Vec::new())
+            .await
+    }
+
+    /// Every link's state.
+    pub async fn links(&self) -> Result<Links, ServiceError> {
+        self.json(Method::GET, "/api/links", Vec::new()).await
+    }
+
+    /// Link `name`'s samples since `since_ms` (unix ms), or its newest.
+    pub async fn link_history(
+        &self,
+        name: &str,
+        since_ms: Option<i64>,
+    ) -> Result<LinkHistory, ServiceError> {
+        let mut path = format!("/api/links/{}/history", escape(name));
+        if let Some(t) = since_ms {
+            path.push_str(&format!("?since_ms={t}"));
+        }
+        self.json(Method::GET, &path, Vec::new()).await
     }
 
     /// A request whose 2xx answer is JSON of type `T`; any other answer is its error.
@@ -133,4 +158,17 @@ impl Client {
         driver.abort();
         Ok(Answer { status, body })
     }
+}
+
+/// `s` as one path segment: unreserved characters and `:` as they are, the rest %-escaped.
+fn escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~:".contains(&b) {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
 }

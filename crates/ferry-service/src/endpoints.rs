@@ -74,6 +74,16 @@ impl Endpoints {
         Ok(Self { list, known_hosts })
     }
 
+    /// The servers named, in the file's order: the links the service keeps a history of.
+    pub fn servers(&self) -> impl Iterator<Item = &str> {
+        self.list.iter().map(|e| e.server.as_str())
+    }
+
+    /// Whether `server` is one of the endpoints.
+    pub fn has(&self, server: &str) -> bool {
+        self.list.iter().any(|e| e.server == server)
+    }
+
     /// The token and the protection for `server`, or why the service cannot reach it.
     pub fn reach(&self, server: &str) -> Result<(String, Security), ServiceError> {
         let e = self

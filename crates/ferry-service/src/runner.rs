@@ -188,6 +188,11 @@ impl Runner {
         })
     }
 
+    /// The client configuration a probe of `server` starts from (its `opts` are the probe's).
+    pub fn probe_client(&self, server: &str) -> Result<ClientConfig, Failure> {
+        self.client(server, SyncMode::Off)
+    }
+
     /// The client configuration for `server`: the endpoint's token and trust, fixed tuning,
     /// no retries of its own (the scheduler retries, with the job's attempts counted).
     fn client(&self, server: &str, sync: SyncMode) -> Result<ClientConfig, Failure> {

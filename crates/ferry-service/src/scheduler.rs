@@ -4,7 +4,7 @@
 //! exponential backoff up to `max_attempts`; stops a job that is cancelled. A retry, or the
 //! run after a restart, is the same transfer again, which resumes from ferry's partial files.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
@@ -13,7 +13,9 @@ use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 use tokio::task::AbortHandle;
 
-use crate::job::{now_ms, Job, State};
+use crate::history::{LinkSample, RateSample, Source};
+use crate::job::{now_ms, Job, Kind, State};
+use crate::notify::Notifier;
 use crate::runner::{Failure, JobReporter, Runner};
 use crate::store::Store;
 
@@ -49,6 +51,8 @@ impl Default for Limits {
 /// How often the queue is looked at with nothing else to wake it (a backoff ending, a
 /// deadline passing).
 const TICK: Duration = Duration::from_millis(500);
+/// How often a running job's rate is sampled for its history.
+const SAMPLE_EVERY: Duration = Duration::from_secs(1);
 /// The most queued jobs looked at per pass.
 const PASS: usize = 256;
 
@@ -57,30 +61,71 @@ struct Running {
     task: AbortHandle,
 }
 
+/// A link reserved for a probe (see [`Scheduler::claim_link`]); dropping it frees the link
+/// and lets the queue start what waited for it.
+pub struct LinkClaim {
+    scheduler: Arc<Scheduler>,
+    link: String,
+}
+
+impl LinkClaim {
+    pub fn link(&self) -> &str {
+        &self.link
+    }
+}
+
+impl Drop for LinkClaim {
+    fn drop(&mut self) {
+        self.scheduler.probing().remove(&self.link);
+        self.scheduler.wake();
+    }
+}
+
 pub struct Scheduler {
     store: Arc<Store>,
     runner: Runner,
     limits: Limits,
     running: Mutex<HashMap<i64, Running>>,
+    /// Links a probe measures now: no job starts on them meanwhile. Locked after `running`.
+    probing: Mutex<HashSet<String>>,
     wake: Notify,
     /// Every byte any job moved, for `/metrics`.
     moved: Arc<AtomicU64>,
+    /// Told of every job that ends.
+    notifier: Option<Arc<Notifier>>,
 }
 
 impl Scheduler {
     pub fn new(store: Arc<Store>, runner: Runner, limits: Limits) -> Arc<Self> {
+        Self::with_notifier(store, runner, limits, None)
+    }
+
+    /// [`Scheduler::new`], with `notifier` told of each job's end.
+    pub fn with_notifier(
+        store: Arc<Store>,
+        runner: Runner,
+        limits: Limits,
+        notifier: Option<Arc<Notifier>>,
+    ) -> Arc<Self> {
         Arc::new(Self {
             store,
             runner,
             limits,
             running: Mutex::new(HashMap::new()),
+            probing: Mutex::new(HashSet::new()),
             wake: Notify::new(),
             moved: Arc::default(),
+            notifier,
         })
     }
 
     pub fn store(&self) -> &Arc<Store> {
         &self.store
+    }
+
+    /// How jobs reach their servers (the endpoints are the links of the path history).
+    pub fn runner(&self) -> &Runner {
+        &self.runner
     }
 
     /// Bytes moved by all jobs since the service started.
@@ -95,6 +140,40 @@ impl Scheduler {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<i64, Running>> {
         self.running.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn probing(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
+        self.probing.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Reserves `link` for a probe, or `None` while a job runs on it (or another probe does):
+    /// a probe must not measure a path a transfer is using, nor slow that transfer. While the
+    /// claim is held no job starts on the link.
+    pub fn claim_link(self: &Arc<Self>, link: &str) -> Option<LinkClaim> {
+        let running = self.lock();
+        if running.values().any(|r| r.server == link) {
+            return None;
+        }
+        if !self.probing().insert(link.to_owned()) {
+            return None;
+        }
+        Some(LinkClaim {
+            scheduler: self.clone(),
+            link: link.to_owned(),
+        })
+    }
+
+    /// Job `id` has ended (done, failed, cancelled): the notifications go out, in the
+    /// background.
+    pub fn ended(&self, id: i64) {
+        let Some(n) = &self.notifier else {
+            return;
+        };
+        match self.store.get(id) {
+            Ok(Some(job)) => n.job_ended(job),
+            Ok(None) => {}
+            Err(e) => tracing::warn!("job {id}: reading it to notify its end: {e}"),
+        }
     }
 
     /// Looks at the queue now (a job was submitted).
@@ -139,8 +218,12 @@ impl Scheduler {
         let now = now_ms();
         for job in self.store.runnable(now, PASS)? {
             if job.deadline.is_some_and(|d| d.saturating_mul(1000) < now) {
-                self.store
-                    .expire(job.id, "its deadline passed before it could start")?;
+                if self
+                    .store
+                    .expire(job.id, "its deadline passed before it could start")?
+                {
+                    self.ended(job.id);
+                }
                 continue;
             }
             let mut running = self.lock();
@@ -149,6 +232,9 @@ impl Scheduler {
             }
             let on_server = running.values().filter(|r| r.server == job.server).count();
             if on_server >= self.limits.per_server || running.contains_key(&job.id) {
+                continue;
+            }
+            if self.probing().contains(&job.server) {
                 continue;
             }
             if !self.store.start(job.id)? {
@@ -170,6 +256,8 @@ impl Scheduler {
         tokio::pin!(attempt);
         let mut tick = tokio::time::interval(self.limits.progress_every);
         let (mut last, mut at) = (0u64, Instant::now());
+        let started = Instant::now();
+        let mut sampled = (0u64, started);
         let result = loop {
             tokio::select! {
                 r = &mut attempt => break r,
@@ -181,15 +269,71 @@ impl Scheduler {
                     if let Err(e) = self.store.progress(job.id, &p) {
                         tracing::warn!("job {}: recording progress: {e}", job.id);
                     }
+                    if sampled.1.elapsed() >= SAMPLE_EVERY {
+                        sampled = self.sample(job.id, p.bytes_done, sampled);
+                    }
                 }
             }
         };
-        let _ = self.store.progress(job.id, &reporter.snapshot());
+        let end = reporter.snapshot();
+        let _ = self.store.progress(job.id, &end);
+        self.sample(job.id, end.bytes_done, sampled);
+        let done = matches!(&result, Ok(errors) if errors.is_empty());
         if let Err(e) = self.record(&job, result) {
             tracing::warn!("job {}: recording its end: {e}", job.id);
         }
+        if done {
+            self.add_transfer(&job, end.bytes_done, started.elapsed());
+        }
         self.lock().remove(&job.id);
         self.wake();
+    }
+
+    /// Records a rate sample of job `id` at `bytes` (the rate since `prev`, the last sample's
+    /// bytes and time) and returns it as the new last.
+    fn sample(&self, id: i64, bytes: u64, prev: (u64, Instant)) -> (u64, Instant) {
+        let now = Instant::now();
+        let dt = now.duration_since(prev.1).as_secs_f64().max(1e-3);
+        let s = RateSample {
+            t_ms: now_ms(),
+            bytes_done: bytes,
+            rate: bytes.saturating_sub(prev.0) as f64 / dt,
+        };
+        if let Err(e) = self.store.add_rate(id, &s) {
+            tracing::warn!("job {id}: recording a rate sample: {e}");
+        }
+        (bytes, now)
+    }
+
+    /// A done job's achieved rate, into its link's history. A copy between two servers is left
+    /// out (its bytes never crossed the service's link), as is a job that moved nothing (a
+    /// sync with nothing to do has no rate to speak of).
+    fn add_transfer(&self, job: &Job, bytes: u64, took: Duration) {
+        if job.kind == Kind::Cp || bytes == 0 {
+            return;
+        }
+        // Cancelled in its last moment: the store did not mark it done.
+        if !self
+            .store
+            .get(job.id)
+            .is_ok_and(|j| j.is_some_and(|j| j.state == State::Done))
+        {
+            return;
+        }
+        let s = LinkSample {
+            t_ms: now_ms(),
+            rate: bytes as f64 / took.as_secs_f64().max(1e-3),
+            rtt_ms: None,
+            loss: None,
+            source: Source::Transfer,
+            job: Some(job.id),
+        };
+        if let Err(e) = self.store.add_link_sample(&job.server, &s) {
+            tracing::warn!(
+                "job {}: recording its rate in the link history: {e}",
+                job.id
+            );
+        }
     }
 
     fn record(
@@ -199,22 +343,23 @@ impl Scheduler {
     ) -> Result<(), crate::ServiceError> {
         // `job.attempts` is the count before this attempt started.
         let attempts = job.attempts + 1;
-        match result {
-            Ok(errors) if errors.is_empty() => {
-                self.store.finish(job.id, State::Done, None)?;
-            }
+        let ended = match result {
+            Ok(errors) if errors.is_empty() => self.store.finish(job.id, State::Done, None)?,
             Ok(errors) => {
                 let why = format!("{} file(s) failed: {}", errors.len(), errors.join("; "));
-                self.store.finish(job.id, State::Failed, Some(&why))?;
+                self.store.finish(job.id, State::Failed, Some(&why))?
             }
             Err(f) if f.retryable && attempts < self.limits.max_attempts => {
                 let wait = self.backoff(attempts);
                 let at = now_ms().saturating_add(wait.as_millis() as i64);
                 self.store.retry_later(job.id, &f.message, at)?;
+                false
             }
-            Err(f) => {
-                self.store.finish(job.id, State::Failed, Some(&f.message))?;
-            }
+            Err(f) => self.store.finish(job.id, State::Failed, Some(&f.message))?,
+        };
+        // Not ended here when cancelled meanwhile: the cancel told of it.
+        if ended {
+            self.ended(job.id);
         }
         Ok(())
     }

@@ -12,6 +12,8 @@ use ferry_net::Fingerprint;
 use crate::api::{self, App};
 use crate::endpoints::{Endpoints, ENDPOINTS_FILE, KNOWN_HOSTS_FILE};
 use crate::error::ServiceError;
+use crate::notify::{Notifications, Notifier};
+use crate::prober::ProbeSchedule;
 use crate::runner::Runner;
 use crate::scheduler::{Limits, Scheduler};
 use crate::store::Store;
@@ -39,6 +41,10 @@ pub struct ServiceConfig {
     pub block_size: u32,
     /// Test hook, see [`Runner::pace`].
     pub pace: Option<Duration>,
+    /// Measure the links on this schedule; `None`: no probes (transfers still add samples).
+    pub probe: Option<ProbeSchedule>,
+    /// What runs when a job ends.
+    pub notify: Notifications,
 }
 
 impl ServiceConfig {
@@ -53,6 +59,8 @@ impl ServiceConfig {
             limits: Limits::default(),
             block_size: 8 << 20,
             pace: None,
+            probe: None,
+            notify: Notifications::default(),
         }
     }
 }
@@ -64,6 +72,7 @@ pub struct Service {
     fingerprint: Fingerprint,
     scheduler: Arc<Scheduler>,
     app: Arc<App>,
+    probe: Option<ProbeSchedule>,
 }
 
 impl Service {
@@ -95,7 +104,9 @@ impl Service {
             block_size: cfg.block_size,
             pace: cfg.pace,
         };
-        let scheduler = Scheduler::new(store, runner, cfg.limits.clone());
+        let notifier = Arc::new(Notifier::new(cfg.notify.clone())?);
+        let notifier = notifier.enabled().then_some(notifier);
+        let scheduler = Scheduler::with_notifier(store, runner, cfg.limits.clone(), notifier);
         let tokens = cfg
             .tokens
             .clone()
@@ -104,6 +115,7 @@ impl Service {
             scheduler: scheduler.clone(),
             access: Access::file(tokens),
             admins: cfg.admins.clone(),
+            slow_fraction: crate::history::SLOW_FRACTION,
         });
         let listener = tokio::net::TcpListener::bind(cfg.listen)
             .await
@@ -114,6 +126,7 @@ impl Service {
             fingerprint,
             scheduler,
             app,
+            probe: cfg.probe.clone(),
         })
     }
 
@@ -139,12 +152,28 @@ impl Service {
     /// stopped and queued again for the next start.
     pub async fn run(self, shutdown: impl std::future::Future<Output = ()>) {
         let (tx, rx) = tokio::sync::watch::channel(false);
-        let sched = tokio::spawn(self.scheduler.clone().run(async move {
-            let mut rx = rx;
+        let stopped = move |mut rx: tokio::sync::watch::Receiver<bool>| async move {
             let _ = rx.wait_for(|s| *s).await;
-        }));
-        crate::http::serve(self.listener, self.tls, api::router(self.app), shutdown).await;
+        };
+        let sched = tokio::spawn(self.scheduler.clone().run(stopped(rx.clone())));
+        let probes = self.probe.map(|p| {
+            tokio::spawn(crate::prober::run(
+                self.scheduler.clone(),
+                p,
+                stopped(rx.clone()),
+            ))
+        });
+        crate::http::serve(
+            self.listener,
+            Some(self.tls),
+            api::router(self.app),
+            shutdown,
+        )
+        .await;
         let _ = tx.send(true);
         let _ = sched.await;
+        if let Some(p) = probes {
+            let _ = p.await;
+        }
     }
 }

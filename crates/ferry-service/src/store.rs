@@ -9,10 +9,11 @@ use std::sync::{Mutex, MutexGuard};
 use rusqlite::{params, Connection, OptionalExtension, Row};
 
 use crate::error::ServiceError;
+use crate::history::{LinkSample, RateSample, Source, MAX_JOB_SAMPLES, MAX_LINK_SAMPLES};
 use crate::job::{now_ms, Job, Kind, NewJob, Progress, State, SyncMode};
 
 /// Each migration's version and statements; a released version is never edited, only followed.
-const MIGRATIONS: &[(i64, &str)] = &[(1, V1)];
+const MIGRATIONS: &[(i64, &str)] = &[(1, V1), (2, V2)];
 
 const V1: &str = "
 CREATE TABLE jobs (
@@ -50,9 +51,36 @@ CREATE TABLE job_sources (
 );
 ";
 
+/// Path history and job rate samples (issue 40). A transfer sample's job is kept as a plain
+/// number, not a reference: a link's history outlives what it measured.
+const V2: &str = "
+CREATE TABLE job_rates (
+    job        BIGINT NOT NULL REFERENCES jobs (id) ON DELETE CASCADE,
+    t_ms       BIGINT NOT NULL,
+    bytes_done BIGINT NOT NULL,
+    rate       DOUBLE PRECISION NOT NULL,
+    PRIMARY KEY (job, t_ms)
+);
+
+CREATE TABLE link_samples (
+    id     BIGINT PRIMARY KEY,
+    link   TEXT NOT NULL,
+    t_ms   BIGINT NOT NULL,
+    rate   DOUBLE PRECISION NOT NULL,
+    rtt_ms DOUBLE PRECISION,
+    loss   DOUBLE PRECISION,
+    source TEXT NOT NULL CHECK (source IN ('probe', 'transfer')),
+    job    BIGINT
+);
+CREATE INDEX link_samples_link ON link_samples (link, id);
+";
+
 const JOB_COLUMNS: &str = "id, kind, dest, sync_mode, priority, deadline, label, owner, server, \
     state, attempts, files_done, files_total, bytes_done, bytes_total, rate, last_error, \
     created_ms, started_ms, finished_ms, not_before_ms";
+
+/// How many link samples are added between two prunings of the links' oldest.
+pub const PRUNE_EVERY: i64 = 64;
 
 /// The most jobs one listing returns.
 pub const MAX_LIST: usize = 1000;
@@ -63,6 +91,8 @@ pub const INTERRUPTED: &str = "interrupted: the service stopped while the job ra
 /// The job store, opened and migrated to the newest schema.
 pub struct Store {
     conn: Mutex<Connection>,
+    /// Samples kept per link ([`MAX_LINK_SAMPLES`]; smaller in unit tests).
+    link_bound: usize,
 }
 
 impl std::fmt::Debug for Store {
@@ -92,6 +122,7 @@ impl Store {
         )?;
         Ok(Self {
             conn: Mutex::new(conn),
+            link_bound: MAX_LINK_SAMPLES,
         })
     }
 
@@ -304,6 +335,138 @@ impl Store {
             .into_iter()
             .map(|s| (s, found.iter().find(|f| f.0 == s).map_or(0, |f| f.1)))
             .collect())
+    }
+}
+
+impl Store {
+    /// Adds a rate sample to job `id`; above [`MAX_JOB_SAMPLES`] every other one is dropped
+    /// (the newest kept), so the older part of a long job thins out as it goes on.
+    pub fn add_rate(&self, id: i64, s: &RateSample) -> Result<(), ServiceError> {
+        let mut conn = self.lock();
+        let tx = conn.transaction()?;
+        tx.prepare_cached(
+            "INSERT INTO job_rates (job, t_ms, bytes_done, rate) VALUES (?1, ?2, ?3, ?4) \
+             ON CONFLICT DO NOTHING",
+        )?
+        .execute(params![id, s.t_ms, s.bytes_done as i64, s.rate])?;
+        let n: i64 = tx
+            .prepare_cached("SELECT COUNT(*) FROM job_rates WHERE job = ?1")?
+            .query_row(params![id], |r| r.get(0))?;
+        if n as usize > MAX_JOB_SAMPLES {
+            let times: Vec<i64> = {
+                let mut st =
+                    tx.prepare_cached("SELECT t_ms FROM job_rates WHERE job = ?1 ORDER BY t_ms")?;
+                let rows = st.query_map(params![id], |r| r.get(0))?;
+                rows.collect::<Result<_, _>>()?
+            };
+            let mut del =
+                tx.prepare_cached("DELETE FROM job_rates WHERE job = ?1 AND t_ms = ?2")?;
+            // From the second oldest, every other one; the newest always stays.
+            for t in times[..times.len() - 1].iter().skip(1).step_by(2) {
+                del.execute(params![id, t])?;
+            }
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// Job `id`'s rate samples, oldest first.
+    pub fn rates(&self, id: i64) -> Result<Vec<RateSample>, ServiceError> {
+        let conn = self.lock();
+        let mut st = conn.prepare_cached(
+            "SELECT t_ms, bytes_done, rate FROM job_rates WHERE job = ?1 ORDER BY t_ms",
+        )?;
+        let rows = st.query_map(params![id], |r| {
+            Ok(RateSample {
+                t_ms: r.get(0)?,
+                bytes_done: r.get::<_, i64>(1)?.max(0) as u64,
+                rate: r.get(2)?,
+            })
+        })?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    /// Adds a sample to `link`'s history; the oldest beyond [`MAX_LINK_SAMPLES`] go (checked
+    /// every [`PRUNE_EVERY`] samples).
+    pub fn add_link_sample(&self, link: &str, s: &LinkSample) -> Result<(), ServiceError> {
+        let mut conn = self.lock();
+        let tx = conn.transaction()?;
+        let id: i64 = tx.query_row(
+            "SELECT COALESCE(MAX(id), 0) + 1 FROM link_samples",
+            [],
+            |r| r.get(0),
+        )?;
+        tx.prepare_cached(
+            "INSERT INTO link_samples (id, link, t_ms, rate, rtt_ms, loss, source, job) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+        )?
+        .execute(params![
+            id,
+            link,
+            s.t_ms,
+            s.rate,
+            s.rtt_ms,
+            s.loss,
+            s.source.as_str(),
+            s.job
+        ])?;
+        // Finding a link's cut-off walks its bound of index entries, so it is done every
+        // PRUNE_EVERY samples, for every link: a link holds at most that many more.
+        if id % PRUNE_EVERY == 0 {
+            let links: Vec<String> = {
+                let mut st = tx.prepare_cached("SELECT DISTINCT link FROM link_samples")?;
+                let rows = st.query_map([], |r| r.get(0))?;
+                rows.collect::<Result<_, _>>()?
+            };
+            // The link's own oldest beyond the bound (none while it has fewer: NULL compares
+            // false).
+            let mut del = tx.prepare_cached(
+                "DELETE FROM link_samples WHERE link = ?1 AND id <= (SELECT id FROM \
+                 link_samples WHERE link = ?1 ORDER BY id DESC LIMIT 1 OFFSET ?2)",
+            )?;
+            for l in &links {
+                del.execute(params![l, self.link_bound as i64])?;
+            }
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// `link`'s newest samples taken at or after `since_ms`, at most `limit`, oldest first.
+    pub fn link_samples(
+        &self,
+        link: &str,
+        since_ms: i64,
+        limit: usize,
+    ) -> Result<Vec<LinkSample>, ServiceError> {
+        let conn = self.lock();
+        let mut st = conn.prepare_cached(
+            "SELECT t_ms, rate, rtt_ms, loss, source, job FROM link_samples \
+             WHERE link = ?1 AND t_ms >= ?2 ORDER BY id DESC LIMIT ?3",
+        )?;
+        let rows = st.query_map(params![link, since_ms, limit as i64], |r| {
+            let source: String = r.get(4)?;
+            Ok((
+                LinkSample {
+                    t_ms: r.get(0)?,
+                    rate: r.get(1)?,
+                    rtt_ms: r.get(2)?,
+                    loss: r.get(3)?,
+                    source: Source::Probe,
+                    job: r.get(5)?,
+                },
+                source,
+            ))
+        })?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (mut s, source) = row?;
+            s.source = Source::parse(&source)
+                .ok_or_else(|| ServiceError::Invalid(format!("stored sample source {source:?}")))?;
+            out.push(s);
+        }
+        out.reverse();
+        Ok(out)
     }
 }
 

@@ -1,8 +1,9 @@
 //! The dashboard in a real browser: headless Chromium, pinned to the service's key, is given a
 //! token through the page's form (a wrong one first), submits a put of a small tree through
 //! the job form, and the test watches that job's progress bar in the page reach 100 % and
-//! reads the plots' data from the DOM; a second job is cancelled with its row's button. With
-//! FERRY_SCREENSHOT=PATH it saves the page, the first job done, as a PNG.
+//! reads the plots' data from the DOM (the job's rate samples, its link's transfer sample); a
+//! second job is cancelled with its row's button. With FERRY_SCREENSHOT=PATH it saves the
+//! page, the first job done, as a PNG.
 
 use std::time::Duration;
 
@@ -24,7 +25,7 @@ fn make_batch(dir: &std::path::Path) -> std::path::PathBuf {
 }
 
 /// Markup in a label is shown as text, never made into elements.
-const LABEL: &str = "from the <b>browser</b>";
+const LABEL: &str = "nightly <run42>";
 
 /// A JavaScript string literal of `s`.
 fn js(s: &str) -> String {
@@ -55,6 +56,7 @@ async fn the_dashboard_in_chromium_submits_a_put_and_shows_it_reach_100_percent(
         pin: chromium::spki_pin(&der),
         token: svc.tokens["alice"].clone(),
         dest: format!("{}:/", server.addr),
+        link: server.addr.to_string(),
     };
     let seen = tokio::task::spawn_blocking(move || page.drive())
         .await
@@ -73,6 +75,22 @@ async fn the_dashboard_in_chromium_submits_a_put_and_shows_it_reach_100_percent(
         "the bar is seen partway and only grows, to 100: {:?}",
         seen.percents
     );
+    // The plots hold what the API says: the job's bytes up to its total, and the link's
+    // transfer sample is this job's, at a rate above zero.
+    let rates = seen.rates.as_array().unwrap();
+    let last = rates.last().unwrap();
+    assert!(
+        last["bytes_done"].as_u64() <= Some(job.bytes_total),
+        "{last}"
+    );
+    assert!(
+        rates.iter().all(|s| s["rate"].as_f64() >= Some(0.0)),
+        "{rates:?}"
+    );
+    let samples = seen.history.as_array().unwrap();
+    let t = samples.iter().find(|s| s["job"] == seen.job).unwrap();
+    assert_eq!(t["source"], "transfer");
+    assert!(t["rate"].as_f64() > Some(0.0), "{t}");
     svc.stop().await;
     server.stop().await;
 }
@@ -82,6 +100,8 @@ struct Page {
     pin: String,
     token: String,
     dest: String,
+    /// The server's name as a link.
+    link: String,
 }
 
 /// What the page showed.
@@ -89,6 +109,9 @@ struct Seen {
     job: i64,
     /// The job's progress bar, each time the test looked, until it read done.
     percents: Vec<u64>,
+    /// The rate plot's samples and the link plot's.
+    rates: Value,
+    history: Value,
     /// A second job, cancelled with its row's button while it ran.
     cancelled: i64,
 }
@@ -139,7 +162,7 @@ impl Page {
         assert_eq!(kept[2], 0, "nothing in localStorage");
         let job = self.submit(&mut b, &tab, "/batch", LABEL);
         let percents = watch(&mut b, &tab, job);
-        read_plots(&mut b, &tab);
+        let (rates, history) = read_plots(&mut b, &tab, job, &self.link);
         if let Some(path) = std::env::var_os("FERRY_SCREENSHOT") {
             std::fs::write(&path, b.screenshot(&tab)).unwrap();
         }
@@ -148,6 +171,8 @@ impl Page {
         Seen {
             job,
             percents,
+            rates,
+            history,
             cancelled,
         }
     }
@@ -223,7 +248,7 @@ fn cancel(b: &mut Browser, tab: &str, id: i64) {
 fn watch(b: &mut Browser, tab: &str, id: i64) -> Vec<u64> {
     let row = format!(
         "(r => r && [r.dataset.state, Number(r.dataset.percent), r.innerText, \
-         r.cells[1].textContent, r.querySelectorAll('b').length])\
+         r.cells[1].textContent, r.querySelectorAll('run42').length])\
          (document.querySelector('tr[data-job=\"{id}\"]'))"
     );
     let t0 = std::time::Instant::now();
@@ -251,21 +276,35 @@ fn watch(b: &mut Browser, tab: &str, id: i64) -> Vec<u64> {
     }
 }
 
-/// The plots' data as the page keeps it in `data-points`: until the history endpoints exist
-/// (they answer 404 here), both plots say so rather than fail.
-fn read_plots(b: &mut Browser, tab: &str) {
-    let v = b.wait_for(
+/// The plots' data as the page keeps it in `data-points`: the job's rate samples (at least
+/// one), and its link's history with the finished job's `transfer` sample, drawn as a dot.
+fn read_plots(b: &mut Browser, tab: &str, job: i64, link: &str) -> (Value, Value) {
+    let within = Duration::from_secs(15);
+    let rates = b.wait_for(
         tab,
-        "(p => p.dataset.points === '[]' && p.innerText.includes('no history yet') && p.dataset.points)\
-         (document.getElementById('rate-plot'))",
-        Duration::from_secs(10),
+        "(p => p.length > 0 && p)(JSON.parse(document.getElementById('rate-plot').dataset.points))",
+        within,
     );
-    assert_eq!(v, "[]");
-    b.wait_for(
+    let history = b.wait_for(
         tab,
-        "document.getElementById('links').innerText.includes('no history yet')",
-        Duration::from_secs(10),
+        &format!(
+            "(d => d && (p => p.some(s => s.source === 'transfer' && s.job === {job}) && p)\
+             (JSON.parse(d.querySelector('.plot').dataset.points)))\
+             (document.querySelector('#links .link[data-link=' + JSON.stringify({}) + ']'))",
+            js(link)
+        ),
+        within,
     );
+    let drawn = b.eval(
+        tab,
+        "[document.querySelectorAll('#rate-plot svg polyline, #rate-plot svg circle').length, \
+          document.querySelectorAll('#links svg circle.transfer').length]",
+    );
+    assert!(
+        drawn[0].as_u64() >= Some(1) && drawn[1].as_u64() >= Some(1),
+        "drawn: {drawn}"
+    );
+    (rates, history)
 }
 
 /// Without a browser: the page and its two files come without a token, the page names only

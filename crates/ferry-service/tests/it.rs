@@ -4,5 +4,8 @@
 mod api;
 mod browser;
 mod crash;
+mod history;
+mod notify;
+mod probes;
 mod scheduler;
 mod util;

@@ -1,5 +1,5 @@
-//! The service's client commands: `ferry submit`, `jobs`, `job ID` and `cancel ID`, each a
-//! request to the service's HTTP API, printed for people or (`--json`) as the API's JSON.
+//! The service's client commands: `ferry submit`, `jobs`, `job ID`, `cancel ID` and `links`,
+//! each a request to the service's HTTP API, printed for people or (`--json`) as the API's JSON.
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -13,7 +13,9 @@ use ferry_units::units::format_bytes_2dp as human_bytes;
 
 use crate::error::usage;
 use crate::output::clean;
-use crate::service_args::{JobArgs, JobsArgs, ServiceClientArgs, SubmitArgs, DEFAULT_SERVICE_PORT};
+use crate::service_args::{
+    JobArgs, JobsArgs, LinksArgs, ServiceClientArgs, SubmitArgs, DEFAULT_SERVICE_PORT,
+};
 
 /// How long one request to the service may take.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
@@ -186,6 +188,38 @@ pub async fn cancel(a: JobArgs, quiet: bool) -> Result<ExitCode> {
         println!("{}", serde_json::to_string_pretty(&j)?);
     } else if !quiet {
         println!("job {} cancelled", j.id);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub async fn links(a: LinksArgs) -> Result<ExitCode> {
+    let c = client(&a.client)?;
+    let links = c.links().await.map_err(failed)?;
+    if a.client.output.json {
+        println!("{}", serde_json::to_string_pretty(&links)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!(
+        "{:<24}  {:>12}  {:>12}  {:>8}  {:<8}  STATE",
+        "LINK", "LAST", "MEDIAN", "RTT", "SOURCE"
+    );
+    let rate =
+        |r: Option<f64>| r.map_or("-".to_owned(), |r| format!("{}/s", human_bytes(r as u64)));
+    for l in &links.links {
+        let last = l.last.as_ref();
+        println!(
+            "{:<24}  {:>12}  {:>12}  {:>8}  {:<8}  {}",
+            clean(&l.name),
+            rate(last.map(|s| s.rate)),
+            rate(l.median_rate),
+            last.and_then(|s| s.rtt_ms)
+                .map_or("-".to_owned(), |ms| format!("{ms:.2} ms")),
+            last.map_or("-", |s| s.source.as_str()),
+            match &l.reason {
+                Some(why) => format!("SLOW: {}", clean(why)),
+                None => "ok".to_owned(),
+            }
+        );
     }
     Ok(ExitCode::SUCCESS)
 }

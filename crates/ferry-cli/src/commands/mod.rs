@@ -1,5 +1,6 @@
 //! One module per subcommand; `run` picks it. What put and get share is in `transfer`; `cp` reuses its configuration and output.
 
+mod catalog;
 mod cp;
 mod demo;
 mod generate;
@@ -29,6 +30,12 @@ pub async fn run(cli: Cli) -> Result<ExitCode> {
         Command::Sync(a) => sync::run(*a, quiet).await,
         Command::Cp(a) => cp::run(*a, quiet).await,
         Command::Ls(a) => ls::run(a, quiet).await,
+        Command::Stat(a) => catalog::stat(a, quiet).await,
+        Command::Rm(a) => catalog::rm(a, quiet).await,
+        Command::Mv(a) => catalog::mv(a, quiet).await,
+        Command::Mkdir(a) => catalog::mkdir(a, quiet).await,
+        Command::Meta(c) => catalog::meta(c, quiet).await,
+        Command::Find(a) => catalog::find(a, quiet).await,
         Command::Demo(a) => demo::run(a, quiet).await,
         Command::Probe(c) => probe::run(c, quiet).await,
         Command::Token(c) => token::run(c, quiet),
@@ -38,5 +45,6 @@ pub async fn run(cli: Cli) -> Result<ExitCode> {
         Command::Jobs(a) => jobs::jobs(a).await,
         Command::Job(a) => jobs::job(a).await,
         Command::Cancel(a) => jobs::cancel(a, quiet).await,
+        Command::Links(a) => jobs::links(a).await,
     }
 }

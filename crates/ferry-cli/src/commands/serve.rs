@@ -67,6 +67,11 @@ pub async fn run(args: ServeArgs, quiet: bool) -> Result<ExitCode> {
     let server = Server::bind_all(&addrs, config)
         .await
         .with_context(|| format!("cannot listen on {}", listen.join(", ")))?;
+    // Before the "serving" line, so that a reader of the log finds its address first.
+    let metrics = match &args.metrics_listen {
+        Some(addr) => Some(serve_metrics(addr, &server, quiet).await?),
+        None => None,
+    };
     let local = server.local_addrs()?;
     if !quiet {
         let on: Vec<String> = local.iter().map(ToString::to_string).collect();
@@ -93,10 +98,38 @@ pub async fn run(args: ServeArgs, quiet: bool) -> Result<ExitCode> {
         );
     }
     server.run(shutdown_signal()).await;
+    if let Some(m) = metrics {
+        m.abort();
+    }
     if !quiet {
         eprintln!("ferry: stopped");
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Starts `--metrics-listen`'s plain HTTP listener; it ends when the server does.
+async fn serve_metrics(
+    addr: &str,
+    server: &Server,
+    quiet: bool,
+) -> Result<tokio::task::JoinHandle<()>> {
+    let at = lookup(addr).await?;
+    let listener = tokio::net::TcpListener::bind(at)
+        .await
+        .with_context(|| format!("--metrics-listen {addr}: cannot listen"))?;
+    if !quiet {
+        eprintln!(
+            "ferry: metrics at http://{}/metrics",
+            listener.local_addr()?
+        );
+    }
+    let view = server.metrics();
+    let render = move || view.render();
+    Ok(tokio::spawn(ferry_service::http::serve_metrics(
+        listener,
+        render,
+        std::future::pending(),
+    )))
 }
 
 /// Who may log in: the one token of `--token-file`, or the named tokens of the token file

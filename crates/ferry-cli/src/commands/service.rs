@@ -3,7 +3,10 @@
 use std::process::ExitCode;
 
 use anyhow::{Context, Result};
+use ferry_service::notify::Notifications;
+use ferry_service::prober::ProbeSchedule;
 use ferry_service::{Limits, Service, ServiceConfig};
+use ferry_units::units::parse_duration;
 
 use crate::error::usage;
 use crate::service_args::ServiceArgs;
@@ -23,6 +26,20 @@ pub async fn run(args: ServiceArgs, quiet: bool) -> Result<ExitCode> {
         total: usize::from(args.max_jobs),
         max_attempts: args.max_attempts,
         ..Limits::default()
+    };
+    cfg.probe = probe_schedule(args.probe_every.as_deref(), &args.probe_duration)?;
+    cfg.notify = Notifications {
+        command: args.on_end_command.map(|p| {
+            let mut argv = vec![p];
+            argv.extend(args.on_end_args);
+            argv
+        }),
+        command_limit: parse_duration(&args.on_end_timeout)
+            .context("--on-end-timeout")
+            .map_err(usage)?,
+        webhook: args.on_end_webhook,
+        webhook_ca: args.on_end_webhook_ca,
+        ..Notifications::default()
     };
     let tokens = cfg
         .tokens
@@ -50,4 +67,55 @@ pub async fn run(args: ServiceArgs, quiet: bool) -> Result<ExitCode> {
         eprintln!("ferry: service stopped");
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `--probe-every` and `--probe-duration`: no schedule without the first.
+fn probe_schedule(every: Option<&str>, duration: &str) -> Result<Option<ProbeSchedule>> {
+    let Some(every) = every else {
+        return Ok(None);
+    };
+    let every = parse_duration(every)
+        .context("--probe-every")
+        .map_err(usage)?;
+    let duration = parse_duration(duration)
+        .context("--probe-duration")
+        .map_err(usage)?;
+    let (lo, hi) = (
+        ferry_net::speedtest::MIN_PROBE_DURATION,
+        ferry_net::speedtest::MAX_PROBE_DURATION,
+    );
+    if !(lo..=hi).contains(&duration) {
+        return Err(usage(anyhow::anyhow!(
+            "--probe-duration: a probe runs {} ms to {} s",
+            lo.as_millis(),
+            hi.as_secs()
+        )));
+    }
+    if every < duration {
+        return Err(usage(anyhow::anyhow!(
+            "--probe-every must be at least --probe-duration"
+        )));
+    }
+    Ok(Some(ProbeSchedule { every, duration }))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[test]
+    fn a_probe_schedule_needs_an_interval_and_a_duration_a_probe_can_run() {
+        assert!(probe_schedule(None, "2s").unwrap().is_none());
+        let s = probe_schedule(Some("30m"), "2s").unwrap().unwrap();
+        assert_eq!(
+            (s.every, s.duration),
+            (Duration::from_secs(1800), Duration::from_secs(2))
+        );
+        assert!(probe_schedule(Some("soon"), "2s").is_err());
+        let e = probe_schedule(Some("30m"), "1h").unwrap_err();
+        assert!(format!("{e:#}").contains("100 ms to 30 s"), "{e:#}");
+        assert!(probe_schedule(Some("1s"), "5s").is_err());
+    }
 }

@@ -170,7 +170,11 @@ impl Receiver {
                     && m.mtime_ns == meta.mtime_ns =>
             {
                 // Probably the same file (a re-run): prove it by digest before skipping it.
-                match self.digest_existing(&dir, name) {
+                let known = self
+                    .known_digests
+                    .get()
+                    .and_then(|k| k.known(&rel, m.size, m.mtime_ns, self.config.checksum));
+                match known.map_or_else(|| self.digest_existing(&dir, name), Ok) {
                     Ok(digest) => {
                         return (
                             Slot::Present,

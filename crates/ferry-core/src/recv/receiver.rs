@@ -11,7 +11,7 @@ use ferry_proto::{CompleteSummary, FileId, FileMeta, Frame};
 use super::commit::CommitHook;
 use super::config::{check_writable, Destination, ReceiverConfig, RecvError, MAX_KEPT_ERRORS};
 use super::state::{lock, remove_temp, Counters, FileEntry, FinalizeJob, Slot};
-use crate::digest::hex;
+use crate::digest::{hex, KnownDigests};
 use crate::error::FsError;
 use crate::filter::Filter;
 use crate::path::split_parent;
@@ -53,6 +53,8 @@ pub struct Receiver {
     pub(super) filter: OnceLock<Filter>,
     /// Told of every batch of files renamed into place (a server's catalog).
     pub(super) commit_hook: OnceLock<Arc<dyn CommitHook>>,
+    /// Digests of files already here, known without reading them (a server's catalog).
+    pub(super) known_digests: OnceLock<Arc<dyn KnownDigests>>,
 }
 
 impl Receiver {
@@ -100,6 +102,7 @@ impl Receiver {
             done_rx,
             filter: OnceLock::new(),
             commit_hook: OnceLock::new(),
+            known_digests: OnceLock::new(),
         });
         // The finalizer holds only a weak reference so that dropping the receiver ends it.
         let weak = Arc::downgrade(&this);
@@ -122,6 +125,12 @@ impl Receiver {
     /// each batch is renamed into place and after. Only the first hook set counts.
     pub fn set_commit_hook(&self, hook: Arc<dyn CommitHook>) {
         let _ = self.commit_hook.set(hook);
+    }
+
+    /// Takes the digest of a file already here from `known` when it has one for the file's
+    /// size and mtime, instead of reading the file (set it before the first frame).
+    pub fn set_known_digests(&self, known: Arc<dyn KnownDigests>) {
+        let _ = self.known_digests.set(known);
     }
 
     /// Whether the filter leaves out the entry at wire path `path` (or a directory above it).

@@ -134,7 +134,7 @@ pub(super) fn answer(
         Decision::Fail { .. } => true,
         Decision::Complete { digest } => {
             let key = (meta.path.clone(), meta.size, meta.mtime_ns);
-            let cached = shared.cache().get(&key).cloned();
+            let cached = shared.config.digest_cache.get(&key, shared.config.checksum);
             let ours = match cached {
                 Some(d) => d,
                 None => match digest_file(shared, record) {

@@ -11,6 +11,7 @@ use ferry_proto::{ChecksumAlgo, Decision, ErrorCode, FileId, FileMeta, Frame};
 
 use super::cut::cut;
 use super::segments::Segments;
+use crate::digest::KnownDigests;
 use crate::filter::Filter;
 use crate::gate::Gate;
 use crate::report::Reporter;
@@ -46,8 +47,44 @@ pub struct SenderConfig {
     pub digest_cache: Arc<DigestCache>,
 }
 
-/// Whole-file digests by (path on the wire, size, mtime).
-pub type DigestCache = Mutex<HashMap<(String, u64, i64), Vec<u8>>>;
+/// Whole-file digests by (path on the wire, size, mtime): those this sender read, and those
+/// it knows without reading (a server's catalog).
+#[derive(Default)]
+pub struct DigestCache {
+    read: Mutex<HashMap<(String, u64, i64), Vec<u8>>>,
+    known: Option<Arc<dyn KnownDigests>>,
+}
+
+impl DigestCache {
+    /// A cache that also asks `known` before a file is read to prove it.
+    pub fn with_known(known: Arc<dyn KnownDigests>) -> Self {
+        Self {
+            read: Mutex::default(),
+            known: Some(known),
+        }
+    }
+
+    pub(super) fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(String, u64, i64), Vec<u8>>> {
+        self.read.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The digest of `key`'s file with `algo`: read before, or known.
+    pub(super) fn get(&self, key: &(String, u64, i64), algo: ChecksumAlgo) -> Option<Vec<u8>> {
+        if let Some(d) = self.lock().get(key) {
+            return Some(d.clone());
+        }
+        self.known.as_ref()?.known(&key.0, key.1, key.2, algo)
+    }
+}
+
+impl std::fmt::Debug for DigestCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DigestCache")
+            .field("read", &self.lock().len())
+            .field("known", &self.known.is_some())
+            .finish()
+    }
+}
 
 /// Totals known when the walk is over; the session sends them as the `Sent` frame.
 pub use ferry_session::send::Totals as WalkTotals;
@@ -171,10 +208,7 @@ impl SenderState {
     }
 
     pub(super) fn cache(&self) -> std::sync::MutexGuard<'_, HashMap<(String, u64, i64), Vec<u8>>> {
-        self.config
-            .digest_cache
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+        self.config.digest_cache.lock()
     }
 
     /// Blocks until the receiver has answered the offer of `id`; `None` once the session ends.

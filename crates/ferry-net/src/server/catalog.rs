@@ -6,9 +6,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use ferry_catalog::{Catalog, CatalogError, Commit, Reconciled};
-use ferry_core::digest::algo_name;
+use ferry_core::digest::{algo_name, KnownDigests};
 use ferry_core::path::join;
 use ferry_core::recv::{CommitHook, Stored};
+use ferry_proto::ChecksumAlgo;
 use tracing::warn;
 
 /// Registers the files of one put session: their paths are relative to the session's scope
@@ -64,6 +65,62 @@ impl CommitHook for CatalogHook {
         // The files are stored; their intents stay until the catalog's thread registers them.
         self.catalog.register_later(self.commits(files));
     }
+}
+
+/// A put's receiver proves a file already here by its registered digest, not by reading it:
+/// its wire paths are relative to the session's scope (`prefix`), as [`CatalogHook`]'s are.
+pub(super) struct ScopeDigests {
+    pub(super) catalog: Arc<Catalog>,
+    pub(super) prefix: String,
+}
+
+impl KnownDigests for ScopeDigests {
+    fn known(&self, path: &str, size: u64, mtime_ns: i64, algo: ChecksumAlgo) -> Option<Vec<u8>> {
+        lookup(
+            &self.catalog,
+            &join(&self.prefix, path),
+            size,
+            mtime_ns,
+            algo,
+        )
+    }
+}
+
+/// A get's sender, the same: its wire paths start with the source's `name` (none for a
+/// directory sent as its contents), which is `top` under the root.
+pub(super) struct SourceDigests {
+    pub(super) catalog: Arc<Catalog>,
+    pub(super) top: String,
+    pub(super) name: String,
+}
+
+impl KnownDigests for SourceDigests {
+    fn known(&self, path: &str, size: u64, mtime_ns: i64, algo: ChecksumAlgo) -> Option<Vec<u8>> {
+        let below = if self.name.is_empty() {
+            path
+        } else if path == self.name {
+            ""
+        } else {
+            path.strip_prefix(self.name.as_str())?.strip_prefix('/')?
+        };
+        lookup(&self.catalog, &join(&self.top, below), size, mtime_ns, algo)
+    }
+}
+
+/// A catalog that cannot answer is no reason to fail a comparison: the file is read instead.
+fn lookup(
+    catalog: &Catalog,
+    path: &str,
+    size: u64,
+    mtime_ns: i64,
+    algo: ChecksumAlgo,
+) -> Option<Vec<u8>> {
+    catalog
+        .known_digest(path, size, mtime_ns, algo_name(algo))
+        .unwrap_or_else(|e| {
+            warn!("catalog: looking up the digest of {path}: {e}");
+            None
+        })
 }
 
 /// Logs a queued registration that failed: its files stay stored, their intents are

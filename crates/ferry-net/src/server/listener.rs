@@ -110,6 +110,11 @@ impl Server {
         IdleProbe(self.shared.clone())
     }
 
+    /// The server's counters, readable while it runs (`ferry serve --metrics-listen`).
+    pub fn metrics(&self) -> super::MetricsView {
+        super::MetricsView(self.shared.clone())
+    }
+
     /// Counts the leftovers of interrupted transfers under the root and removes those older
     /// than `partial_max_age` (a blocking walk of the tree).
     pub fn scan_partials(&self) -> ferry_core::partials::PartialReport {
@@ -180,6 +185,7 @@ impl Server {
         // Per address first: a flood from one address is turned away before it takes a
         // slot that anyone else could have had.
         let Some(unproven) = self.shared.unproven.admit(peer.ip()) else {
+            self.shared.metrics.refused_busy();
             debug!(%peer, "refused: too many unauthenticated connections from this address");
             if let Ok(p) = refusals.clone().try_acquire_owned() {
                 let message = format!(
@@ -192,6 +198,7 @@ impl Server {
             return;
         };
         let Ok(permit) = self.shared.connections.clone().try_acquire_owned() else {
+            self.shared.metrics.refused_busy();
             if let Ok(p) = refusals.clone().try_acquire_owned() {
                 let message = "server is at its connection limit; try again".to_owned();
                 tasks.spawn(refuse_busy(stream, p, message));

@@ -9,16 +9,21 @@
 //! destination's side) and `copy` (the source's, which runs the client's put to the other
 //! server). A striped put's other hosts: `stripe` (blocks into the coordinator's partial
 //! copies, each reported `Landed`). `catalog` registers every file a put stores and
-//! reconciles a crash's leftovers.
+//! reconciles a crash's leftovers; `catalog_ops` serves a user's catalog requests (stat, rm,
+//! mv, mkdir, meta, find), their file-system half in `files`. `metrics`
+//! counts sessions, bytes and refusals for a scraper.
 
 pub mod access;
 mod admission;
 mod catalog;
+mod catalog_ops;
 mod config;
 mod copy;
+mod files;
 mod grants;
 mod listener;
 mod measure;
+mod metrics;
 mod registry;
 mod remove;
 mod request;
@@ -29,4 +34,5 @@ mod wire;
 
 pub use config::ServerConfig;
 pub use listener::Server;
+pub use metrics::MetricsView;
 pub use state::IdleProbe;

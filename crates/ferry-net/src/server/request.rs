@@ -1,12 +1,13 @@
-//! What a logged-in control connection asks for (list, put, get, remove or a network probe): checked
+//! What a logged-in control connection asks for (list, put, get, remove, a catalog operation
+//! or a network probe): checked
 //! against the token's scopes, bounded by the server's limits, and made ready to run.
 
 use std::sync::Arc;
 
 use ferry_core::recv::{Destination, Links, Receiver, ReceiverConfig, StripeWriter};
 use ferry_core::root::Kind;
-use ferry_core::send::{Sender, SenderConfig, Source};
-use ferry_core::{path, FsError, NoReporter, Root};
+use ferry_core::send::{DigestCache, Sender, SenderConfig, Source};
+use ferry_core::{path, FsError, Root};
 use ferry_proto::{
     Capabilities, ErrorCode, Frame, ListEntry, SessionId, TransferOpts, MAX_CONTROL_PAYLOAD,
     MAX_LIST_ENTRIES,
@@ -14,11 +15,11 @@ use ferry_proto::{
 use tokio::sync::OwnedSemaphorePermit as Permit;
 
 use super::access::{self, Grant};
-use super::catalog::CatalogHook;
+use super::catalog::{CatalogHook, ScopeDigests, SourceDigests};
 use super::registry::{announce, gather, Named, Unregister};
 use super::state::ServerState;
 use super::wire::welcome_with;
-use super::{copy, measure, remove};
+use super::{catalog_ops, copy, measure, remove};
 use crate::engine::{frame_queue, Joins, StreamPlan};
 use crate::error::SessionError;
 use crate::transport::conn::{expect_frame, send};
@@ -137,6 +138,15 @@ pub(super) async fn prepare<'a>(
                 bytes: 0,
             })
         }
+        Frame::CatalogRequest(request) => {
+            let what = request.name();
+            let files = catalog_ops::serve(shared, stream, grant, request).await?;
+            Ok(Work::Done {
+                what,
+                files,
+                bytes: 0,
+            })
+        }
         probe @ Frame::ProbeRequest { .. } => {
             measure::serve(shared, stream, grant, named, probe).await?;
             Ok(Work::done("probe"))
@@ -158,7 +168,7 @@ pub(super) async fn prepare<'a>(
             let src = request.src.clone();
             // Checked now, so that a path out of scope is refused before anything is dialled;
             // opened again for each attempt.
-            let first = source_of(shared, grant, &src)?;
+            let (first, _) = source_of(shared, grant, &src)?;
             let mut request = *request;
             request.opts = clamp(shared, request.opts);
             let (only, filter) = match request.only {
@@ -169,7 +179,7 @@ pub(super) async fn prepare<'a>(
                 copy::contents_of(first)?;
             }
             let sources = || {
-                let source = source_of(shared, grant, &src)?;
+                let (source, _) = source_of(shared, grant, &src)?;
                 let source = if only {
                     copy::contents_of(source)?
                 } else {
@@ -263,9 +273,13 @@ async fn prepare_put<'a>(
             Some(_) => Links::InTree,
         },
     };
-    let receiver = Receiver::new(dest, config, tx, Arc::new(NoReporter))
+    let receiver = Receiver::new(dest, config, tx, shared.metrics.receiving())
         .map_err(|e| as_requested(e.into(), &asked))?;
     if let Some(catalog) = &shared.config.catalog {
+        receiver.set_known_digests(Arc::new(ScopeDigests {
+            catalog: catalog.clone(),
+            prefix: prefix.clone(),
+        }));
         receiver.set_commit_hook(Arc::new(CatalogHook {
             catalog: catalog.clone(),
             prefix: prefix.clone(),
@@ -345,7 +359,7 @@ async fn prepare_get<'a>(
     src: &str,
     opts: TransferOpts,
 ) -> Result<Work<'a>, SessionError> {
-    let source = source_of(shared, grant, src)?;
+    let (source, top) = source_of(shared, grant, src)?;
     let opts = clamp(shared, opts);
     // The walk starts now and its offers go out while the data connections join: a
     // client that answers them meanwhile has its decisions here when they have.
@@ -373,9 +387,16 @@ async fn prepare_get<'a>(
             crate::autotune::storage_gate(start, tune, most)
         },
         corrupt_blocks: Vec::new(),
-        digest_cache: Arc::default(),
+        digest_cache: Arc::new(match &shared.config.catalog {
+            Some(catalog) => DigestCache::with_known(Arc::new(SourceDigests {
+                catalog: catalog.clone(),
+                top,
+                name: source.name.clone(),
+            })),
+            None => DigestCache::default(),
+        }),
     };
-    let sender = Sender::start(vec![source], config, tx, ctl_tx, Arc::new(NoReporter));
+    let sender = Sender::start(vec![source], config, tx, ctl_tx, shared.metrics.sending());
     // The grant is this server's own: blocks are cut by it from the first.
     sender.grant(opts.block_size, opts.streams);
     let gathered = gather(&shared.registry, stream, named, &opts, Some(&offers)).await;
@@ -400,7 +421,12 @@ async fn prepare_get<'a>(
 
 /// What a get (or a third-party copy from here) reads: `src` under the token's read scope,
 /// confined beneath the prefix that grants it.
-fn source_of(shared: &ServerState, grant: &Grant, src: &str) -> Result<Source, SessionError> {
+/// The source a get names, and its path under the root (for the catalog).
+fn source_of(
+    shared: &ServerState,
+    grant: &Grant,
+    src: &str,
+) -> Result<(Source, String), SessionError> {
     let rel = resolve(shared, src)?;
     let Some(prefix) = grant.read_scope(&rel) else {
         return Err(denied(grant, "read", src));
@@ -417,22 +443,20 @@ fn source_of(shared: &ServerState, grant: &Grant, src: &str) -> Result<Source, S
     } else {
         name.to_owned()
     };
-    Ok(Source {
-        root: scope,
-        rel: inner,
-        name,
-    })
+    Ok((
+        Source {
+            root: scope,
+            rel: inner,
+            name,
+        },
+        rel,
+    ))
 }
 
 /// A remote path as a path under the root: absolute paths from the root, relative ones from
 /// the configured base.
 pub(super) fn resolve(shared: &ServerState, raw: &str) -> Result<String, SessionError> {
-    let rel = path::normalize_remote(raw).map_err(FsError::from)?;
-    if raw.starts_with('/') || shared.config.base.is_empty() {
-        Ok(rel)
-    } else {
-        Ok(path::join(&shared.config.base, &rel))
-    }
+    shared.resolve(raw)
 }
 
 /// A failure to find or open the path a request named, named as the client wrote it: the file

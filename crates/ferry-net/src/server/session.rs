@@ -6,7 +6,6 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ferry_core::NoReporter;
 use ferry_proto::{handshake, Capabilities, ErrorCode, Frame, Role, SessionId, HEADER_LEN};
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
@@ -183,6 +182,7 @@ async fn grant_login(
         }),
         Err(Refused::Invalid) => {
             warn!(%peer, "third-party grant refused");
+            shared.metrics.auth_failed();
             tokio::time::sleep(shared.config.auth_failure_delay).await;
             Err(Frame::Error {
                 code: ErrorCode::AUTH,
@@ -234,6 +234,7 @@ async fn enter_token_session<'a>(
         grant.name, shared.config.max_sessions_per_token
     );
     warn!(%peer, token = %grant.name, "session refused: too many for the token");
+    shared.metrics.refused_busy();
     let _ = send(
         stream,
         &Frame::Error {
@@ -353,6 +354,7 @@ async fn login(
         }
         None => {
             warn!(%peer, "wrong token");
+            shared.metrics.auth_failed();
             shared
                 .brake
                 .lock()
@@ -381,7 +383,16 @@ async fn control_session(
     let started = Instant::now();
     let token = login.grant.name.clone();
     let outcome = run_request(shared, stream, login, session, secret, caps).await;
-    log_session(&token, peer, started.elapsed(), &outcome);
+    let took = started.elapsed();
+    log_session(&token, peer, took, &outcome);
+    match &outcome {
+        Ok(s) => {
+            let secs = took.as_secs_f64();
+            let rate = (s.bytes > 0 && secs > 0.0).then(|| (s.bytes as f64 / secs) as u64);
+            shared.metrics.session_ok(s.what, rate);
+        }
+        Err(_) => shared.metrics.session_failed(),
+    }
     outcome.map(|_| ())
 }
 
@@ -508,7 +519,7 @@ async fn run_request(
             permits: _permits,
             pending: _pending,
         } => {
-            let reporter = Arc::new(NoReporter);
+            let reporter = shared.metrics.sending();
             let limits = Limits::new(idle, opts.block_size);
             let io = SenderIo {
                 control: stream,

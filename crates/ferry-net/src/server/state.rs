@@ -12,6 +12,7 @@ use tokio_rustls::TlsAcceptor;
 use super::admission::{LoginBrake, PerAddress, PerToken};
 use super::config::ServerConfig;
 use super::grants::Grants;
+use super::metrics::Metrics;
 use super::registry::Registry;
 
 pub(super) struct ServerState {
@@ -35,6 +36,8 @@ pub(super) struct ServerState {
     pub(super) paths: Mutex<std::collections::HashMap<String, Remembered>>,
     /// Sessions running now; when the last ends, idle buffers go back to the system.
     active: AtomicUsize,
+    /// What the server has done, for `/metrics`.
+    pub(super) metrics: Arc<Metrics>,
 }
 
 impl ServerState {
@@ -57,6 +60,24 @@ impl ServerState {
             last_session_end: Mutex::new(Instant::now()),
             unproven,
             active: AtomicUsize::default(),
+            metrics: Arc::default(),
+        }
+    }
+
+    pub(super) fn active_sessions(&self) -> usize {
+        self.active.load(Ordering::Acquire)
+    }
+}
+
+impl ServerState {
+    /// A remote path as a path under the root: absolute paths from the root, relative ones
+    /// from the configured base; `..` and the like are refused (`normalize_remote`).
+    pub(super) fn resolve(&self, raw: &str) -> Result<String, crate::error::SessionError> {
+        let rel = ferry_core::path::normalize_remote(raw).map_err(ferry_core::FsError::from)?;
+        if raw.starts_with('/') || self.config.base.is_empty() {
+            Ok(rel)
+        } else {
+            Ok(ferry_core::path::join(&self.config.base, &rel))
         }
     }
 }

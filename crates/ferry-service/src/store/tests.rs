@@ -180,3 +180,114 @@ fn counts_cover_every_state() {
     assert!(c.contains(&(State::Cancelled, 1)));
     assert!(c.contains(&(State::Done, 0)));
 }
+
+#[test]
+fn a_version_1_store_is_migrated_to_the_history_tables() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("jobs.db");
+    {
+        let c = Connection::open(&path).unwrap();
+        c.execute_batch(
+            "CREATE TABLE service_migrations (version BIGINT PRIMARY KEY, applied_at BIGINT NOT NULL)",
+        )
+        .unwrap();
+        c.execute_batch(V1).unwrap();
+        c.execute(
+            "INSERT INTO service_migrations (version, applied_at) VALUES (1, 0)",
+            [],
+        )
+        .unwrap();
+    }
+    let s = Store::open(Some(&path)).unwrap();
+    let j = s.submit(&new_job("a", 0)).unwrap();
+    let r = RateSample {
+        t_ms: 5,
+        bytes_done: 7,
+        rate: 1.5,
+    };
+    s.add_rate(j.id, &r).unwrap();
+    assert_eq!(s.rates(j.id).unwrap(), vec![r]);
+}
+
+#[test]
+fn a_long_job_keeps_a_bounded_thinned_history_with_its_newest_sample() {
+    let s = Store::open(None).unwrap();
+    let j = s.submit(&new_job("a", 0)).unwrap();
+    let n = MAX_JOB_SAMPLES as i64 * 2 + 10;
+    for t in 0..n {
+        let r = RateSample {
+            t_ms: t * 1000,
+            bytes_done: t as u64,
+            rate: 1.0,
+        };
+        s.add_rate(j.id, &r).unwrap();
+    }
+    let got = s.rates(j.id).unwrap();
+    assert!(got.len() <= MAX_JOB_SAMPLES, "{}", got.len());
+    assert!(got.len() >= MAX_JOB_SAMPLES / 2, "{}", got.len());
+    assert_eq!(got.last().unwrap().t_ms, (n - 1) * 1000);
+    assert_eq!(got.first().unwrap().t_ms, 0);
+    assert!(got.windows(2).all(|w| w[0].t_ms < w[1].t_ms));
+    // Another job's samples are its own.
+    let k = s.submit(&new_job("a", 0)).unwrap();
+    assert!(s.rates(k.id).unwrap().is_empty());
+}
+
+fn link_sample(t_ms: i64, rate: f64, source: Source) -> LinkSample {
+    LinkSample {
+        t_ms,
+        rate,
+        rtt_ms: Some(0.5),
+        loss: None,
+        source,
+        job: (source == Source::Transfer).then_some(t_ms),
+    }
+}
+
+#[test]
+fn link_samples_read_back_newest_bounded_and_since() {
+    let s = Store::open(None).unwrap();
+    for t in 0..10 {
+        let src = if t % 2 == 0 {
+            Source::Probe
+        } else {
+            Source::Transfer
+        };
+        s.add_link_sample("h:1", &link_sample(t, t as f64, src))
+            .unwrap();
+    }
+    s.add_link_sample("h:2", &link_sample(100, 1.0, Source::Probe))
+        .unwrap();
+    let all = s.link_samples("h:1", i64::MIN, 100).unwrap();
+    assert_eq!(all.len(), 10);
+    assert_eq!(all[3], link_sample(3, 3.0, Source::Transfer));
+    let newest = s.link_samples("h:1", i64::MIN, 3).unwrap();
+    assert_eq!(
+        newest.iter().map(|x| x.t_ms).collect::<Vec<_>>(),
+        vec![7, 8, 9]
+    );
+    let since = s.link_samples("h:1", 8, 100).unwrap();
+    assert_eq!(since.len(), 2);
+    assert!(s.link_samples("nowhere", i64::MIN, 100).unwrap().is_empty());
+}
+
+#[test]
+fn a_link_keeps_at_most_its_bound_of_samples() {
+    let mut s = Store::open(None).unwrap();
+    s.link_bound = 500;
+    // A quiet link's few samples stay however busy another link is.
+    s.add_link_sample("quiet:1", &link_sample(-1, 1.0, Source::Probe))
+        .unwrap();
+    let n = 1000;
+    for t in 0..n {
+        s.add_link_sample("h:1", &link_sample(t, 1.0, Source::Probe))
+            .unwrap();
+        let held = s.link_samples("h:1", i64::MIN, 10_000).unwrap().len() as i64;
+        assert!(held <= 500 + PRUNE_EVERY, "{held} after {t}");
+    }
+    let all = s.link_samples("h:1", i64::MIN, usize::MAX >> 1).unwrap();
+    assert!(all.len() >= 500, "{}", all.len());
+    assert_eq!(all.last().unwrap().t_ms, n - 1);
+    assert!(all.windows(2).all(|w| w[1].t_ms == w[0].t_ms + 1));
+    assert_eq!(s.link_samples("quiet:1", i64::MIN, 10).unwrap().len(), 1);
+}

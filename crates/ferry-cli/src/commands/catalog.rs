@@ -1,0 +1,436 @@
+//! `ferry stat`, `rm`, `mv`, `mkdir`, `meta set|rm|ls` and `find`: one request each to a
+//! server, answered from its catalog (and, for rm, mv and mkdir, done on its files) under the
+//! token's scopes. Paths are shown from the server's root, with a leading `/`.
+
+use std::process::ExitCode;
+
+use anyhow::{bail, Context, Result};
+use ferry_net::catalog::{self as cat, Changed};
+use ferry_net::ClientConfig;
+use ferry_proto::{
+    CatalogObject, CatalogStat, Compare, FindCondition, FindRequest, MetaEntry, MAX_FIND_CONDITIONS,
+};
+use serde_json::{json, Value};
+
+use crate::catalog_args::{FindArgs, MetaCommand, MkdirArgs, MvArgs, ReachArgs, RmArgs, StatArgs};
+use crate::config::remote_client;
+use crate::error::usage;
+use crate::output::clean;
+
+/// The remote path and a client for it; a bad argument is a usage error.
+fn reach(remote: &str, what: &str, r: &ReachArgs) -> Result<(String, ClientConfig)> {
+    let (remote, client) = remote_client(remote, what, &r.auth, &r.conn, &r.wait).map_err(usage)?;
+    Ok((remote.path, client))
+}
+
+pub async fn stat(args: StatArgs, quiet: bool) -> Result<ExitCode> {
+    let (path, cfg) = reach(
+        &args.remote,
+        "stat takes a remote file, HOST[:PORT]:PATH",
+        &args.reach,
+    )?;
+    let s = cat::stat(&cfg, &path, &Notices(quiet))
+        .await
+        .context("stat failed")?;
+    if args.reach.output.json {
+        println!("{:#}", stat_json(&s));
+    } else {
+        print_stat(&s);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub async fn rm(args: RmArgs, quiet: bool) -> Result<ExitCode> {
+    let (path, cfg) = reach(
+        &args.remote,
+        "rm takes a remote path, HOST[:PORT]:PATH",
+        &args.reach,
+    )?;
+    let done = cat::remove(&cfg, &path, args.recursive, &Notices(quiet))
+        .await
+        .with_context(|| format!("rm {path} failed"))?;
+    report(&args.reach, quiet, json!({"removed": path}), done, || {
+        format!("removed {path}")
+    });
+    Ok(ExitCode::SUCCESS)
+}
+
+pub async fn mv(args: MvArgs, quiet: bool) -> Result<ExitCode> {
+    let what = "mv takes a remote path, HOST[:PORT]:PATH";
+    let (from, cfg) = reach(&args.from, what, &args.reach)?;
+    // The destination is on the same server: HOST[:PORT]:PATH naming it again, or a bare PATH.
+    let to = if args.to.starts_with('/') || !crate::remote::Remote::looks_remote(&args.to) {
+        args.to.clone()
+    } else {
+        let (to_remote, to_cfg) = remote_client(
+            &args.to,
+            what,
+            &args.reach.auth,
+            &args.reach.conn,
+            &args.reach.wait,
+        )
+        .map_err(usage)?;
+        if to_cfg.server != cfg.server {
+            return Err(usage(anyhow::anyhow!(
+                "mv moves within one server: {} and {} differ (ferry cp copies between servers)",
+                cfg.server,
+                to_cfg.server
+            )));
+        }
+        to_remote.path
+    };
+    let done = cat::rename(&cfg, &from, &to, &Notices(quiet))
+        .await
+        .with_context(|| format!("mv {from} {to} failed"))?;
+    report(
+        &args.reach,
+        quiet,
+        json!({"from": from, "to": to}),
+        done,
+        || format!("moved {from} to {to}"),
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+pub async fn mkdir(args: MkdirArgs, quiet: bool) -> Result<ExitCode> {
+    let (path, cfg) = reach(
+        &args.remote,
+        "mkdir takes a remote path, HOST[:PORT]:PATH",
+        &args.reach,
+    )?;
+    let done = cat::mkdir(&cfg, &path, args.parents, &Notices(quiet))
+        .await
+        .with_context(|| format!("mkdir {path} failed"))?;
+    report(&args.reach, quiet, json!({"made": path}), done, || {
+        format!("made {path}")
+    });
+    Ok(ExitCode::SUCCESS)
+}
+
+pub async fn meta(command: MetaCommand, quiet: bool) -> Result<ExitCode> {
+    let what = "meta takes a remote file, HOST[:PORT]:PATH";
+    let notices = Notices(quiet);
+    match command {
+        MetaCommand::Set(a) => {
+            let (path, cfg) = reach(&a.remote, what, &a.reach)?;
+            let entry = MetaEntry {
+                attr: a.attr,
+                value: a.value,
+                unit: a.unit.unwrap_or_default(),
+            };
+            let shown =
+                json!({"path": path, "attr": entry.attr, "value": entry.value, "unit": entry.unit});
+            let done = cat::meta_set(&cfg, &path, entry, &notices)
+                .await
+                .with_context(|| format!("meta set on {path} failed"))?;
+            report(&a.reach, quiet, json!({"set": shown}), done, String::new);
+        }
+        MetaCommand::Rm(a) => {
+            let (path, cfg) = reach(&a.remote, what, &a.reach)?;
+            let done = cat::meta_rm(&cfg, &path, &a.attr, a.value.as_deref(), &notices)
+                .await
+                .with_context(|| format!("meta rm on {path} failed"))?;
+            report(
+                &a.reach,
+                quiet,
+                json!({"path": path, "attr": a.attr}),
+                done,
+                || format!("removed {} entries of {}", done.objects, a.attr),
+            );
+        }
+        MetaCommand::Ls(a) => {
+            let (path, cfg) = reach(&a.remote, what, &a.reach)?;
+            let entries = cat::meta_ls(&cfg, &path, &notices)
+                .await
+                .with_context(|| format!("meta ls of {path} failed"))?;
+            if a.reach.output.json {
+                let v: Vec<Value> = entries.iter().map(meta_json).collect();
+                println!("{:#}", Value::Array(v));
+            } else {
+                for e in &entries {
+                    println!("{}", meta_line(e));
+                }
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub async fn find(args: FindArgs, quiet: bool) -> Result<ExitCode> {
+    let (under, cfg) = reach(
+        &args.remote,
+        "find takes a remote directory, HOST[:PORT]:PATH",
+        &args.reach,
+    )?;
+    let request = find_request(&args, under).map_err(usage)?;
+    let found = cat::find(&cfg, request, &Notices(quiet))
+        .await
+        .context("find failed")?;
+    if args.reach.output.json {
+        let objects: Vec<Value> = found.objects.iter().map(object_json).collect();
+        println!("{:#}", json!({"objects": objects, "more": found.more}));
+    } else {
+        for o in &found.objects {
+            println!("/{}", clean(&o.path));
+        }
+    }
+    if found.more && !quiet {
+        eprintln!(
+            "more: over {} objects match; only the first {} are shown (--limit raises it, up to {})",
+            args.limit,
+            args.limit,
+            ferry_proto::MAX_FIND_LIMIT
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The find the arguments ask for; a condition, date or size that does not read is a usage
+/// error.
+fn find_request(args: &FindArgs, under: String) -> Result<FindRequest> {
+    if args.meta.len() > MAX_FIND_CONDITIONS {
+        bail!("at most {MAX_FIND_CONDITIONS} --meta conditions");
+    }
+    let mut conditions = Vec::with_capacity(args.meta.len());
+    for m in &args.meta {
+        conditions.push(condition(m)?);
+    }
+    let newer_ns = match &args.newer {
+        Some(d) => Some(parse_date(d).with_context(|| format!("--newer {d}"))?),
+        None => None,
+    };
+    let larger = match &args.larger {
+        Some(s) => {
+            Some(ferry_units::units::parse_size(s).with_context(|| format!("--larger {s}"))?)
+        }
+        None => None,
+    };
+    Ok(FindRequest {
+        under,
+        conditions,
+        name: args.name.clone(),
+        newer_ns,
+        larger,
+        limit: args.limit,
+    })
+}
+
+/// `ATTR=VALUE`, `ATTR>N` or `ATTR<N`: the first `=`, `>` or `<` splits it.
+fn condition(s: &str) -> Result<FindCondition> {
+    let Some(at) = s.find(['=', '>', '<']) else {
+        bail!("--meta {s:?}: expected ATTR=VALUE, 'ATTR>N' or 'ATTR<N'");
+    };
+    let (attr, rest) = s.split_at(at);
+    let (op, value) = rest.split_at(1);
+    if attr.is_empty() {
+        bail!("--meta {s:?}: no attribute before {op:?}");
+    }
+    let compare = match op {
+        "=" => Compare::Eq,
+        ">" => Compare::Gt,
+        _ => Compare::Lt,
+    };
+    if compare != Compare::Eq && !value.trim().parse::<f64>().is_ok_and(f64::is_finite) {
+        bail!("--meta {s:?}: `>` and `<` compare with a number");
+    }
+    Ok(FindCondition {
+        compare,
+        attr: attr.to_owned(),
+        value: value.to_owned(),
+    })
+}
+
+/// `YYYY-MM-DD`, `YYYY-MM-DDTHH:MM[:SS]` (UTC, a trailing `Z` allowed) or `@SECONDS`, as
+/// nanoseconds since the epoch.
+fn parse_date(s: &str) -> Result<i64> {
+    const NS: i64 = 1_000_000_000;
+    if let Some(secs) = s.strip_prefix('@') {
+        let secs: i64 = secs.parse().context("expected @SECONDS since the epoch")?;
+        return secs.checked_mul(NS).context("too far from the epoch");
+    }
+    let bad = || anyhow::anyhow!("expected YYYY-MM-DD[THH:MM[:SS]] (UTC) or @SECONDS");
+    let s = s.strip_suffix('Z').unwrap_or(s);
+    let (date, time) = s.split_once(['T', ' ']).unwrap_or((s, "00:00:00"));
+    let num = |p: Option<&str>| p.and_then(|p| p.parse::<i64>().ok()).ok_or_else(bad);
+    let mut d = date.split('-');
+    let (y, m, day) = (num(d.next())?, num(d.next())?, num(d.next())?);
+    let mut t = time.split(':');
+    let (h, min) = (num(t.next())?, num(t.next())?);
+    let sec = match t.next() {
+        Some(p) => num(Some(p))?,
+        None => 0,
+    };
+    if d.next().is_some() || t.next().is_some() {
+        return Err(bad());
+    }
+    let fields = [
+        (m, 1, 12),
+        (day, 1, 31),
+        (h, 0, 23),
+        (min, 0, 59),
+        (sec, 0, 60),
+    ];
+    if !(1..=9999).contains(&y) || fields.iter().any(|&(v, lo, hi)| v < lo || v > hi) {
+        return Err(bad());
+    }
+    let secs = days_from_civil(y, m, day) * 86_400 + h * 3600 + min * 60 + sec;
+    // Nanoseconds in an i64 reach the year 2262.
+    secs.checked_mul(NS)
+        .context("too far from the epoch (dates up to 2262 are taken)")
+}
+
+/// Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's algorithm).
+fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (m + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+/// What a change prints: its JSON (with the counts) or a line, unless quiet.
+fn report(r: &ReachArgs, quiet: bool, mut v: Value, done: Changed, line: impl FnOnce() -> String) {
+    if r.output.json {
+        if let Some(o) = v.as_object_mut() {
+            o.insert("entries".into(), json!(done.entries));
+            o.insert("objects".into(), json!(done.objects));
+        }
+        println!("{v:#}");
+    } else if !quiet {
+        let line = line();
+        if !line.is_empty() {
+            println!("{}", clean(&line));
+        }
+    }
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn utc(ns: i64) -> String {
+    ferry_probe::net::utc_text(ns.div_euclid(1_000_000_000), ' ') + " UTC"
+}
+
+fn object_json(o: &CatalogObject) -> Value {
+    json!({
+        "path": format!("/{}", o.path), "size": o.size, "mtime_ns": o.mtime_ns,
+        "digest": hex(&o.digest), "algo": o.algo, "stored_by": o.stored_by,
+        "stored_at_ns": o.stored_at,
+    })
+}
+
+fn meta_json(e: &MetaEntry) -> Value {
+    json!({"attr": e.attr, "value": e.value, "unit": e.unit})
+}
+
+fn meta_line(e: &MetaEntry) -> String {
+    let unit = if e.unit.is_empty() {
+        String::new()
+    } else {
+        format!(" {}", clean(&e.unit))
+    };
+    format!("{} = {}{unit}", clean(&e.attr), clean(&e.value))
+}
+
+fn stat_json(s: &CatalogStat) -> Value {
+    let mut v = object_json(&s.object);
+    let replicas: Vec<Value> = s
+        .replicas
+        .iter()
+        .map(|r| json!({"server": r.server, "physical": r.physical, "state": r.state.as_str()}))
+        .collect();
+    let metadata: Vec<Value> = s.metadata.iter().map(meta_json).collect();
+    if let Some(o) = v.as_object_mut() {
+        o.insert("replicas".into(), Value::Array(replicas));
+        o.insert("metadata".into(), Value::Array(metadata));
+    }
+    v
+}
+
+fn print_stat(s: &CatalogStat) {
+    let o = &s.object;
+    println!("path:      /{}", clean(&o.path));
+    println!(
+        "size:      {} ({})",
+        o.size,
+        ferry_units::units::format_bytes(o.size)
+    );
+    println!("mtime:     {}", utc(o.mtime_ns));
+    println!("digest:    {}:{}", clean(&o.algo), hex(&o.digest));
+    println!("stored by: {} at {}", clean(&o.stored_by), utc(o.stored_at));
+    for (i, r) in s.replicas.iter().enumerate() {
+        let head = if i == 0 { "replicas:" } else { "" };
+        println!(
+            "{head:<10} {} {} {}",
+            clean(&r.server),
+            r.state.as_str(),
+            clean(&r.physical)
+        );
+    }
+    for (i, e) in s.metadata.iter().enumerate() {
+        let head = if i == 0 { "metadata:" } else { "" };
+        println!("{head:<10} {}", meta_line(e));
+    }
+}
+
+/// Warnings (a newly pinned server key, a retry) on stderr, unless quiet.
+struct Notices(bool);
+
+impl ferry_core::Reporter for Notices {
+    fn on_warning(&self, msg: &str) {
+        if !self.0 {
+            eprintln!("warning: {}", clean(msg));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dates_read_as_utc() {
+        assert_eq!(parse_date("1970-01-01").unwrap(), 0);
+        assert_eq!(
+            parse_date("2023-11-14T22:13:20Z").unwrap(),
+            1_700_000_000_000_000_000
+        );
+        assert_eq!(
+            parse_date("@1700000000").unwrap(),
+            1_700_000_000_000_000_000
+        );
+        assert_eq!(
+            parse_date("2000-03-01").unwrap(),
+            951_868_800 * 1_000_000_000
+        );
+        for bad in [
+            "yesterday",
+            "2023-13-01",
+            "2023-11-14T25:00",
+            "2023-11",
+            "@x",
+        ] {
+            assert!(parse_date(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn conditions_read_as_find_does() {
+        let c = condition("temp>40.5").unwrap();
+        assert_eq!(
+            (c.compare, c.attr.as_str(), c.value.as_str()),
+            (Compare::Gt, "temp", "40.5")
+        );
+        let c = condition("run=a=b").unwrap();
+        assert_eq!(
+            (c.compare, c.attr.as_str(), c.value.as_str()),
+            (Compare::Eq, "run", "a=b")
+        );
+        assert!(condition("temp>warm").is_err());
+        assert!(condition("=x").is_err());
+        assert!(condition("plain").is_err());
+    }
+}

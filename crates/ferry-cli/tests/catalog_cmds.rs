@@ -1,0 +1,196 @@
+//! The catalog commands through the real binary against a real `ferry serve` (its catalog on
+//! by default): stat, meta, find, mv, mkdir and rm, each with --json and as a human reads it,
+//! and their exit codes (0 done, 1 refused by the server, 2 a usage error).
+
+use crate::util;
+
+use std::fs;
+
+use serde_json::Value;
+use util::*;
+
+struct Bed {
+    sb: Sandbox,
+    server: Server,
+}
+
+impl Bed {
+    /// A server with `run/a.h5` (3000 bytes), `run/b.txt` and `run/sub/c.h5` (50,000) put.
+    fn new() -> Self {
+        let sb = Sandbox::new();
+        let root = sb.mkdir("root");
+        let src = sb.path("src/run");
+        write_pattern(&src.join("a.h5"), 3000, 1);
+        write_pattern(&src.join("b.txt"), 10, 2);
+        write_pattern(&src.join("sub/c.h5"), 50_000, 3);
+        let server = Server::start(&sb, &root, Some(&sb.path("token")), &[]);
+        let bed = Self { sb, server };
+        let out = bed.ferry(
+            &["put"],
+            &[&src.display().to_string(), &bed.remote("/data/")],
+        );
+        assert_code(&out, 0);
+        bed
+    }
+
+    fn remote(&self, path: &str) -> String {
+        self.server.remote(path)
+    }
+
+    /// `ferry ARGS... REST...` as the server's token.
+    fn ferry(&self, args: &[&str], rest: &[&str]) -> Out {
+        run(
+            self.sb.client(&self.server.token).args(args).args(rest),
+            CMD_TIMEOUT,
+        )
+    }
+
+    /// `ferry ARGS... --json REMOTE(path) REST...`, exit code 0, its one JSON document.
+    fn json(&self, args: &[&str], path: &str, rest: &[&str]) -> Value {
+        let mut all = args.to_vec();
+        all.push("--json");
+        let remote = self.remote(path);
+        let mut tail = vec![remote.as_str()];
+        tail.extend_from_slice(rest);
+        let out = self.ferry(&all, &tail);
+        assert_code(&out, 0);
+        one_json(&out.stdout)
+    }
+}
+
+fn paths_of(v: &Value) -> Vec<String> {
+    v["objects"]
+        .as_array()
+        .expect("objects is an array")
+        .iter()
+        .map(|o| o["path"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+#[test]
+fn stat_meta_and_find_with_json_and_without() {
+    let bed = Bed::new();
+    let v = bed.json(&["stat"], "/data/run/a.h5", &[]);
+    assert_eq!(v["path"], "/data/run/a.h5");
+    assert_eq!(u64_field(&v, "size"), 3000);
+    assert_eq!(v["algo"], "blake3");
+    assert_eq!(
+        v["digest"].as_str().unwrap(),
+        file_b3(&bed.sb.path("src/run/a.h5"))
+    );
+    assert!(v["stored_by"].is_string());
+    assert!(u64_field(&v, "stored_at_ns") > 0);
+    let replicas = v["replicas"].as_array().unwrap();
+    assert_eq!(replicas.len(), 1);
+    assert_eq!(replicas[0]["state"], "good");
+    assert_eq!(v["metadata"], Value::Array(Vec::new()));
+
+    let v = bed.json(&["meta", "set"], "/data/run/a.h5", &["temp", "42.5", "K"]);
+    assert_eq!(v["set"]["attr"], "temp");
+    bed.json(&["meta", "set"], "/data/run/sub/c.h5", &["temp", "12"]);
+    let v = bed.json(&["meta", "ls"], "/data/run/a.h5", &[]);
+    assert_eq!(
+        v,
+        serde_json::json!([{"attr": "temp", "value": "42.5", "unit": "K"}])
+    );
+    let out = bed.ferry(&["meta", "ls"], &[&bed.remote("/data/run/a.h5")]);
+    assert_code(&out, 0);
+    assert_eq!(out.stdout.trim(), "temp = 42.5 K");
+    let out = bed.ferry(&["stat"], &[&bed.remote("/data/run/a.h5")]);
+    assert_code(&out, 0);
+    assert!(out.stdout.contains("size:      3000"), "{}", out.stdout);
+    assert!(out.stdout.contains("temp = 42.5 K"), "{}", out.stdout);
+
+    // find: by metadata, name, size, date; capped with a marker.
+    let v = bed.json(&["find", "--meta", "temp>40"], "/data", &[]);
+    assert_eq!(paths_of(&v), ["/data/run/a.h5"]);
+    assert_eq!(v["more"], false);
+    let v = bed.json(&["find", "--meta", "temp=12"], "/data", &[]);
+    assert_eq!(paths_of(&v), ["/data/run/sub/c.h5"]);
+    let v = bed.json(&["find", "--name", "*.h5", "--larger", "10K"], "/data", &[]);
+    assert_eq!(paths_of(&v), ["/data/run/sub/c.h5"]);
+    let v = bed.json(&["find", "--newer", "2200-01-01"], "/", &[]);
+    assert!(paths_of(&v).is_empty());
+    let v = bed.json(&["find", "--newer", "1970-01-02"], "/", &[]);
+    assert_eq!(paths_of(&v).len(), 3);
+    let v = bed.json(&["find", "--limit", "2"], "/data", &[]);
+    assert_eq!(paths_of(&v).len(), 2);
+    assert_eq!(v["more"], true);
+    let out = bed.ferry(&["find", "--limit", "2"], &[&bed.remote("/data")]);
+    assert_code(&out, 0);
+    assert_eq!(out.stdout.lines().count(), 2, "{}", out.stdout);
+    assert!(out.stderr.contains("more"), "{}", out.stderr);
+    let out = bed.ferry(&["find", "--name", "*.txt"], &[&bed.remote("/data")]);
+    assert_eq!(out.stdout.trim(), "/data/run/b.txt");
+
+    let v = bed.json(&["meta", "rm"], "/data/run/a.h5", &["temp"]);
+    assert_eq!(u64_field(&v, "objects"), 1);
+    let v = bed.json(&["find", "--meta", "temp>40"], "/data", &[]);
+    assert!(paths_of(&v).is_empty());
+
+    // Refusals: not registered (1), bad arguments (2), each as JSON too.
+    let out = bed.ferry(&["stat", "--json"], &[&bed.remote("/data/run/none")]);
+    assert_code(&out, 1);
+    let v = one_json(&out.stdout);
+    assert!(v["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("not in the catalog"));
+    for bad in [
+        vec!["find", "--meta", "temp>warm"],
+        vec!["find", "--newer", "yesterday"],
+        vec!["find", "--limit", "0"],
+    ] {
+        let out = bed.ferry(&bad, &[&bed.remote("/data")]);
+        assert_code(&out, 2);
+    }
+    let out = bed.ferry(&["stat"], &["not-a-remote"]);
+    assert_code(&out, 2);
+}
+
+#[test]
+fn mv_mkdir_and_rm_keep_files_and_catalog_in_step() {
+    let bed = Bed::new();
+    let root = bed.server.root.clone();
+    let v = bed.json(&["mkdir", "-p"], "/archive/2026", &[]);
+    assert_eq!(v["made"], "/archive/2026");
+    assert!(root.join("archive/2026").is_dir());
+    let out = bed.ferry(&["mkdir"], &[&bed.remote("/archive/2026")]);
+    assert_code(&out, 1);
+
+    // A tree moved into a directory (the destination named as a bare path).
+    let v = bed.json(&["mv"], "/data/run", &["/archive/2026"]);
+    assert_eq!(u64_field(&v, "objects"), 3);
+    assert!(root.join("archive/2026/run/sub/c.h5").is_file());
+    assert!(!root.join("data/run").exists());
+    let v = bed.json(&["stat"], "/archive/2026/run/a.h5", &[]);
+    assert_eq!(u64_field(&v, "size"), 3000);
+    // One file renamed, the destination named as a remote of the same server.
+    let to = bed.remote("/archive/a-renamed.h5");
+    let v = bed.json(&["mv"], "/archive/2026/run/a.h5", &[&to]);
+    assert_eq!(u64_field(&v, "objects"), 1);
+    bed.json(&["stat"], "/archive/a-renamed.h5", &[]);
+    // Another server's path: a usage error.
+    let out = bed.ferry(
+        &["mv"],
+        &[&bed.remote("/archive/a-renamed.h5"), "127.0.0.1:1:/x"],
+    );
+    assert_code(&out, 2);
+
+    // rm: a directory needs -r; with it the tree and its catalog entries go.
+    let out = bed.ferry(&["rm"], &[&bed.remote("/archive/2026")]);
+    assert_code(&out, 1);
+    assert!(out.stderr.contains("rm -r"), "{}", out.stderr);
+    let v = bed.json(&["rm", "-r"], "/archive/2026", &[]);
+    assert_eq!(u64_field(&v, "objects"), 2);
+    assert!(!root.join("archive/2026").exists());
+    let v = bed.json(&["find"], "/", &[]);
+    assert_eq!(paths_of(&v), ["/archive/a-renamed.h5"]);
+    let out = bed.ferry(&["rm"], &[&bed.remote("/archive/a-renamed.h5")]);
+    assert_code(&out, 0);
+    assert!(out.stdout.contains("removed"), "{}", out.stdout);
+    assert!(fs::read_dir(root.join("archive")).unwrap().next().is_none());
+    let out = bed.ferry(&["rm", "--json"], &[&bed.remote("/archive/a-renamed.h5")]);
+    assert_code(&out, 1);
+    one_json(&out.stdout);
+}

@@ -1,0 +1,208 @@
+//! The client's side of the catalog operations (`ferry stat`, `rm`, `mv`, `mkdir`, `meta`,
+//! `find`): one control connection per request, answered by the server from its catalog under
+//! the token's scopes.
+
+use ferry_core::Reporter;
+use ferry_proto::{
+    CatalogAnswer, CatalogObject, CatalogRequest, CatalogStat, FindRequest, Frame, MetaEntry,
+    MAX_CONTROL_PAYLOAD,
+};
+
+use crate::client::{connect, ClientConfig};
+use crate::conn::{expect_frame, send};
+use crate::error::SessionError;
+
+/// What a change did: file-system entries removed, moved or made, and catalog entries
+/// (objects, or metadata entries) changed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Changed {
+    pub entries: u64,
+    pub objects: u64,
+}
+
+/// A find's answer: the objects in path order, and whether more matched than the limit.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Found {
+    pub objects: Vec<CatalogObject>,
+    pub more: bool,
+}
+
+/// Everything the server's catalog knows of `path`.
+pub async fn stat(
+    cfg: &ClientConfig,
+    path: &str,
+    reporter: &dyn Reporter,
+) -> Result<CatalogStat, SessionError> {
+    let request = CatalogRequest::Stat {
+        path: path.to_owned(),
+    };
+    match ask(cfg, request, reporter).await? {
+        CatalogAnswer::Stat(s) => Ok(*s),
+        other => Err(unexpected(&other)),
+    }
+}
+
+/// Removes a file or symlink (with `recursive`, a tree) and forgets it in the catalog.
+pub async fn remove(
+    cfg: &ClientConfig,
+    path: &str,
+    recursive: bool,
+    reporter: &dyn Reporter,
+) -> Result<Changed, SessionError> {
+    let request = CatalogRequest::Remove {
+        path: path.to_owned(),
+        recursive,
+    };
+    changed(ask(cfg, request, reporter).await?)
+}
+
+/// Renames `from` to `to` on one server (into `to` when it is a directory), and the catalog's
+/// entries with it.
+pub async fn rename(
+    cfg: &ClientConfig,
+    from: &str,
+    to: &str,
+    reporter: &dyn Reporter,
+) -> Result<Changed, SessionError> {
+    let request = CatalogRequest::Rename {
+        from: from.to_owned(),
+        to: to.to_owned(),
+    };
+    changed(ask(cfg, request, reporter).await?)
+}
+
+/// Makes a directory (with `parents`, its missing parents too).
+pub async fn mkdir(
+    cfg: &ClientConfig,
+    path: &str,
+    parents: bool,
+    reporter: &dyn Reporter,
+) -> Result<Changed, SessionError> {
+    let request = CatalogRequest::Mkdir {
+        path: path.to_owned(),
+        parents,
+    };
+    changed(ask(cfg, request, reporter).await?)
+}
+
+/// Adds a metadata entry to a registered object.
+pub async fn meta_set(
+    cfg: &ClientConfig,
+    path: &str,
+    entry: MetaEntry,
+    reporter: &dyn Reporter,
+) -> Result<Changed, SessionError> {
+    let request = CatalogRequest::MetaSet {
+        path: path.to_owned(),
+        entry,
+    };
+    changed(ask(cfg, request, reporter).await?)
+}
+
+/// Removes an attribute of an object (only the entry of `value` when given).
+pub async fn meta_rm(
+    cfg: &ClientConfig,
+    path: &str,
+    attr: &str,
+    value: Option<&str>,
+    reporter: &dyn Reporter,
+) -> Result<Changed, SessionError> {
+    let request = CatalogRequest::MetaRm {
+        path: path.to_owned(),
+        attr: attr.to_owned(),
+        value: value.map(str::to_owned),
+    };
+    changed(ask(cfg, request, reporter).await?)
+}
+
+/// An object's metadata, by attribute then value.
+pub async fn meta_ls(
+    cfg: &ClientConfig,
+    path: &str,
+    reporter: &dyn Reporter,
+) -> Result<Vec<MetaEntry>, SessionError> {
+    let request = CatalogRequest::MetaLs {
+        path: path.to_owned(),
+    };
+    match ask(cfg, request, reporter).await? {
+        CatalogAnswer::Meta { entries } => Ok(entries),
+        other => Err(unexpected(&other)),
+    }
+}
+
+/// The objects `find` matches, at most its limit, answered from the server's catalog.
+pub async fn find(
+    cfg: &ClientConfig,
+    find: FindRequest,
+    reporter: &dyn Reporter,
+) -> Result<Found, SessionError> {
+    let limit = find.limit as usize;
+    let mut c = connect(cfg, reporter).await?;
+    send(
+        &mut c.control,
+        &Frame::CatalogRequest(CatalogRequest::Find(Box::new(find))),
+    )
+    .await?;
+    let mut found = Found::default();
+    loop {
+        match answer(&mut c.control).await? {
+            CatalogAnswer::Found {
+                objects,
+                last,
+                more,
+            } => {
+                found.objects.extend(objects);
+                if found.objects.len() > limit {
+                    return Err(SessionError::Protocol(format!(
+                        "the server answered a find with more than its limit of {limit}"
+                    )));
+                }
+                if last {
+                    found.more = more;
+                    return Ok(found);
+                }
+            }
+            other => return Err(unexpected(&other)),
+        }
+    }
+}
+
+/// Sends one request on a new control connection and reads its one answer.
+async fn ask(
+    cfg: &ClientConfig,
+    request: CatalogRequest,
+    reporter: &dyn Reporter,
+) -> Result<CatalogAnswer, SessionError> {
+    let mut c = connect(cfg, reporter).await?;
+    send(&mut c.control, &Frame::CatalogRequest(request)).await?;
+    answer(&mut c.control).await
+}
+
+async fn answer(control: &mut crate::stream::Stream) -> Result<CatalogAnswer, SessionError> {
+    match expect_frame(control, MAX_CONTROL_PAYLOAD, "control").await? {
+        Frame::CatalogAnswer(a) => Ok(a),
+        other => Err(SessionError::Protocol(format!(
+            "unexpected {:?} answering a catalog request",
+            other.frame_type()
+        ))),
+    }
+}
+
+fn changed(answer: CatalogAnswer) -> Result<Changed, SessionError> {
+    match answer {
+        CatalogAnswer::Done { entries, objects } => Ok(Changed { entries, objects }),
+        other => Err(unexpected(&other)),
+    }
+}
+
+fn unexpected(answer: &CatalogAnswer) -> SessionError {
+    let kind = match answer {
+        CatalogAnswer::Done { .. } => "done",
+        CatalogAnswer::Stat(_) => "stat",
+        CatalogAnswer::Meta { .. } => "meta",
+        CatalogAnswer::Found { .. } => "found",
+    };
+    SessionError::Protocol(format!(
+        "unexpected `{kind}` answer to this catalog request"
+    ))
+}

@@ -1,0 +1,182 @@
+//! The catalog's frames (`CatalogRequest` 0x1E, `CatalogAnswer` 0x3D): what a user asks of a
+//! server's catalog (`ferry stat`, `rm`, `mv`, `mkdir`, `meta`, `find`) and its answers. Their
+//! own types, not the catalog crate's: the wire knows nothing of a database.
+
+/// Longest metadata attribute, value and unit, in bytes (the catalog's own bounds).
+pub const MAX_META_ATTR: usize = 256;
+pub const MAX_META_VALUE: usize = 2048;
+pub const MAX_META_UNIT: usize = 64;
+/// Most metadata entries one object may carry (a server refuses one more), so that a `stat`
+/// answer always fits a control frame.
+pub const MAX_META_ENTRIES: usize = 128;
+/// Most replicas a `stat` answer lists.
+pub const MAX_REPLICAS: usize = 32;
+/// Longest server name and physical path of a replica.
+pub const MAX_SERVER_NAME: usize = 256;
+pub const MAX_PHYSICAL: usize = 2 * crate::MAX_PATH;
+/// Longest digest algorithm name (`blake3`, `sha256`, ...).
+pub const MAX_ALGO: usize = 16;
+/// Most conditions one find may combine.
+pub const MAX_FIND_CONDITIONS: usize = 16;
+/// Most objects one find answers with in all; past it the answer says `more`.
+pub const MAX_FIND_LIMIT: u32 = 100_000;
+/// Most objects one `CatalogAnswer::Found` frame carries: at the longest paths, 128 still fit
+/// a control frame.
+pub const MAX_FOUND_ENTRIES: usize = 128;
+
+/// One metadata entry: attribute, value and unit (empty when none), as iRODS's AVUs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MetaEntry {
+    pub attr: String,
+    pub value: String,
+    pub unit: String,
+}
+
+/// How a find condition compares an attribute's value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Compare {
+    /// The value equals the text given.
+    Eq = 0,
+    /// The value, as a number, is greater than the number given.
+    Gt = 1,
+    /// The value, as a number, is less than the number given.
+    Lt = 2,
+}
+
+/// One metadata condition of a find. For `Gt` and `Lt` the value is a number as text; the
+/// server refuses one that is not (`bad_request`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FindCondition {
+    pub compare: Compare,
+    pub attr: String,
+    pub value: String,
+}
+
+/// What a find looks for; every part given must hold.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FindRequest {
+    /// The server path to look under (its scope is checked like a listing's).
+    pub under: String,
+    pub conditions: Vec<FindCondition>,
+    /// A glob over the object's name: `*` any run, `?` one character.
+    pub name: Option<String>,
+    /// Only objects whose mtime is later (ns since the epoch).
+    pub newer_ns: Option<i64>,
+    /// Only objects larger than this many bytes.
+    pub larger: Option<u64>,
+    /// At most this many objects, 1..=[`MAX_FIND_LIMIT`].
+    pub limit: u32,
+}
+
+/// A request to a server's catalog (`Frame::CatalogRequest`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CatalogRequest {
+    /// Everything the catalog knows of one object.
+    Stat { path: String },
+    /// Remove a file, a symlink or (with `recursive`) a tree, and forget it.
+    Remove { path: String, recursive: bool },
+    /// Rename a file or a tree, and its catalog entries with it.
+    Rename { from: String, to: String },
+    /// Make a directory (with `parents`, its missing parents too).
+    Mkdir { path: String, parents: bool },
+    /// Add a metadata entry to an object.
+    MetaSet { path: String, entry: MetaEntry },
+    /// Remove an attribute of an object (only the entry of `value` when given).
+    MetaRm {
+        path: String,
+        attr: String,
+        value: Option<String>,
+    },
+    /// List an object's metadata.
+    MetaLs { path: String },
+    /// Objects by metadata, name, age and size, answered from the catalog.
+    Find(Box<FindRequest>),
+}
+
+impl CatalogRequest {
+    /// The operation's name, for logs and messages.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Stat { .. } => "stat",
+            Self::Remove { .. } => "rm",
+            Self::Rename { .. } => "mv",
+            Self::Mkdir { .. } => "mkdir",
+            Self::MetaSet { .. } => "meta set",
+            Self::MetaRm { .. } => "meta rm",
+            Self::MetaLs { .. } => "meta ls",
+            Self::Find(_) => "find",
+        }
+    }
+}
+
+/// A registered object, as `stat` and `find` show it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CatalogObject {
+    /// Relative to the server's root.
+    pub path: String,
+    pub size: u64,
+    pub mtime_ns: i64,
+    pub digest: Vec<u8>,
+    pub algo: String,
+    /// The name of the token that stored it.
+    pub stored_by: String,
+    /// When it was registered, ns since the epoch.
+    pub stored_at: i64,
+}
+
+/// A replica's health.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ReplicaHealth {
+    Good = 0,
+    Stale = 1,
+    Bad = 2,
+}
+
+impl ReplicaHealth {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Good => "good",
+            Self::Stale => "stale",
+            Self::Bad => "bad",
+        }
+    }
+}
+
+/// One copy of an object on one server.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CatalogReplica {
+    pub server: String,
+    pub physical: String,
+    pub state: ReplicaHealth,
+}
+
+/// An object with its replicas and metadata.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CatalogStat {
+    pub object: CatalogObject,
+    pub replicas: Vec<CatalogReplica>,
+    pub metadata: Vec<MetaEntry>,
+}
+
+/// A server's answer to a `CatalogRequest` (`Frame::CatalogAnswer`); a refusal is an `Error`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CatalogAnswer {
+    /// A change was made: file-system entries removed, moved or made, and catalog entries
+    /// (objects or metadata entries) changed.
+    Done {
+        entries: u64,
+        objects: u64,
+    },
+    Stat(Box<CatalogStat>),
+    /// An object's metadata, by attribute then value.
+    Meta {
+        entries: Vec<MetaEntry>,
+    },
+    /// Part of a find's answer, in path order. `last`: no `Found` follows; `more` (only with
+    /// `last`): the limit was reached and more objects match.
+    Found {
+        objects: Vec<CatalogObject>,
+        last: bool,
+        more: bool,
+    },
+}
