@@ -1548,6 +1548,29 @@ pub async fn get_mirror(
     .await
 }
 
+/// [`get`] into the directory `into` opens for each attempt (a [`Root`], typically a scope of
+/// a service's local root): nothing it writes can leave that directory, through a symlink
+/// swapped in or otherwise.
+pub async fn get_into(
+    cfg: &ClientConfig,
+    src: &str,
+    into: impl Fn() -> Result<Root, SessionError>,
+    reporter: Arc<dyn Reporter>,
+) -> Result<TransferReport, SessionError> {
+    let filter = Filter::default();
+    with_retries(cfg, &reporter, || {
+        let destination = into().map(|root| Destination {
+            root,
+            base: String::new(),
+            rename_top: None,
+        });
+        let reporter = reporter.clone();
+        let filter = &filter;
+        async move { get_to(cfg, (src, filter), destination?, reporter).await }
+    })
+    .await
+}
+
 /// One attempt of a get of `src`, taking what the filter admits; `mirror`: `dest` is the
 /// copy's own name (see [`get_mirror`]).
 async fn get_once(
@@ -1561,6 +1584,16 @@ async fn get_once(
     } else {
         local_destination(dest)?
     };
+    get_to(cfg, (src, filter), destination, reporter).await
+}
+
+/// One attempt of a get of `src` into `destination`.
+async fn get_to(
+    cfg: &ClientConfig,
+    (src, filter): (&str, &Filter),
+    destination: Destination,
+    reporter: Arc<dyn Reporter>,
+) -> Result<TransferReport, SessionError> {
     let t0 = Instant::now();
     let request = Frame::GetRequest {
         src: src.to_owned(),

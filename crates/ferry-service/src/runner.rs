@@ -54,6 +54,32 @@ fn refused(message: String) -> Failure {
     }
 }
 
+/// Checks that `rel` below the local root names no symlink on its way or at its end, making
+/// its parent directories with `create` (`Root::scope`, which never follows a link), and
+/// returns its path: for the sync modes, which take paths. The plain put and get open their
+/// files beneath the root themselves, so a link swapped in later cannot lead them out either.
+fn confined(root: &Path, rel: &str, create: bool) -> Result<PathBuf, Failure> {
+    let why = |e: ferry_core::FsError| {
+        refused(format!(
+            "{rel}: {e} (a job's local path may not pass through a symlink)"
+        ))
+    };
+    let (dir, name) = ferry_core::path::split_parent(rel);
+    let scope = Root::open(root)
+        .and_then(|r| r.scope(dir, create))
+        .map_err(why)?;
+    if !name.is_empty() {
+        if let Ok(m) = scope.lstat(name) {
+            if m.kind == ferry_core::root::Kind::Symlink {
+                return Err(refused(format!(
+                    "{rel}: a symlink (a job's local path may not pass through a symlink)"
+                )));
+            }
+        }
+    }
+    Ok(under(root, rel))
+}
+
 /// A job's counters as the transfer reports them; the scheduler writes them to the store.
 #[derive(Debug, Default)]
 pub struct JobReporter {
@@ -162,10 +188,7 @@ impl Runner {
                 let cfg = self.client(&server, job.sync)?;
                 self.put(&cfg, &srcs, &path, job.sync, reporter).await
             }
-            (Kind::Get, Location::Local(rel)) => {
-                let dest = under(self.root()?, &rel);
-                self.get(&srcs, &dest, job.sync, reporter).await
-            }
+            (Kind::Get, Location::Local(rel)) => self.get(&srcs, &rel, job.sync, reporter).await,
             (Kind::Cp, Location::Remote { server, path }) => {
                 if job.sync != SyncMode::Off {
                     return Err(refused(
@@ -259,6 +282,7 @@ impl Runner {
         if sync == SyncMode::Size {
             let mut errors = Vec::new();
             for rel in &rels {
+                confined(&root, rel, false)?;
                 let to = format!("{}/{}", dest.trim_end_matches('/'), name_of(rel));
                 errors.extend(crate::sizesync::put(cfg, &root, rel, &to, reporter.clone()).await?);
             }
@@ -269,7 +293,7 @@ impl Runner {
             for rel in &rels {
                 let to = format!("{}/{}", dest.trim_end_matches('/'), name_of(rel));
                 let dir = Direction::Put {
-                    src: under(&root, rel),
+                    src: confined(&root, rel, false)?,
                     dest: to,
                 };
                 let r = ferry_net::sync::sync(
@@ -305,42 +329,47 @@ impl Runner {
         Ok(r.errors)
     }
 
+    /// Gets each source into `rel` below the local root, which is made if missing and may not
+    /// pass through a symlink.
     async fn get(
         &self,
         srcs: &[Location],
-        dest: &Path,
+        rel: &str,
         sync: SyncMode,
         reporter: Arc<dyn Reporter>,
     ) -> Result<Vec<String>, Failure> {
-        std::fs::create_dir_all(dest).map_err(|e| refused(format!("{}: {e}", dest.display())))?;
+        let root = self.root()?.to_path_buf();
+        confined(&root, rel, true)?;
+        let into = || Ok(Root::open(&root)?.scope(rel, true)?);
         let mut errors = Vec::new();
         for s in srcs {
             let Location::Remote { server, path } = s else {
                 continue;
             };
             let cfg = self.client(server, sync)?;
-            if sync == SyncMode::Size {
-                let to = dest.join(name_of(path));
-                errors.extend(crate::sizesync::get(&cfg, path, &to, reporter.clone()).await?);
-                continue;
-            }
-            if let Some(checksum) = sync.compares() {
+            if sync == SyncMode::Size || sync.compares().is_some() {
+                let name = format!("{}/{}", rel.trim_end_matches('/'), name_of(path));
+                let to = confined(&root, name.trim_start_matches('/'), true)?;
+                if sync == SyncMode::Size {
+                    errors.extend(crate::sizesync::get(&cfg, path, &to, reporter.clone()).await?);
+                    continue;
+                }
                 let dir = Direction::Get {
                     src: path.clone(),
-                    dest: dest.join(name_of(path)),
+                    dest: to,
                 };
                 let r = ferry_net::sync::sync(
                     &cfg,
                     &dir,
                     &Filter::default(),
-                    checksum,
+                    sync.compares().unwrap_or_default(),
                     reporter.clone(),
                 )
                 .await?;
                 errors.extend(r.transfer.map(|t| t.errors).unwrap_or_default());
                 continue;
             }
-            let r = ferry_net::client::get(&cfg, path, dest, reporter.clone()).await?;
+            let r = ferry_net::client::get_into(&cfg, path, into, reporter.clone()).await?;
             errors.extend(r.errors);
         }
         Ok(errors)

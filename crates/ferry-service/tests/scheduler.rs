@@ -265,3 +265,57 @@ async fn higher_priority_runs_first_and_one_server_gets_at_most_its_limit() {
     );
     server.stop().await;
 }
+
+/// A job's local path may not pass through a symlink inside the local root: a get into it, a
+/// sync get into it and a sync put from it all fail with why, and nothing is read or written
+/// where the link points.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_local_path_through_a_symlink_is_refused_both_ways() {
+    let server = TestServer::start().await;
+    make_tree(&server.root, "remote");
+    let local = tempfile::tempdir().unwrap();
+    let outside = tempfile::tempdir().unwrap();
+    make_tree(outside.path(), "secret");
+    std::os::unix::fs::symlink(outside.path(), local.path().join("out")).unwrap();
+    let known = local.path().join("known_hosts");
+    let (s, _stop) = start_scheduler(
+        runner(local.path(), vec![server.endpoint()], known),
+        limits(),
+    );
+    let run = |j: NewJob| {
+        let s = s.clone();
+        async move {
+            let j = s.store().submit(&j).unwrap();
+            s.wake();
+            wait_end(s.store(), j.id).await
+        }
+    };
+    let remote = format!("{}:/remote", server.addr);
+    for (dest, sync) in [
+        ("/out", SyncMode::Off),
+        ("/out/deeper", SyncMode::Off),
+        ("/out", SyncMode::Mtime),
+        ("/out", SyncMode::Size),
+    ] {
+        let mut get = job(vec![remote.clone()], dest.into());
+        get.sync = sync;
+        let g = run(get).await;
+        assert_eq!(g.state, State::Failed, "{dest} {sync:?}: {g:?}");
+        let why = g.last_error.unwrap_or_default();
+        assert!(why.contains("symlink"), "{dest} {sync:?}: {why}");
+    }
+    assert!(!outside.path().join("remote").exists());
+    assert!(!outside.path().join("deeper").exists());
+    for sync in [SyncMode::Mtime, SyncMode::Size] {
+        let mut put = job(vec!["/out/secret".into()], format!("{}:/", server.addr));
+        put.sync = sync;
+        let p = run(put).await;
+        assert_eq!(p.state, State::Failed, "{sync:?}: {p:?}");
+        assert!(p.last_error.unwrap_or_default().contains("symlink"));
+    }
+    assert!(!server.root.join("secret").exists());
+    // The same get into a real directory works.
+    let g = run(job(vec![remote], "/in".into())).await;
+    assert_eq!(g.state, State::Done, "{g:?}");
+    server.stop().await;
+}
