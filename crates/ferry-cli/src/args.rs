@@ -640,10 +640,11 @@ pub struct GetArgs {
     "Write the report as JSON to stdout (with --dry-run: what would be sent and deleted)"
 )))]
 pub struct SyncArgs {
-    /// A local file or directory, or HOST[:PORT]:PATH on a running `ferry serve`.
+    /// A local file or directory, HOST[:PORT]:PATH on a running `ferry serve`, or
+    /// USER@HOST:PATH (a session ssh starts, as for put and get).
     pub source: String,
-    /// Made a copy of SOURCE (its own name, created if missing): HOST[:PORT]:PATH, or a local
-    /// path when SOURCE is remote. Both on servers (`ferry serve --third-party`): the changed
+    /// Made a copy of SOURCE (its own name, created if missing): a remote as SOURCE, or a
+    /// local path when SOURCE is remote. Both on servers (`ferry serve --third-party`): the changed
     /// files go from one to the other, never through this host. Filters are relative to
     /// SOURCE's top (`/x` is SOURCE/x).
     pub dest: String,

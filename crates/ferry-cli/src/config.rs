@@ -572,6 +572,11 @@ impl Transfer {
 /// A sync resolved from its arguments.
 pub struct SyncJob {
     pub ends: SyncEnds,
+    /// The sides named `USER@HOST:PATH`, whose sessions ssh starts (`ferry serve --oneshot`,
+    /// which serves the sync's listings, transfer and removals while the ssh channel is open),
+    /// source first; and how to reach them.
+    pub ssh: [Option<Remote>; 2],
+    pub conn: ConnArgs,
     /// Rules relative to the source's top.
     pub filter: Filter,
     pub opts: ferry_net::sync::SyncOpts,
@@ -594,9 +599,8 @@ pub enum SyncEnds {
 }
 
 impl SyncJob {
-    /// One side local and the other on a running server, or both on running servers
-    /// (ssh-started sessions serve one request, and a sync makes several: listings, the
-    /// transfer, the removals).
+    /// One side local and the other on a server, or both on servers; a server is a running
+    /// `ferry serve` or one ssh starts for the sync (`USER@HOST:PATH`).
     pub fn new(mut args: SyncArgs) -> Result<Self> {
         use ferry_net::sync::Direction;
         let filter = take_filter(&mut args.transfer)?;
@@ -623,9 +627,11 @@ impl SyncJob {
                 bail!("sync needs one side on a server, HOST[:PORT]:PATH (for two local trees, use rsync)")
             }
         };
-        if remote.ssh_user.is_some() {
-            bail!("sync needs a running `ferry serve` (HOST[:PORT]:PATH), not USER@HOST:PATH");
-        }
+        let ssh_remote = remote.ssh_user.is_some().then(|| remote.clone());
+        let ssh = match direction {
+            Direction::Put { .. } => [None, ssh_remote],
+            Direction::Get { .. } => [ssh_remote, None],
+        };
         let s = &args.servers;
         if s.dest_addr.is_some()
             || s.source_token.is_some()
@@ -641,6 +647,8 @@ impl SyncJob {
             Direction::Get { .. } => asked_threads(args.transfer.readers),
         };
         Ok(Self {
+            ssh,
+            conn: args.transfer.conn.clone(),
             ends: SyncEnds::One {
                 client: Box::new(client),
                 direction,
@@ -655,11 +663,14 @@ impl SyncJob {
     fn between(args: SyncArgs, filter: Filter) -> Result<Self> {
         let src = Remote::parse(&args.source).context("the source of sync")?;
         let dest = Remote::parse(&args.dest).context("the destination of sync")?;
-        if src.ssh_user.is_some() || dest.ssh_user.is_some() {
-            bail!("sync needs a running `ferry serve` on each side (HOST[:PORT]:PATH), not USER@HOST:PATH");
-        }
         let copy = copy_config(&args.transfer, &args.servers, (&src, &dest), "sync")?;
+        let ssh = [
+            src.ssh_user.is_some().then(|| src.clone()),
+            dest.ssh_user.is_some().then(|| dest.clone()),
+        ];
         Ok(Self {
+            ssh,
+            conn: args.transfer.conn.clone(),
             ends: SyncEnds::Between {
                 copy: Box::new(copy),
                 src: src.path,

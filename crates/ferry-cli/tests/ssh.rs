@@ -242,3 +242,57 @@ fn cp_between_two_ssh_started_sessions() {
         "serve --oneshot still running after the copy"
     );
 }
+
+/// `ferry sync` over ssh-started sessions: up with `--delete` (listings, the transfer and the
+/// removals all served by the one `serve --oneshot` while its channel is open), a second run
+/// that sends only the changed file, down, and between two ssh-started sessions.
+#[test]
+fn sync_over_ssh_started_sessions() {
+    let sb = Sandbox::new();
+    let Some(sshd) = Sshd::start(&sb, "sync_over_ssh_started_sessions") else {
+        return;
+    };
+    let bin = env!("CARGO_BIN_EXE_ferry");
+    let target = format!("{}@127.0.0.1", user());
+    let src = sb.path("src");
+    for i in 0..5 {
+        write_pattern(&src.join(format!("d/f{i}.dat")), 1000 + i * 37, i + 1);
+    }
+    let mirror = sb.mkdir("mirror");
+    write_pattern(&mirror.join("stale.dat"), 100, 9);
+    let sync = |args: &[&str], from: String, to: String| {
+        let mut cmd = sb.ferry();
+        cmd.env("FERRY_SSH", sshd.ssh_command())
+            .env("FERRY_REMOTE_BIN", bin)
+            .env_remove("FERRY_TOKEN");
+        run(
+            cmd.args(["sync", "--json"]).args(args).arg(from).arg(to),
+            CMD_TIMEOUT,
+        )
+    };
+    let there = format!("{target}:{}", mirror.display());
+    let out = sync(&["--delete"], src.display().to_string(), there.clone());
+    assert_code(&out, 0);
+    assert_eq!(tree_digest(&mirror), tree_digest(&src));
+    assert!(!mirror.join("stale.dat").exists());
+
+    write_pattern(&src.join("d/f2.dat"), 5000, 42);
+    let out = sync(&[], src.display().to_string(), there.clone());
+    assert_code(&out, 0);
+    let v: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+    assert_eq!(v["plan"]["send"].as_array().unwrap().len(), 1, "{v}");
+    assert_eq!(tree_digest(&mirror), tree_digest(&src));
+
+    let back = sb.path("back");
+    assert_code(&sync(&[], there.clone(), back.display().to_string()), 0);
+    assert_eq!(tree_digest(&back), tree_digest(&src));
+
+    let other = sb.path("other");
+    let out = sync(&[], there, format!("{target}:{}", other.display()));
+    assert_code(&out, 0);
+    assert_eq!(tree_digest(&other), tree_digest(&src));
+    assert!(
+        wait_until(Duration::from_secs(10), || oneshots_running(bin) == 0),
+        "serve --oneshot still running after the syncs"
+    );
+}

@@ -164,7 +164,6 @@ fn sync_usage_errors() {
             vec!["sync", "--server-fingerprint=sha256:00", "h1:/a", "h2:/b"],
             "two servers",
         ),
-        (vec!["sync", "me@h1:/a", "h2:/b"], "running `ferry serve`"),
         (
             vec!["sync", "--dest-token=t", "x", "h:/b"],
             "between two servers",
@@ -174,7 +173,6 @@ fn sync_usage_errors() {
             vec!["sync", "--skip-existing", "x", "h:/b"],
             "sync replaces",
         ),
-        (vec!["sync", "x", "me@h:/b"], "running `ferry serve`"),
     ] {
         let out = run(sb.client("t").args(&args), CMD_TIMEOUT);
         assert_code(&out, 2);

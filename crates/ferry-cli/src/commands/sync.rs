@@ -7,13 +7,32 @@ use std::sync::Arc;
 use anyhow::Result;
 use ferry_net::sync::{Plan, SyncReport};
 
+use super::transfer::start_oneshot;
 use crate::args::SyncArgs;
 use crate::config::{SyncEnds, SyncJob};
 use crate::error::usage;
 use crate::progress::Progress;
 
 pub async fn run(args: SyncArgs, quiet: bool) -> Result<ExitCode> {
-    let job = SyncJob::new(args).map_err(usage)?;
+    let mut job = SyncJob::new(args).map_err(usage)?;
+    // Held for the whole sync: each ssh-started server serves until its channel closes.
+    let mut sessions = Vec::new();
+    let [src_ssh, dest_ssh] = job.ssh.clone();
+    match &mut job.ends {
+        SyncEnds::One { client, .. } => {
+            for remote in [src_ssh, dest_ssh].iter().flatten() {
+                sessions.extend(start_oneshot(client, remote, &job.conn, false).await?);
+            }
+        }
+        SyncEnds::Between { copy, .. } => {
+            if let Some(remote) = &src_ssh {
+                sessions.extend(start_oneshot(&mut copy.source, remote, &job.conn, true).await?);
+            }
+            if let Some(remote) = &dest_ssh {
+                sessions.extend(start_oneshot(&mut copy.dest, remote, &job.conn, true).await?);
+            }
+        }
+    }
     let progress = Arc::new(Progress::new(quiet || job.json || job.opts.dry_run));
     let result = match &job.ends {
         SyncEnds::One { client, direction } => {
@@ -26,6 +45,9 @@ pub async fn run(args: SyncArgs, quiet: bool) -> Result<ExitCode> {
         }
     };
     progress.finish();
+    for o in sessions {
+        o.finish().await;
+    }
     let report = result.map_err(super::transfer::failure)?;
     if job.opts.dry_run {
         print_plan(&report.plan, job.json)?;
