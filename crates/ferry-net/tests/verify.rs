@@ -183,3 +183,45 @@ async fn verify_keeps_to_its_pace_and_reports_progress() {
     assert!(took >= Duration::from_millis(1500), "{took:?}");
     server.stop().await;
 }
+
+/// A verify whose client goes away ends its session (and its reading) at once, not when the
+/// audit would have finished; so does one the server's shutdown ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verify_stops_with_its_session() {
+    let catalog = memory_catalog();
+    let server = TestServer::start_with(move |c| {
+        c.catalog = Some(catalog);
+        c.verify_rate = 1 << 20;
+        c.idle_timeout = Duration::from_secs(1);
+    })
+    .await;
+    let cfg = server.client();
+    let src = tempfile::tempdir().unwrap();
+    write(&src.path().join("big/one.dat"), &bytes(16 << 20, 5));
+    let r = ferry_net::client::put(&cfg, &[src.path().join("big")], "/", reporter())
+        .await
+        .unwrap();
+    assert!(r.is_success(), "{r:?}");
+    // 16 s of reading at 1 MiB/s; the client leaves after half a second.
+    let gone = tokio::time::timeout(
+        Duration::from_millis(500),
+        cat::verify(&cfg, "/big", false, R),
+    );
+    assert!(gone.await.is_err(), "the verify cannot be done yet");
+    let started = Instant::now();
+    while server.idle.idle_for() == Duration::ZERO {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "the session outlived its client"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The server's shutdown ends one in flight too.
+    let c2 = cfg.clone();
+    let running = tokio::spawn(async move { cat::verify(&c2, "/big", false, R).await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let started = Instant::now();
+    server.stop().await;
+    assert!(started.elapsed() < Duration::from_secs(5));
+    assert!(running.await.unwrap().is_err());
+}
