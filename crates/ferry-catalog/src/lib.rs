@@ -11,6 +11,7 @@
 //! [`Catalog::register_later`] off its path); at its next start [`Catalog::reconcile`]
 //! settles whatever intents a crash left, looking only at those files.
 
+mod audit;
 mod error;
 mod find;
 mod later;

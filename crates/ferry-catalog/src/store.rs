@@ -107,6 +107,11 @@ impl Catalog {
         self.shared.lock()
     }
 
+    /// This server's name in `replicas`.
+    pub(crate) fn server(&self) -> &str {
+        &self.shared.server
+    }
+
     /// Records that `files` are about to be renamed into place, in one durable transaction:
     /// a crash after the renames leaves these for [`Self::reconcile`].
     pub fn intend(&self, files: &[Commit]) -> Result<(), CatalogError> {

@@ -32,6 +32,30 @@ fn paths(found: Vec<Object>) -> Vec<String> {
 }
 
 #[test]
+fn an_audit_pages_this_servers_objects_and_marks_its_replicas() {
+    let c = mem();
+    for p in ["d/a", "d/b", "d/sub/c", "d0", "e/x", "d"] {
+        c.register_commit(&commit(p, 3)).unwrap();
+    }
+    // At the path and under it, in path order, page by page; not `d0` nor `e/x`.
+    assert_eq!(paths(c.held_page("d", "", 2).unwrap()), ["d", "d/a"]);
+    assert_eq!(
+        paths(c.held_page("d/", "d/a", 10).unwrap()),
+        ["d/b", "d/sub/c"]
+    );
+    assert_eq!(c.held_page("", "", 100).unwrap().len(), 6);
+    assert_eq!(paths(c.held_page("e/x", "", 9).unwrap()), ["e/x"]);
+    assert!(c.set_replica_state("d/b", ReplicaState::Bad).unwrap());
+    assert_eq!(
+        c.stat("d/b").unwrap().unwrap().replicas[0].state,
+        ReplicaState::Bad
+    );
+    assert!(!c.set_replica_state("nope", ReplicaState::Bad).unwrap());
+    assert!(c.is_registered("d/sub/c").unwrap());
+    assert!(!c.is_registered("d/sub").unwrap());
+}
+
+#[test]
 fn register_then_stat_shows_the_object_and_its_replica() {
     let c = mem();
     assert_eq!(c.schema_version().unwrap(), 2);

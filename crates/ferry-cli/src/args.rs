@@ -56,6 +56,9 @@ pub enum Command {
     /// Find files by metadata, name, age and size, from the server's catalog (the file system
     /// is never walked): `ferry find dtn2:/data --meta 'temp>40' --name '*.h5'`.
     Find(crate::catalog_args::FindArgs),
+    /// Have the server re-read and re-hash what it holds under a path and compare it with its
+    /// catalog (no data crosses the network); bad copies are marked. Exit 1 on any problem.
+    Verify(crate::catalog_args::VerifyArgs),
     /// Start a local server on loopback, generate a data set, transfer and verify it, and print
     /// the throughput.
     Demo(DemoArgs),
@@ -189,6 +192,7 @@ impl Command {
             Command::Mkdir(a) => Some(&a.reach.output),
             Command::Meta(c) => Some(&c.reach().output),
             Command::Find(a) => Some(&a.reach.output),
+            Command::Verify(a) => Some(&a.reach.output),
             Command::Demo(a) => Some(&a.output),
             Command::Probe(ProbeCommand::Host(a)) => Some(&a.output),
             Command::Probe(ProbeCommand::Disk(a)) => Some(&a.output),
@@ -514,6 +518,10 @@ pub struct ServeArgs {
     /// is left alone (with a warning) and this server runs without.
     #[arg(long, value_name = "PATH|none", conflicts_with = "oneshot")]
     pub catalog: Option<String>,
+    /// Bytes a second that `ferry verify` audits may read, all together (e.g. 256M, 1G; 0:
+    /// unlimited), so that an audit cannot starve transfers.
+    #[arg(long, default_value = "256M", value_name = "SIZE")]
+    pub verify_rate: String,
     /// Read these options from a TOML file (keys as the long options, with `_` for `-`:
     /// `max_connections = 256`, `listen = ["10.0.0.1:7070"]`); options given here override it.
     /// Unknown keys are an error. The Debian package's service uses /etc/ferry/serve.toml.

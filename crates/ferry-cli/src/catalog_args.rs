@@ -139,3 +139,15 @@ pub struct FindArgs {
     #[command(flatten)]
     pub reach: ReachArgs,
 }
+
+#[derive(Args, Debug)]
+#[command(mut_arg("json", |a| a.help("Print the counts and problem paths as JSON")))]
+pub struct VerifyArgs {
+    /// Remote file or directory, HOST[:PORT]:PATH.
+    pub remote: String,
+    /// Also walk the tree for files the catalog does not know (changed behind ferry's back).
+    #[arg(short, long)]
+    pub recursive: bool,
+    #[command(flatten)]
+    pub reach: ReachArgs,
+}

@@ -32,6 +32,7 @@ pub struct ServeFile {
     stripe: Option<bool>,
     metrics_listen: Option<String>,
     catalog: Option<String>,
+    verify_rate: Option<String>,
     log_format: Option<LogFormat>,
 }
 
@@ -134,6 +135,11 @@ fn merge(args: &mut ServeArgs, file: ServeFile, base: &Path) -> Result<()> {
             .into_owned(),
     });
     set(&mut args.catalog, catalog.map(Some), unset("catalog"));
+    set(
+        &mut args.verify_rate,
+        file.verify_rate,
+        unset("verify_rate"),
+    );
     set(&mut args.log_format, file.log_format, unset("log_format"));
     Ok(())
 }
@@ -199,6 +205,18 @@ mod tests {
         )
         .unwrap();
         assert_eq!(a.catalog.as_deref(), Some("none"));
+    }
+
+    #[test]
+    fn verify_rate_from_the_file_unless_given() {
+        let file = || toml::from_str::<ServeFile>("verify_rate = \"64M\"\n").unwrap();
+        let mut a = parsed(&["ferry", "serve", "--root", "/"]);
+        assert_eq!(a.verify_rate, "256M");
+        merge(&mut a, file(), Path::new("/x")).unwrap();
+        assert_eq!(a.verify_rate, "64M");
+        let mut a = parsed(&["ferry", "serve", "--root", "/", "--verify-rate", "0"]);
+        merge(&mut a, file(), Path::new("/x")).unwrap();
+        assert_eq!(a.verify_rate, "0");
     }
 
     #[test]

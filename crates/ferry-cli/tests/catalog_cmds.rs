@@ -1,6 +1,7 @@
 //! The catalog commands through the real binary against a real `ferry serve` (its catalog on
-//! by default): stat, meta, find, mv, mkdir and rm, each with --json and as a human reads it,
-//! and their exit codes (0 done, 1 refused by the server, 2 a usage error).
+//! by default): stat, meta, find, mv, mkdir, rm and verify, each with --json and as a human
+//! reads it, and their exit codes (0 done, 1 refused by the server or, for verify, a problem
+//! found, 2 a usage error).
 
 use crate::util;
 
@@ -193,4 +194,60 @@ fn mv_mkdir_and_rm_keep_files_and_catalog_in_step() {
     let out = bed.ferry(&["rm", "--json"], &[&bed.remote("/archive/a-renamed.h5")]);
     assert_code(&out, 1);
     one_json(&out.stdout);
+}
+
+/// Flips two bytes of a file, keeping its size and mtime: what only a re-hash can see.
+fn flip(path: &std::path::Path) {
+    let mtime = fs::metadata(path).unwrap().modified().unwrap();
+    let mut data = fs::read(path).unwrap();
+    data[10] ^= 0xFF;
+    data[11] ^= 0x01;
+    fs::write(path, &data).unwrap();
+    let f = fs::File::options().write(true).open(path).unwrap();
+    f.set_modified(mtime).unwrap();
+}
+
+#[test]
+fn verify_reports_problems_with_its_exit_code() {
+    let bed = Bed::new();
+    let v = bed.json(&["verify", "-r"], "/data", &[]);
+    assert_eq!(u64_field(&v, "checked"), 3);
+    assert_eq!(u64_field(&v, "good"), 3);
+    assert_eq!(u64_field(&v, "bytes"), 53_010);
+    assert_eq!(v["problems"].as_array().unwrap().len(), 0);
+    assert_eq!(v["more"], false);
+
+    let root = bed.server.root.clone();
+    flip(&root.join("data/run/a.h5"));
+    write_pattern(&root.join("data/run/sub/extra.h5"), 100, 9);
+    // Without -r: the changed file, not the new one.
+    let out = bed.ferry(&["verify"], &[&bed.remote("/data")]);
+    assert_code(&out, 1);
+    assert!(
+        out.stdout
+            .starts_with("3 checked: 2 good, 1 bad, 0 missing, 0 unregistered;"),
+        "{out:?}"
+    );
+    assert!(out.stdout.contains("bad\t/data/run/a.h5\n"), "{out:?}");
+    assert!(!out.stdout.contains("extra.h5"), "{out:?}");
+    let s = bed.json(&["stat"], "/data/run/a.h5", &[]);
+    assert_eq!(s["replicas"][0]["state"], "bad");
+    // With -r and --json: the new file too.
+    let out = bed.ferry(&["verify", "-r", "--json"], &[&bed.remote("/data")]);
+    assert_code(&out, 1);
+    let v = one_json(&out.stdout);
+    assert_eq!(u64_field(&v, "bad"), 1);
+    assert_eq!(u64_field(&v, "unregistered"), 1);
+    let problems = v["problems"].as_array().unwrap();
+    assert_eq!(problems[0]["problem"], "bad");
+    assert_eq!(problems[0]["path"], "/data/run/a.h5");
+    assert_eq!(problems[1]["problem"], "unregistered");
+    assert_eq!(problems[1]["path"], "/data/run/sub/extra.h5");
+    // A missing file, and usage errors.
+    fs::remove_file(root.join("data/run/b.txt")).unwrap();
+    let out = bed.ferry(&["verify"], &[&bed.remote("/data/run/b.txt")]);
+    assert_code(&out, 1);
+    assert!(out.stdout.contains("missing\t/data/run/b.txt"), "{out:?}");
+    assert_code(&bed.ferry(&["verify"], &[]), 2);
+    assert_code(&bed.ferry(&["verify"], &["not-a-remote"]), 2);
 }

@@ -1,11 +1,11 @@
 //! The client's side of the catalog operations (`ferry stat`, `rm`, `mv`, `mkdir`, `meta`,
-//! `find`): one control connection per request, answered by the server from its catalog under
-//! the token's scopes.
+//! `find`, `verify`): one control connection per request, answered by the server from its
+//! catalog under the token's scopes.
 
 use ferry_core::Reporter;
 use ferry_proto::{
     CatalogAnswer, CatalogObject, CatalogRequest, CatalogStat, FindRequest, Frame, MetaEntry,
-    MAX_CONTROL_PAYLOAD,
+    Problem, VerifyCounts, MAX_CONTROL_PAYLOAD, MAX_VERIFY_LISTED,
 };
 
 use crate::client::{connect, ClientConfig};
@@ -167,6 +167,61 @@ pub async fn find(
     }
 }
 
+/// A verify's answer: its counts, and the problem paths (at most [`MAX_VERIFY_LISTED`]; `more`
+/// when some were counted and not listed).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Verified {
+    pub counts: VerifyCounts,
+    pub problems: Vec<(Problem, String)>,
+    pub more: bool,
+}
+
+impl Verified {
+    /// Whether everything checked was good (and, when the tree was walked, nothing was there
+    /// that the catalog does not know).
+    pub fn clean(&self) -> bool {
+        let c = &self.counts;
+        c.bad == 0 && c.missing == 0 && c.unregistered == 0
+    }
+}
+
+/// Has the server re-read and re-hash every object it holds at or under `path` and compare
+/// them with the catalog (with `recursive`, also report files it does not know). A long
+/// audit's progress frames keep the connection alive: each is awaited for `idle_timeout`.
+pub async fn verify(
+    cfg: &ClientConfig,
+    path: &str,
+    recursive: bool,
+    reporter: &dyn Reporter,
+) -> Result<Verified, SessionError> {
+    let request = CatalogRequest::Verify {
+        path: path.to_owned(),
+        recursive,
+    };
+    let mut c = connect(cfg, reporter).await?;
+    send(&mut c.control, &Frame::CatalogRequest(request)).await?;
+    let mut out = Verified::default();
+    loop {
+        let next = tokio::time::timeout(cfg.idle_timeout, answer(&mut c.control))
+            .await
+            .map_err(|_| SessionError::Timeout("waiting for the verify's progress"))??;
+        let CatalogAnswer::Verified(report) = next else {
+            return Err(unexpected(&next));
+        };
+        out.problems.extend(report.problems);
+        if out.problems.len() > MAX_VERIFY_LISTED {
+            return Err(SessionError::Protocol(format!(
+                "the server listed more than {MAX_VERIFY_LISTED} problems in a verify"
+            )));
+        }
+        out.counts = report.counts;
+        if report.last {
+            out.more = report.more;
+            return Ok(out);
+        }
+    }
+}
+
 /// Sends one request on a new control connection and reads its one answer.
 async fn ask(
     cfg: &ClientConfig,
@@ -201,6 +256,7 @@ fn unexpected(answer: &CatalogAnswer) -> SessionError {
         CatalogAnswer::Stat(_) => "stat",
         CatalogAnswer::Meta { .. } => "meta",
         CatalogAnswer::Found { .. } => "found",
+        CatalogAnswer::Verified(_) => "verified",
     };
     SessionError::Protocol(format!(
         "unexpected `{kind}` answer to this catalog request"

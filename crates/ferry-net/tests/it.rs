@@ -23,3 +23,4 @@ mod tls;
 mod transfer;
 mod trees;
 mod util;
+mod verify;

@@ -23,6 +23,12 @@ pub const MAX_FIND_LIMIT: u32 = 100_000;
 /// Most objects one `CatalogAnswer::Found` frame carries: at the longest paths, 128 still fit
 /// a control frame.
 pub const MAX_FOUND_ENTRIES: usize = 128;
+/// Most problem paths one `CatalogAnswer::Verified` frame carries (they fit a control frame
+/// at the longest paths, as found objects do).
+pub const MAX_VERIFY_PROBLEMS: usize = 128;
+/// Most problem paths a whole verify answer lists; past it the counts still count them and
+/// the last frame says `more`.
+pub const MAX_VERIFY_LISTED: usize = 10_000;
 
 /// One metadata entry: attribute, value and unit (empty when none), as iRODS's AVUs.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -91,6 +97,10 @@ pub enum CatalogRequest {
     MetaLs { path: String },
     /// Objects by metadata, name, age and size, answered from the catalog.
     Find(Box<FindRequest>),
+    /// A fixity audit done by the server in place: every object registered at or under
+    /// `path` re-read and re-hashed, this server's replica marked good or bad; with
+    /// `recursive`, files on disk there that are not registered reported too.
+    Verify { path: String, recursive: bool },
 }
 
 impl CatalogRequest {
@@ -105,6 +115,7 @@ impl CatalogRequest {
             Self::MetaRm { .. } => "meta rm",
             Self::MetaLs { .. } => "meta ls",
             Self::Find(_) => "find",
+            Self::Verify { .. } => "verify",
         }
     }
 }
@@ -158,6 +169,52 @@ pub struct CatalogStat {
     pub metadata: Vec<MetaEntry>,
 }
 
+/// What is wrong with a path a verify found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Problem {
+    /// Registered, and its size or digest is not the registered one.
+    Bad = 0,
+    /// Registered, and no regular file is there.
+    Missing = 1,
+    /// A regular file on disk that the catalog does not know (only with `recursive`).
+    Unregistered = 2,
+}
+
+impl Problem {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Bad => "bad",
+            Self::Missing => "missing",
+            Self::Unregistered => "unregistered",
+        }
+    }
+}
+
+/// A verify's counts so far.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct VerifyCounts {
+    /// Registered objects looked at.
+    pub checked: u64,
+    pub good: u64,
+    pub bad: u64,
+    pub missing: u64,
+    pub unregistered: u64,
+    /// File bytes read and hashed.
+    pub bytes: u64,
+}
+
+/// Part of a verify's answer: the counts so far, and the problem paths found since the frame
+/// before (relative to the server's root, in the order found). `last`: no `Verified` follows,
+/// its counts are the verify's; `more` (only with `last`): past [`MAX_VERIFY_LISTED`] paths,
+/// some problems were counted and not listed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VerifyReport {
+    pub counts: VerifyCounts,
+    pub problems: Vec<(Problem, String)>,
+    pub last: bool,
+    pub more: bool,
+}
+
 /// A server's answer to a `CatalogRequest` (`Frame::CatalogAnswer`); a refusal is an `Error`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum CatalogAnswer {
@@ -179,4 +236,7 @@ pub enum CatalogAnswer {
         last: bool,
         more: bool,
     },
+    /// Part of a verify's answer; a long verify sends one at least every few seconds, so the
+    /// control connection is never idle.
+    Verified(Box<VerifyReport>),
 }

@@ -527,6 +527,8 @@ fn catalog_request() -> impl Strategy<Value = CatalogRequest> {
             .prop_map(|(path, attr, value)| CatalogRequest::MetaRm { path, attr, value }),
         text().prop_map(|path| CatalogRequest::MetaLs { path }),
         find_request().prop_map(|f| CatalogRequest::Find(Box::new(f))),
+        (text(), any::<bool>())
+            .prop_map(|(path, recursive)| CatalogRequest::Verify { path, recursive }),
     ]
 }
 
@@ -591,6 +593,35 @@ fn catalog_answer() -> impl Strategy<Value = CatalogAnswer> {
                 more: last && more,
             }
         ),
+        (
+            any::<[u64; 6]>(),
+            vec((problem(), text()), 0..=16),
+            any::<bool>(),
+            any::<bool>()
+        )
+            .prop_map(
+                |(n, problems, last, more)| CatalogAnswer::Verified(Box::new(VerifyReport {
+                    counts: VerifyCounts {
+                        checked: n[0],
+                        good: n[1],
+                        bad: n[2],
+                        missing: n[3],
+                        unregistered: n[4],
+                        bytes: n[5],
+                    },
+                    problems,
+                    last,
+                    more: last && more,
+                }))
+            ),
+    ]
+}
+
+fn problem() -> impl Strategy<Value = Problem> {
+    prop_oneof![
+        Just(Problem::Bad),
+        Just(Problem::Missing),
+        Just(Problem::Unregistered)
     ]
 }
 
@@ -1021,6 +1052,10 @@ fn sample_catalog_frames() -> Vec<Frame> {
         CatalogRequest::MetaLs {
             path: "/incoming/run42/a.dat".into(),
         },
+        CatalogRequest::Verify {
+            path: "incoming/run42".into(),
+            recursive: true,
+        },
         CatalogRequest::Find(Box::new(FindRequest {
             under: "/incoming".into(),
             conditions: vec![FindCondition {
@@ -1056,6 +1091,22 @@ fn sample_catalog_frames() -> Vec<Frame> {
             last: true,
             more: true,
         },
+        CatalogAnswer::Verified(Box::new(VerifyReport {
+            counts: VerifyCounts {
+                checked: 3,
+                good: 1,
+                bad: 1,
+                missing: 1,
+                unregistered: 1,
+                bytes: 1 << 20,
+            },
+            problems: vec![
+                (Problem::Bad, "incoming/run42/a.dat".into()),
+                (Problem::Unregistered, "incoming/run42/new.dat".into()),
+            ],
+            last: true,
+            more: false,
+        })),
     ];
     requests
         .into_iter()
@@ -2071,7 +2122,7 @@ fn pinned_catalog_frames_and_their_limits() {
     };
     // An unknown op or tag, a flag that is neither 0 nor 1, a limit of 0: refused, named.
     assert!(matches!(
-        refused(FrameType::CATALOG_REQUEST, &[9, 0, 0]),
+        refused(FrameType::CATALOG_REQUEST, &[0xFF, 0, 0]),
         DecodeError::InvalidValue { field: "op", .. }
     ));
     assert!(matches!(
@@ -2198,4 +2249,86 @@ fn pinned_catalog_frames_and_their_limits() {
         metadata: vec![entry; MAX_META_ENTRIES],
     })));
     assert_eq!(decode(encode(&stat)), Ok(stat));
+}
+
+#[test]
+fn pinned_verify_frames_and_their_limits() {
+    let frame = Frame::CatalogRequest(CatalogRequest::Verify {
+        path: "a".into(),
+        recursive: true,
+    });
+    assert_eq!(&encode(&frame)[..], &[0x1E, 0, 0, 0, 5, 9, 1, 0, 1, b'a']);
+    let frame = Frame::CatalogAnswer(CatalogAnswer::Verified(Box::new(VerifyReport {
+        counts: VerifyCounts {
+            checked: 1,
+            good: 0,
+            bad: 1,
+            missing: 0,
+            unregistered: 0,
+            bytes: 2,
+        },
+        problems: vec![(Problem::Bad, "a".into())],
+        last: true,
+        more: false,
+    })));
+    let mut want = vec![0x3D, 0, 0, 0, 56, 5, 1];
+    for n in [1u64, 0, 1, 0, 0, 2] {
+        want.extend(n.to_be_bytes());
+    }
+    want.extend([0, 1, 0, 0, 1, b'a']);
+    assert_eq!(&encode(&frame)[..], &want[..]);
+    let refused = |ty: FrameType, payload: &'static [u8]| {
+        Frame::decode(ty, Bytes::from_static(payload)).unwrap_err()
+    };
+    assert!(matches!(
+        refused(FrameType::CATALOG_REQUEST, &[9, 2, 0, 0]),
+        DecodeError::InvalidValue {
+            field: "recursive",
+            ..
+        }
+    ));
+    // `more` without `last`, an unknown problem, a count it does not hold, too many paths.
+    assert!(matches!(
+        refused(FrameType::CATALOG_ANSWER, &[5, 2]),
+        DecodeError::InvalidValue { field: "flags", .. }
+    ));
+    let mut payload = vec![5, 1];
+    payload.extend([0; 48]);
+    payload.extend([0, 1, 7, 0, 0]);
+    assert!(matches!(
+        Frame::decode(FrameType::CATALOG_ANSWER, Bytes::from(payload)),
+        Err(DecodeError::InvalidValue {
+            field: "problem",
+            ..
+        })
+    ));
+    let mut payload = vec![5, 1];
+    payload.extend([0; 48]);
+    payload.extend([0xFF, 0xFF]);
+    assert!(Frame::decode(FrameType::CATALOG_ANSWER, Bytes::from(payload)).is_err());
+    let report = |problems| {
+        Frame::CatalogAnswer(CatalogAnswer::Verified(Box::new(VerifyReport {
+            counts: VerifyCounts::default(),
+            problems,
+            last: true,
+            more: true,
+        })))
+    };
+    let over = report(vec![
+        (Problem::Missing, String::new());
+        MAX_VERIFY_PROBLEMS + 1
+    ]);
+    assert!(matches!(
+        decode(encode(&over)),
+        Err(DecodeError::TooLong {
+            field: "problems",
+            ..
+        })
+    ));
+    // The largest answer the bounds allow still fits a control frame.
+    let longest = report(vec![
+        (Problem::Bad, "p".repeat(MAX_PATH));
+        MAX_VERIFY_PROBLEMS
+    ]);
+    assert_eq!(decode(encode(&longest)), Ok(longest));
 }

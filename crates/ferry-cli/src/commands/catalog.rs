@@ -1,4 +1,4 @@
-//! `ferry stat`, `rm`, `mv`, `mkdir`, `meta set|rm|ls` and `find`: one request each to a
+//! `ferry stat`, `rm`, `mv`, `mkdir`, `meta set|rm|ls`, `find` and `verify`: one request each to a
 //! server, answered from its catalog (and, for rm, mv and mkdir, done on its files) under the
 //! token's scopes. Paths are shown from the server's root, with a leading `/`.
 
@@ -12,7 +12,9 @@ use ferry_proto::{
 };
 use serde_json::{json, Value};
 
-use crate::catalog_args::{FindArgs, MetaCommand, MkdirArgs, MvArgs, ReachArgs, RmArgs, StatArgs};
+use crate::catalog_args::{
+    FindArgs, MetaCommand, MkdirArgs, MvArgs, ReachArgs, RmArgs, StatArgs, VerifyArgs,
+};
 use crate::config::remote_client;
 use crate::error::usage;
 use crate::output::clean;
@@ -183,6 +185,59 @@ pub async fn find(args: FindArgs, quiet: bool) -> Result<ExitCode> {
         );
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Exit 0 when everything checked is good (and, with -r, nothing is unregistered), 1 when
+/// anything is not; a refusal is an error as for any command.
+pub async fn verify(args: VerifyArgs, quiet: bool) -> Result<ExitCode> {
+    let (path, cfg) = reach(
+        &args.remote,
+        "verify takes a remote file or directory, HOST[:PORT]:PATH",
+        &args.reach,
+    )?;
+    let v = cat::verify(&cfg, &path, args.recursive, &Notices(quiet))
+        .await
+        .with_context(|| format!("verify {path} failed"))?;
+    let c = &v.counts;
+    if args.reach.output.json {
+        let problems: Vec<Value> = v
+            .problems
+            .iter()
+            .map(|(p, path)| json!({"problem": p.as_str(), "path": format!("/{path}")}))
+            .collect();
+        println!(
+            "{:#}",
+            json!({
+                "checked": c.checked, "good": c.good, "bad": c.bad, "missing": c.missing,
+                "unregistered": c.unregistered, "bytes": c.bytes,
+                "problems": problems, "more": v.more,
+            })
+        );
+    } else {
+        println!(
+            "{} checked: {} good, {} bad, {} missing, {} unregistered; {} read",
+            c.checked,
+            c.good,
+            c.bad,
+            c.missing,
+            c.unregistered,
+            ferry_units::units::format_bytes(c.bytes)
+        );
+        for (p, path) in &v.problems {
+            println!("{}\t/{}", p.as_str(), clean(path));
+        }
+        if v.more && !quiet {
+            eprintln!(
+                "more: over {} problems; the counts above count them all",
+                v.problems.len()
+            );
+        }
+    }
+    Ok(if v.clean() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
 }
 
 /// The find the arguments ask for; a condition, date or size that does not read is a usage

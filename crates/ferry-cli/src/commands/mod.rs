@@ -36,6 +36,7 @@ pub async fn run(cli: Cli) -> Result<ExitCode> {
         Command::Mkdir(a) => catalog::mkdir(a, quiet).await,
         Command::Meta(c) => catalog::meta(c, quiet).await,
         Command::Find(a) => catalog::find(a, quiet).await,
+        Command::Verify(a) => catalog::verify(a, quiet).await,
         Command::Demo(a) => demo::run(a, quiet).await,
         Command::Probe(c) => probe::run(c, quiet).await,
         Command::Token(c) => token::run(c, quiet),

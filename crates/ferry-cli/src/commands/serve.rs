@@ -229,6 +229,9 @@ fn limits(config: &mut ServerConfig, args: &ServeArgs) -> Result<()> {
         .map_err(usage)?
         .max(Duration::from_secs(5));
     config.partial_max_age = parse_duration(&args.partial_max_age).map_err(|e| usage(e.into()))?;
+    config.verify_rate = ferry_units::units::parse_size(&args.verify_rate)
+        .with_context(|| format!("--verify-rate {}", args.verify_rate))
+        .map_err(usage)?;
     Ok(())
 }
 

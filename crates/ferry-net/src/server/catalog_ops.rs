@@ -1,11 +1,12 @@
-//! A `CatalogRequest` (`ferry stat`, `rm`, `mv`, `mkdir`, `meta`, `find`): checked against the
-//! token's scopes (reads need its read scope on the path, changes its write scope), the path
-//! resolved like any other request's, then answered with one `CatalogAnswer` (a find's in
-//! several). The catalog's work and the file system's run off the runtime's threads.
+//! A `CatalogRequest` (`ferry stat`, `rm`, `mv`, `mkdir`, `meta`, `find`, `verify`): checked
+//! against the token's scopes (reads, verify included, need its read scope on the path,
+//! changes its write scope), the path resolved like any other request's, then answered with
+//! one `CatalogAnswer` (a find's and a verify's in several; the audit itself is in `verify`).
+//! The catalog's work and the file system's run off the runtime's threads.
 //!
 //! Files and catalog stay in step: a removal is durable before its rows go, and a rename that
 //! the catalog refuses is renamed back. A server without a catalog (`--catalog none`) still
-//! removes, renames and makes directories, and refuses stat, meta and find.
+//! removes, renames and makes directories, and refuses stat, meta, find and verify.
 
 use std::sync::{Arc, Mutex};
 
@@ -76,6 +77,12 @@ pub(super) async fn serve(
             let rel = readable(shared, grant, &find.under)?;
             let catalog = needed(catalog)?;
             return answer_find(stream, catalog, rel, *find).await;
+        }
+        CatalogRequest::Verify { path, recursive } => {
+            let rel = readable(shared, grant, &path)?;
+            let prefix = grant.read_scope(&rel).unwrap_or_default().to_owned();
+            let catalog = needed(catalog)?;
+            return super::verify::serve(shared, stream, catalog, (rel, prefix), recursive).await;
         }
         CatalogRequest::Remove { path, recursive } => {
             remove(shared, grant, catalog, &path, recursive).await?
@@ -375,8 +382,8 @@ fn writable(
 fn needed(catalog: Option<Arc<Catalog>>) -> Result<Arc<Catalog>, SessionError> {
     catalog.ok_or_else(|| SessionError::Remote {
         code: ErrorCode::BAD_REQUEST,
-        message: "this server keeps no catalog (it runs with --catalog none): stat, meta and \
-                  find need one"
+        message: "this server keeps no catalog (it runs with --catalog none): stat, meta, \
+                  find and verify need one"
             .into(),
     })
 }

@@ -78,6 +78,9 @@ pub struct ServerConfig {
     /// Where every stored file is registered (`serve --catalog`); `None`: nowhere. Its
     /// leftover intents are reconciled when the server binds.
     pub catalog: Option<Arc<ferry_catalog::Catalog>>,
+    /// Bytes a second that `ferry verify` audits may read, all of them together (`serve
+    /// --verify-rate`; 0: unlimited), so that an audit cannot starve transfers.
+    pub verify_rate: u64,
 }
 
 impl ServerConfig {
@@ -114,6 +117,7 @@ impl ServerConfig {
             paths: Vec::new(),
             stripe: false,
             catalog: None,
+            verify_rate: 256 << 20,
         }
     }
 

@@ -10,7 +10,8 @@
 //! server). A striped put's other hosts: `stripe` (blocks into the coordinator's partial
 //! copies, each reported `Landed`). `catalog` registers every file a put stores and
 //! reconciles a crash's leftovers; `catalog_ops` serves a user's catalog requests (stat, rm,
-//! mv, mkdir, meta, find), their file-system half in `files`. `metrics`
+//! mv, mkdir, meta, find), their file-system half in `files`, and `verify` its fixity audits
+//! (`ferry verify`). `metrics`
 //! counts sessions, bytes and refusals for a scraper.
 
 pub mod access;
@@ -30,6 +31,7 @@ mod request;
 mod session;
 mod state;
 mod stripe;
+mod verify;
 mod wire;
 
 pub use config::ServerConfig;

@@ -38,6 +38,8 @@ pub(super) struct ServerState {
     active: AtomicUsize,
     /// What the server has done, for `/metrics`.
     pub(super) metrics: Arc<Metrics>,
+    /// The pace all `ferry verify` audits share (`verify_rate`).
+    pub(super) verify_pace: Arc<super::verify::Pace>,
 }
 
 impl ServerState {
@@ -52,6 +54,7 @@ impl ServerState {
             per_token: PerToken::new(config.max_sessions_per_token),
             grants: Grants::new(config.grant_ttl),
             paths: Mutex::default(),
+            verify_pace: Arc::new(super::verify::Pace::new(config.verify_rate)),
             config,
             root,
             tls,

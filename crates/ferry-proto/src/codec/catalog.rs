@@ -7,9 +7,10 @@ use bytes::{BufMut, BytesMut};
 use super::{count, invalid, put_str, wire_len, Reader};
 use crate::catalog::{
     CatalogAnswer, CatalogObject, CatalogReplica, CatalogRequest, CatalogStat, Compare,
-    FindCondition, FindRequest, MetaEntry, ReplicaHealth, MAX_ALGO, MAX_FIND_CONDITIONS,
-    MAX_FIND_LIMIT, MAX_FOUND_ENTRIES, MAX_META_ATTR, MAX_META_ENTRIES, MAX_META_UNIT,
-    MAX_META_VALUE, MAX_PHYSICAL, MAX_REPLICAS, MAX_SERVER_NAME,
+    FindCondition, FindRequest, MetaEntry, Problem, ReplicaHealth, VerifyCounts, VerifyReport,
+    MAX_ALGO, MAX_FIND_CONDITIONS, MAX_FIND_LIMIT, MAX_FOUND_ENTRIES, MAX_META_ATTR,
+    MAX_META_ENTRIES, MAX_META_UNIT, MAX_META_VALUE, MAX_PHYSICAL, MAX_REPLICAS, MAX_SERVER_NAME,
+    MAX_VERIFY_PROBLEMS,
 };
 use crate::error::DecodeError;
 use crate::frame::{Frame, MAX_DIGEST, MAX_PATH};
@@ -22,11 +23,13 @@ const OP_META_SET: u8 = 5;
 const OP_META_RM: u8 = 6;
 const OP_META_LS: u8 = 7;
 const OP_FIND: u8 = 8;
+const OP_VERIFY: u8 = 9;
 
 const ANSWER_DONE: u8 = 1;
 const ANSWER_STAT: u8 = 2;
 const ANSWER_META: u8 = 3;
 const ANSWER_FOUND: u8 = 4;
+const ANSWER_VERIFIED: u8 = 5;
 
 /// A find's optional parts, present when their bit is set.
 const FIND_NAME: u8 = 1;
@@ -43,6 +46,7 @@ const MIN_META_LEN: usize = 2 + 2 + 2;
 const MIN_REPLICA_LEN: usize = 2 + 2 + 1;
 const MIN_OBJECT_LEN: usize = 2 + 8 + 8 + 1 + 2 + 2 + 8;
 const MIN_CONDITION_LEN: usize = 1 + 2 + 2;
+const MIN_PROBLEM_LEN: usize = 1 + 2;
 
 pub(super) fn put_request(out: &mut BytesMut, req: &CatalogRequest) {
     match req {
@@ -86,6 +90,11 @@ pub(super) fn put_request(out: &mut BytesMut, req: &CatalogRequest) {
         CatalogRequest::Find(f) => {
             out.put_u8(OP_FIND);
             put_find(out, f);
+        }
+        CatalogRequest::Verify { path, recursive } => {
+            out.put_u8(OP_VERIFY);
+            out.put_u8(u8::from(*recursive));
+            put_str(out, path);
         }
     }
 }
@@ -162,6 +171,10 @@ pub(super) fn decode_request(r: &mut Reader<'_>) -> Result<Frame, DecodeError> {
             path: r.str("path", MAX_PATH)?,
         },
         OP_FIND => CatalogRequest::Find(Box::new(decode_find(r)?)),
+        OP_VERIFY => CatalogRequest::Verify {
+            recursive: flag(r, "recursive")?,
+            path: r.str("path", MAX_PATH)?,
+        },
         other => return Err(invalid("op", other)),
     };
     Ok(Frame::CatalogRequest(req))
@@ -250,15 +263,70 @@ pub(super) fn put_answer(out: &mut BytesMut, answer: &CatalogAnswer) {
             more,
         } => {
             out.put_u8(ANSWER_FOUND);
-            let mut flags = if *last { FOUND_LAST } else { 0 };
-            flags |= if *more { FOUND_MORE } else { 0 };
-            out.put_u8(flags);
+            out.put_u8(found_flags(*last, *more));
             out.put_u16(wire_len(objects.len(), "found objects"));
             for o in objects {
                 put_object(out, o);
             }
         }
+        CatalogAnswer::Verified(v) => {
+            out.put_u8(ANSWER_VERIFIED);
+            out.put_u8(found_flags(v.last, v.more));
+            let c = &v.counts;
+            for n in [c.checked, c.good, c.bad, c.missing, c.unregistered, c.bytes] {
+                out.put_u64(n);
+            }
+            out.put_u16(wire_len(v.problems.len(), "problems"));
+            for (problem, path) in &v.problems {
+                out.put_u8(*problem as u8);
+                put_str(out, path);
+            }
+        }
     }
+}
+
+fn found_flags(last: bool, more: bool) -> u8 {
+    let flags = if last { FOUND_LAST } else { 0 };
+    flags | if more { FOUND_MORE } else { 0 }
+}
+
+/// Reads the flags of a `Found` or `Verified` frame: `more` speaks of the whole answer, so
+/// only its last frame says it.
+fn decode_flags(r: &mut Reader<'_>) -> Result<(bool, bool), DecodeError> {
+    let flags = r.u8("flags")?;
+    if flags & !(FOUND_LAST | FOUND_MORE) != 0 || flags == FOUND_MORE {
+        return Err(invalid("flags", flags));
+    }
+    Ok((flags & FOUND_LAST != 0, flags & FOUND_MORE != 0))
+}
+
+fn decode_verified(r: &mut Reader<'_>) -> Result<VerifyReport, DecodeError> {
+    let (last, more) = decode_flags(r)?;
+    let counts = VerifyCounts {
+        checked: r.u64("checked")?,
+        good: r.u64("good")?,
+        bad: r.u64("bad")?,
+        missing: r.u64("missing")?,
+        unregistered: r.u64("unregistered")?,
+        bytes: r.u64("bytes")?,
+    };
+    let n = count(r, "problems", MAX_VERIFY_PROBLEMS)?;
+    let mut problems = Vec::with_capacity(n.min(r.remaining() / MIN_PROBLEM_LEN));
+    for _ in 0..n {
+        let problem = match r.u8("problem")? {
+            0 => Problem::Bad,
+            1 => Problem::Missing,
+            2 => Problem::Unregistered,
+            other => return Err(invalid("problem", other)),
+        };
+        problems.push((problem, r.str("path", MAX_PATH)?));
+    }
+    Ok(VerifyReport {
+        counts,
+        problems,
+        last,
+        more,
+    })
 }
 
 fn put_metas(out: &mut BytesMut, entries: &[MetaEntry]) {
@@ -312,11 +380,7 @@ pub(super) fn decode_answer(r: &mut Reader<'_>) -> Result<Frame, DecodeError> {
             entries: decode_metas(r)?,
         },
         ANSWER_FOUND => {
-            let flags = r.u8("flags")?;
-            // `more` speaks of the whole answer: only its last frame says it.
-            if flags & !(FOUND_LAST | FOUND_MORE) != 0 || flags == FOUND_MORE {
-                return Err(invalid("flags", flags));
-            }
+            let (last, more) = decode_flags(r)?;
             let n = count(r, "count", MAX_FOUND_ENTRIES)?;
             let mut objects = Vec::with_capacity(n.min(r.remaining() / MIN_OBJECT_LEN));
             for _ in 0..n {
@@ -324,10 +388,11 @@ pub(super) fn decode_answer(r: &mut Reader<'_>) -> Result<Frame, DecodeError> {
             }
             CatalogAnswer::Found {
                 objects,
-                last: flags & FOUND_LAST != 0,
-                more: flags & FOUND_MORE != 0,
+                last,
+                more,
             }
         }
+        ANSWER_VERIFIED => CatalogAnswer::Verified(Box::new(decode_verified(r)?)),
         other => return Err(invalid("tag", other)),
     };
     Ok(Frame::CatalogAnswer(answer))
