@@ -4,6 +4,17 @@
 //! a failure is a JSON object on stdout too (`{"error": {...}}`), so a script always gets JSON.
 #![forbid(unsafe_code)]
 
+/// `println!` that ends the process quietly when stdout's reader has gone (`ferry find ... |
+/// head`), where std's panics. Defined before the modules so that it is theirs too.
+macro_rules! println {
+    () => {
+        $crate::output::print_line(format_args!(""))
+    };
+    ($($t:tt)*) => {
+        $crate::output::print_line(format_args!($($t)*))
+    };
+}
+
 mod args;
 mod catalog_args;
 mod commands;

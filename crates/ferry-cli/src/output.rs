@@ -47,3 +47,22 @@ mod tests {
         assert_eq!(clean("evil\u{202e}txt.exe"), "evil\\u{202e}txt.exe");
     }
 }
+
+/// Writes a line of data to stdout. A reader that has gone (a pipe closed by `head`) ends the
+/// process at once with status 0, as a tool whose output nobody reads is done; any other
+/// write error is said on stderr and ends it with 1.
+pub fn print_line(args: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    let written = out
+        .write_fmt(args)
+        .and_then(|()| out.write_all(b"\n"))
+        .and_then(|()| out.flush());
+    if let Err(e) = written {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            std::process::exit(0);
+        }
+        eprintln!("ferry: writing to stdout: {e}");
+        std::process::exit(1);
+    }
+}

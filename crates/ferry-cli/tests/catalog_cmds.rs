@@ -251,3 +251,43 @@ fn verify_reports_problems_with_its_exit_code() {
     assert_code(&bed.ferry(&["verify"], &[]), 2);
     assert_code(&bed.ferry(&["verify"], &["not-a-remote"]), 2);
 }
+
+/// A reader that goes away (`ferry find ... | head -0`) ends the command quietly with 0, for
+/// every command that prints data, not with a panic on the broken pipe.
+#[test]
+fn a_closed_stdout_ends_the_command_quietly() {
+    let bed = Bed::new();
+    for args in [
+        vec!["find", "--name", "*"],
+        vec!["stat"],
+        vec!["ls"],
+        vec!["verify", "-r"],
+    ] {
+        let path = if args[0] == "stat" {
+            "/data/run/a.h5"
+        } else {
+            "/data"
+        };
+        let mut child = bed
+            .sb
+            .client(&bed.server.token)
+            .args(&args)
+            .arg(bed.remote(path))
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        // Closed before the command has reached the server, so its first line meets no reader.
+        drop(child.stdout.take());
+        let mut err = child.stderr.take().unwrap();
+        let mut guard = ChildGuard(Some(child));
+        let status = guard
+            .wait_for(CMD_TIMEOUT)
+            .expect("the command ends on its own");
+        let mut stderr = String::new();
+        std::io::Read::read_to_string(&mut err, &mut stderr).unwrap();
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+        assert_eq!(status.code(), Some(0), "{args:?}: {stderr}");
+    }
+}

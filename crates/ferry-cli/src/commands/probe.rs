@@ -50,7 +50,7 @@ pub async fn run(cmd: ProbeCommand, quiet: bool) -> Result<ExitCode> {
     };
     match json {
         Some(j) => println!("{j}"),
-        None => print!("{text}"),
+        None => println!("{}", text.strip_suffix('\n').unwrap_or(&text)),
     }
     Ok(ExitCode::SUCCESS)
 }
