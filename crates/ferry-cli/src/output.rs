@@ -34,20 +34,6 @@ fn needs_escape(c: char) -> bool {
     c.is_control() || matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
 }
 
-#[cfg(test)]
-mod tests {
-    use super::clean;
-
-    #[test]
-    fn controls_are_escaped_and_the_rest_kept() {
-        assert_eq!(clean("plain ä 名前.txt"), "plain ä 名前.txt");
-        assert_eq!(clean("a\nb\tc\rd"), "a\\nb\\tc\\rd");
-        assert_eq!(clean("\x1b[31mred\x07"), "\\x1b[31mred\\x07");
-        assert_eq!(clean("\u{9b}2J\u{7f}"), "\\u{9b}2J\\x7f");
-        assert_eq!(clean("evil\u{202e}txt.exe"), "evil\\u{202e}txt.exe");
-    }
-}
-
 /// Writes a line of data to stdout. A reader that has gone (a pipe closed by `head`) ends the
 /// process at once with status 0, as a tool whose output nobody reads is done; any other
 /// write error is said on stderr and ends it with 1.
@@ -64,5 +50,19 @@ pub fn print_line(args: std::fmt::Arguments<'_>) {
         }
         eprintln!("ferry: writing to stdout: {e}");
         std::process::exit(1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::clean;
+
+    #[test]
+    fn controls_are_escaped_and_the_rest_kept() {
+        assert_eq!(clean("plain ä 名前.txt"), "plain ä 名前.txt");
+        assert_eq!(clean("a\nb\tc\rd"), "a\\nb\\tc\\rd");
+        assert_eq!(clean("\x1b[31mred\x07"), "\\x1b[31mred\\x07");
+        assert_eq!(clean("\u{9b}2J\u{7f}"), "\\u{9b}2J\\x7f");
+        assert_eq!(clean("evil\u{202e}txt.exe"), "evil\\u{202e}txt.exe");
     }
 }
