@@ -315,3 +315,55 @@ fn sync_checksum_takes_the_servers_registered_digests() {
         file_b3(&src.join("big.bin"))
     );
 }
+
+/// A symlink that changed alone, with no file to send, is synced (made again elsewhere, its
+/// size and mtime differ), both ways; an unchanged one leaves nothing to do.
+#[test]
+fn a_link_that_changed_alone_is_synced() {
+    let sb = Sandbox::new();
+    let root = sb.mkdir("root");
+    let src = sb.path("src");
+    make_tree(&src);
+    std::os::unix::fs::symlink("a.txt", src.join("link")).unwrap();
+    let s = Server::start(&sb, &root, Some(&sb.path("token")), &[]);
+    let sync = |from: String, to: String| {
+        run(
+            sb.client(&s.token)
+                .args(["sync", "--json"])
+                .arg(from)
+                .arg(to),
+            CMD_TIMEOUT,
+        )
+    };
+    let (src_arg, there) = (src.display().to_string(), s.remote("/mirror"));
+    assert_code(&sync(src_arg.clone(), there.clone()), 0);
+    assert_eq!(
+        fs::read_link(root.join("mirror/link")).unwrap(),
+        Path::new("a.txt")
+    );
+    let out = sync(src_arg.clone(), there.clone());
+    assert_code(&out, 0);
+    assert!(one_json(&out.stdout)["transfer"].is_null(), "{out:?}");
+
+    fs::remove_file(src.join("link")).unwrap();
+    std::os::unix::fs::symlink("sub/b.txt", src.join("link")).unwrap();
+    let out = sync(src_arg, there.clone());
+    assert_code(&out, 0);
+    let v = one_json(&out.stdout);
+    assert_eq!(v["plan"]["send"], serde_json::json!(["link"]), "{v}");
+    assert_eq!(
+        fs::read_link(root.join("mirror/link")).unwrap(),
+        Path::new("sub/b.txt")
+    );
+
+    // Down: a local copy whose link is pointed elsewhere is put back.
+    let back = sb.path("back");
+    assert_code(&sync(there.clone(), back.display().to_string()), 0);
+    fs::remove_file(back.join("link")).unwrap();
+    std::os::unix::fs::symlink("elsewhere", back.join("link")).unwrap();
+    assert_code(&sync(there, back.display().to_string()), 0);
+    assert_eq!(
+        fs::read_link(back.join("link")).unwrap(),
+        Path::new("sub/b.txt")
+    );
+}

@@ -51,7 +51,7 @@ pub enum Direction {
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct Plan {
     /// Files missing at the destination or differing in size or mtime (every file, with
-    /// `checksum`), by path below the top.
+    /// `checksum`), and symlinks missing or differing, by path below the top.
     pub send: Vec<String>,
     /// Files left alone, not read on either end.
     pub unchanged: usize,
@@ -117,14 +117,20 @@ fn is_partial(rel: &str) -> bool {
 pub fn plan(src: &Tree, dest: &Tree, opts: SyncOpts) -> (Plan, HashSet<String>) {
     let mut plan = Plan::default();
     let mut unchanged = HashSet::new();
-    for (rel, s) in src.iter().filter(|(_, e)| e.kind == EntryKind::File) {
-        let same = dest.get(rel).is_some_and(|d| {
-            d.kind == EntryKind::File && d.size == s.size && d.mtime_ns == s.mtime_ns
-        });
-        if same && !opts.checksum {
-            unchanged.insert(rel.clone());
-        } else {
-            plan.send.push(rel.clone());
+    for (rel, s) in src.iter() {
+        let same = dest
+            .get(rel)
+            .is_some_and(|d| d.kind == s.kind && d.size == s.size && d.mtime_ns == s.mtime_ns);
+        match s.kind {
+            EntryKind::File if same && !opts.checksum => {
+                unchanged.insert(rel.clone());
+            }
+            EntryKind::File => plan.send.push(rel.clone()),
+            // A link's size is its target's length and its mtime goes with it (ferry keeps
+            // it): one made again, or pointed elsewhere, differs; the walk sends every link,
+            // so only the transfer has to run.
+            EntryKind::Symlink if !same => plan.send.push(rel.clone()),
+            _ => {}
         }
     }
     plan.unchanged = unchanged.len();

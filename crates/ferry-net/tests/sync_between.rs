@@ -99,7 +99,8 @@ async fn a_sync_between_servers_is_identical_and_a_second_one_sends_nothing() {
     let all = Filter::default();
     let first = between(&cfg, "/src", "/mirror", &all, opts(false, false)).await;
     assert!(first.is_success(), "{first:?}");
-    assert_eq!(first.plan.send.len(), 5);
+    // The five files and the link.
+    assert_eq!(first.plan.send.len(), 6, "{:?}", first.plan);
     assert_eq!(sent(&first), (5, total));
     assert_eq!(
         snapshot(&a.root.join("src")),
@@ -193,7 +194,10 @@ async fn delete_between_servers_follows_a_copy_that_stored_everything_and_filter
         ..opts(false, true)
     };
     let plan = between(&cfg, "/src", "/mirror", &filter, dry).await;
-    assert_eq!(plan.plan.send, ["a.txt", "sub/b.bin", "sub/deep/c.txt"]);
+    assert_eq!(
+        plan.plan.send,
+        ["a.txt", "link", "sub/b.bin", "sub/deep/c.txt"]
+    );
     assert_eq!(
         plan.plan.delete,
         ["olddir/x/y.txt", "olddir/x", "olddir", "old.txt"]

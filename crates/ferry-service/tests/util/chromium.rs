@@ -55,7 +55,12 @@ impl Browser {
         let (from, child_out) = pipe();
         let (cin, cout) = (child_in.as_raw_fd(), child_out.as_raw_fd());
         let log = File::create(profile.path().join("stderr.log")).unwrap();
+        // Chromium's own temporary files (shared memory with --disable-dev-shm-usage) go in
+        // the profile, so that they are removed with it.
+        let tmp = profile.path().join("tmp");
+        std::fs::create_dir(&tmp).unwrap();
         let mut cmd = Command::new(CHROMIUM);
+        cmd.env("TMPDIR", &tmp);
         cmd.args([
             "--headless",
             "--no-sandbox",
@@ -78,10 +83,14 @@ impl Browser {
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(log);
-        // SAFETY: only async-signal-safe calls (fcntl, dup2) between fork and exec. The ends are
+        // SAFETY: only async-signal-safe calls (setpgid, fcntl, dup2) between fork and exec.
+        // Its own process group, so that Drop ends its helper processes too. The ends are
         // first copied above 10 so that placing one on 3 cannot close the other.
         unsafe {
             cmd.pre_exec(move || {
+                if libc::setpgid(0, 0) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
                 let a = libc::fcntl(cin, libc::F_DUPFD_CLOEXEC, 10);
                 let b = libc::fcntl(cout, libc::F_DUPFD_CLOEXEC, 10);
                 if a < 0 || b < 0 || libc::dup2(a, 3) < 0 || libc::dup2(b, 4) < 0 {
@@ -210,8 +219,20 @@ impl Browser {
 
 impl Drop for Browser {
     fn drop(&mut self) {
+        let group = i32::try_from(self.child.id()).unwrap_or(0);
+        // SAFETY: signals to the process group this Browser made (setpgid at its start).
+        unsafe {
+            libc::kill(-group, libc::SIGKILL);
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
+        // Its helpers (zygote, renderers) are gone before the profile is removed, or one could
+        // write into it meanwhile and leave it behind. Bounded: 5 s.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        // SAFETY: signal 0 only asks whether a process of the group is left.
+        while unsafe { libc::kill(-group, 0) } == 0 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
         if std::thread::panicking() {
             eprintln!("{}", self.log_tail());
         }
