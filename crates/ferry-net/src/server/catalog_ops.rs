@@ -20,7 +20,7 @@ use ferry_proto::{
     MAX_REPLICAS,
 };
 
-use super::access::{self, Grant};
+use super::access::{self, denied, Grant};
 use super::files::{self, Removed, Stopped};
 use super::state::ServerState;
 use crate::error::SessionError;
@@ -402,16 +402,6 @@ async fn blocking<T: Send + 'static>(
 
 fn done(entries: u64, objects: u64) -> CatalogAnswer {
     CatalogAnswer::Done { entries, objects }
-}
-
-fn denied(grant: &Grant, what: &str, path: &str) -> SessionError {
-    SessionError::Remote {
-        code: ErrorCode::DENIED,
-        message: format!(
-            "permission denied: token `{}` may not {what} `{path}`",
-            grant.name
-        ),
-    }
 }
 
 fn not_registered(raw: &str) -> SessionError {

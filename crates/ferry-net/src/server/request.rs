@@ -14,7 +14,7 @@ use ferry_proto::{
 };
 use tokio::sync::OwnedSemaphorePermit as Permit;
 
-use super::access::{self, Grant};
+use super::access::{self, denied, Grant};
 use super::catalog::{CatalogHook, ScopeDigests, SourceDigests};
 use super::registry::{announce, gather, Named, Unregister};
 use super::state::ServerState;
@@ -471,16 +471,6 @@ fn as_requested(e: SessionError, raw: &str) -> SessionError {
             path: raw.to_owned(),
         }),
         other => other,
-    }
-}
-
-fn denied(grant: &Grant, what: &str, path: &str) -> SessionError {
-    SessionError::Remote {
-        code: ErrorCode::DENIED,
-        message: format!(
-            "permission denied: token `{}` may not {what} `{path}`",
-            grant.name
-        ),
     }
 }
 

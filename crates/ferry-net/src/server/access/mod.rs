@@ -26,3 +26,14 @@ pub use token::{hash_token, inside, AccessError, AccessList, Grant, TokenEntry, 
 
 // The login brake lives with the other admission limits; named here too, where it always was.
 pub use super::admission::{network_of, LoginBrake};
+
+/// The refusal of an operation outside the token's scopes, naming what and where.
+pub(crate) fn denied(grant: &Grant, what: &str, path: &str) -> crate::error::SessionError {
+    crate::error::SessionError::Remote {
+        code: ferry_proto::ErrorCode::DENIED,
+        message: format!(
+            "permission denied: token `{}` may not {what} `{path}`",
+            grant.name
+        ),
+    }
+}
