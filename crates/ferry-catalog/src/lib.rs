@@ -24,7 +24,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 pub use error::CatalogError;
 pub use find::{glob_match, Condition, Query};
 pub use later::OnError;
-pub use schema::{MAX_ATTR, MAX_PATH, MAX_UNIT, MAX_VALUE};
+pub use schema::{run_migrations, MAX_ATTR, MAX_PATH, MAX_UNIT, MAX_VALUE};
 pub use store::Catalog;
 
 /// Where a catalog lives.

@@ -76,30 +76,43 @@ CREATE TABLE roots (
 
 /// Brings the catalog to the newest schema this build knows.
 pub(crate) fn migrate(conn: &mut Connection) -> Result<(), CatalogError> {
-    conn.execute_batch(
-        "CREATE TABLE IF NOT EXISTS catalog_migrations (
-             version    INTEGER PRIMARY KEY,
-             applied_at INTEGER NOT NULL
-         )",
-    )?;
+    run_migrations(conn, "catalog_migrations", MIGRATIONS, crate::now_ns())
+}
+
+/// Applies each of `steps` (version, SQL) newer than what `table` records, each in its own
+/// transaction with its record, stamped `now`; a database newer than the last step is
+/// refused. Shared by every SQLite schema of ferry (the catalog's, the service's job store);
+/// `table` is the caller's constant, never input.
+pub fn run_migrations(
+    conn: &mut Connection,
+    table: &str,
+    steps: &[(i64, &str)],
+    now: i64,
+) -> Result<(), CatalogError> {
+    conn.execute_batch(&format!(
+        "CREATE TABLE IF NOT EXISTS {table} (
+             version    BIGINT PRIMARY KEY,
+             applied_at BIGINT NOT NULL
+         )"
+    ))?;
     let current: i64 = conn.query_row(
-        "SELECT COALESCE(MAX(version), 0) FROM catalog_migrations",
+        &format!("SELECT COALESCE(MAX(version), 0) FROM {table}"),
         [],
         |r| r.get(0),
     )?;
-    let newest = MIGRATIONS.last().map_or(0, |m| m.0);
+    let newest = steps.last().map_or(0, |m| m.0);
     if current > newest {
         return Err(CatalogError::TooNew {
             found: current,
             known: newest,
         });
     }
-    for (version, sql) in MIGRATIONS.iter().filter(|m| m.0 > current) {
+    for (version, sql) in steps.iter().filter(|m| m.0 > current) {
         let tx = conn.transaction()?;
         tx.execute_batch(sql)?;
         tx.execute(
-            "INSERT INTO catalog_migrations (version, applied_at) VALUES (?1, ?2)",
-            rusqlite::params![version, crate::now_ns()],
+            &format!("INSERT INTO {table} (version, applied_at) VALUES (?1, ?2)"),
+            rusqlite::params![version, now],
         )?;
         tx.commit()?;
     }

@@ -472,34 +472,14 @@ impl Store {
 
 /// Brings the store to the newest schema this build knows; a newer one is refused.
 fn migrate(conn: &mut Connection) -> Result<(), ServiceError> {
-    conn.execute_batch(
-        "CREATE TABLE IF NOT EXISTS service_migrations (
-             version    BIGINT PRIMARY KEY,
-             applied_at BIGINT NOT NULL
-         )",
-    )?;
-    let current: i64 = conn.query_row(
-        "SELECT COALESCE(MAX(version), 0) FROM service_migrations",
-        [],
-        |r| r.get(0),
-    )?;
-    let newest = MIGRATIONS.last().map_or(0, |m| m.0);
-    if current > newest {
-        return Err(ServiceError::TooNew {
-            found: current,
-            known: newest,
-        });
-    }
-    for (version, sql) in MIGRATIONS.iter().filter(|m| m.0 > current) {
-        let tx = conn.transaction()?;
-        tx.execute_batch(sql)?;
-        tx.execute(
-            "INSERT INTO service_migrations (version, applied_at) VALUES (?1, ?2)",
-            params![version, now_ms()],
-        )?;
-        tx.commit()?;
-    }
-    Ok(())
+    use ferry_catalog::CatalogError;
+    ferry_catalog::run_migrations(conn, "service_migrations", MIGRATIONS, now_ms()).map_err(|e| {
+        match e {
+            CatalogError::TooNew { found, known } => ServiceError::TooNew { found, known },
+            CatalogError::Db(e) => ServiceError::Db(e),
+            other => ServiceError::Invalid(other.to_string()),
+        }
+    })
 }
 
 fn sources_of(conn: &Connection, id: i64) -> Result<Vec<String>, ServiceError> {
