@@ -34,8 +34,9 @@ pub struct ServiceArgs {
     /// A token name that may see and cancel every job, not only its own; repeat for more.
     #[arg(long = "admin", value_name = "NAME")]
     pub admins: Vec<String>,
-    /// Jobs running at once against one server.
-    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..=64))]
+    /// The most jobs running at once against one server: within it, the link optimizer
+    /// adds a job while one more moves more, and takes one off when it moves less or fails.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..=64))]
     pub per_server: u16,
     /// Jobs running at once in all.
     #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..=1024))]

@@ -333,7 +333,9 @@ fn link_statuses(app: &App) -> Result<Vec<LinkStatus>, ServiceError> {
     let mut links = Vec::new();
     for name in app.scheduler.runner().endpoints.servers() {
         let samples = store.link_samples(name, i64::MIN, RECENT * 20)?;
-        links.push(history::status(name, &samples, app.slow_fraction));
+        let mut status = history::status(name, &samples, app.slow_fraction);
+        status.tuning = app.scheduler.link_tuning(name);
+        links.push(status);
     }
     Ok(links)
 }
@@ -368,7 +370,7 @@ async fn link_history(
 fn link_metrics(app: &App, out: &mut String) -> Result<(), ApiError> {
     let links = link_statuses(app)?;
     type Metric = (&'static str, &'static str, fn(&LinkStatus) -> Option<f64>);
-    let metrics: [Metric; 4] = [
+    let metrics: [Metric; 6] = [
         (
             "ferry_service_link_rate_bytes_per_second",
             "The latest measured rate of the path to each server (probe or transfer).",
@@ -388,6 +390,16 @@ fn link_metrics(app: &App, out: &mut String) -> Result<(), ApiError> {
             "ferry_service_link_flagged",
             "1 when the path's latest rate fell below its fraction of the recent median.",
             |l| Some(if l.flagged { 1.0 } else { 0.0 }),
+        ),
+        (
+            "ferry_service_link_jobs_limit",
+            "Jobs the link optimizer lets run at once against each server.",
+            |l| l.tuning.as_ref().map(|t| t.jobs as f64),
+        ),
+        (
+            "ferry_service_link_streams",
+            "Streams the transfers to each server settled on together (0: not known yet).",
+            |l| l.tuning.as_ref().map(|t| f64::from(t.streams)),
         ),
     ];
     for (name, help, value) in metrics {

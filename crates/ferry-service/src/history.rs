@@ -79,6 +79,10 @@ pub struct LinkStatus {
     pub flagged: bool,
     /// Why it is flagged, in words.
     pub reason: Option<String>,
+    /// What the link optimizer chose for it (jobs at once, streams) and measured; `None`
+    /// before a job ran on it.
+    #[serde(default)]
+    pub tuning: Option<crate::optimizer::LinkTuning>,
 }
 
 /// `GET /api/jobs/{id}/rates`.
@@ -146,6 +150,7 @@ pub fn status(name: &str, samples: &[LinkSample], fraction: f64) -> LinkStatus {
             last: None,
             flagged: false,
             reason: None,
+            tuning: None,
         };
     };
     let mut earlier: Vec<f64> = before
@@ -164,6 +169,7 @@ pub fn status(name: &str, samples: &[LinkSample], fraction: f64) -> LinkStatus {
         last: Some(*last),
         flagged: reason.is_some(),
         reason,
+        tuning: None,
     }
 }
 

@@ -12,6 +12,7 @@ pub mod http;
 pub mod job;
 pub mod location;
 pub mod notify;
+pub mod optimizer;
 pub mod prober;
 pub mod runner;
 pub mod scheduler;

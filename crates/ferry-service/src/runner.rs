@@ -31,6 +31,25 @@ pub struct Runner {
     pub pace: Option<Duration>,
 }
 
+/// What an attempt that ran to its end did.
+#[derive(Debug, Default)]
+pub struct Outcome {
+    /// The files that failed (a job with any is failed, not retried).
+    pub errors: Vec<String>,
+    /// The streams ferry's tuner settled on in the attempt's last transfer, if it settled.
+    pub streams: Option<u32>,
+}
+
+impl Outcome {
+    /// Takes in one transfer's report: its errors, and its tuner's settled count.
+    fn add(&mut self, r: &ferry_net::TransferReport) {
+        self.errors.extend(r.errors.iter().cloned());
+        if r.tuning.mode == "auto" && r.tuning.settled && r.tuning.streams > 0 {
+            self.streams = Some(r.tuning.streams);
+        }
+    }
+}
+
 /// Why an attempt failed, and whether another may succeed.
 #[derive(Debug)]
 pub struct Failure {
@@ -172,9 +191,14 @@ pub fn classify(sources: &[String], dest: &str) -> Result<(Kind, String), crate:
 }
 
 impl Runner {
-    /// One attempt of `job`, reporting to `reporter`. `Ok(errors)`: the transfers ran to their
-    /// end; `errors` lists the files that failed (a job with any is failed, not retried).
-    pub async fn run(&self, job: &Job, reporter: Arc<JobReporter>) -> Result<Vec<String>, Failure> {
+    /// One attempt of `job`, reporting to `reporter`, its transfers' tuners starting from
+    /// `streams` when given (the link optimizer's share). `Ok`: the transfers ran to their end.
+    pub async fn run(
+        &self,
+        job: &Job,
+        reporter: Arc<JobReporter>,
+        streams: Option<u32>,
+    ) -> Result<Outcome, Failure> {
         let dest = Location::parse(&job.dest).map_err(|e| refused(e.to_string()))?;
         let srcs = job
             .sources
@@ -185,17 +209,19 @@ impl Runner {
         let reporter: Arc<dyn Reporter> = reporter;
         match (job.kind, dest) {
             (Kind::Put, Location::Remote { server, path }) => {
-                let cfg = self.client(&server, job.sync)?;
+                let cfg = self.client(&server, job.sync, streams)?;
                 self.put(&cfg, &srcs, &path, job.sync, reporter).await
             }
-            (Kind::Get, Location::Local(rel)) => self.get(&srcs, &rel, job.sync, reporter).await,
+            (Kind::Get, Location::Local(rel)) => {
+                self.get(&srcs, &rel, job.sync, reporter, streams).await
+            }
             (Kind::Cp, Location::Remote { server, path }) => {
                 if job.sync != SyncMode::Off {
                     return Err(refused(
                         "sync between two servers is not supported yet".into(),
                     ));
                 }
-                self.cp(&srcs, &server, &path, reporter).await
+                self.cp(&srcs, &server, &path, reporter, streams).await
             }
             (kind, _) => Err(refused(format!(
                 "job {}: a {} whose destination does not fit it",
@@ -213,12 +239,18 @@ impl Runner {
 
     /// The client configuration a probe of `server` starts from (its `opts` are the probe's).
     pub fn probe_client(&self, server: &str) -> Result<ClientConfig, Failure> {
-        self.client(server, SyncMode::Off)
+        self.client(server, SyncMode::Off, None)
     }
 
-    /// The client configuration for `server`: the endpoint's token and trust, fixed tuning,
-    /// no retries of its own (the scheduler retries, with the job's attempts counted).
-    fn client(&self, server: &str, sync: SyncMode) -> Result<ClientConfig, Failure> {
+    /// The client configuration for `server`: the endpoint's token and trust, streams tuned
+    /// by ferry (from `streams` when the optimizer gives a start), no retries of its own (the
+    /// scheduler retries, with the job's attempts counted).
+    fn client(
+        &self,
+        server: &str,
+        sync: SyncMode,
+        streams: Option<u32>,
+    ) -> Result<ClientConfig, Failure> {
         let (token, security) = self
             .endpoints
             .reach(server)
@@ -237,7 +269,12 @@ impl Runner {
                     }
                 },
                 tcp_window: 0,
-                auto_start: ferry_net::DEFAULT_STREAMS,
+                auto_start: match streams {
+                    Some(n) => u16::try_from(n)
+                        .unwrap_or(u16::MAX)
+                        .clamp(1, ferry_net::AUTO_MAX_STREAMS),
+                    None => ferry_net::DEFAULT_STREAMS,
+                },
                 storage_threads: 0,
             },
             readers: 4,
@@ -250,7 +287,11 @@ impl Runner {
             corrupt_blocks: Vec::new(),
             retry_for: Duration::ZERO,
             security,
-            start_from: Default::default(),
+            // What the link's earlier transfers settled on, shared out: a profile of sorts.
+            start_from: match streams {
+                Some(_) => ferry_net::StartFrom::Profile { settled: false },
+                None => Default::default(),
+            },
             force_streams: None,
             stall_stream: None,
             drain_at_end: false,
@@ -270,7 +311,7 @@ impl Runner {
         dest: &str,
         sync: SyncMode,
         reporter: Arc<dyn Reporter>,
-    ) -> Result<Vec<String>, Failure> {
+    ) -> Result<Outcome, Failure> {
         let root = self.root()?.to_path_buf();
         let rels: Vec<String> = srcs
             .iter()
@@ -280,16 +321,17 @@ impl Runner {
             })
             .collect();
         if sync == SyncMode::Size {
-            let mut errors = Vec::new();
+            let mut out = Outcome::default();
             for rel in &rels {
                 confined(&root, rel, false)?;
                 let to = format!("{}/{}", dest.trim_end_matches('/'), name_of(rel));
-                errors.extend(crate::sizesync::put(cfg, &root, rel, &to, reporter.clone()).await?);
+                let errors = crate::sizesync::put(cfg, &root, rel, &to, reporter.clone()).await?;
+                out.errors.extend(errors);
             }
-            return Ok(errors);
+            return Ok(out);
         }
         if let Some(checksum) = sync.compares() {
-            let mut errors = Vec::new();
+            let mut out = Outcome::default();
             for rel in &rels {
                 let to = format!("{}/{}", dest.trim_end_matches('/'), name_of(rel));
                 let dir = Direction::Put {
@@ -304,10 +346,12 @@ impl Runner {
                     reporter.clone(),
                 )
                 .await?;
-                errors.extend(r.transfer.map(|t| t.errors).unwrap_or_default());
-                errors.extend(r.delete_errors);
+                if let Some(t) = &r.transfer {
+                    out.add(t);
+                }
+                out.errors.extend(r.delete_errors);
             }
-            return Ok(errors);
+            return Ok(out);
         }
         // Opened below the local root for each attempt: a symlink cannot lead a source out.
         let sources = || -> Result<Vec<Source>, SessionError> {
@@ -326,7 +370,9 @@ impl Runner {
                 .collect()
         };
         let r = ferry_net::client::put_sources(cfg, sources, dest, reporter).await?;
-        Ok(r.errors)
+        let mut out = Outcome::default();
+        out.add(&r);
+        Ok(out)
     }
 
     /// Gets each source into `rel` below the local root, which is made if missing and may not
@@ -337,21 +383,23 @@ impl Runner {
         rel: &str,
         sync: SyncMode,
         reporter: Arc<dyn Reporter>,
-    ) -> Result<Vec<String>, Failure> {
+        streams: Option<u32>,
+    ) -> Result<Outcome, Failure> {
         let root = self.root()?.to_path_buf();
         confined(&root, rel, true)?;
         let into = || Ok(Root::open(&root)?.scope(rel, true)?);
-        let mut errors = Vec::new();
+        let mut out = Outcome::default();
         for s in srcs {
             let Location::Remote { server, path } = s else {
                 continue;
             };
-            let cfg = self.client(server, sync)?;
+            let cfg = self.client(server, sync, streams)?;
             if sync == SyncMode::Size || sync.compares().is_some() {
                 let name = format!("{}/{}", rel.trim_end_matches('/'), name_of(path));
                 let to = confined(&root, name.trim_start_matches('/'), true)?;
                 if sync == SyncMode::Size {
-                    errors.extend(crate::sizesync::get(&cfg, path, &to, reporter.clone()).await?);
+                    let errors = crate::sizesync::get(&cfg, path, &to, reporter.clone()).await?;
+                    out.errors.extend(errors);
                     continue;
                 }
                 let dir = Direction::Get {
@@ -366,13 +414,15 @@ impl Runner {
                     reporter.clone(),
                 )
                 .await?;
-                errors.extend(r.transfer.map(|t| t.errors).unwrap_or_default());
+                if let Some(t) = &r.transfer {
+                    out.add(t);
+                }
                 continue;
             }
             let r = ferry_net::client::get_into(&cfg, path, into, reporter.clone()).await?;
-            errors.extend(r.errors);
+            out.add(&r);
         }
-        Ok(errors)
+        Ok(out)
     }
 
     async fn cp(
@@ -381,21 +431,30 @@ impl Runner {
         server: &str,
         dest: &str,
         reporter: Arc<dyn Reporter>,
-    ) -> Result<Vec<String>, Failure> {
-        let mut errors = Vec::new();
+        streams: Option<u32>,
+    ) -> Result<Outcome, Failure> {
+        let mut out = Outcome::default();
         for s in srcs {
             let Location::Remote { server: from, path } = s else {
                 continue;
             };
             let cfg = CopyConfig {
-                source: self.client(from, SyncMode::Off)?,
-                dest: self.client(server, SyncMode::Off)?,
+                source: self.client(from, SyncMode::Off, streams)?,
+                dest: self.client(server, SyncMode::Off, None)?,
                 dest_addr: None,
             };
             let r = ferry_net::copy::copy(&cfg, path, dest, reporter.clone()).await?;
-            errors.extend(r.errors);
+            // The source's own put carries the data: its tuner's count, as it reported it.
+            let tuning = &r.source_report["tuning"];
+            if tuning["mode"] == "auto" && tuning["settled"] == true {
+                let n = tuning["streams"]
+                    .as_u64()
+                    .and_then(|n| u32::try_from(n).ok());
+                out.streams = n.filter(|n| *n > 0).or(out.streams);
+            }
+            out.errors.extend(r.errors);
         }
-        Ok(errors)
+        Ok(out)
     }
 }
 

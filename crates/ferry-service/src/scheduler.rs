@@ -1,5 +1,6 @@
 //! The scheduler: starts queued jobs side by side, higher priority first then older first,
-//! at most `per_server` at once against any one server; writes each running job's progress
+//! as many at once against one server as the link optimizer allows (at most `per_server`),
+//! each starting from its share of the streams the link settled on; writes each running job's progress
 //! to the store (a few times a second, not per block); retries a failed attempt with
 //! exponential backoff up to `max_attempts`; stops a job that is cancelled. A retry, or the
 //! run after a restart, is the same transfer again, which resumes from ferry's partial files.
@@ -16,13 +17,15 @@ use tokio::task::AbortHandle;
 use crate::history::{LinkSample, RateSample, Source};
 use crate::job::{now_ms, Job, Kind, State};
 use crate::notify::Notifier;
-use crate::runner::{Failure, JobReporter, Runner};
+use crate::optimizer::{LinkTuning, Optimizer, OptimizerConfig};
+use crate::runner::{Failure, JobReporter, Outcome, Runner};
 use crate::store::Store;
 
 /// How many jobs run at once, and how failed attempts are retried.
 #[derive(Clone, Debug)]
 pub struct Limits {
-    /// Jobs running at once against one server (the destination's; the source's for a get).
+    /// The most jobs running at once against one server (the destination's; the source's for
+    /// a get); the link optimizer chooses how many within it.
     pub per_server: usize,
     /// Jobs running at once in all.
     pub total: usize,
@@ -33,17 +36,20 @@ pub struct Limits {
     pub most_backoff: Duration,
     /// How often a running job's counters are written to the store.
     pub progress_every: Duration,
+    /// How the link optimizer judges (its `most_jobs` is `per_server`).
+    pub optimizer: OptimizerConfig,
 }
 
 impl Default for Limits {
     fn default() -> Self {
         Self {
-            per_server: 2,
+            per_server: 8,
             total: 16,
             max_attempts: 5,
             first_backoff: Duration::from_secs(2),
             most_backoff: Duration::from_secs(300),
             progress_every: Duration::from_millis(500),
+            optimizer: OptimizerConfig::default(),
         }
     }
 }
@@ -93,6 +99,8 @@ pub struct Scheduler {
     moved: Arc<AtomicU64>,
     /// Told of every job that ends.
     notifier: Option<Arc<Notifier>>,
+    /// How many jobs share each link, and their streams. Locked after `running`.
+    optimizer: Mutex<Optimizer>,
 }
 
 impl Scheduler {
@@ -107,10 +115,23 @@ impl Scheduler {
         limits: Limits,
         notifier: Option<Arc<Notifier>>,
     ) -> Arc<Self> {
+        let mut optimizer = Optimizer::new(OptimizerConfig {
+            most_jobs: limits.per_server.max(1),
+            ..limits.optimizer.clone()
+        });
+        match store.link_tunings() {
+            Ok(kept) => {
+                for (link, t) in kept {
+                    optimizer.restore(&link, t);
+                }
+            }
+            Err(e) => tracing::warn!("the links' kept tuning: {e}; starting afresh"),
+        }
         Arc::new(Self {
             store,
             runner,
             limits,
+            optimizer: Mutex::new(optimizer),
             running: Mutex::new(HashMap::new()),
             probing: Mutex::new(HashSet::new()),
             wake: Notify::new(),
@@ -140,6 +161,44 @@ impl Scheduler {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<i64, Running>> {
         self.running.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn optimizer(&self) -> std::sync::MutexGuard<'_, Optimizer> {
+        self.optimizer.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// What the optimizer knows of `link`, if a job ran on it.
+    pub fn link_tuning(&self, link: &str) -> Option<LinkTuning> {
+        self.optimizer().tuning(link).cloned()
+    }
+
+    /// Shows the optimizer how many jobs run on each link now: windows that have lasted
+    /// their length are judged, and what it learnt is kept in the store.
+    fn optimize(&self) {
+        let mut on: HashMap<String, usize> = HashMap::new();
+        for r in self.lock().values() {
+            *on.entry(r.server.clone()).or_default() += 1;
+        }
+        let now = Instant::now();
+        let judged: Vec<(String, LinkTuning)> = {
+            let mut o = self.optimizer();
+            let mut links = o.links();
+            links.extend(on.keys().cloned());
+            links.sort();
+            links.dedup();
+            links
+                .into_iter()
+                .filter_map(|l| {
+                    let running = on.get(&l).copied().unwrap_or(0);
+                    o.tick(&l, running, now).map(|t| (l, t))
+                })
+                .collect()
+        };
+        for (link, t) in judged {
+            if let Err(e) = self.store.save_link_tuning(&link, &t) {
+                tracing::warn!("link {link}: keeping its tuning: {e}");
+            }
+        }
     }
 
     fn probing(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
@@ -198,6 +257,7 @@ impl Scheduler {
             if let Err(e) = self.pass() {
                 tracing::warn!("scheduler: {e}");
             }
+            self.optimize();
             tokio::select! {
                 _ = &mut shutdown => break,
                 _ = self.wake.notified() => {}
@@ -231,7 +291,12 @@ impl Scheduler {
                 break;
             }
             let on_server = running.values().filter(|r| r.server == job.server).count();
-            if on_server >= self.limits.per_server || running.contains_key(&job.id) {
+            let (limit, streams) = {
+                let o = self.optimizer();
+                let limit = o.limit(&job.server).min(self.limits.per_server.max(1));
+                (limit, o.start_streams(&job.server, on_server + 1))
+            };
+            if on_server >= limit || running.contains_key(&job.id) {
                 continue;
             }
             if self.probing().contains(&job.server) {
@@ -242,17 +307,18 @@ impl Scheduler {
             }
             let server = job.server.clone();
             let id = job.id;
-            let task = tokio::spawn(self.clone().drive(job)).abort_handle();
+            let task = tokio::spawn(self.clone().drive(job, streams)).abort_handle();
             running.insert(id, Running { server, task });
         }
         Ok(())
     }
 
-    /// One attempt of `job`, its progress written as it goes, then its end recorded: done,
-    /// failed, or queued again after a backoff.
-    async fn drive(self: Arc<Self>, job: Job) {
+    /// One attempt of `job`, its transfers starting from `streams` when the optimizer gives
+    /// a start, its progress written as it goes, then its end recorded: done, failed, or
+    /// queued again after a backoff.
+    async fn drive(self: Arc<Self>, job: Job, streams: Option<u32>) {
         let reporter = Arc::new(JobReporter::new(self.moved.clone(), self.runner.pace));
-        let attempt = self.runner.run(&job, reporter.clone());
+        let attempt = self.runner.run(&job, reporter.clone(), streams);
         tokio::pin!(attempt);
         let mut tick = tokio::time::interval(self.limits.progress_every);
         let (mut last, mut at) = (0u64, Instant::now());
@@ -264,7 +330,9 @@ impl Scheduler {
                 _ = tick.tick() => {
                     let mut p = reporter.snapshot();
                     let dt = at.elapsed().as_secs_f64().max(1e-3);
-                    p.rate = p.bytes_done.saturating_sub(last) as f64 / dt;
+                    let delta = p.bytes_done.saturating_sub(last);
+                    p.rate = delta as f64 / dt;
+                    self.optimizer().moved(&job.server, delta);
                     (last, at) = (p.bytes_done, Instant::now());
                     if let Err(e) = self.store.progress(job.id, &p) {
                         tracing::warn!("job {}: recording progress: {e}", job.id);
@@ -277,8 +345,9 @@ impl Scheduler {
         };
         let end = reporter.snapshot();
         let _ = self.store.progress(job.id, &end);
+        self.tell_optimizer(&job, &result, end.bytes_done.saturating_sub(last));
         self.sample(job.id, end.bytes_done, sampled);
-        let done = matches!(&result, Ok(errors) if errors.is_empty());
+        let done = matches!(&result, Ok(o) if o.errors.is_empty());
         if let Err(e) = self.record(&job, result) {
             tracing::warn!("job {}: recording its end: {e}", job.id);
         }
@@ -287,6 +356,20 @@ impl Scheduler {
         }
         self.lock().remove(&job.id);
         self.wake();
+    }
+
+    /// An attempt on `job`'s link ended: its last bytes, whether it failed, and the streams
+    /// its tuner settled on while the jobs now on the link shared it.
+    fn tell_optimizer(&self, job: &Job, result: &Result<Outcome, Failure>, last: u64) {
+        let sharing = self
+            .lock()
+            .values()
+            .filter(|r| r.server == job.server)
+            .count();
+        let mut o = self.optimizer();
+        o.moved(&job.server, last);
+        let streams = result.as_ref().ok().and_then(|r| r.streams);
+        o.ended(&job.server, result.is_ok(), streams, sharing);
     }
 
     /// Records a rate sample of job `id` at `bytes` (the rate since `prev`, the last sample's
@@ -339,14 +422,14 @@ impl Scheduler {
     fn record(
         &self,
         job: &Job,
-        result: Result<Vec<String>, Failure>,
+        result: Result<Outcome, Failure>,
     ) -> Result<(), crate::ServiceError> {
         // `job.attempts` is the count before this attempt started.
         let attempts = job.attempts + 1;
         let ended = match result {
-            Ok(errors) if errors.is_empty() => self.store.finish(job.id, State::Done, None)?,
-            Ok(errors) => {
-                let why = format!("{} file(s) failed: {}", errors.len(), errors.join("; "));
+            Ok(o) if o.errors.is_empty() => self.store.finish(job.id, State::Done, None)?,
+            Ok(o) => {
+                let why = format!("{} file(s) failed: {}", o.errors.len(), o.errors.join("; "));
                 self.store.finish(job.id, State::Failed, Some(&why))?
             }
             Err(f) if f.retryable && attempts < self.limits.max_attempts => {

@@ -11,9 +11,10 @@ use rusqlite::{params, Connection, OptionalExtension, Row};
 use crate::error::ServiceError;
 use crate::history::{LinkSample, RateSample, Source, MAX_JOB_SAMPLES, MAX_LINK_SAMPLES};
 use crate::job::{now_ms, Job, Kind, NewJob, Progress, State, SyncMode};
+use crate::optimizer::LinkTuning;
 
 /// Each migration's version and statements; a released version is never edited, only followed.
-const MIGRATIONS: &[(i64, &str)] = &[(1, V1), (2, V2)];
+const MIGRATIONS: &[(i64, &str)] = &[(1, V1), (2, V2), (3, V3)];
 
 const V1: &str = "
 CREATE TABLE jobs (
@@ -73,6 +74,18 @@ CREATE TABLE link_samples (
     job    BIGINT
 );
 CREATE INDEX link_samples_link ON link_samples (link, id);
+";
+
+/// What the link optimizer learnt of each link, kept across restarts: its job limit, the
+/// streams its transfers settled on, and its rate at each job count (JSON: a map).
+const V3: &str = "
+CREATE TABLE link_tuning (
+    link       TEXT PRIMARY KEY,
+    jobs       BIGINT NOT NULL,
+    streams    BIGINT NOT NULL,
+    rates      TEXT NOT NULL,
+    updated_ms BIGINT NOT NULL
+);
 ";
 
 const JOB_COLUMNS: &str = "id, kind, dest, sync_mode, priority, deadline, label, owner, server, \
@@ -466,6 +479,60 @@ impl Store {
             out.push(s);
         }
         out.reverse();
+        Ok(out)
+    }
+}
+
+impl Store {
+    /// Keeps what the optimizer learnt of `link`, replacing what was kept.
+    pub fn save_link_tuning(&self, link: &str, t: &LinkTuning) -> Result<(), ServiceError> {
+        let rates = serde_json::to_string(&t.rates)
+            .map_err(|e| ServiceError::Invalid(format!("link tuning of {link}: {e}")))?;
+        self.lock()
+            .prepare_cached(
+                "INSERT INTO link_tuning (link, jobs, streams, rates, updated_ms) \
+                 VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (link) DO UPDATE SET \
+                 jobs = excluded.jobs, streams = excluded.streams, rates = excluded.rates, \
+                 updated_ms = excluded.updated_ms",
+            )?
+            .execute(params![
+                link,
+                t.jobs as i64,
+                i64::from(t.streams),
+                rates,
+                now_ms()
+            ])?;
+        Ok(())
+    }
+
+    /// Every link's kept tuning. A row that does not read back (a hand-edited database) is
+    /// left out with a warning: the optimizer then starts that link afresh.
+    pub fn link_tunings(&self) -> Result<Vec<(String, LinkTuning)>, ServiceError> {
+        let conn = self.lock();
+        let mut st = conn.prepare_cached("SELECT link, jobs, streams, rates FROM link_tuning")?;
+        let rows = st.query_map([], |r| {
+            Ok((
+                r.get::<_, String>(0)?,
+                r.get::<_, i64>(1)?,
+                r.get::<_, i64>(2)?,
+                r.get::<_, String>(3)?,
+            ))
+        })?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (link, jobs, streams, rates) = row?;
+            match serde_json::from_str(&rates) {
+                Ok(rates) => out.push((
+                    link,
+                    LinkTuning {
+                        jobs: usize::try_from(jobs).unwrap_or(1),
+                        rates,
+                        streams: u32::try_from(streams).unwrap_or(0),
+                    },
+                )),
+                Err(e) => tracing::warn!("link {link}: its kept tuning does not read: {e}"),
+            }
+        }
         Ok(out)
     }
 }

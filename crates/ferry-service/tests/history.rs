@@ -127,8 +127,11 @@ async fn the_endpoints_answer_in_the_dashboards_shapes_and_keep_jobs_to_their_ow
     let l = &v["links"][0];
     assert_eq!(
         keys(l),
-        ["flagged", "last", "median_rate", "name", "reason"]
+        ["flagged", "last", "median_rate", "name", "reason", "tuning"]
     );
+    // A job ran on it: the optimizer's choice for the link is there too.
+    assert_eq!(keys(&l["tuning"]), ["jobs", "rates", "streams"], "{l}");
+    assert_eq!(l["tuning"]["jobs"], 2, "a link's first limit: {l}");
     assert_eq!(l["name"], link.as_str());
     assert_eq!(
         (l["flagged"].as_bool(), l["reason"].is_null()),

@@ -319,3 +319,91 @@ async fn a_local_path_through_a_symlink_is_refused_both_ways() {
     assert_eq!(g.state, State::Done, "{g:?}");
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_optimizer_adds_jobs_on_a_link_while_they_move_more_and_keeps_what_it_learnt() {
+    use ferry_service::optimizer::OptimizerConfig;
+    let server = TestServer::start().await;
+    let local = tempfile::tempdir().unwrap();
+    let n = 9;
+    for i in 0..n {
+        make_file(&local.path().join(format!("f{i}")), 2 << 20);
+    }
+    let mut r = runner(
+        local.path(),
+        vec![server.endpoint()],
+        local.path().join("kh"),
+    );
+    // Each job is held to a few MB/s by the pace hook, so the link moves more with each job
+    // that shares it: the optimizer should climb from 1 to the cap of 3.
+    r.pace = Some(Duration::from_millis(20));
+    let lim = ferry_service::Limits {
+        per_server: 3,
+        optimizer: OptimizerConfig {
+            first_jobs: 1,
+            window: Duration::from_millis(300),
+            reprobe_after: 1000,
+            ..OptimizerConfig::default()
+        },
+        ..limits()
+    };
+    let db = local.path().join("jobs.db");
+    let store = std::sync::Arc::new(ferry_service::Store::open(Some(&db)).unwrap());
+    let mut ids = Vec::new();
+    for i in 0..n {
+        let j = job(vec![format!("/f{i}")], format!("{}:/", server.addr));
+        ids.push(store.submit(&j).unwrap().id);
+    }
+    let (s, stop) = start_scheduler_on(store, r, lim);
+    let (mut first, mut most) = (None, 0);
+    let t0 = std::time::Instant::now();
+    while ids
+        .iter()
+        .any(|id| !s.store().get(*id).unwrap().unwrap().state.is_final())
+    {
+        assert!(t0.elapsed() < Duration::from_secs(90), "the jobs end");
+        let running = s.running();
+        if running > 0 && first.is_none() {
+            first = Some(running);
+        }
+        most = most.max(running);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    for id in &ids {
+        assert_eq!(s.store().get(*id).unwrap().unwrap().state, State::Done);
+    }
+    assert_eq!(first, Some(1), "a link with no history starts with one job");
+    assert!(
+        most >= 2,
+        "the optimizer let more jobs share the link: {most}"
+    );
+    assert!(most <= 3, "never past --per-server: {most}");
+    let link = server.addr.to_string();
+    let tuning = s.link_tuning(&link).expect("the link has a tuning");
+    assert!(
+        tuning.rates.contains_key(&1),
+        "one job was measured: {tuning:?}"
+    );
+    assert!((1..=3).contains(&tuning.jobs), "{tuning:?}");
+    drop(stop);
+    // What it learnt is in the store, and a new scheduler starts from it.
+    let again = ferry_service::Store::open(Some(&db)).unwrap();
+    let kept = again.link_tunings().unwrap();
+    assert_eq!(kept.len(), 1);
+    assert_eq!(kept[0].0, link);
+    assert!(kept[0].1.rates.contains_key(&1), "{kept:?}");
+    let (s2, _stop2) = start_scheduler_on(
+        std::sync::Arc::new(again),
+        runner(
+            local.path(),
+            vec![server.endpoint()],
+            local.path().join("kh"),
+        ),
+        limits(),
+    );
+    assert_eq!(
+        s2.link_tuning(&link).map(|t| t.rates),
+        Some(kept[0].1.rates.clone())
+    );
+    server.stop().await;
+}

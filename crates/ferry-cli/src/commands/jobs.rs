@@ -200,21 +200,26 @@ pub async fn links(a: LinksArgs) -> Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     println!(
-        "{:<24}  {:>12}  {:>12}  {:>8}  {:<8}  STATE",
-        "LINK", "LAST", "MEDIAN", "RTT", "SOURCE"
+        "{:<24}  {:>12}  {:>12}  {:>8}  {:<8}  {:>4}  {:>7}  STATE",
+        "LINK", "LAST", "MEDIAN", "RTT", "SOURCE", "JOBS", "STREAMS"
     );
     let rate =
         |r: Option<f64>| r.map_or("-".to_owned(), |r| format!("{}/s", human_bytes(r as u64)));
     for l in &links.links {
         let last = l.last.as_ref();
+        let tuning = l.tuning.as_ref();
         println!(
-            "{:<24}  {:>12}  {:>12}  {:>8}  {:<8}  {}",
+            "{:<24}  {:>12}  {:>12}  {:>8}  {:<8}  {:>4}  {:>7}  {}",
             clean(&l.name),
             rate(last.map(|s| s.rate)),
             rate(l.median_rate),
             last.and_then(|s| s.rtt_ms)
                 .map_or("-".to_owned(), |ms| format!("{ms:.2} ms")),
             last.map_or("-", |s| s.source.as_str()),
+            tuning.map_or("-".to_owned(), |t| t.jobs.to_string()),
+            tuning
+                .filter(|t| t.streams > 0)
+                .map_or("-".to_owned(), |t| t.streams.to_string()),
             match &l.reason {
                 Some(why) => format!("SLOW: {}", clean(why)),
                 None => "ok".to_owned(),

@@ -179,6 +179,11 @@ async function drawLinks() {
     const words = [l.name, l.median_rate === null ? 'no median yet' : 'median ' + perSecond(l.median_rate)];
     if (l.last) words.push('last ' + perSecond(l.last.rate) + ' (' + l.last.source + ')');
     if (l.flagged) words.push('flagged: ' + (l.reason || 'slow'));
+    if (l.tuning) {
+      const t = l.tuning;
+      words.push(t.jobs + (t.jobs === 1 ? ' job' : ' jobs') + ' at once' +
+        (t.streams ? ', ' + t.streams + ' streams in all' : ''));
+    }
     div.append(el('h3', words.join(' — ')));
     let samples = [];
     try {

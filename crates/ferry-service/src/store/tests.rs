@@ -291,3 +291,44 @@ fn a_link_keeps_at_most_its_bound_of_samples() {
     assert!(all.windows(2).all(|w| w[1].t_ms == w[0].t_ms + 1));
     assert_eq!(s.link_samples("quiet:1", i64::MIN, 10).unwrap().len(), 1);
 }
+
+#[test]
+fn link_tunings_are_kept_replaced_and_survive_a_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("jobs.db");
+    let mut rates = std::collections::BTreeMap::new();
+    rates.insert(2, 1.5e8);
+    rates.insert(3, 1.7e8);
+    let t = LinkTuning {
+        jobs: 3,
+        rates,
+        streams: 12,
+    };
+    {
+        let s = Store::open(Some(&path)).unwrap();
+        assert!(s.link_tunings().unwrap().is_empty());
+        s.save_link_tuning("a:7070", &LinkTuning::default())
+            .unwrap();
+        s.save_link_tuning("a:7070", &t).unwrap();
+        s.save_link_tuning("b:7070", &LinkTuning::default())
+            .unwrap();
+    }
+    let s = Store::open(Some(&path)).unwrap();
+    let mut kept = s.link_tunings().unwrap();
+    kept.sort_by(|a, b| a.0.cmp(&b.0));
+    assert_eq!(
+        kept,
+        vec![
+            ("a:7070".to_owned(), t),
+            ("b:7070".to_owned(), LinkTuning::default())
+        ]
+    );
+    // A row that does not read back is left out, not an error.
+    s.lock()
+        .execute(
+            "UPDATE link_tuning SET rates = 'not json' WHERE link = 'b:7070'",
+            [],
+        )
+        .unwrap();
+    assert_eq!(s.link_tunings().unwrap().len(), 1);
+}
