@@ -29,6 +29,9 @@ pub struct Runner {
     /// Test hook: each reported block waits this long, so that a test can stop the service
     /// while a job is surely running.
     pub pace: Option<Duration>,
+    /// Test hook: every transfer runs this many streams, untuned, so that a test can bound
+    /// what a cut costs per connection.
+    pub fixed_streams: Option<u16>,
 }
 
 /// What an attempt that ran to its end did.
@@ -259,7 +262,7 @@ impl Runner {
             server: server.to_owned(),
             token,
             opts: TransferOpts {
-                streams: ferry_net::AUTO_MAX_STREAMS,
+                streams: self.fixed_streams.unwrap_or(ferry_net::AUTO_MAX_STREAMS),
                 block_size: self.block_size,
                 checksum: ChecksumAlgo::Blake3,
                 existing: match sync {
@@ -270,6 +273,7 @@ impl Runner {
                 },
                 tcp_window: 0,
                 auto_start: match streams {
+                    _ if self.fixed_streams.is_some() => 0,
                     Some(n) => u16::try_from(n)
                         .unwrap_or(u16::MAX)
                         .clamp(1, ferry_net::AUTO_MAX_STREAMS),

@@ -41,6 +41,8 @@ pub struct ServiceConfig {
     pub block_size: u32,
     /// Test hook, see [`Runner::pace`].
     pub pace: Option<Duration>,
+    /// Test hook, see [`Runner::fixed_streams`].
+    pub fixed_streams: Option<u16>,
     /// Measure the links on this schedule; `None`: no probes (transfers still add samples).
     pub probe: Option<ProbeSchedule>,
     /// What runs when a job ends.
@@ -59,6 +61,7 @@ impl ServiceConfig {
             limits: Limits::default(),
             block_size: 8 << 20,
             pace: None,
+            fixed_streams: None,
             probe: None,
             notify: Notifications::default(),
         }
@@ -103,6 +106,7 @@ impl Service {
             local_root: cfg.local_root.clone(),
             block_size: cfg.block_size,
             pace: cfg.pace,
+            fixed_streams: cfg.fixed_streams,
         };
         let notifier = Arc::new(Notifier::new(cfg.notify.clone())?);
         let notifier = notifier.enabled().then_some(notifier);

@@ -100,6 +100,7 @@ pub fn runner(local: &Path, endpoints: Vec<Endpoint>, known_hosts: PathBuf) -> R
         local_root: Some(local.to_path_buf()),
         block_size: BLOCK,
         pace: None,
+        fixed_streams: None,
     }
 }
 
