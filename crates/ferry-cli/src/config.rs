@@ -391,6 +391,7 @@ pub fn client_config(args: &TransferArgs, remote: &Remote) -> Result<ClientConfi
         resolve_token(&args.auth, &remote.host)?
     };
     let (connect_timeout, retry_for) = waits(&args.wait)?;
+    crate::pin::for_server(&remote.server());
     Ok(ClientConfig {
         server: remote.server(),
         token,

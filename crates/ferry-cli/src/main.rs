@@ -21,6 +21,7 @@ mod commands;
 mod config;
 mod error;
 mod output;
+mod pin;
 mod profiles;
 mod progress;
 mod remote;

@@ -350,7 +350,7 @@ fn read_cpus(sys: &mut Sys) -> CpuInfo {
     }
 }
 
-fn read_numa(sys: &mut Sys) -> Vec<NumaNode> {
+pub(crate) fn read_numa(sys: &mut Sys) -> Vec<NumaNode> {
     let dir = sys.path("/sys/devices/system/node");
     let mut nodes = Vec::new();
     for name in sys.list_opt(&dir) {
@@ -427,19 +427,31 @@ fn read_nics(sys: &mut Sys, interrupts: &Interrupts) -> Vec<Nic> {
     nics
 }
 
-fn read_nic_device(sys: &mut Sys, interrupts: &Interrupts, nic: &mut Nic, dev: &Path) {
+/// A NIC's bus device (`/sys/class/net/NAME/device`, followed) and the NUMA node it hangs off,
+/// if the kernel says: virtio-net's device is `virtio2` below the PCI function, and the PCI
+/// function holds `numa_node` (and `msi_irqs`).
+pub(crate) fn device_numa_node(sys: &Sys, dev: &Path) -> (std::path::PathBuf, Option<u32>) {
     let real = std::fs::canonicalize(dev).unwrap_or_else(|_| dev.to_path_buf());
-    nic.driver = std::fs::read_link(dev.join("driver"))
-        .ok()
-        .and_then(|p| p.file_name().map(|f| f.to_string_lossy().into_owned()));
-    // virtio-net's device is `virtio2` below the PCI function; the PCI function holds
-    // numa_node and msi_irqs.
     let bus_dev = [Some(real.as_path()), real.parent()]
         .into_iter()
         .flatten()
         .find(|p| p.join("numa_node").exists() || p.join("msi_irqs").exists())
         .unwrap_or(real.as_path())
         .to_path_buf();
+    let node = sys
+        .read_opt(&bus_dev.join("numa_node"))
+        .and_then(|s| s.parse::<i64>().ok())
+        .filter(|&n| n >= 0)
+        .map(|n| n as u32);
+    (bus_dev, node)
+}
+
+fn read_nic_device(sys: &mut Sys, interrupts: &Interrupts, nic: &mut Nic, dev: &Path) {
+    let real = std::fs::canonicalize(dev).unwrap_or_else(|_| dev.to_path_buf());
+    nic.driver = std::fs::read_link(dev.join("driver"))
+        .ok()
+        .and_then(|p| p.file_name().map(|f| f.to_string_lossy().into_owned()));
+    let (bus_dev, node) = device_numa_node(sys, dev);
     let dev_name = real
         .file_name()
         .map(|f| f.to_string_lossy().into_owned())
@@ -447,11 +459,7 @@ fn read_nic_device(sys: &mut Sys, interrupts: &Interrupts, nic: &mut Nic, dev: &
     let bus_id = bus_dev
         .file_name()
         .map(|f| f.to_string_lossy().into_owned());
-    nic.numa_node = sys
-        .read_opt(&bus_dev.join("numa_node"))
-        .and_then(|s| s.parse::<i64>().ok())
-        .filter(|&n| n >= 0)
-        .map(|n| n as u32);
+    nic.numa_node = node;
 
     let mut irqs: BTreeSet<u32> = sys
         .list_opt(&bus_dev.join("msi_irqs"))

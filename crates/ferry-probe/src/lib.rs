@@ -21,6 +21,7 @@ pub mod host;
 pub mod interrupts;
 pub mod net;
 pub mod order;
+pub mod placement;
 pub mod routes;
 pub mod speed;
 pub mod store;

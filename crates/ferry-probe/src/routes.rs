@@ -190,7 +190,7 @@ const IP_DIRS: [&str; 4] = ["/usr/sbin", "/sbin", "/usr/bin", "/bin"];
 
 /// The `ip` to run: the first executable file of that name in `path` (a `PATH` value), else in
 /// [`IP_DIRS`]; `None` if there is none. `is_file` is asked about each candidate.
-fn find_ip(
+pub(crate) fn find_ip(
     path: Option<&std::ffi::OsStr>,
     is_file: impl Fn(&std::path::Path) -> bool,
 ) -> Option<std::path::PathBuf> {
@@ -204,7 +204,7 @@ fn find_ip(
         .find(|c| is_file(c))
 }
 
-fn is_executable(p: &std::path::Path) -> bool {
+pub(crate) fn is_executable(p: &std::path::Path) -> bool {
     use std::os::unix::fs::PermissionsExt;
     std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
 }

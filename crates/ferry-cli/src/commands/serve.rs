@@ -64,6 +64,7 @@ pub async fn run(args: ServeArgs, quiet: bool) -> Result<ExitCode> {
         );
     }
     raise_open_files(config.max_connections);
+    crate::pin::for_listen(&addrs);
     let server = Server::bind_all(&addrs, config)
         .await
         .with_context(|| format!("cannot listen on {}", listen.join(", ")))?;
