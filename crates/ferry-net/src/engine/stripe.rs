@@ -8,7 +8,8 @@
 //! block, and that fits the host's block size. Anything else
 //! goes on the bounce queue, which the coordinator's connections take from first. A block
 //! stays owed until the host reports it `Landed`; the client then forwards a `Landed` built
-//! from its own record of the block (its digest, not the host's word) to the coordinator. A
+//! from its own record of the block (its digest, not the host's word) and the host's BLAKE3
+//! chaining values to the coordinator. A
 //! block the host hands back (`Resend`) and, when a host fails, every block it still owes go
 //! on the bounce queue too, so the put completes on the others.
 
@@ -245,6 +246,7 @@ impl Host {
                     offset,
                     len,
                     digest,
+                    cvs,
                 } => {
                     let Some(Frame::Block(b)) = lock(&self.owed).remove(&(file, offset)) else {
                         continue; // handed on already (a duplicate, or after a failure)
@@ -262,11 +264,14 @@ impl Host {
                         rep.bytes += u64::from(len);
                     }
                     self.reporter.on_bytes(u64::from(len));
+                    // The chaining values are the host's word: the coordinator merges them
+                    // into the file's tree, whose root must still equal the sender's digest.
                     let landed = Frame::Landed {
                         file,
                         offset,
                         len,
                         digest: b.digest,
+                        cvs,
                     };
                     if self.landed.send(landed).is_err() {
                         return SessionError::Closed("put");
