@@ -1,13 +1,15 @@
 //! Striped puts with real processes on loopback: three `ferry serve` sharing one directory.
 //! The coordinator merges the stripe hosts' BLAKE3 chaining values instead of reading their
-//! blocks back (its metrics count both ways), at every size around block and chunk edges.
+//! blocks back (its metrics count both ways), at every size around block and chunk edges;
+//! and a stripe host that stops answering (SIGSTOP) is left behind after a bounded time, its
+//! blocks sent through the others, the put byte-identical, as when one is killed.
 
 use crate::util;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use util::*;
 
@@ -174,4 +176,83 @@ fn a_striped_put_at_block_and_chunk_edges_is_byte_identical_and_merged_without_r
         metric(&first, "ferry_server_landed_blocks_total{check=\"merged\"}"),
         merged
     );
+}
+
+/// A striped put of 192 MiB during which the last stripe host gets `signal` once the
+/// coordinator has opened the partial copy (the stripe sessions are up by then, and the host
+/// is being given blocks); the put must end well, byte-identical. Returns its report and how
+/// long it took. The host gets SIGCONT after the put and is killed with the sandbox.
+fn put_losing_a_host(signal: &str) -> (serde_json::Value, Duration) {
+    let sb = Sandbox::new();
+    let root = sb.mkdir("shared-fs");
+    let (first, others) = three_servers(&sb, &root);
+    let src = sb.path("src/big.bin");
+    write_pattern(&src, 192 << 20, 17);
+    let mut cmd = striped_put(&sb, (&first, &others), &src, "/in/");
+    cmd.args(["--block-size", "1M"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let t0 = Instant::now();
+    let mut put = ChildGuard(Some(cmd.spawn().expect("spawning ferry put")));
+    let opened = wait_until(Duration::from_secs(60), || {
+        has_partial(&root) || put.child().try_wait().unwrap().is_some()
+    });
+    assert!(
+        opened && has_partial(&root),
+        "the put did not get under way"
+    );
+    let victim = &others[1];
+    victim.signal(signal);
+    let drain = |mut r: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut text = String::new();
+            let _ = r.read_to_string(&mut text);
+            text
+        })
+    };
+    let stdout = drain(Box::new(put.child().stdout.take().unwrap()));
+    let stderr = drain(Box::new(put.child().stderr.take().unwrap()));
+    let status = put.wait_for(Duration::from_secs(90));
+    let took = t0.elapsed();
+    if signal == "STOP" {
+        victim.signal("CONT");
+    }
+    // Killed by the guard if it did not end: the pipes close either way.
+    drop(put);
+    let (stdout, stderr) = (stdout.join().unwrap(), stderr.join().unwrap());
+    let status = status.unwrap_or_else(|| panic!("the put did not end; {stderr}"));
+    assert!(status.success(), "{status}: {stderr}");
+    let report = one_json(&stdout);
+    assert_eq!(file_b3(&root.join("in/big.bin")), file_b3(&src));
+    // A host running again finds no partial copy to write its stale blocks into.
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(file_b3(&root.join("in/big.bin")), file_b3(&src));
+    assert!(!has_partial(&root), "{:?}", all_paths(&root));
+    (report, took)
+}
+
+#[test]
+fn a_stripe_host_that_stops_answering_is_left_behind_and_the_put_completes() {
+    let (report, took) = put_losing_a_host("STOP");
+    // Ten seconds of silence, then the rest through the others: well inside a minute.
+    assert!(took < Duration::from_secs(60), "took {took:?}");
+    let stripes = report["stripes"].as_array().expect("stripes in the report");
+    let failed = stripes[1]["failed"].as_str().unwrap_or_default();
+    assert!(failed.contains("timed out"), "{report}");
+    assert!(stripes[0]["failed"].is_null(), "{report}");
+}
+
+#[test]
+fn a_killed_stripe_host_is_left_behind_at_once_and_the_put_completes() {
+    let (report, took) = put_losing_a_host("KILL");
+    // A reset connection fails the host at once: no silence to wait out.
+    assert!(took < Duration::from_secs(30), "took {took:?}");
+    let stripes = report["stripes"].as_array().expect("stripes in the report");
+    let failed = stripes[1]["failed"].as_str().unwrap_or_default();
+    assert!(
+        !failed.is_empty() && !failed.contains("timed out"),
+        "{report}"
+    );
+    assert!(stripes[0]["failed"].is_null(), "{report}");
 }
