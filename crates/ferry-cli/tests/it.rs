@@ -15,6 +15,7 @@ mod rerun;
 mod serve_config;
 mod service;
 mod ssh;
+mod striping;
 mod sync;
 mod third_party;
 mod util;

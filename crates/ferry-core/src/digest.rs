@@ -98,6 +98,11 @@ impl Piece {
             cv,
         }
     }
+
+    /// The subtree's chaining value: what a stripe host reports of a block it wrote.
+    pub fn cv(&self) -> [u8; 32] {
+        self.cv
+    }
 }
 
 /// The BLAKE3 subtrees of one range of a file, hashed as the range's bytes come in order:
@@ -235,6 +240,27 @@ impl Blake3Tree {
                 Piece::at(at, len, cv)
             })
             .collect()
+    }
+
+    /// The pieces of the block of `len` bytes at `offset` in a file of `size` bytes from their
+    /// chaining values, in the order [`Self::pieces`] gives them (another host hashed the
+    /// bytes): where each sits follows from the block, only the values are the host's.
+    /// `None` when their number is not the block's number of pieces.
+    pub fn pieces_from(size: u64, offset: u64, len: u64, cvs: &[[u8; 32]]) -> Option<Vec<Piece>> {
+        let end = offset.checked_add(len)?;
+        if size <= Self::MIN_SIZE || end > size {
+            return None;
+        }
+        let start = offset.next_multiple_of(CHUNK);
+        let stop = if end == size { end } else { end - end % CHUNK };
+        let spans = Self::spans(size, start, stop);
+        (spans.len() == cvs.len()).then(|| {
+            spans
+                .into_iter()
+                .zip(cvs)
+                .map(|((at, len), cv)| Piece::at(at, len, *cv))
+                .collect()
+        })
     }
 
     /// The subtrees that `[start, stop)` of a file of `size` bytes splits into, in order, as
@@ -476,6 +502,60 @@ mod tests {
         }
         assert!(tree.missing().is_empty(), "read-back filled every gap");
         tree.finish().expect("complete")
+    }
+
+    /// Blocks hashed by another host and sent as chaining values only merge to exactly
+    /// `blake3::hash`; the wrong number of values is refused, a wrong value changes the root,
+    /// and no block of the largest size has more values than `Landed` may carry.
+    #[test]
+    fn pieces_rebuilt_from_their_chaining_values_merge_to_blake3() {
+        const BLOCK: u64 = 256 << 10;
+        for size in [
+            BLOCK + 1,
+            3 * BLOCK - 1,
+            3 * BLOCK,
+            3 * BLOCK + 1,
+            5 * BLOCK + 777,
+        ] {
+            let d = data(size);
+            let mut tree = Blake3Tree::new(size).unwrap();
+            let mut forged = Blake3Tree::new(size).unwrap();
+            for (i, s) in (0..size).step_by(BLOCK as usize).enumerate() {
+                let e = (s + BLOCK).min(size);
+                let block = &d[s as usize..e as usize];
+                let cvs: Vec<[u8; 32]> = Blake3Tree::pieces(size, s, block)
+                    .iter()
+                    .map(Piece::cv)
+                    .collect();
+                assert!(Blake3Tree::pieces_from(size, s, e - s, &cvs[1..]).is_none());
+                for p in Blake3Tree::pieces_from(size, s, e - s, &cvs).unwrap() {
+                    tree.insert(p);
+                }
+                let mut lie = cvs.clone();
+                if i == 1 {
+                    lie[0][0] ^= 1;
+                }
+                for p in Blake3Tree::pieces_from(size, s, e - s, &lie).unwrap() {
+                    forged.insert(p);
+                }
+            }
+            assert!(tree.missing().is_empty(), "{size}");
+            let want = blake3::hash(&d).as_bytes().to_vec();
+            assert_eq!(tree.finish(), Some(want.clone()), "{size}");
+            assert_ne!(forged.finish(), Some(want), "{size}");
+        }
+        let max = u64::from(ferry_proto::MAX_BLOCK_DATA);
+        // The worst cut: a block of the largest size starting one chunk past a large
+        // power of two, ending one chunk short of the next.
+        for (size, offset, end) in [
+            (4 * max, max, 2 * max),
+            (4 * max + 1, 3 * max, 4 * max + 1),
+            (3 * max, CHUNK, max + CHUNK),
+            (1 << 40, (1 << 30) + CHUNK, (1 << 30) + max - CHUNK),
+        ] {
+            let n = Blake3Tree::spans(size, offset, end).len();
+            assert!(n <= ferry_proto::MAX_LANDED_CVS, "{size} {offset}: {n}");
+        }
     }
 
     /// A file cut into aligned segments, each hashed by a [`RangeHasher`] fed in uneven

@@ -13,6 +13,10 @@ pub trait Reporter: Send + Sync {
     fn on_file_done(&self) {}
     /// A block failed its digest and will be sent again.
     fn on_bad_block(&self) {}
+    /// A stripe host's block landed in a partial copy (a striped put's coordinator):
+    /// `merged` when its BLAKE3 chaining values went into the file's tree, else it was read
+    /// back.
+    fn on_landed(&self, _merged: bool) {}
     /// The attempt failed in a way a retry may fix; the next starts after `wait`.
     fn on_retry(&self, _attempt: u32, _wait: std::time::Duration, _error: &str) {}
     /// Something worth telling the user that does not stop the transfer.

@@ -24,7 +24,7 @@ use crate::frame::{
     Block, Capabilities, ChecksumAlgo, CompleteSummary, Decision, EntryKind, ErrorCode,
     ExistingPolicy, FileDecision, FileId, FileMeta, Frame, FrameType, ListEntry, Load, OfferEntry,
     ProbeDirection, ProbeStream, Role, SessionId, TransferOpts, TuneReport, TuneStep, TuneVerdict,
-    HEADER_LEN, MAGIC, MAX_BLOCK_DATA, MAX_DIGEST, MAX_LIST_ENTRIES, MAX_MESSAGE,
+    HEADER_LEN, MAGIC, MAX_BLOCK_DATA, MAX_DIGEST, MAX_LANDED_CVS, MAX_LIST_ENTRIES, MAX_MESSAGE,
     MAX_OFFER_ENTRIES, MAX_PATH, MAX_PROBE_INTERVALS, MAX_RESUME_RANGES, MAX_STORAGE_THREADS,
     MAX_STREAMS, MAX_TOKEN, MAX_TUNE_STEPS, MIN_BLOCK_SIZE,
 };
@@ -338,11 +338,16 @@ impl Frame {
                 offset,
                 len,
                 digest,
+                cvs,
             } => {
                 out.put_u64(file.0);
                 out.put_u64(*offset);
                 out.put_u32(*len);
                 out.put_u128(*digest);
+                out.put_u8(cvs.len() as u8);
+                for cv in cvs {
+                    out.put_slice(cv);
+                }
             }
             Frame::RemoveRequest { paths, more } => remove::put_remove_request(out, paths, *more),
             Frame::Removed { removed, failures } => remove::put_removed(out, *removed, failures),
@@ -615,11 +620,24 @@ fn decode_landed(r: &mut Reader<'_>) -> Result<Frame, DecodeError> {
     {
         return Err(invalid("offset", offset));
     }
+    let digest = r.u128("digest")?;
+    let n = usize::from(r.u8("cvs")?);
+    if n > MAX_LANDED_CVS {
+        return Err(DecodeError::TooLong {
+            field: "cvs",
+            len: n,
+            max: MAX_LANDED_CVS,
+        });
+    }
+    let cvs = (0..n)
+        .map(|_| r.array::<32>("cv"))
+        .collect::<Result<_, _>>()?;
     Ok(Frame::Landed {
         file,
         offset,
         len,
-        digest: r.u128("digest")?,
+        digest,
+        cvs,
     })
 }
 

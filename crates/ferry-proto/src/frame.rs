@@ -12,7 +12,7 @@ use crate::catalog::{CatalogAnswer, CatalogRequest};
 pub const MAGIC: [u8; 8] = *b"FERRY\r\n\x1a";
 
 /// The protocol version this build speaks. Bumped on any incompatible change to a frame layout.
-pub const PROTOCOL_VERSION: u16 = 6;
+pub const PROTOCOL_VERSION: u16 = 7;
 
 /// Size of the fixed frame header: type (1) and payload length (4).
 pub const HEADER_LEN: usize = 5;
@@ -87,6 +87,10 @@ pub const MAX_COPY_PATHS: usize = 1024;
 /// Most bytes of paths all the `CopyPaths` of one copy may name together: what a source server
 /// holds in memory for a sync's set of changed files (about a million paths of 64 bytes).
 pub const MAX_COPY_SET: usize = 64 << 20;
+
+/// Most BLAKE3 chaining values one `Landed` carries: a block cut on 1 KiB chunk edges splits
+/// into at most two subtrees per power of two of its length, 33 for the largest block.
+pub const MAX_LANDED_CVS: usize = 64;
 
 /// Frame type byte. Values are part of the protocol and never reused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -710,13 +714,18 @@ pub enum Frame {
     },
     /// A block is durable in its file's partial copy: a stripe host to the client (control),
     /// once it has written and synced it, and the client to the coordinator (control), which
-    /// reads it back, checks `digest` and counts it as written.
+    /// merges `cvs` into the file's BLAKE3 tree, or else reads the block back and checks
+    /// `digest`, and counts it as written.
     Landed {
         file: FileId,
         offset: u64,
         len: u32,
         /// XXH3-128 of the block's bytes.
         digest: u128,
+        /// The BLAKE3 chaining values of the whole subtrees inside the block, in offset order,
+        /// as the stripe host hashed the bytes it wrote; empty when the session's file digest
+        /// is not BLAKE3 or the file has no tree (64 KiB or less).
+        cvs: Vec<[u8; 32]>,
     },
     /// Client to server (control), a request of its own: remove these files, symlinks and
     /// empty directories (a sync's `--delete`), each under the token's write scope; a path

@@ -433,13 +433,15 @@ fn frame() -> impl Strategy<Value = Frame> {
             any::<u64>(),
             0u64..1 << 50,
             1..=MAX_BLOCK_DATA,
-            any::<u128>()
+            any::<u128>(),
+            vec(any::<[u8; 32]>(), 0..=MAX_LANDED_CVS)
         )
-            .prop_map(|(file, offset, len, digest)| Frame::Landed {
+            .prop_map(|(file, offset, len, digest, cvs)| Frame::Landed {
                 file: FileId(file),
                 offset,
                 len,
                 digest,
+                cvs,
             })
             .boxed(),
         (vec(text(), 0..=MAX_REMOVE_PATHS), any::<bool>())
@@ -983,6 +985,7 @@ fn sample_frames() -> Vec<Frame> {
             offset: 8 << 20,
             len: 8 << 20,
             digest: 0x0123_4567_89ab_cdef_0123_4567_89ab_cdef,
+            cvs: vec![[0xa5; 32], [0x5a; 32]],
         },
         Frame::RemoveRequest {
             paths: vec![
@@ -1933,18 +1936,43 @@ fn pinned_landed_and_its_limits() {
         offset: 0x100,
         len: 0x40,
         digest: 5,
+        cvs: vec![[7; 32]],
     };
     #[rustfmt::skip]
-    let expected: &[u8] = &[
-        0x3B, 0, 0, 0, 36,              // type, payload length
+    let mut expected: Vec<u8> = vec![
+        0x3B, 0, 0, 0, 69,              // type, payload length
         0, 0, 0, 0, 0, 0, 0, 2,         // file
         0, 0, 0, 0, 0, 0, 1, 0,         // offset
         0, 0, 0, 0x40,                  // len
         0, 0, 0, 0, 0, 0, 0, 0,         // digest (u128, big endian)
         0, 0, 0, 0, 0, 0, 0, 5,
+        1,                              // cvs: count, then 32 bytes each
     ];
-    assert_eq!(&encode(&frame)[..], expected);
+    expected.extend_from_slice(&[7; 32]);
+    assert_eq!(&encode(&frame)[..], &expected[..]);
     assert_eq!(decode(encode(&frame)), Ok(frame));
+    // Without chaining values (another digest than BLAKE3): one byte of count.
+    let plain = Frame::Landed {
+        file: FileId(2),
+        offset: 0x100,
+        len: 0x40,
+        digest: 5,
+        cvs: Vec::new(),
+    };
+    assert_eq!(encode(&plain).len(), 5 + 37);
+    assert_eq!(decode(encode(&plain)), Ok(plain));
+    // More chaining values than any block has is refused before they are read.
+    let many = Frame::Landed {
+        file: FileId(2),
+        offset: 0,
+        len: 1,
+        digest: 0,
+        cvs: vec![[0; 32]; MAX_LANDED_CVS + 1],
+    };
+    assert!(matches!(
+        decode(encode(&many)),
+        Err(DecodeError::TooLong { field: "cvs", .. })
+    ));
     // An empty block, one beyond the largest, or one past the largest file is refused.
     for (offset, len) in [(0, 0), (0, MAX_BLOCK_DATA + 1), (i64::MAX as u64, 1)] {
         let bad = Frame::Landed {
@@ -1952,6 +1980,7 @@ fn pinned_landed_and_its_limits() {
             offset,
             len,
             digest: 0,
+            cvs: Vec::new(),
         };
         assert!(
             matches!(decode(encode(&bad)), Err(DecodeError::InvalidValue { .. })),

@@ -212,6 +212,7 @@ mod tests {
             offset: 0,
             len: 1,
             digest: 0,
+            cvs: Vec::new(),
         };
         r.handle_control(landed.clone());
         assert_eq!(r.poll_action(), Some(RecvAction::ToWriters(landed)));

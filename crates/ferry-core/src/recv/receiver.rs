@@ -197,7 +197,14 @@ impl Receiver {
                 offset,
                 len,
                 digest,
-            } => self.handle_landed(file, offset, len, digest),
+                cvs,
+            } => self.handle_landed(super::writing::Landed {
+                file,
+                offset,
+                len,
+                digest,
+                cvs,
+            }),
             _ => Err(RecvError::UnexpectedFrame),
         }
     }

@@ -5,17 +5,18 @@
 //! the partial copy of the block's file by the name the coordinator gave it
 //! (`.ferry-<xxh3 of its name>.part`, which only files of more than one block have), without
 //! `O_CREAT`, without following a link, beneath the destination it was allowed; writes the
-//! block at its offset and makes it durable, so that the coordinator can read it back once the
-//! client says it landed.
+//! block at its offset and makes it durable. With BLAKE3 file digests it also hashes the block
+//! as it writes it, so that the coordinator merges the chaining values into the file's tree
+//! instead of reading the block back once the client says it landed.
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 
-use ferry_proto::Block;
+use ferry_proto::{Block, ChecksumAlgo};
 
 use super::config::Destination;
 use super::opening::journaled_temp;
-use crate::digest::block_digest;
+use crate::digest::{block_digest, Blake3Tree};
 use crate::error::FsError;
 use crate::path::split_parent;
 use crate::root;
@@ -66,17 +67,28 @@ pub fn for_stripe_host(block: &Block, block_size: u32) -> bool {
 pub struct StripeWriter {
     dest: Destination,
     block_size: u32,
+    /// The session's file digest is BLAKE3 on chunk-aligned blocks: the coordinator hashes
+    /// files as trees, and each block written here is hashed for it.
+    tree: bool,
 }
 
 impl StripeWriter {
-    pub fn new(dest: Destination, block_size: u32) -> Self {
-        Self { dest, block_size }
+    pub fn new(dest: Destination, block_size: u32, checksum: ChecksumAlgo) -> Self {
+        let tree = checksum == ChecksumAlgo::Blake3
+            && u64::from(block_size).is_multiple_of(blake3::CHUNK_LEN as u64);
+        Self {
+            dest,
+            block_size,
+            tree,
+        }
     }
 
     /// Checks a block, writes it into its file's partial copy and syncs it (`fdatasync`).
     /// Opens the copy for each block: a copy committed meanwhile is not found by its partial
     /// name, so a late block never reaches a final name through a descriptor kept open.
-    pub fn write(&self, block: &Block) -> Result<(), StripeError> {
+    /// Returns the BLAKE3 chaining values of the subtrees inside the bytes it wrote
+    /// ([`Blake3Tree::pieces`]), none without a tree.
+    pub fn write(&self, block: &Block) -> Result<Vec<[u8; 32]>, StripeError> {
         let path = &block.file.path;
         let len = block.data.len() as u64;
         if len > u64::from(self.block_size) {
@@ -121,6 +133,10 @@ impl StripeWriter {
         }
         file.write_all_at(&block.data, block.offset).map_err(io)?;
         file.sync_data().map_err(io)?;
-        Ok(())
+        if !self.tree {
+            return Ok(Vec::new());
+        }
+        let pieces = Blake3Tree::pieces(block.file.size, block.offset, &block.data);
+        Ok(pieces.iter().map(|p| p.cv()).collect())
     }
 }

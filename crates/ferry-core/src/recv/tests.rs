@@ -724,6 +724,7 @@ fn a_block_a_stripe_host_landed_completes_the_file() {
             rename_top: None,
         },
         1 << 20,
+        ChecksumAlgo::Blake3,
     );
     let Frame::Block(middle) = block(size, &data, mb, mb as usize, None) else {
         unreachable!()
@@ -748,6 +749,7 @@ fn a_block_a_stripe_host_landed_completes_the_file() {
         offset: mb,
         len: mb as u32,
         digest: middle.digest ^ 1,
+        cvs: Vec::new(),
     })
     .unwrap();
     assert!(matches!(rx.try_recv(), Ok(Frame::Resend { offset, .. }) if offset == mb));
@@ -756,6 +758,7 @@ fn a_block_a_stripe_host_landed_completes_the_file() {
         offset: mb,
         len: mb as u32,
         digest: middle.digest,
+        cvs: Vec::new(),
     })
     .unwrap();
     r.handle(block(size, &data, 0, mb as usize, None)).unwrap();
@@ -767,6 +770,107 @@ fn a_block_a_stripe_host_landed_completes_the_file() {
     let summary = r.finish();
     assert_eq!((summary.files, summary.failed), (1, 0), "{summary:?}");
     assert_eq!(std::fs::read(dir.path().join("in/f.bin")).unwrap(), data);
+}
+
+/// Counts landed blocks by how the coordinator took them in.
+#[derive(Default)]
+struct LandedCount {
+    merged: std::sync::atomic::AtomicU64,
+    read_back: std::sync::atomic::AtomicU64,
+}
+
+impl Reporter for LandedCount {
+    fn on_landed(&self, merged: bool) {
+        let c = if merged {
+            &self.merged
+        } else {
+            &self.read_back
+        };
+        c.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// With BLAKE3, the chaining values a stripe host reports are merged into the file's tree
+/// with no read-back, and the file is stored; a host that reports wrong ones (for bytes it
+/// wrote right) makes the file fail its verification: nothing is committed, and the sender
+/// is told `corrupt`. With another digest the block is read back.
+#[test]
+fn a_stripe_hosts_chaining_values_are_merged_and_wrong_ones_fail_the_file() {
+    let mb = 1u64 << 20;
+    let size = 3 * mb + 1000;
+    let data = Bytes::from((0..size).map(|i| (i * 13 % 251) as u8).collect::<Vec<_>>());
+    for (algo, lie) in [
+        (ChecksumAlgo::Blake3, false),
+        (ChecksumAlgo::Blake3, true),
+        (ChecksumAlgo::Sha256, false),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut h = FileHasher::new(algo);
+        h.update(&data);
+        let whole = h.finalize();
+        let count = Arc::new(LandedCount::default());
+        let (r, rx) = receiver_algo(dir.path(), count.clone(), algo);
+        let stripe = StripeWriter::new(
+            Destination {
+                root: Root::open(dir.path()).unwrap(),
+                base: "in".into(),
+                rename_top: None,
+            },
+            1 << 20,
+            algo,
+        );
+        r.handle(offer(1, "f.bin", size)).unwrap();
+        assert_eq!(decision(&rx), Decision::Send);
+        r.expect(1, 0, 0);
+        for offset in [mb, 2 * mb] {
+            let Frame::Block(b) = block(size, &data, offset, mb as usize, None) else {
+                unreachable!()
+            };
+            let mut cvs = stripe.write(&b).unwrap();
+            assert_eq!(cvs.is_empty(), algo != ChecksumAlgo::Blake3, "{algo:?}");
+            if lie && offset == 2 * mb {
+                cvs[0][31] ^= 1;
+            }
+            r.handle(Frame::Landed {
+                file: FileId(1),
+                offset,
+                len: mb as u32,
+                digest: b.digest,
+                cvs,
+            })
+            .unwrap();
+        }
+        r.handle(block(size, &data, 0, mb as usize, None)).unwrap();
+        r.handle(block(size, &data, 3 * mb, 1000, Some(whole)))
+            .unwrap();
+        r.done()
+            .recv_timeout(std::time::Duration::from_secs(5))
+            .expect("the file is resolved");
+        let summary = r.finish();
+        let load = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
+        let merged = algo == ChecksumAlgo::Blake3;
+        assert_eq!(
+            (load(&count.merged), load(&count.read_back)),
+            if merged { (2, 0) } else { (0, 2) },
+            "{algo:?}"
+        );
+        let stored = dir.path().join("in/f.bin");
+        if lie {
+            assert_eq!((summary.files, summary.failed), (0, 1), "{summary:?}");
+            assert!(!stored.exists());
+            let told = rx
+                .try_iter()
+                .any(|f| matches!(f, Frame::FileFailed { code, .. } if code == ErrorCode::CORRUPT));
+            assert!(told, "the sender is told why");
+        } else {
+            assert_eq!(
+                (summary.files, summary.failed),
+                (1, 0),
+                "{algo:?} {summary:?}"
+            );
+            assert_eq!(std::fs::read(&stored).unwrap(), data);
+        }
+    }
 }
 
 /// Records what a receiver tells of its commits; fails `before_sync` when told to.

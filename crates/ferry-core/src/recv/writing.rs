@@ -6,6 +6,7 @@ use std::os::unix::fs::FileExt;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, MutexGuard};
 
+use bytes::Bytes;
 use ferry_proto::journal::JournalRecord;
 use ferry_proto::{Block, ErrorCode, ExistingPolicy, FileId, Frame};
 
@@ -26,17 +27,21 @@ impl Receiver {
         Ok(())
     }
 
-    /// A block a stripe host wrote into this file's partial copy (a striped put): read back
-    /// from the copy and checked against the digest the client vouches for, then taken in as
-    /// if written here (journal, ranges, digest), without writing it again. One that does not
-    /// match, or that cannot be read, is asked for again (`Resend`).
-    pub(super) fn handle_landed(
-        &self,
-        file: FileId,
-        offset: u64,
-        len: u32,
-        digest: u128,
-    ) -> Result<(), RecvError> {
+    /// A block a stripe host wrote into this file's partial copy (a striped put), taken in as
+    /// if written here (journal, ranges, digest) without writing it again. When the file is
+    /// hashed as a BLAKE3 tree and `cvs` are the block's pieces, they are merged as they are:
+    /// the tree's root must still equal the sender's file digest, so wrong values fail the
+    /// file, never pass it. Otherwise the block is read back from the copy and checked
+    /// against the digest the client vouches for; one that does not match, or that cannot be
+    /// read, is asked for again (`Resend`).
+    pub(super) fn handle_landed(&self, landed: Landed) -> Result<(), RecvError> {
+        let Landed {
+            file,
+            offset,
+            len,
+            digest,
+            cvs,
+        } = landed;
         if len > self.config.block_size {
             return Err(RecvError::BlockTooLarge {
                 file,
@@ -48,13 +53,37 @@ impl Receiver {
             .get(&file)
             .cloned()
             .ok_or(RecvError::Unoffered(file))?;
-        if offset + u64::from(len) > entry.meta.size {
+        let size = entry.meta.size;
+        if offset + u64::from(len) > size {
             return Err(RecvError::Inconsistent(file));
         }
-        let copy = match &mut *lock(&entry.slot) {
-            Slot::Writing(w) => w.file.clone(),
+        let (copy, tree) = match &mut *lock(&entry.slot) {
+            Slot::Writing(w) => (w.file.clone(), w.tree.is_some()),
             _ => return Ok(()), // done, failed or skipped meanwhile
         };
+        let span = Span {
+            offset,
+            len: u64::from(len),
+            digest,
+            file_digest: None,
+        };
+        let pieces = tree
+            .then(|| Blake3Tree::pieces_from(size, offset, u64::from(len), &cvs))
+            .flatten();
+        if let Some(pieces) = pieces {
+            self.reporter.on_landed(true);
+            let Some(mut claim) = self.claim(&entry, lock(&entry.slot), &span) else {
+                return Ok(());
+            };
+            claim.landed = true;
+            let written = WriteOutcome {
+                result: Ok(()),
+                pieces,
+            };
+            self.record(&entry, &span, claim, written, None);
+            return Ok(());
+        }
+        self.reporter.on_landed(false);
         let mut data = vec![0; len as usize];
         let read = copy.map(|f| f.read_exact_at(&mut data, offset));
         if !matches!(read, Some(Ok(()))) || block_digest(&data) != digest {
@@ -79,14 +108,15 @@ impl Receiver {
         let Some(slot) = self.writable(entry, lock(&entry.slot), block) else {
             return;
         };
-        let Some(mut claim) = self.claim(entry, slot, block) else {
+        let span = Span::of(block);
+        let Some(mut claim) = self.claim(entry, slot, &span) else {
             return;
         };
         claim.landed = landed;
         // Written (and hashed, in tree mode) without holding the slot, so other blocks of the
         // same file proceed in parallel.
         let written = claim.write(block, entry.meta.size);
-        self.record(entry, block, claim, written);
+        self.record(entry, &span, claim, written, Some(&block.data));
     }
 
     /// The file a block is for, if the block is to be written: `None` for an early block of a
@@ -168,15 +198,15 @@ impl Receiver {
         &self,
         entry: &FileEntry,
         mut slot: MutexGuard<'_, Slot>,
-        block: &Block,
+        block: &Span<'_>,
     ) -> Option<Claim> {
         let Slot::Writing(w) = &mut *slot else {
             return None; // skipped, failed or already done: late or duplicate block
         };
-        if let Some(d) = block.file_digest.clone() {
-            w.expected = Some(d);
+        if let Some(d) = block.file_digest {
+            w.expected = Some(d.clone());
         }
-        let len = block.data.len() as u64;
+        let len = block.len;
         let end = block.offset + len;
         let parts = free_parts(&w.written, &w.reserved, block.offset, end);
         if parts.is_empty() && len > 0 {
@@ -213,9 +243,16 @@ impl Receiver {
     }
 
     /// Takes in a claimed write once it is done: releases its parts, counts what it added, and
-    /// journals the block if it was written whole.
-    fn record(&self, entry: &FileEntry, block: &Block, claim: Claim, written: WriteOutcome) {
-        let len = block.data.len() as u64;
+    /// journals the block if it was written whole. `data`: the block's bytes, when in memory.
+    fn record(
+        &self,
+        entry: &FileEntry,
+        block: &Span<'_>,
+        claim: Claim,
+        written: WriteOutcome,
+        data: Option<&[u8]>,
+    ) {
+        let len = block.len;
         let mut slot = lock(&entry.slot);
         let Slot::Writing(w) = &mut *slot else {
             return;
@@ -266,7 +303,7 @@ impl Receiver {
         }
         // Only what no earlier copy or piece of it covered.
         self.reporter.on_bytes(new);
-        self.advance(entry, slot, Some((block.offset, &block.data)));
+        self.advance(entry, slot, data.map(|d| (block.offset, d)));
     }
 
     /// Feeds the in-order digest with what has been written from its cursor on and, once the
@@ -363,6 +400,35 @@ pub(super) fn hash_back(
         at += n as u64;
     }
     Ok(())
+}
+
+/// A stripe host's `Landed`, as the receiver takes it.
+pub struct Landed {
+    pub file: FileId,
+    pub offset: u64,
+    pub len: u32,
+    pub digest: u128,
+    pub cvs: Vec<[u8; 32]>,
+}
+
+/// Where a block sits and what it claims, apart from its bytes (a landed block's are on
+/// disk, not in memory).
+struct Span<'a> {
+    offset: u64,
+    len: u64,
+    digest: u128,
+    file_digest: Option<&'a Bytes>,
+}
+
+impl<'a> Span<'a> {
+    fn of(block: &'a Block) -> Self {
+        Self {
+            offset: block.offset,
+            len: block.data.len() as u64,
+            digest: block.digest,
+            file_digest: block.file_digest.as_ref(),
+        }
+    }
 }
 
 /// The parts of a block that one writer writes, reserved in the file's state while it does.

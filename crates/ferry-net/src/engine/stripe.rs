@@ -8,9 +8,12 @@
 //! block, and that fits the host's block size. Anything else
 //! goes on the bounce queue, which the coordinator's connections take from first. A block
 //! stays owed until the host reports it `Landed`; the client then forwards a `Landed` built
-//! from its own record of the block (its digest, not the host's word) to the coordinator. A
+//! from its own record of the block (its digest, not the host's word) and the host's BLAKE3
+//! chaining values to the coordinator. A
 //! block the host hands back (`Resend`) and, when a host fails, every block it still owes go
-//! on the bounce queue too, so the put completes on the others.
+//! on the bounce queue too, so the put completes on the others. A host that owes blocks and
+//! answers nothing for [`SILENCE`] (stopped, or its link black-holed) is dropped as a failed
+//! one is.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -61,6 +64,18 @@ const BOUNCE_WAIT: std::time::Duration = std::time::Duration::from_millis(1);
 
 type Owed = Arc<Mutex<HashMap<(FileId, u64), Frame>>>;
 
+/// How long a stripe host that owes blocks may answer nothing (no `Landed`, no `Resend`)
+/// before it is dropped as a failed one is and its blocks go to the others: a stopped
+/// process or a black-holed link never fails a connection. A host writes a block and syncs
+/// it in well under this on any working file system.
+const SILENCE: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// How often a host's silence is looked at.
+const SILENCE_CHECK: std::time::Duration = std::time::Duration::from_millis(250);
+
+/// When a host last showed progress: an answer, or a block given to it while it owed none.
+type Heard = Arc<Mutex<std::time::Instant>>;
+
 /// How long the end of a put waits for the stripe hosts' sessions to close cleanly (a TLS
 /// close on the control connection, so that the host logs a finished session, not a failed
 /// one) before it drops them.
@@ -99,6 +114,7 @@ impl StripeHosts {
             reports.push(report.clone());
             let host = Host {
                 owed: Arc::default(),
+                heard: Arc::new(Mutex::new(std::time::Instant::now())),
                 report,
                 bounce: out.bounce.clone(),
                 landed: out.landed.clone(),
@@ -133,6 +149,7 @@ impl StripeHosts {
 #[derive(Clone)]
 struct Host {
     owed: Owed,
+    heard: Heard,
     report: Arc<Mutex<StripeReport>>,
     bounce: flume::Sender<Frame>,
     landed: mpsc::UnboundedSender<Frame>,
@@ -161,6 +178,7 @@ impl Host {
         }
         let why = tokio::select! {
             e = self.clone().answers(ctrl_r) => e,
+            e = self.silent() => e,
             _ = over.wait_for(|o| *o) => SessionError::Closed("stripe data"),
             Some(j) = conns.join_next() => match j {
                 Ok(Err(e)) => e,
@@ -172,7 +190,8 @@ impl Host {
         // another thread could take a frame after that, and nobody would send it again.
         conns.abort_all();
         while conns.join_next().await.is_some() {}
-        let _ = ctrl_w.shutdown().await;
+        // A stopped host never reads: the close is sent, not waited for long.
+        let _ = tokio::time::timeout(SILENCE_CHECK, ctrl_w.shutdown()).await;
         // The queue closed (the put is ending) is no failure of the host.
         if !matches!(why, SessionError::Closed("stripe data")) {
             tracing::debug!(error = %why, "stripe host failed");
@@ -183,6 +202,22 @@ impl Host {
         for f in owed {
             let _ = self.bounce.send(f);
         }
+    }
+
+    /// Ends when the host has owed blocks and answered nothing for [`SILENCE`].
+    async fn silent(&self) -> SessionError {
+        loop {
+            tokio::time::sleep(SILENCE_CHECK).await;
+            let owes = !lock(&self.owed).is_empty();
+            if owes && lock(&self.heard).elapsed() >= SILENCE {
+                return SessionError::Timeout("waiting for a stripe host that owes blocks");
+            }
+        }
+    }
+
+    /// The host answered, or was given a block while it owed none: its silence starts over.
+    fn hear(&self) {
+        *lock(&self.heard) = std::time::Instant::now();
     }
 
     /// One data connection: takes frames from the queue, keeps what the host may write and
@@ -223,7 +258,13 @@ impl Host {
                     continue;
                 }
             };
-            lock(&self.owed).insert(key, frame.clone());
+            {
+                let mut owed = lock(&self.owed);
+                if owed.is_empty() {
+                    self.hear();
+                }
+                owed.insert(key, frame.clone());
+            }
             write_frame(&mut w, &frame, &mut scratch).await?;
         }
         w.flush().await?;
@@ -239,12 +280,14 @@ impl Host {
                 Ok(None) => return SessionError::Closed("stripe control"),
                 Err(e) => return e,
             };
+            self.hear();
             match frame {
                 Frame::Landed {
                     file,
                     offset,
                     len,
                     digest,
+                    cvs,
                 } => {
                     let Some(Frame::Block(b)) = lock(&self.owed).remove(&(file, offset)) else {
                         continue; // handed on already (a duplicate, or after a failure)
@@ -262,11 +305,14 @@ impl Host {
                         rep.bytes += u64::from(len);
                     }
                     self.reporter.on_bytes(u64::from(len));
+                    // The chaining values are the host's word: the coordinator merges them
+                    // into the file's tree, whose root must still equal the sender's digest.
                     let landed = Frame::Landed {
                         file,
                         offset,
                         len,
                         digest: b.digest,
+                        cvs,
                     };
                     if self.landed.send(landed).is_err() {
                         return SessionError::Closed("put");

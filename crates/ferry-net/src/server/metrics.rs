@@ -38,6 +38,10 @@ pub(super) struct Metrics {
     files_received: AtomicU64,
     files_sent: AtomicU64,
     bad_blocks: AtomicU64,
+    /// A striped put's blocks that stripe hosts wrote: merged by their chaining values, and
+    /// read back.
+    landed_merged: AtomicU64,
+    landed_read_back: AtomicU64,
     auth_failures: AtomicU64,
     refused_busy: AtomicU64,
     /// The rate of the last session of each kind that moved bytes (bytes/s).
@@ -120,6 +124,16 @@ impl Reporter for Counting {
     fn on_bad_block(&self) {
         self.metrics.bad_blocks.fetch_add(1, Ordering::Relaxed);
     }
+
+    fn on_landed(&self, merged: bool) {
+        let m = &self.metrics;
+        let c = if merged {
+            &m.landed_merged
+        } else {
+            &m.landed_read_back
+        };
+        c.fetch_add(1, Ordering::Relaxed);
+    }
 }
 
 /// A running server's counters and gauges, for a metrics endpoint.
@@ -195,6 +209,16 @@ impl MetricsView {
             "counter",
             "Blocks that failed their digest and were sent again.",
             &one(load(&m.bad_blocks)),
+        );
+        family(
+            "ferry_server_landed_blocks_total",
+            "counter",
+            "Blocks stripe hosts wrote for puts this server coordinated, by how they were checked: \
+             merged by their BLAKE3 chaining values, or read back.",
+            &[
+                ("{check=\"merged\"}".into(), load(&m.landed_merged)),
+                ("{check=\"read_back\"}".into(), load(&m.landed_read_back)),
+            ],
         );
         family(
             "ferry_server_auth_failures_total",

@@ -337,7 +337,7 @@ async fn prepare_stripe<'a>(
         })
         .map_err(|e| as_requested(e.into(), dest))?;
     let opts = clamp(shared, opts);
-    let writer = Arc::new(StripeWriter::new(writer, opts.block_size));
+    let writer = Arc::new(StripeWriter::new(writer, opts.block_size, opts.checksum));
     let (data, permits, pending) = gather(&shared.registry, stream, named, &opts, None).await?;
     Ok(Work::Stripe {
         writer,

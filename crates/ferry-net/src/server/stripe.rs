@@ -1,6 +1,7 @@
 //! A stripe host's session: the blocks a striped put's client sends here are written into the
 //! partial copies the put's coordinator (another server on the same file system) opened, and
-//! each is reported `Landed` once durable, or handed back with `Resend` when it is not for
+//! each is reported `Landed` once durable (with the BLAKE3 chaining values of what was
+//! written, so that the coordinator need not read it back), or handed back with `Resend` when it is not for
 //! this host (not opened yet, committed already, damaged): the client then sends it to the
 //! coordinator. Nothing here creates, decides, verifies or renames a file.
 
@@ -108,11 +109,12 @@ async fn stripe_stream(
             .map_err(|e| SessionError::Protocol(format!("stripe writer failed: {e}")))?;
         let (file, offset, len) = (block.file.id, block.offset, block.data.len() as u32);
         let answer = match written {
-            Ok(()) => Frame::Landed {
+            Ok(cvs) => Frame::Landed {
                 file,
                 offset,
                 len,
                 digest: block.digest,
+                cvs,
             },
             Err(e) if e.is_refusal() => {
                 tracing::debug!(error = %e, "stripe: block handed back");
