@@ -619,6 +619,11 @@ pub struct PutArgs {
     /// `ferry serve`) or USER@HOST:PATH (a session started over ssh).
     #[arg(required = true, num_args = 2..)]
     pub paths: Vec<String>,
+    /// The one source is a tar archive: send its members into the destination directory, each
+    /// stored and registered like a put file. The archive is read in place (a regular file,
+    /// not a pipe), and one member outside the destination (absolute, `..`) refuses it all.
+    #[arg(long)]
+    pub untar: bool,
     #[command(flatten)]
     pub transfer: TransferArgs,
 }

@@ -442,6 +442,7 @@ fn fs_refused(op: &str, raw: &str, e: FsError) -> SessionError {
         FsError::Io { cause, .. } => cause.to_string(),
         FsError::Escapes { .. } => "refused: resolves outside the scope".to_owned(),
         FsError::Path(p) => p.to_string(),
+        FsError::Archive(a) => a.to_string(),
     };
     SessionError::Remote {
         code: e.code(),
