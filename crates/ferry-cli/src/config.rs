@@ -535,6 +535,10 @@ impl Transfer {
     /// `get SOURCE DEST`.
     pub fn get(mut args: GetArgs) -> Result<Self> {
         let filter = take_filter(&mut args.transfer)?;
+        let dest = match std::mem::take(&mut args.dest).as_slice() {
+            [dest] => dest.clone(),
+            _ => bail!("get takes one local destination (PATHS are for --tar)"),
+        };
         let mut remote = Remote::parse(&args.remote)
             .context("the first argument of get is the source, HOST[:PORT]:PATH")?;
         // Gets are not striped yet: an endpoint's first host serves them.
@@ -551,7 +555,7 @@ impl Transfer {
         Ok(Self::new(
             remote,
             client,
-            (Job::Get(args.dest), filter),
+            (Job::Get(dest), filter),
             args.transfer,
         ))
     }

@@ -160,3 +160,127 @@ fn hostile_and_piped_archives_are_refused_and_nothing_is_written() {
         out.stderr
     );
 }
+
+/// A server holding `src/tree` put at `/data/tree` (registered by the put).
+fn bed_with_tree() -> (Bed, std::path::PathBuf) {
+    let bed = Bed::new();
+    let tree = make_tree(&bed.sb);
+    let out = bed.ferry(&["put", &tree.display().to_string(), &bed.remote("/data/")]);
+    assert_code(&out, 0);
+    (bed, tree)
+}
+
+/// `tar ARGS...` run in `dir`: its exit status and what it printed.
+fn tar_output(dir: &Path, args: &[&str]) -> (bool, String) {
+    let out = Command::new("tar")
+        .current_dir(dir)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("GNU tar is installed");
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    (out.status.success(), text)
+}
+
+#[test]
+fn get_tar_is_read_back_by_gnu_tar_whole_and_as_a_subset() {
+    let (bed, tree) = bed_with_tree();
+    // To stdout.
+    let whole = bed.sb.path("whole.tar");
+    let status = bed
+        .sb
+        .client(&bed.server.token)
+        .args(["get", "--tar", &bed.remote("/data/tree")])
+        .stdout(fs::File::create(&whole).unwrap())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let (ok, listing) = tar_output(&bed.sb.path(""), &["-tvf", "whole.tar"]);
+    assert!(ok, "{listing}");
+    assert!(listing.contains("nested/deep/er/big.bin"), "{listing}");
+    let x = bed.sb.mkdir("x");
+    gnu_tar(&x, &["-xf", "../whole.tar"]);
+    assert_eq!(tree_digest(&x), tree_digest(&tree));
+
+    // A subset, to a file; the same bytes each time (a stable order).
+    for name in ["sub.tar", "sub2.tar"] {
+        let file = bed.sb.path(name).display().to_string();
+        let remote = bed.remote("/data/tree");
+        let out = bed.ferry(&[
+            "get",
+            "--tar",
+            &remote,
+            "nested/small",
+            "a dir",
+            "-o",
+            &file,
+        ]);
+        assert_code(&out, 0);
+    }
+    assert_eq!(
+        fs::read(bed.sb.path("sub.tar")).unwrap(),
+        fs::read(bed.sb.path("sub2.tar")).unwrap()
+    );
+    let (ok, listing) = tar_output(&bed.sb.path(""), &["-tf", "sub.tar"]);
+    assert!(ok, "{listing}");
+    assert_eq!(
+        listing.lines().collect::<Vec<_>>(),
+        ["a dir/", "a dir/b c.txt", "nested/small"]
+    );
+    let y = bed.sb.mkdir("y");
+    gnu_tar(&y, &["-xf", "../sub.tar"]);
+    for rel in ["a dir/b c.txt", "nested/small"] {
+        assert_eq!(
+            fs::read(y.join(rel)).unwrap(),
+            fs::read(tree.join(rel)).unwrap()
+        );
+    }
+}
+
+#[test]
+fn get_tar_of_a_file_changed_behind_ferrys_back_fails_naming_it() {
+    let (bed, _tree) = bed_with_tree();
+    let victim = bed.server.root.join("data/tree/nested/deep/er/big.bin");
+    let mtime = fs::metadata(&victim).unwrap().modified().unwrap();
+    let mut bytes = fs::read(&victim).unwrap();
+    bytes[4_000_000] ^= 0xff;
+    fs::write(&victim, &bytes).unwrap();
+    let f = fs::OpenOptions::new().write(true).open(&victim).unwrap();
+    f.set_modified(mtime).unwrap();
+    drop(f);
+    assert_eq!(fs::metadata(&victim).unwrap().modified().unwrap(), mtime);
+
+    let file = bed.sb.path("bad.tar").display().to_string();
+    let out = bed.ferry(&["get", "--tar", &bed.remote("/data/tree"), "-o", &file]);
+    assert_code(&out, 1);
+    assert!(
+        out.stderr.contains("member `nested/deep/er/big.bin`")
+            && out.stderr.contains("no longer match the digest registered"),
+        "{}",
+        out.stderr
+    );
+    // What was written is a truncated archive, and GNU tar says so.
+    let (ok, listing) = tar_output(&bed.sb.path(""), &["-tf", "bad.tar"]);
+    assert!(!ok, "{listing}");
+}
+
+#[test]
+fn get_tar_from_a_server_without_a_catalog_is_refused_saying_why() {
+    let sb = Sandbox::new();
+    let root = sb.mkdir("root");
+    write_pattern(&root.join("data/a"), 10, 7);
+    let server = Server::start(&sb, &root, Some(&sb.path("token")), &["--catalog", "none"]);
+    let file = sb.path("out.tar").display().to_string();
+    let out = run(
+        sb.client(&server.token)
+            .args(["get", "--tar", &server.remote("/data"), "-o", &file]),
+        CMD_TIMEOUT,
+    );
+    assert_code(&out, 1);
+    assert!(
+        out.stderr.contains("keeps no catalog") && out.stderr.contains("unchecked"),
+        "{}",
+        out.stderr
+    );
+}

@@ -84,6 +84,12 @@ pub(super) async fn serve(
             let catalog = needed(catalog)?;
             return super::verify::serve(shared, stream, catalog, (rel, prefix), recursive).await;
         }
+        CatalogRequest::Tar { path, paths } => {
+            let rel = readable(shared, grant, &path)?;
+            let prefix = grant.read_scope(&rel).unwrap_or_default().to_owned();
+            let asked = (path, paths);
+            return super::bundle::serve(shared, stream, catalog, (rel, prefix), asked).await;
+        }
         CatalogRequest::Remove { path, recursive } => {
             remove(shared, grant, catalog, &path, recursive).await?
         }
