@@ -59,7 +59,8 @@ fn gnu_tar(dir: &Path, args: &[&str]) {
 }
 
 /// `src/tree`: nested directories, an empty file and an empty directory, a file of several
-/// MiB (many blocks), and names with spaces.
+/// MiB (many blocks), names with spaces, a name past tar's 100 bytes, a symlink and a hard
+/// link.
 fn make_tree(sb: &Sandbox) -> std::path::PathBuf {
     let tree = sb.path("src/tree");
     write_pattern(&tree.join("a dir/b c.txt"), 1000, 1);
@@ -70,7 +71,10 @@ fn make_tree(sb: &Sandbox) -> std::path::PathBuf {
     );
     write_pattern(&tree.join("nested/small"), 10, 3);
     write_pattern(&tree.join("empty"), 0, 4);
+    write_pattern(&tree.join(format!("nested/{}", "long".repeat(30))), 300, 5);
     fs::create_dir_all(tree.join("nested/empty dir")).unwrap();
+    std::os::unix::fs::symlink("small", tree.join("nested/link")).unwrap();
+    fs::hard_link(tree.join("nested/small"), tree.join("nested/hard")).unwrap();
     tree
 }
 
@@ -107,7 +111,7 @@ fn untar_of_a_gnu_tar_lands_identical_and_every_member_is_registered() {
         |t: std::time::SystemTime| t.duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
     assert_eq!(secs(landed_mtime), secs(mtime));
     let all = files(&tree);
-    assert_eq!(all.len(), 4);
+    assert_eq!(all.len(), 6);
     for rel in all {
         assert_eq!(
             bed.registered(&format!("/data/tree/{rel}")),
