@@ -619,6 +619,11 @@ pub struct PutArgs {
     /// `ferry serve`) or USER@HOST:PATH (a session started over ssh).
     #[arg(required = true, num_args = 2..)]
     pub paths: Vec<String>,
+    /// The one source is a tar archive: send its members into the destination directory, each
+    /// stored and registered like a put file. The archive is read in place (a regular file,
+    /// not a pipe), and one member outside the destination (absolute, `..`) refuses it all.
+    #[arg(long)]
+    pub untar: bool,
     #[command(flatten)]
     pub transfer: TransferArgs,
 }
@@ -627,8 +632,18 @@ pub struct PutArgs {
 pub struct GetArgs {
     /// Remote source HOST[:PORT]:PATH, or USER@HOST:PATH over ssh.
     pub remote: String,
-    /// Local destination (a directory, or a new name).
-    pub dest: PathBuf,
+    /// Local destination (a directory, or a new name). With --tar: paths below the remote
+    /// source to put in the archive (none: all of it).
+    #[arg(value_name = "DEST | PATHS", required_unless_present = "tar")]
+    pub dest: Vec<PathBuf>,
+    /// Write the remote tree (or PATHS below it) as a tar to stdout, or to -o FILE: the server
+    /// writes it and checks each file against the digest its catalog registered; a file that
+    /// fails the check fails the command (exit 1), naming it, and leaves a truncated archive.
+    #[arg(long)]
+    pub tar: bool,
+    /// With --tar: write the archive to FILE instead of stdout.
+    #[arg(short = 'o', value_name = "FILE", requires = "tar")]
+    pub tar_file: Option<PathBuf>,
     /// Refuse symlinks whose target is absolute or climbs out of the tree being fetched: the
     /// server chooses what its links point to (SECURITY.md).
     #[arg(long)]

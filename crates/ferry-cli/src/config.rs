@@ -482,6 +482,8 @@ pub fn waits(args: &WaitArgs) -> Result<(Duration, Duration)> {
 pub enum Job {
     /// Local sources, sent to the remote path.
     Put(Vec<PathBuf>),
+    /// A local tar archive, its members sent into the remote directory (`put --untar`).
+    Untar(PathBuf),
     /// From the remote path to a local destination.
     Get(PathBuf),
 }
@@ -524,13 +526,20 @@ impl Transfer {
         client.opts.storage_threads = asked_threads(args.transfer.writers);
         // This process ends with the put (the demo, which hosts a server, leaves it off).
         client.drain_at_end = true;
-        let job = Job::Put(sources.iter().map(PathBuf::from).collect());
+        let job = match args.untar {
+            true => untar_job(sources, &filter, &client)?,
+            false => Job::Put(sources.iter().map(PathBuf::from).collect()),
+        };
         Ok(Self::new(remote, client, (job, filter), args.transfer))
     }
 
     /// `get SOURCE DEST`.
     pub fn get(mut args: GetArgs) -> Result<Self> {
         let filter = take_filter(&mut args.transfer)?;
+        let dest = match std::mem::take(&mut args.dest).as_slice() {
+            [dest] => dest.clone(),
+            _ => bail!("get takes one local destination (PATHS are for --tar)"),
+        };
         let mut remote = Remote::parse(&args.remote)
             .context("the first argument of get is the source, HOST[:PORT]:PATH")?;
         // Gets are not striped yet: an endpoint's first host serves them.
@@ -547,7 +556,7 @@ impl Transfer {
         Ok(Self::new(
             remote,
             client,
-            (Job::Get(args.dest), filter),
+            (Job::Get(dest), filter),
             args.transfer,
         ))
     }
@@ -568,6 +577,20 @@ impl Transfer {
             conn: args.conn,
         }
     }
+}
+
+/// `put --untar ARCHIVE REMOTE_DIR/`: one archive, sent whole.
+fn untar_job(sources: &[String], filter: &Filter, client: &ClientConfig) -> Result<Job> {
+    let [archive] = sources else {
+        bail!("--untar sends one tar archive; name one file before the destination");
+    };
+    if !filter.is_empty() {
+        bail!("--untar sends every member of the archive; --exclude/--include do not apply");
+    }
+    if !client.stripe.is_empty() {
+        bail!("--untar is not striped yet; name one host");
+    }
+    Ok(Job::Untar(PathBuf::from(archive)))
 }
 
 /// A sync resolved from its arguments.

@@ -36,6 +36,9 @@ pub enum FsError {
     Escapes { path: String },
     #[error(transparent)]
     Path(#[from] PathError),
+    /// A tar archive that `put --untar` cannot send as its members.
+    #[error(transparent)]
+    Archive(#[from] crate::archive::ArchiveError),
 }
 
 impl FsError {
@@ -56,6 +59,8 @@ impl FsError {
     pub fn code(&self) -> ErrorCode {
         match self {
             Self::Escapes { .. } | Self::Path(_) => ErrorCode::PERMISSION,
+            Self::Archive(crate::archive::ArchiveError::Refused { .. }) => ErrorCode::PERMISSION,
+            Self::Archive(_) => ErrorCode::IO,
             Self::Io { cause, .. } => match cause.kind() {
                 io::ErrorKind::NotFound => ErrorCode::NOT_FOUND,
                 io::ErrorKind::PermissionDenied => ErrorCode::PERMISSION,

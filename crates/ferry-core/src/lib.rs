@@ -4,6 +4,7 @@
 //! sender's readers ([`send::Sender::start`]) and the receiver's writers
 //! ([`recv::Receiver::start`]), each pool behind a [`gate::Gate`] that a tuner turns.
 
+pub mod archive;
 pub mod buf;
 pub mod digest;
 pub mod error;

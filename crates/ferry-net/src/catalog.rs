@@ -5,7 +5,7 @@
 use ferry_core::Reporter;
 use ferry_proto::{
     CatalogAnswer, CatalogObject, CatalogRequest, CatalogStat, FindRequest, Frame, MetaEntry,
-    Problem, VerifyCounts, MAX_CONTROL_PAYLOAD, MAX_VERIFY_LISTED,
+    Problem, VerifyCounts, MAX_CONTROL_PAYLOAD, MAX_TAR_PATHS, MAX_VERIFY_LISTED,
 };
 
 use crate::client::{connect, ClientConfig};
@@ -218,6 +218,53 @@ pub async fn verify(
         if report.last {
             out.more = report.more;
             return Ok(out);
+        }
+    }
+}
+
+/// Streams the tree at `path` (only `paths` below it, when any) as a tar into `out`, as the
+/// server writes it: each member's bytes checked there against its registered digest. A
+/// member that fails the check ends it with the server's error naming the member; what `out`
+/// has then is a truncated archive (no end-of-archive blocks). Returns the bytes written.
+pub async fn get_tar<W>(
+    cfg: &ClientConfig,
+    path: &str,
+    paths: Vec<String>,
+    out: &mut W,
+    reporter: &dyn Reporter,
+) -> Result<u64, SessionError>
+where
+    W: tokio::io::AsyncWrite + Unpin,
+{
+    use tokio::io::AsyncWriteExt;
+    if paths.len() > MAX_TAR_PATHS {
+        return Err(SessionError::Protocol(format!(
+            "get --tar names at most {MAX_TAR_PATHS} paths; name their parent instead"
+        )));
+    }
+    let request = CatalogRequest::Tar {
+        path: path.to_owned(),
+        paths,
+    };
+    let mut c = connect(cfg, reporter).await?;
+    send(&mut c.control, &Frame::CatalogRequest(request)).await?;
+    let mut written = 0u64;
+    loop {
+        let next = expect_frame(&mut c.control, MAX_CONTROL_PAYLOAD, "control");
+        let frame = tokio::time::timeout(cfg.idle_timeout, next)
+            .await
+            .map_err(|_| SessionError::Timeout("waiting for the tar's next bytes"))??;
+        let Frame::TarData { data, last } = frame else {
+            return Err(SessionError::Protocol(format!(
+                "unexpected {:?} in a tar stream",
+                frame.frame_type()
+            )));
+        };
+        out.write_all(&data).await.map_err(SessionError::Io)?;
+        written += data.len() as u64;
+        if last {
+            out.flush().await.map_err(SessionError::Io)?;
+            return Ok(written);
         }
     }
 }

@@ -1252,9 +1252,38 @@ pub async fn put_filtered(
             .iter()
             .map(|p| local_source(p))
             .collect::<Result<_, _>>()?;
-        put_once(cfg, (srcs, filter), dest, reporter.clone(), cache.clone()).await
+        let what = Walked::Sources(srcs, filter);
+        put_once(cfg, what, dest, reporter.clone(), cache.clone()).await
     })
     .await
+}
+
+/// Sends the members of the tar `archive` into the directory `dest` (`put --untar`): the
+/// headers are listed first (a member that would land outside `dest` refuses the whole
+/// archive before anything is sent), then each member is read in place, a range of the
+/// archive, and the server commits and registers it like any put file.
+pub async fn put_untar(
+    cfg: &ClientConfig,
+    archive: &Path,
+    dest: &str,
+    reporter: Arc<dyn Reporter>,
+) -> Result<TransferReport, SessionError> {
+    let cache: Arc<DigestCache> = Arc::default();
+    let dest = match dest.ends_with('/') {
+        true => dest.to_owned(),
+        false => format!("{dest}/"),
+    };
+    with_retries(cfg, &reporter, || async {
+        let what = Walked::Archive(ferry_core::archive::Archive::open(archive)?);
+        put_once(cfg, what, &dest, reporter.clone(), cache.clone()).await
+    })
+    .await
+}
+
+/// What a put sends: sources walked through their filter, or an archive's members.
+enum Walked<'a> {
+    Sources(Vec<Source>, &'a Filter),
+    Archive(ferry_core::archive::Archive),
 }
 
 /// A put of what `sources` opens (afresh for each attempt): local paths for the CLI, a
@@ -1287,7 +1316,7 @@ where
     with_retries(cfg, &reporter, || async {
         put_once(
             cfg,
-            (sources()?, filter),
+            Walked::Sources(sources()?, filter),
             dest,
             reporter.clone(),
             cache.clone(),
@@ -1297,10 +1326,10 @@ where
     .await
 }
 
-/// One attempt of a put of `srcs`, walked through their filter.
+/// One attempt of a put of `what`.
 async fn put_once(
     cfg: &ClientConfig,
-    (srcs, filter): (Vec<Source>, &Filter),
+    what: Walked<'_>,
     dest: &str,
     reporter: Arc<dyn Reporter>,
     digest_cache: Arc<DigestCache>,
@@ -1319,7 +1348,11 @@ async fn put_once(
     let dest = dest.as_str();
     let request = Frame::PutRequest {
         dest: dest.to_owned(),
-        sources: srcs.len() as u32,
+        // An archive's members land inside `dest`, which ends with `/`.
+        sources: match &what {
+            Walked::Sources(srcs, _) => srcs.len() as u32,
+            Walked::Archive(_) => 1,
+        },
         opts: cfg.opts.clone(),
     };
     // The walk and the readers start before the login: the first offers follow the request,
@@ -1336,7 +1369,12 @@ async fn put_once(
         corrupt_blocks: cfg.corrupt_blocks.clone(),
         digest_cache,
     };
-    let sender = Sender::start_filtered(srcs, filter.clone(), config, tx, ctl_tx, reporter.clone());
+    let sender = match what {
+        Walked::Sources(srcs, filter) => {
+            Sender::start_filtered(srcs, filter.clone(), config, tx, ctl_tx, reporter.clone())
+        }
+        Walked::Archive(a) => Sender::start_archive(a, config, tx, ctl_tx, reporter.clone()),
+    };
     let opened = async {
         if cfg.multipath {
             let (c, opts, joining, paths) = open_paths(cfg, reporter.as_ref(), &request).await?;

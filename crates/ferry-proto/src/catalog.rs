@@ -101,7 +101,14 @@ pub enum CatalogRequest {
     /// `path` re-read and re-hashed, this server's replica marked good or bad; with
     /// `recursive`, files on disk there that are not registered reported too.
     Verify { path: String, recursive: bool },
+    /// `get --tar`: the tree at `path` (only `paths` below it, when given) streamed as a tar
+    /// in `TarData` frames, each member's bytes checked against its registered digest.
+    Tar { path: String, paths: Vec<String> },
 }
+
+/// Most `paths` one `CatalogRequest::Tar` names (at the longest paths, they fit a control
+/// frame).
+pub const MAX_TAR_PATHS: usize = 128;
 
 impl CatalogRequest {
     /// The operation's name, for logs and messages.
@@ -116,6 +123,7 @@ impl CatalogRequest {
             Self::MetaLs { .. } => "meta ls",
             Self::Find(_) => "find",
             Self::Verify { .. } => "verify",
+            Self::Tar { .. } => "get --tar",
         }
     }
 }

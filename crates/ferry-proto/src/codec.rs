@@ -26,7 +26,7 @@ use crate::frame::{
     ProbeDirection, ProbeStream, Role, SessionId, TransferOpts, TuneReport, TuneStep, TuneVerdict,
     HEADER_LEN, MAGIC, MAX_BLOCK_DATA, MAX_DIGEST, MAX_LANDED_CVS, MAX_LIST_ENTRIES, MAX_MESSAGE,
     MAX_OFFER_ENTRIES, MAX_PATH, MAX_PROBE_INTERVALS, MAX_RESUME_RANGES, MAX_STORAGE_THREADS,
-    MAX_STREAMS, MAX_TOKEN, MAX_TUNE_STEPS, MIN_BLOCK_SIZE,
+    MAX_STREAMS, MAX_TAR_DATA, MAX_TOKEN, MAX_TUNE_STEPS, MIN_BLOCK_SIZE,
 };
 
 const ROLE_CONTROL: u8 = 0;
@@ -120,6 +120,7 @@ impl Frame {
             Frame::CopyPaths { .. } => FrameType::COPY_PATHS,
             Frame::CatalogRequest(_) => FrameType::CATALOG_REQUEST,
             Frame::CatalogAnswer(_) => FrameType::CATALOG_ANSWER,
+            Frame::TarData { .. } => FrameType::TAR_DATA,
         }
     }
 
@@ -200,6 +201,25 @@ impl Frame {
             },
             FrameType::PROBE_REQUEST => decode_probe_request(&mut r)?,
             FrameType::PROBE_RESULT => decode_probe_result(&mut r)?,
+            FrameType::TAR_DATA => {
+                let last = match r.u8("last")? {
+                    0 => false,
+                    1 => true,
+                    other => return Err(invalid("last", other)),
+                };
+                let len = usize::try_from(r.u32("data_len")?).unwrap_or(usize::MAX);
+                if len > MAX_TAR_DATA {
+                    return Err(DecodeError::TooLong {
+                        field: "data",
+                        len,
+                        max: MAX_TAR_DATA,
+                    });
+                }
+                Frame::TarData {
+                    data: r.bytes(len, "data")?,
+                    last,
+                }
+            }
             FrameType::PROBE_DATA => {
                 let len = r.u32("data_len")?;
                 Frame::ProbeData {
@@ -354,6 +374,11 @@ impl Frame {
             Frame::CopyPaths { paths, more } => copy::put_copy_paths(out, paths, *more),
             Frame::CatalogRequest(req) => catalog::put_request(out, req),
             Frame::CatalogAnswer(answer) => catalog::put_answer(out, answer),
+            Frame::TarData { data, last } => {
+                out.put_u8(u8::from(*last));
+                out.put_u32(wire_len(data.len(), "tar data"));
+                out.put_slice(data);
+            }
         }
     }
 
@@ -448,7 +473,8 @@ impl Frame {
             | Frame::Removed { .. }
             | Frame::CopyPaths { .. }
             | Frame::CatalogRequest(_)
-            | Frame::CatalogAnswer(_) => {}
+            | Frame::CatalogAnswer(_)
+            | Frame::TarData { .. } => {}
         }
     }
 }

@@ -134,6 +134,7 @@ impl FrameType {
     pub const COPY_PATHS: Self = Self(0x24);
     pub const CATALOG_REQUEST: Self = Self(0x1E);
     pub const CATALOG_ANSWER: Self = Self(0x3D);
+    pub const TAR_DATA: Self = Self(0x3E);
 
     /// The largest payload a frame of this type may declare, or `None` for an unknown type.
     /// Checked on the header alone, before any payload is read or allocated.
@@ -175,7 +176,8 @@ impl FrameType {
             | Self::REMOVED
             | Self::COPY_PATHS
             | Self::CATALOG_REQUEST
-            | Self::CATALOG_ANSWER => Some(MAX_CONTROL_PAYLOAD),
+            | Self::CATALOG_ANSWER
+            | Self::TAR_DATA => Some(MAX_CONTROL_PAYLOAD),
             _ => None,
         }
     }
@@ -220,6 +222,7 @@ impl FrameType {
             Self::COPY_PATHS => "copy_paths",
             Self::CATALOG_REQUEST => "catalog_request",
             Self::CATALOG_ANSWER => "catalog_answer",
+            Self::TAR_DATA => "tar_data",
             _ => "unknown",
         }
     }
@@ -753,7 +756,17 @@ pub enum Frame {
     CatalogRequest(CatalogRequest),
     /// The server's answer to a `CatalogRequest` (a find's may take several frames).
     CatalogAnswer(CatalogAnswer),
+    /// Server to client (control), the answer to a `CatalogRequest::Tar`: the next bytes of
+    /// the tar stream (at most [`MAX_TAR_DATA`]). `last`: the stream is whole (its
+    /// end-of-archive blocks sent); a failure is an `Error` instead.
+    TarData {
+        data: Bytes,
+        last: bool,
+    },
 }
+
+/// Most tar bytes one `TarData` frame carries: well within a control frame.
+pub const MAX_TAR_DATA: usize = 512 << 10;
 
 /// One path of a `RemoveRequest` that was not removed.
 #[derive(Clone, Debug, PartialEq, Eq)]

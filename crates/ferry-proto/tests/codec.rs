@@ -471,6 +471,12 @@ fn frame() -> impl Strategy<Value = Frame> {
             .boxed(),
         catalog_request().prop_map(Frame::CatalogRequest).boxed(),
         catalog_answer().prop_map(Frame::CatalogAnswer).boxed(),
+        (vec(any::<u8>(), 0..600), any::<bool>())
+            .prop_map(|(d, last)| Frame::TarData {
+                data: Bytes::from(d),
+                last
+            })
+            .boxed(),
     ]
 }
 
@@ -531,6 +537,7 @@ fn catalog_request() -> impl Strategy<Value = CatalogRequest> {
         find_request().prop_map(|f| CatalogRequest::Find(Box::new(f))),
         (text(), any::<bool>())
             .prop_map(|(path, recursive)| CatalogRequest::Verify { path, recursive }),
+        (text(), vec(text(), 0..4)).prop_map(|(path, paths)| CatalogRequest::Tar { path, paths }),
     ]
 }
 
@@ -1008,6 +1015,10 @@ fn sample_frames() -> Vec<Frame> {
         },
     ];
     frames.extend(sample_catalog_frames());
+    frames.push(Frame::TarData {
+        data: Bytes::from_static(&[0u8; 1024]),
+        last: true,
+    });
     frames
 }
 
@@ -1071,6 +1082,10 @@ fn sample_catalog_frames() -> Vec<Frame> {
             larger: Some(1024),
             limit: 1000,
         })),
+        CatalogRequest::Tar {
+            path: "/incoming/run42".into(),
+            paths: vec!["a.dat".into(), "sub dir".into()],
+        },
     ];
     let answers = vec![
         CatalogAnswer::Done {
@@ -1134,7 +1149,7 @@ fn sample_copy_request() -> CopyRequest {
 fn samples_cover_every_frame_type() {
     let mut types: Vec<u8> = sample_frames().iter().map(|f| f.frame_type().0).collect();
     types.dedup();
-    assert_eq!(types.len(), 37);
+    assert_eq!(types.len(), 38);
     for ty in 0..=u8::MAX {
         assert_eq!(
             FrameType(ty).max_payload().is_some(),

@@ -432,7 +432,7 @@ fn print_stat(s: &CatalogStat) {
 }
 
 /// Warnings (a newly pinned server key, a retry) on stderr, unless quiet.
-struct Notices(bool);
+pub(super) struct Notices(pub(super) bool);
 
 impl ferry_core::Reporter for Notices {
     fn on_warning(&self, msg: &str) {

@@ -37,10 +37,12 @@ pub async fn run(t: Transfer, quiet: bool) -> Result<ExitCode> {
     ramp_helpers_for(&mut cfg, &remote, &profile);
     let local = match &job {
         Job::Put(sources) => sources.first(),
+        Job::Untar(archive) => Some(archive),
         Job::Get(dest) => Some(dest),
     };
     if let (Ok(dir), Some(local)) = (crate::state::state_dir(), local) {
-        apply_disk_profile(&mut cfg, &dir, local, matches!(job, Job::Put(_)));
+        let sending = !matches!(job, Job::Get(_));
+        apply_disk_profile(&mut cfg, &dir, local, sending);
     }
     let oneshot = start_oneshot(&mut cfg, &remote, &conn, false).await?;
     let progress = Arc::new(Progress::new(quiet || json));
@@ -48,6 +50,10 @@ pub async fn run(t: Transfer, quiet: bool) -> Result<ExitCode> {
         Job::Put(sources) => {
             let to = &remote.path;
             ferry_net::client::put_filtered(&cfg, sources, &filter, to, progress.clone()).await
+        }
+        Job::Untar(archive) => {
+            let to = &remote.path;
+            ferry_net::client::put_untar(&cfg, archive, to, progress.clone()).await
         }
         Job::Get(dest) => {
             let from = &remote.path;

@@ -204,7 +204,8 @@ pub(super) fn digest_file(shared: &SenderState, record: &FileRecord) -> Result<V
     let mut offset = 0;
     while offset < record.meta.size {
         let len = (record.meta.size - offset).min(block);
-        let data = read_block(&file, offset, len).map_err(|e| FsError::io(&record.meta.path, e))?;
+        let data = read_block(&file, record.base + offset, len)
+            .map_err(|e| FsError::io(&record.meta.path, e))?;
         hasher.update(&data);
         offset += len;
     }
@@ -395,8 +396,7 @@ impl<'a> FileReading<'a> {
         let fail = |code, msg| Streamed::failed(shared.fail_file(record, code, msg));
         let (file, before) = open_checked(record)
             .map_err(|e| fail(e.code(), format!("cannot read {}: {e}", meta.path)))?;
-        if before.kind != Kind::File || before.size != meta.size || before.mtime_ns != meta.mtime_ns
-        {
+        if before.kind != Kind::File || (before.size, before.mtime_ns) != record.listed {
             return Err(fail(
                 ErrorCode::IO,
                 format!(
@@ -431,7 +431,7 @@ impl<'a> FileReading<'a> {
         unpassed: &mut Unpassed<'_>,
     ) -> Result<BlockRead, Streamed> {
         let meta = &self.record.meta;
-        let data = match read_block(&self.file, offset, len) {
+        let data = match read_block(&self.file, self.record.base + offset, len) {
             Ok(d) => d,
             Err(e) => return Err(self.fail(read_failed(&self.file, self.before, &meta.path, &e))),
         };
@@ -494,7 +494,8 @@ pub(super) fn resend_block(shared: &SenderState, id: FileId, offset: u64, len: u
     let meta = &record.meta;
     let len = u64::from(len).min(meta.size.saturating_sub(offset));
     let result = open_checked(&record).and_then(|(file, now)| {
-        let data = read_block(&file, offset, len).map_err(|e| FsError::io(&meta.path, e))?;
+        let data =
+            read_block(&file, record.base + offset, len).map_err(|e| FsError::io(&meta.path, e))?;
         Ok((now, data))
     });
     let (now, data) = match result {
@@ -503,7 +504,7 @@ pub(super) fn resend_block(shared: &SenderState, id: FileId, offset: u64, len: u
             return shared.fail_file(&record, e.code(), format!("re-reading {}: {e}", meta.path))
         }
     };
-    if now.size != meta.size || now.mtime_ns != meta.mtime_ns {
+    if (now.size, now.mtime_ns) != record.listed {
         return shared.fail_file(
             &record,
             ErrorCode::IO,

@@ -183,7 +183,7 @@ impl Segments {
                 }
             }
             let len = next_len(shared, &place.have, offset, end - offset);
-            let data = match read_block(file, offset, len) {
+            let data = match read_block(file, self.record.base + offset, len) {
                 Ok(d) => d,
                 Err(e) => {
                     let msg = read_failed(file, self.before, &meta.path, &e);

@@ -9,7 +9,8 @@ use ferry_proto::{Decision, FileDecision, FileId, Frame};
 
 use super::reading::{resend_block, send_file};
 use super::state::{Job, SenderConfig, SenderState, Source, WalkTotals};
-use super::walk::walk;
+use super::walk::{walk, walk_archive};
+use crate::archive::Archive;
 use crate::filter::Filter;
 use crate::gate::Gate;
 use crate::report::Reporter;
@@ -50,10 +51,34 @@ impl Sender {
         control: flume::Sender<Frame>,
         reporter: Arc<dyn Reporter>,
     ) -> Self {
+        let what = (sources, None, filter);
+        Self::start_with(what, config, (frames, control), reporter)
+    }
+
+    /// Sends the members of `archive` as if they were a walked tree (`put --untar`): each
+    /// regular member is a byte range of the archive, read in place by the readers.
+    pub fn start_archive(
+        archive: Archive,
+        config: SenderConfig,
+        frames: flume::Sender<Frame>,
+        control: flume::Sender<Frame>,
+        reporter: Arc<dyn Reporter>,
+    ) -> Self {
+        let what = (Vec::new(), Some(archive), Filter::default());
+        Self::start_with(what, config, (frames, control), reporter)
+    }
+
+    fn start_with(
+        (sources, archive, filter): (Vec<Source>, Option<Archive>, Filter),
+        config: SenderConfig,
+        (frames, control): (flume::Sender<Frame>, flume::Sender<Frame>),
+        reporter: Arc<dyn Reporter>,
+    ) -> Self {
         let corrupt = Mutex::new(config.corrupt_blocks.iter().copied().collect());
         let (block_size, streams) = (config.block_size, u32::from(config.streams));
         let shared = Arc::new(SenderState {
             sources,
+            archive,
             filter,
             config,
             frames,
@@ -90,7 +115,10 @@ impl Sender {
             std::thread::Builder::new()
                 .name("ferry-walk".into())
                 .spawn(move || {
-                    let totals = walk(&shared, &job_tx);
+                    let totals = match &shared.archive {
+                        Some(archive) => walk_archive(&shared, archive, &job_tx),
+                        None => walk(&shared, &job_tx),
+                    };
                     shared.walked.store(true, Ordering::Release);
                     shared.reporter.on_walk_done();
                     let _ = totals_tx.send(totals);

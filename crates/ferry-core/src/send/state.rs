@@ -94,6 +94,12 @@ pub(super) struct FileRecord {
     /// The directory holding the file and its name there: reopening is one `openat`.
     pub(super) dir: Arc<OwnedFd>,
     pub(super) name: String,
+    /// Where the file's bytes start in what `dir`/`name` opens: 0 for a file, a member's
+    /// offset for an archive sent as its members (`put --untar`).
+    pub(super) base: u64,
+    /// Size and mtime of what `dir`/`name` opened when listed (the archive's, for a member):
+    /// one that changed since is not vouched for.
+    pub(super) listed: (u64, i64),
     pub(super) meta: FileMeta,
     pub(super) final_digest: Mutex<Option<Bytes>>,
     pub(super) digest: Mutex<Option<Vec<u8>>>,
@@ -107,6 +113,8 @@ pub(super) struct Job {
 /// receiver's decisions, and what has been found, read and passed so far.
 pub(super) struct SenderState {
     pub(super) sources: Vec<Source>,
+    /// An archive sent as its members instead of the sources (`put --untar`).
+    pub(super) archive: Option<crate::archive::Archive>,
     /// Which entries the walk sends (`--exclude`/`--include`), judged by their wire paths.
     pub(super) filter: Filter,
     pub(super) config: SenderConfig,

@@ -31,6 +31,8 @@ fn a_fifo_swapped_in_after_the_walk_is_refused_without_blocking() {
     let record = FileRecord {
         dir: Arc::new(fd),
         name: "f".into(),
+        base: 0,
+        listed: (10, 0),
         meta: FileMeta {
             id: FileId(0),
             path: "t/f".into(),

@@ -8,6 +8,7 @@ use ferry_proto::{ErrorCode, FileId, FileMeta, Frame, OfferEntry};
 
 use super::reading::special_kind;
 use super::state::{FileRecord, Job, SenderState, Source, WalkTotals};
+use crate::archive::{Archive, Member, MemberKind};
 use crate::error::FsError;
 use crate::path::join;
 use crate::root::{self, Kind, Meta, OFlags};
@@ -28,19 +29,25 @@ pub(super) struct Unvisited {
 /// or stats a single name relative to an already-open directory, never following a symlink,
 /// so the walk stays beneath each source's root without re-resolving whole paths.
 pub(super) fn walk(shared: &SenderState, jobs: &flume::Sender<Job>) -> WalkTotals {
-    let mut walker = Walker {
-        shared,
-        jobs,
-        offers: OfferBatch {
-            shared,
-            batch: Vec::new(),
-            since: None,
-        },
-        totals: WalkTotals::default(),
-        next_id: 0,
-    };
+    let mut walker = Walker::new(shared, jobs);
     for src in &shared.sources {
         if !walker.source(src) {
+            break;
+        }
+    }
+    walker.offers.flush();
+    walker.totals
+}
+
+/// The members of an archive, in archive order, instead of a walk (`put --untar`).
+pub(super) fn walk_archive(
+    shared: &SenderState,
+    archive: &Archive,
+    jobs: &flume::Sender<Job>,
+) -> WalkTotals {
+    let mut walker = Walker::new(shared, jobs);
+    for m in &archive.members {
+        if !walker.member(archive, m) {
             break;
         }
     }
@@ -95,7 +102,21 @@ struct Walker<'a> {
     next_id: u64,
 }
 
-impl Walker<'_> {
+impl<'a> Walker<'a> {
+    fn new(shared: &'a SenderState, jobs: &'a flume::Sender<Job>) -> Self {
+        Walker {
+            shared,
+            jobs,
+            offers: OfferBatch {
+                shared,
+                batch: Vec::new(),
+                since: None,
+            },
+            totals: WalkTotals::default(),
+            next_id: 0,
+        }
+    }
+
     /// Walks one source. Returns false when the transfer is over.
     fn source(&mut self, src: &Source) -> bool {
         let shared = self.shared;
@@ -154,13 +175,21 @@ impl Walker<'_> {
 
     /// Offers a regular file and hands it to the readers.
     fn file(&mut self, entry: Unvisited, meta: Meta) -> bool {
-        let shared = self.shared;
         let id = self.next_id();
-        self.totals.bytes += meta.size;
-        shared.found_bytes.fetch_add(meta.size, Ordering::Relaxed);
+        let record = record(entry, id, meta.size, &meta);
+        self.enqueue(record)
+    }
+
+    /// Counts a file found, offers it and hands it to the readers.
+    fn enqueue(&mut self, record: FileRecord) -> bool {
+        let shared = self.shared;
+        let size = record.meta.size;
+        self.totals.bytes += size;
+        shared.found_bytes.fetch_add(size, Ordering::Relaxed);
         shared.found_files.fetch_add(1, Ordering::Relaxed);
-        shared.reporter.on_discovered(1, meta.size);
-        let record = Arc::new(record(entry, id, meta.size, &meta));
+        shared.reporter.on_discovered(1, size);
+        let record = Arc::new(record);
+        let id = record.meta.id;
         shared
             .records
             .lock()
@@ -174,6 +203,48 @@ impl Walker<'_> {
                 self.jobs.send(job).is_ok()
             }
             Err(flume::TrySendError::Disconnected(_)) => false,
+        }
+    }
+
+    /// Sends one member of an archive as a walk of the unpacked tree would send it; a file is
+    /// a range of the archive, read in place.
+    fn member(&mut self, archive: &Archive, m: &Member) -> bool {
+        match &m.kind {
+            MemberKind::Dir => {
+                self.totals.dirs += 1;
+                self.shared.push(Frame::Dir {
+                    path: m.path.clone(),
+                    mode: m.mode,
+                    mtime_ns: m.mtime_ns,
+                })
+            }
+            MemberKind::Symlink { target } => {
+                self.totals.symlinks += 1;
+                self.shared.push(Frame::Symlink {
+                    path: m.path.clone(),
+                    target: target.clone(),
+                    mtime_ns: m.mtime_ns,
+                })
+            }
+            &MemberKind::File { offset, size } => {
+                let id = self.next_id();
+                let record = FileRecord {
+                    dir: archive.dir.clone(),
+                    name: archive.name.clone(),
+                    base: offset,
+                    listed: (archive.meta.size, archive.meta.mtime_ns),
+                    meta: FileMeta {
+                        id,
+                        path: m.path.clone(),
+                        size,
+                        mode: m.mode,
+                        mtime_ns: m.mtime_ns,
+                    },
+                    final_digest: Mutex::new(None),
+                    digest: Mutex::new(None),
+                };
+                self.enqueue(record)
+            }
         }
     }
 
@@ -282,6 +353,8 @@ fn record(entry: Unvisited, id: FileId, size: u64, meta: &Meta) -> FileRecord {
     FileRecord {
         dir: entry.parent,
         name: entry.name,
+        base: 0,
+        listed: (size, meta.mtime_ns),
         meta: FileMeta {
             id,
             path: entry.wire,

@@ -84,6 +84,12 @@ pub(super) async fn serve(
             let catalog = needed(catalog)?;
             return super::verify::serve(shared, stream, catalog, (rel, prefix), recursive).await;
         }
+        CatalogRequest::Tar { path, paths } => {
+            let rel = readable(shared, grant, &path)?;
+            let prefix = grant.read_scope(&rel).unwrap_or_default().to_owned();
+            let asked = (path, paths);
+            return super::bundle::serve(shared, stream, catalog, (rel, prefix), asked).await;
+        }
         CatalogRequest::Remove { path, recursive } => {
             remove(shared, grant, catalog, &path, recursive).await?
         }
@@ -442,6 +448,7 @@ fn fs_refused(op: &str, raw: &str, e: FsError) -> SessionError {
         FsError::Io { cause, .. } => cause.to_string(),
         FsError::Escapes { .. } => "refused: resolves outside the scope".to_owned(),
         FsError::Path(p) => p.to_string(),
+        FsError::Archive(a) => a.to_string(),
     };
     SessionError::Remote {
         code: e.code(),

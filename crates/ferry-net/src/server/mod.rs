@@ -10,12 +10,13 @@
 //! server). A striped put's other hosts: `stripe` (blocks into the coordinator's partial
 //! copies, each reported `Landed`). `catalog` registers every file a put stores and
 //! reconciles a crash's leftovers; `catalog_ops` serves a user's catalog requests (stat, rm,
-//! mv, mkdir, meta, find), their file-system half in `files`, and `verify` its fixity audits
-//! (`ferry verify`). `metrics`
+//! mv, mkdir, meta, find), their file-system half in `files`, `verify` its fixity audits
+//! (`ferry verify`) and `bundle` a tree streamed as a tar (`get --tar`). `metrics`
 //! counts sessions, bytes and refusals for a scraper.
 
 pub mod access;
 mod admission;
+mod bundle;
 mod catalog;
 mod catalog_ops;
 mod config;

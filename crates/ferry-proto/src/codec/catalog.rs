@@ -10,7 +10,7 @@ use crate::catalog::{
     FindCondition, FindRequest, MetaEntry, Problem, ReplicaHealth, VerifyCounts, VerifyReport,
     MAX_ALGO, MAX_FIND_CONDITIONS, MAX_FIND_LIMIT, MAX_FOUND_ENTRIES, MAX_META_ATTR,
     MAX_META_ENTRIES, MAX_META_UNIT, MAX_META_VALUE, MAX_PHYSICAL, MAX_REPLICAS, MAX_SERVER_NAME,
-    MAX_VERIFY_PROBLEMS,
+    MAX_TAR_PATHS, MAX_VERIFY_PROBLEMS,
 };
 use crate::error::DecodeError;
 use crate::frame::{Frame, MAX_DIGEST, MAX_PATH};
@@ -24,6 +24,7 @@ const OP_META_RM: u8 = 6;
 const OP_META_LS: u8 = 7;
 const OP_FIND: u8 = 8;
 const OP_VERIFY: u8 = 9;
+const OP_TAR: u8 = 10;
 
 const ANSWER_DONE: u8 = 1;
 const ANSWER_STAT: u8 = 2;
@@ -95,6 +96,14 @@ pub(super) fn put_request(out: &mut BytesMut, req: &CatalogRequest) {
             out.put_u8(OP_VERIFY);
             out.put_u8(u8::from(*recursive));
             put_str(out, path);
+        }
+        CatalogRequest::Tar { path, paths } => {
+            out.put_u8(OP_TAR);
+            put_str(out, path);
+            out.put_u16(wire_len(paths.len(), "tar paths"));
+            for p in paths {
+                put_str(out, p);
+            }
         }
     }
 }
@@ -175,6 +184,16 @@ pub(super) fn decode_request(r: &mut Reader<'_>) -> Result<Frame, DecodeError> {
             recursive: flag(r, "recursive")?,
             path: r.str("path", MAX_PATH)?,
         },
+        OP_TAR => {
+            let path = r.str("path", MAX_PATH)?;
+            let n = count(r, "paths", MAX_TAR_PATHS)?;
+            // Each path is at least its 2-byte length.
+            let mut paths = Vec::with_capacity(n.min(r.remaining() / 2));
+            for _ in 0..n {
+                paths.push(r.str("paths", MAX_PATH)?);
+            }
+            CatalogRequest::Tar { path, paths }
+        }
         other => return Err(invalid("op", other)),
     };
     Ok(Frame::CatalogRequest(req))
