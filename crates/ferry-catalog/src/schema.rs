@@ -2,11 +2,12 @@
 //! transaction and recorded in `catalog_migrations`, so an older catalog is brought up to date
 //! at open and a newer one is refused.
 //!
-//! The statements keep to SQL that SQLite and PostgreSQL both take, so that the shared
-//! backend runs the same schema.
+//! The statements are written for SQLite; PostgreSQL runs the same list with its few type
+//! names changed in one place ([`crate::pg::schema`]).
 
 use rusqlite::Connection;
 
+use crate::db::{args, transaction, Conn, Db};
 use crate::error::CatalogError;
 
 /// Each migration's version and statements; a version is never edited once released, only
@@ -74,9 +75,9 @@ CREATE TABLE roots (
 );
 ";
 
-/// Brings the catalog to the newest schema this build knows.
-pub(crate) fn migrate(conn: &mut Connection) -> Result<(), CatalogError> {
-    run_migrations(conn, "catalog_migrations", MIGRATIONS, crate::now_ns())
+/// Brings the catalog to the newest schema this build knows, one server at a time.
+pub(crate) fn migrate(conn: &mut Conn) -> Result<(), CatalogError> {
+    conn.exclusively(|c| migrate_on(c, "catalog_migrations", MIGRATIONS, crate::now_ns()))
 }
 
 /// Applies each of `steps` (version, SQL) newer than what `table` records, each in its own
@@ -89,17 +90,28 @@ pub fn run_migrations(
     steps: &[(i64, &str)],
     now: i64,
 ) -> Result<(), CatalogError> {
-    conn.execute_batch(&format!(
+    migrate_on(conn, table, steps, now)
+}
+
+/// [`run_migrations`] on either backend.
+fn migrate_on<D: Db + ?Sized>(
+    db: &mut D,
+    table: &str,
+    steps: &[(i64, &str)],
+    now: i64,
+) -> Result<(), CatalogError> {
+    db.batch(&format!(
         "CREATE TABLE IF NOT EXISTS {table} (
              version    BIGINT PRIMARY KEY,
              applied_at BIGINT NOT NULL
          )"
     ))?;
-    let current: i64 = conn.query_row(
-        &format!("SELECT COALESCE(MAX(version), 0) FROM {table}"),
-        [],
-        |r| r.get(0),
-    )?;
+    let current = db
+        .one(
+            &format!("SELECT COALESCE(MAX(version), 0) FROM {table}"),
+            &[],
+        )?
+        .int(0)?;
     let newest = steps.last().map_or(0, |m| m.0);
     if current > newest {
         return Err(CatalogError::TooNew {
@@ -107,14 +119,13 @@ pub fn run_migrations(
             known: newest,
         });
     }
+    let record = format!("INSERT INTO {table} (version, applied_at) VALUES (?1, ?2)");
     for (version, sql) in steps.iter().filter(|m| m.0 > current) {
-        let tx = conn.transaction()?;
-        tx.execute_batch(sql)?;
-        tx.execute(
-            &format!("INSERT INTO {table} (version, applied_at) VALUES (?1, ?2)"),
-            rusqlite::params![version, now],
-        )?;
-        tx.commit()?;
+        transaction(db, |db| {
+            db.batch(sql)?;
+            db.run(&record, args![*version, now])?;
+            Ok(())
+        })?;
     }
     Ok(())
 }
