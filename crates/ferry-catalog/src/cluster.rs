@@ -159,6 +159,11 @@ impl TestCluster {
     /// `postgres` database, as isolated as a database and much quicker to make (no copy of a
     /// template).
     pub fn database(&self) -> Location {
+        Location::parse(&self.database_url()).expect("the cluster's own location")
+    }
+
+    /// [`Self::database`], as `--catalog` takes it.
+    pub fn database_url(&self) -> String {
         let name = format!("ferry_{}", self.next.fetch_add(1, Ordering::Relaxed));
         let admin = PgUrl::parse(&self.url("postgres")).expect("the cluster's own location");
         let mut admin = Pg::connect(&admin).expect("the cluster is up");
@@ -166,8 +171,7 @@ impl TestCluster {
         admin
             .batch(&format!("CREATE SCHEMA {name}"))
             .expect("a new schema");
-        let url = format!("{} options='-c search_path={name}'", self.url("postgres"));
-        Location::Postgres(PgUrl::parse(&url).expect("the cluster's own location"))
+        format!("{} options='-c search_path={name}'", self.url("postgres"))
     }
 
     /// The directory the cluster lives in (and its socket).

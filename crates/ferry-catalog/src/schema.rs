@@ -12,7 +12,7 @@ use crate::error::CatalogError;
 
 /// Each migration's version and statements; a version is never edited once released, only
 /// followed by another.
-pub(crate) const MIGRATIONS: &[(i64, &str)] = &[(1, V1), (2, V2)];
+pub(crate) const MIGRATIONS: &[(i64, &str)] = &[(1, V1), (2, V2), (3, V3)];
 
 /// Longest attribute name, value and unit of a metadata entry, in bytes (SECURITY.md).
 pub const MAX_ATTR: usize = 256;
@@ -73,6 +73,28 @@ CREATE TABLE roots (
     server TEXT PRIMARY KEY,
     root   TEXT NOT NULL
 );
+";
+
+/// Each server's intents apart, so that one server's start settles its own only when several
+/// share the catalog. Intents from before (server `''`) were written when a catalog had one
+/// server, and stay that server's.
+const V3: &str = "
+CREATE TABLE pending_v3 (
+    server    TEXT NOT NULL,
+    path      TEXT NOT NULL,
+    size      INTEGER NOT NULL,
+    mtime_ns  INTEGER NOT NULL,
+    digest    BLOB NOT NULL,
+    algo      TEXT NOT NULL,
+    stored_by TEXT NOT NULL,
+    physical  TEXT NOT NULL,
+    since     INTEGER NOT NULL,
+    PRIMARY KEY (server, path)
+);
+INSERT INTO pending_v3 (server, path, size, mtime_ns, digest, algo, stored_by, physical, since)
+    SELECT '', path, size, mtime_ns, digest, algo, stored_by, physical, since FROM pending;
+DROP TABLE pending;
+ALTER TABLE pending_v3 RENAME TO pending;
 ";
 
 /// Brings the catalog to the newest schema this build knows, one server at a time.

@@ -44,6 +44,7 @@ impl Catalog {
     /// Opens (creating if need be) the catalog at `location`; `server` names this server's
     /// replicas.
     pub fn open(location: &Location, server: &str) -> Result<Self, CatalogError> {
+        bounded("server name", server, MAX_ATTR, false)?;
         let (mut conn, device) = match location {
             Location::Sqlite(path) => {
                 let conn = sqlite(Connection::open(path)?)?;
@@ -117,7 +118,7 @@ impl Catalog {
         }
         let mut conn = self.lock();
         conn.durable(true)?;
-        let done = write_intents(&mut conn, files);
+        let done = write_intents(&mut conn, &self.shared.server, files);
         conn.durable(false)?;
         done
     }
@@ -131,7 +132,7 @@ impl Catalog {
         for f in files {
             check_commit(f)?;
         }
-        write_intents(&mut self.lock(), files)
+        write_intents(&mut self.lock(), &self.shared.server, files)
     }
 
     /// Registers `files` as stored here (a good replica on this server), replacing what was
@@ -147,13 +148,13 @@ impl Catalog {
         self.register(std::slice::from_ref(file))
     }
 
-    /// The intents left by a crash, in path order.
+    /// This server's intents left by a crash, in path order.
     pub fn pending(&self) -> Result<Vec<Commit>, CatalogError> {
         self.settled();
         let rows = self.lock().rows(
             "SELECT path, size, mtime_ns, digest, algo, stored_by, physical
-             FROM pending ORDER BY path",
-            &[],
+             FROM pending WHERE server IN (?1, '') ORDER BY path",
+            args![&self.shared.server],
         )?;
         rows.into_iter()
             .map(|mut r| {
@@ -170,7 +171,7 @@ impl Catalog {
             .collect()
     }
 
-    /// Settles the intents a crash left: each whose file `is_there` (under its final name,
+    /// Settles this server's intents a crash left: each whose file `is_there` (under its final name,
     /// whole) is registered, every other dropped. Looks at the intents only, never the tree.
     pub fn reconcile(
         &self,
@@ -185,7 +186,10 @@ impl Catalog {
                     register_in(tx, &self.shared.server, c, at)?;
                     done.registered += 1;
                 } else {
-                    tx.run("DELETE FROM pending WHERE path = ?1", args![&c.path])?;
+                    tx.run(
+                        "DELETE FROM pending WHERE server IN (?1, '') AND path = ?2",
+                        args![&self.shared.server, &c.path],
+                    )?;
                     done.dropped += 1;
                 }
             }
@@ -418,14 +422,15 @@ fn sqlite(conn: Connection) -> Result<Conn, CatalogError> {
 }
 
 /// The intents of `files`, in one transaction.
-fn write_intents(conn: &mut Conn, files: &[Commit]) -> Result<(), CatalogError> {
+fn write_intents(conn: &mut Conn, server: &str, files: &[Commit]) -> Result<(), CatalogError> {
     let since = now_ns();
     transaction(conn, |tx| {
         for f in files {
             tx.run(
-                "INSERT INTO pending (path, size, mtime_ns, digest, algo, stored_by, physical, since)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
-                 ON CONFLICT (path) DO UPDATE SET size = excluded.size,
+                "INSERT INTO pending
+                     (path, size, mtime_ns, digest, algo, stored_by, physical, since, server)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)
+                 ON CONFLICT (server, path) DO UPDATE SET size = excluded.size,
                      mtime_ns = excluded.mtime_ns, digest = excluded.digest,
                      algo = excluded.algo, stored_by = excluded.stored_by,
                      physical = excluded.physical, since = excluded.since",
@@ -437,7 +442,8 @@ fn write_intents(conn: &mut Conn, files: &[Commit]) -> Result<(), CatalogError> 
                     &f.algo,
                     &f.stored_by,
                     &f.physical,
-                    since
+                    since,
+                    server
                 ],
             )?;
         }
@@ -480,8 +486,9 @@ fn register_in(tx: &mut Conn, server: &str, f: &Commit, at: i64) -> Result<(), C
     // Only the intent of these very contents: a later put of the same path may have written
     // its own while this registration waited in the queue.
     tx.run(
-        "DELETE FROM pending WHERE path = ?1 AND size = ?2 AND mtime_ns = ?3 AND digest = ?4",
-        args![&f.path, size_i64(f.size), f.mtime_ns, &f.digest],
+        "DELETE FROM pending WHERE server IN (?5, '') AND path = ?1 AND size = ?2
+             AND mtime_ns = ?3 AND digest = ?4",
+        args![&f.path, size_i64(f.size), f.mtime_ns, &f.digest, server],
     )?;
     Ok(())
 }

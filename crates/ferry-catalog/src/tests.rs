@@ -142,7 +142,7 @@ fn an_audit_pages_this_servers_objects_and_marks_its_replicas(b: &Backend) {
 
 fn register_then_stat_shows_the_object_and_its_replica(b: &Backend) {
     let c = b.catalog();
-    assert_eq!(c.schema_version().unwrap(), 2);
+    assert_eq!(c.schema_version().unwrap(), 3);
     c.register_commit(&commit("a/b.txt", 7)).unwrap();
     let s = c.stat("a/b.txt").unwrap().unwrap();
     assert_eq!(s.object.size, 7);
@@ -171,7 +171,7 @@ fn reopening_keeps_what_was_registered_and_migrates_once(b: &Backend) {
         .register_commit(&commit("x", 1))
         .unwrap();
     let c = Catalog::open(&loc, "here").unwrap();
-    assert_eq!(c.schema_version().unwrap(), 2);
+    assert_eq!(c.schema_version().unwrap(), 3);
     assert_eq!(c.count().unwrap(), 1);
     let migrations = c
         .lock()
@@ -179,7 +179,7 @@ fn reopening_keeps_what_was_registered_and_migrates_once(b: &Backend) {
         .unwrap()
         .int(0)
         .unwrap();
-    assert_eq!(migrations, 2);
+    assert_eq!(migrations, 3);
     let conn = c.lock();
     if let Conn::Sqlite(conn) = &*conn {
         let mode: String = conn
@@ -228,7 +228,7 @@ fn a_newer_schema_is_refused(b: &Backend) {
             e,
             CatalogError::TooNew {
                 found: 99,
-                known: 2
+                known: 3
             }
         ),
         "{e}"
@@ -560,6 +560,38 @@ fn servers_sharing_a_catalog_each_name_their_replicas(b: &Backend) {
     assert_eq!(states(&one), both);
     assert_eq!(states(&two), both);
     assert_eq!(paths(one.held_page("", "", 10).unwrap()), ["f"]);
+    // Each server's start settles its own intents only, even of the same path.
+    one.intend(&[commit("g", 1), commit("h", 1)]).unwrap();
+    two.intend(&[commit("g", 2)]).unwrap();
+    let r = two.reconcile(|_| false).unwrap();
+    assert_eq!(r.dropped, 1);
+    assert_eq!(one.pending().unwrap().len(), 2);
+    one.register(&[commit("g", 1)]).unwrap();
+    assert_eq!(paths_of(one.pending().unwrap()), ["h"]);
+}
+
+fn paths_of(commits: Vec<Commit>) -> Vec<String> {
+    commits.into_iter().map(|c| c.path).collect()
+}
+
+/// A catalog of schema 2 (one server's intents, keyed by path alone) keeps its intents,
+/// as this server's, through the migration that keys them by server.
+#[test]
+fn intents_from_before_the_server_column_stay_this_servers() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("c.sqlite");
+    let mut conn = rusqlite::Connection::open(&path).unwrap();
+    run_migrations(&mut conn, "catalog_migrations", &schema::MIGRATIONS[..2], 0).unwrap();
+    conn.execute(
+        "INSERT INTO pending VALUES ('old', 1, 1000, x'01', 'blake3', 'alice', '/srv/old', 0)",
+        [],
+    )
+    .unwrap();
+    drop(conn);
+    let c = Catalog::open(&Location::Sqlite(path), "here").unwrap();
+    assert_eq!(paths_of(c.pending().unwrap()), ["old"]);
+    assert_eq!(c.reconcile(|_| true).unwrap().registered, 1);
+    assert!(c.pending().unwrap().is_empty());
 }
 
 /// Whatever paths are registered, a prefix find returns exactly those under it, and
