@@ -14,6 +14,7 @@ mod multipath;
 mod rerun;
 mod serve_config;
 mod service;
+mod shared_catalog;
 mod ssh;
 mod sync;
 mod third_party;
