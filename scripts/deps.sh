@@ -26,3 +26,14 @@ if [ ! -x /usr/bin/chromium ]; then
     fi
     $SUDO apt-get install -y -qq chromium >/dev/null
 fi
+# The catalog's tests run a throwaway PostgreSQL cluster (Debian's initdb and postgres, started
+# in the tests' temporary directory; nothing is left running).
+if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
+    SUDO=""
+    [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+    export DEBIAN_FRONTEND=noninteractive
+    if ! apt-cache show postgresql >/dev/null 2>&1; then
+        $SUDO apt-get update -qq >/dev/null
+    fi
+    $SUDO apt-get install -y -qq postgresql >/dev/null
+fi

@@ -37,6 +37,9 @@ fi
 work="$(mktemp -d "$base/ferry-test.XXXXXX")"
 trap 'rm -rf "$work"' EXIT
 mkdir "$work/tmp" "$work/needs"
+# The catalog's tests run PostgreSQL as the `postgres` user (it refuses root) in a directory of
+# TMPDIR: that user may pass through (not list) the directories on the way.
+chmod 711 "$work" "$work/tmp"
 export TMPDIR="$work/tmp" FERRY_TEST_NEEDS_DIR="$work/needs"
 
 cargo fmt --all -- --check

@@ -2,8 +2,7 @@
 //! path, page by page in path order (a catalog of millions is never held at once), and a way
 //! to mark this server's replica of one good or bad.
 
-use rusqlite::{params, OptionalExtension};
-
+use crate::db::{args, Db};
 use crate::store::{object_at, size_i64};
 use crate::{under, Catalog, CatalogError, Object, ReplicaState};
 
@@ -19,30 +18,31 @@ impl Catalog {
         self.settled();
         let prefix = prefix.trim_end_matches('/');
         let (lo, hi) = under(prefix);
-        let conn = self.lock();
-        let mut st = conn.prepare_cached(
+        let rows = self.lock().rows(
             "SELECT o.path, o.size, o.mtime_ns, o.digest, o.algo, o.stored_by, o.stored_at
              FROM objects o JOIN replicas r ON r.object = o.id AND r.server = ?1
              WHERE ((o.path >= ?2 AND o.path < ?3) OR o.path = ?4) AND o.path > ?5
              ORDER BY o.path LIMIT ?6",
+            args![
+                self.server(),
+                &lo,
+                &hi,
+                prefix,
+                after,
+                size_i64(limit as u64)
+            ],
         )?;
-        let rows = st.query_map(
-            params![self.server(), lo, hi, prefix, after, size_i64(limit as u64)],
-            |r| object_at(r, 0),
-        )?;
-        Ok(rows.collect::<Result<_, _>>()?)
+        rows.into_iter().map(|mut r| object_at(&mut r, 0)).collect()
     }
 
     /// Marks this server's replica of `path` `state`; whether it had one.
     pub fn set_replica_state(&self, path: &str, state: ReplicaState) -> Result<bool, CatalogError> {
         self.settled();
-        let n = self
-            .lock()
-            .prepare_cached(
-                "UPDATE replicas SET state = ?1
-                 WHERE server = ?2 AND object = (SELECT id FROM objects WHERE path = ?3)",
-            )?
-            .execute(params![state.as_str(), self.server(), path])?;
+        let n = self.lock().run(
+            "UPDATE replicas SET state = ?1
+             WHERE server = ?2 AND object = (SELECT id FROM objects WHERE path = ?3)",
+            args![state.as_str(), self.server(), path],
+        )?;
         Ok(n > 0)
     }
 
@@ -51,9 +51,7 @@ impl Catalog {
         self.settled();
         let found = self
             .lock()
-            .prepare_cached("SELECT 1 FROM objects WHERE path = ?1")?
-            .query_row([path], |_| Ok(()))
-            .optional()?;
+            .row("SELECT 1 FROM objects WHERE path = ?1", args![path])?;
         Ok(found.is_some())
     }
 }

@@ -6,9 +6,26 @@
 pub enum CatalogError {
     #[error("catalog database: {0}")]
     Db(#[from] rusqlite::Error),
+    /// What PostgreSQL said; its text never holds the location's password.
+    #[error("catalog database (PostgreSQL): {0}")]
+    Pg(#[from] postgres::Error),
+    #[error("cannot connect to the catalog {location}: {source}")]
+    Connect {
+        /// The location, its password hidden.
+        location: String,
+        source: postgres::Error,
+    },
+    #[error("catalog location {location}: {why}")]
+    Location { location: String, why: String },
+    #[error("the catalog's connection thread has stopped")]
+    Gone,
+    #[error("catalog: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("catalog column {0}: expected {1}, found {2}")]
+    Column(usize, &'static str, String),
     #[error("the catalog's schema is version {found}; this ferry knows up to {known}")]
     TooNew { found: i64, known: i64 },
-    #[error("catalog location {0:?}: only a SQLite file path is supported so far")]
+    #[error("catalog location {0:?}: a SQLite file path or a PostgreSQL location (postgres://, postgresql:// or host=…) is expected")]
     Unsupported(String),
     #[error("{what} is {len} bytes; at most {max}")]
     TooLong {

@@ -6,8 +6,7 @@
 //! find with any of them never scans the whole table; a name glob alone is matched while
 //! reading the rows.
 
-use rusqlite::types::Value;
-
+use crate::db::{Db, Val};
 use crate::store::{object_at, size_i64};
 use crate::{bounded, under, Catalog, CatalogError, Object, MAX_ATTR, MAX_VALUE};
 
@@ -74,13 +73,12 @@ impl Catalog {
     /// The objects `query` matches, in path order.
     pub fn find(&self, query: &Query) -> Result<Vec<Object>, CatalogError> {
         let (sql, params) = compose(query);
+        let args: Vec<_> = params.iter().map(Val::as_arg).collect();
         self.settled();
-        let conn = self.lock();
-        let mut st = conn.prepare_cached(&sql)?;
-        let mut rows = st.query(rusqlite::params_from_iter(params))?;
+        let rows = self.lock().rows(&sql, &args)?;
         let mut found = Vec::new();
-        while let Some(row) = rows.next()? {
-            let o = object_at(row, 0)?;
+        for mut row in rows {
+            let o = object_at(&mut row, 0)?;
             if let Some(glob) = &query.name {
                 let name = o.path.rsplit('/').next().unwrap_or(&o.path);
                 if !glob_match(glob, name) {
@@ -96,8 +94,9 @@ impl Catalog {
     }
 }
 
-/// The statement for `query`, from fixed fragments only, and its parameters.
-fn compose(query: &Query) -> (String, Vec<Value>) {
+/// The statement for `query`, from fixed fragments only (and the numbers of their
+/// parameters), and its parameters.
+fn compose(query: &Query) -> (String, Vec<Val>) {
     let mut sql = String::from(
         "SELECT path, size, mtime_ns, digest, algo, stored_by, stored_at FROM objects WHERE 1 = 1",
     );
@@ -105,41 +104,61 @@ fn compose(query: &Query) -> (String, Vec<Value>) {
     if let Some(prefix) = query.under.as_deref().filter(|p| !p.is_empty()) {
         let (lo, hi) = under(prefix);
         sql.push_str(" AND path >= ? AND path < ?");
-        params.extend([Value::Text(lo), Value::Text(hi)]);
+        params.extend([Val::Text(lo), Val::Text(hi)]);
     }
     if let Some(t) = query.newer_ns {
         sql.push_str(" AND mtime_ns > ?");
-        params.push(Value::Integer(t));
+        params.push(Val::Int(t));
     }
     if let Some(n) = query.larger {
         sql.push_str(" AND size > ?");
-        params.push(Value::Integer(size_i64(n)));
+        params.push(Val::Int(size_i64(n)));
     }
     for c in &query.conditions {
         let (fragment, attr, value) = match c {
             Condition::Eq { attr, value } => (
                 " AND id IN (SELECT object FROM metadata WHERE attr = ? AND value = ?)",
                 attr,
-                Value::Text(value.clone()),
+                Val::Text(value.clone()),
             ),
             Condition::Gt { attr, n } => (
                 " AND id IN (SELECT object FROM metadata WHERE attr = ? AND num > ?)",
                 attr,
-                Value::Real(*n),
+                Val::Real(*n),
             ),
             Condition::Lt { attr, n } => (
                 " AND id IN (SELECT object FROM metadata WHERE attr = ? AND num < ?)",
                 attr,
-                Value::Real(*n),
+                Val::Real(*n),
             ),
         };
         sql.push_str(fragment);
-        params.extend([Value::Text(attr.clone()), value]);
+        params.extend([Val::Text(attr.clone()), value]);
     }
     // `+path`: the order never makes the planner walk the whole path index instead of the
     // index of a condition.
     sql.push_str(" ORDER BY +path");
-    (sql, params)
+    // A name glob is matched while reading, so only without one does the database stop early.
+    if query.name.is_none() && query.limit > 0 {
+        sql.push_str(" LIMIT ?");
+        params.push(Val::Int(size_i64(query.limit as u64)));
+    }
+    (number(&sql), params)
+}
+
+/// `sql` with its `?` parameters numbered in order (`?1`, `?2`, …), the form both backends
+/// take.
+fn number(sql: &str) -> String {
+    let mut out = String::with_capacity(sql.len() + 16);
+    let mut n = 0;
+    for c in sql.chars() {
+        out.push(c);
+        if c == '?' {
+            n += 1;
+            out.push_str(&n.to_string());
+        }
+    }
+    out
 }
 
 /// Whether `name` matches `glob`: `*` any run of characters, `?` any one, anything else
@@ -176,14 +195,12 @@ pub fn glob_match(glob: &str, name: &str) -> bool {
 #[cfg(test)]
 pub(crate) fn plan(catalog: &Catalog, query: &Query) -> Vec<String> {
     let (sql, params) = compose(query);
-    let conn = catalog.lock();
-    let mut st = conn
-        .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
-        .expect("a composed query prepares");
-    let rows = st
-        .query_map(rusqlite::params_from_iter(params), |r| {
-            r.get::<_, String>(3)
-        })
+    let args: Vec<_> = params.iter().map(Val::as_arg).collect();
+    let rows = catalog
+        .lock()
+        .rows(&format!("EXPLAIN QUERY PLAN {sql}"), &args)
         .expect("the plan runs");
-    rows.map(|r| r.expect("a plan row")).collect()
+    rows.into_iter()
+        .map(|mut r| r.text(3).expect("a plan row"))
+        .collect()
 }

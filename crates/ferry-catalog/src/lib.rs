@@ -1,9 +1,10 @@
 //! ferry's catalog: every object a server stores, registered with its size, mtime, digest and
 //! replicas, plus user metadata that can be queried (issue 39).
 //!
-//! One schema with versioned migrations ([`schema`]); embedded SQLite now, a shared PostgreSQL
-//! later behind the same [`Catalog`] API ([`Location`] is the seam). Every value reaches the
-//! database as a bound parameter: the only SQL text is fixed fragments in this crate.
+//! One schema with versioned migrations ([`schema`]), on an embedded SQLite file or a
+//! PostgreSQL database that several servers share, behind the same [`Catalog`] API ([`Location`]
+//! says which; `db` is the seam, `pg` the one place the dialects differ). Every value reaches
+//! the database as a bound parameter: the only SQL text is fixed fragments in this crate.
 //!
 //! Crash safety: a server writes an intent ([`Catalog::intend`], or
 //! [`Catalog::intend_unsynced`] when the batch's own `syncfs` makes it durable) before it
@@ -12,9 +13,11 @@
 //! settles whatever intents a crash left, looking only at those files.
 
 mod audit;
+mod db;
 mod error;
 mod find;
 mod later;
+mod pg;
 mod schema;
 mod store;
 
@@ -24,6 +27,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 pub use error::CatalogError;
 pub use find::{glob_match, Condition, Query};
 pub use later::OnError;
+pub use pg::PgUrl;
 pub use schema::{run_migrations, MAX_ATTR, MAX_PATH, MAX_UNIT, MAX_VALUE};
 pub use store::Catalog;
 
@@ -34,19 +38,40 @@ pub enum Location {
     Sqlite(PathBuf),
     /// A private in-memory SQLite database, for tests.
     Memory,
+    /// A PostgreSQL database that several servers share.
+    Postgres(PgUrl),
 }
 
 impl Location {
-    /// Reads a `--catalog` argument: a file path; a URL scheme other than a path is refused
-    /// until that backend exists.
+    /// Reads a `--catalog` argument: a PostgreSQL location (`postgres://…`, `postgresql://…`
+    /// or `host=… dbname=…` words) or a SQLite file path; another URL scheme is refused.
     pub fn parse(s: &str) -> Result<Self, CatalogError> {
         if s.is_empty() {
             return Err(CatalogError::Empty("catalog location"));
         }
+        if PgUrl::is_one(s) {
+            return Ok(Self::Postgres(PgUrl::parse(s)?));
+        }
         if s.contains("://") {
-            return Err(CatalogError::Unsupported(s.to_owned()));
+            return Err(CatalogError::Unsupported(pg::redact(s)));
         }
         Ok(Self::Sqlite(PathBuf::from(s)))
+    }
+
+    /// Whether several servers may share this catalog (each names its own replicas).
+    pub fn is_shared(&self) -> bool {
+        matches!(self, Self::Postgres(_))
+    }
+}
+
+/// Shown as given, a PostgreSQL password hidden.
+impl std::fmt::Display for Location {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Sqlite(p) => write!(f, "{}", p.display()),
+            Self::Memory => f.write_str("(in memory)"),
+            Self::Postgres(url) => write!(f, "{url}"),
+        }
     }
 }
 
@@ -174,6 +199,11 @@ pub(crate) fn under(prefix: &str) -> (String, String) {
     }
     (format!("{p}/"), format!("{p}0"))
 }
+
+#[cfg(any(test, feature = "test-cluster"))]
+mod cluster;
+#[cfg(any(test, feature = "test-cluster"))]
+pub use cluster::TestCluster;
 
 #[cfg(test)]
 mod tests;

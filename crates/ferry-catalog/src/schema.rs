@@ -2,16 +2,17 @@
 //! transaction and recorded in `catalog_migrations`, so an older catalog is brought up to date
 //! at open and a newer one is refused.
 //!
-//! The statements keep to SQL that SQLite and PostgreSQL both take, so that the shared
-//! backend runs the same schema.
+//! The statements are written for SQLite; PostgreSQL runs the same list with its few type
+//! names changed in one place ([`crate::pg::schema`]).
 
 use rusqlite::Connection;
 
+use crate::db::{args, transaction, Conn, Db};
 use crate::error::CatalogError;
 
 /// Each migration's version and statements; a version is never edited once released, only
 /// followed by another.
-pub(crate) const MIGRATIONS: &[(i64, &str)] = &[(1, V1), (2, V2)];
+pub(crate) const MIGRATIONS: &[(i64, &str)] = &[(1, V1), (2, V2), (3, V3)];
 
 /// Longest attribute name, value and unit of a metadata entry, in bytes (SECURITY.md).
 pub const MAX_ATTR: usize = 256;
@@ -74,9 +75,31 @@ CREATE TABLE roots (
 );
 ";
 
-/// Brings the catalog to the newest schema this build knows.
-pub(crate) fn migrate(conn: &mut Connection) -> Result<(), CatalogError> {
-    run_migrations(conn, "catalog_migrations", MIGRATIONS, crate::now_ns())
+/// Each server's intents apart, so that one server's start settles its own only when several
+/// share the catalog. Intents from before (server `''`) were written when a catalog had one
+/// server, and stay that server's.
+const V3: &str = "
+CREATE TABLE pending_v3 (
+    server    TEXT NOT NULL,
+    path      TEXT NOT NULL,
+    size      INTEGER NOT NULL,
+    mtime_ns  INTEGER NOT NULL,
+    digest    BLOB NOT NULL,
+    algo      TEXT NOT NULL,
+    stored_by TEXT NOT NULL,
+    physical  TEXT NOT NULL,
+    since     INTEGER NOT NULL,
+    PRIMARY KEY (server, path)
+);
+INSERT INTO pending_v3 (server, path, size, mtime_ns, digest, algo, stored_by, physical, since)
+    SELECT '', path, size, mtime_ns, digest, algo, stored_by, physical, since FROM pending;
+DROP TABLE pending;
+ALTER TABLE pending_v3 RENAME TO pending;
+";
+
+/// Brings the catalog to the newest schema this build knows, one server at a time.
+pub(crate) fn migrate(conn: &mut Conn) -> Result<(), CatalogError> {
+    conn.exclusively(|c| migrate_on(c, "catalog_migrations", MIGRATIONS, crate::now_ns()))
 }
 
 /// Applies each of `steps` (version, SQL) newer than what `table` records, each in its own
@@ -89,17 +112,28 @@ pub fn run_migrations(
     steps: &[(i64, &str)],
     now: i64,
 ) -> Result<(), CatalogError> {
-    conn.execute_batch(&format!(
+    migrate_on(conn, table, steps, now)
+}
+
+/// [`run_migrations`] on either backend.
+fn migrate_on<D: Db + ?Sized>(
+    db: &mut D,
+    table: &str,
+    steps: &[(i64, &str)],
+    now: i64,
+) -> Result<(), CatalogError> {
+    db.batch(&format!(
         "CREATE TABLE IF NOT EXISTS {table} (
              version    BIGINT PRIMARY KEY,
              applied_at BIGINT NOT NULL
          )"
     ))?;
-    let current: i64 = conn.query_row(
-        &format!("SELECT COALESCE(MAX(version), 0) FROM {table}"),
-        [],
-        |r| r.get(0),
-    )?;
+    let current = db
+        .one(
+            &format!("SELECT COALESCE(MAX(version), 0) FROM {table}"),
+            &[],
+        )?
+        .int(0)?;
     let newest = steps.last().map_or(0, |m| m.0);
     if current > newest {
         return Err(CatalogError::TooNew {
@@ -107,14 +141,13 @@ pub fn run_migrations(
             known: newest,
         });
     }
+    let record = format!("INSERT INTO {table} (version, applied_at) VALUES (?1, ?2)");
     for (version, sql) in steps.iter().filter(|m| m.0 > current) {
-        let tx = conn.transaction()?;
-        tx.execute_batch(sql)?;
-        tx.execute(
-            &format!("INSERT INTO {table} (version, applied_at) VALUES (?1, ?2)"),
-            rusqlite::params![version, now],
-        )?;
-        tx.commit()?;
+        transaction(db, |db| {
+            db.batch(sql)?;
+            db.run(&record, args![*version, now])?;
+            Ok(())
+        })?;
     }
     Ok(())
 }

@@ -1,12 +1,15 @@
-//! The [`Catalog`]: one SQLite connection in WAL mode behind a mutex (the server's sessions
-//! share it; each call is short), every statement cached and bound with parameters.
+//! The [`Catalog`]: one connection behind a mutex (the server's sessions share it; each call
+//! is short), to a SQLite file in WAL mode or to PostgreSQL, every statement prepared once and
+//! bound with parameters.
 
 use std::os::unix::fs::MetadataExt;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use rusqlite::{params, Connection, OptionalExtension, Transaction};
+use rusqlite::Connection;
 
+use crate::db::{args, transaction, Conn, Db, Row};
 use crate::later::{Later, Tracker};
+use crate::pg::Pg;
 use crate::schema::{self, MAX_ATTR, MAX_PATH, MAX_UNIT, MAX_VALUE};
 use crate::{
     bounded, now_ns, under, Avu, CatalogError, Commit, Location, Object, Reconciled, Replica,
@@ -23,7 +26,7 @@ pub struct Catalog {
 
 /// What the catalog's callers and its registering thread ([`Later`]) share.
 pub(crate) struct Shared {
-    pub(crate) conn: Mutex<Connection>,
+    pub(crate) conn: Mutex<Conn>,
     /// This server's name in `replicas`.
     server: String,
     pub(crate) tracker: Tracker,
@@ -41,21 +44,15 @@ impl Catalog {
     /// Opens (creating if need be) the catalog at `location`; `server` names this server's
     /// replicas.
     pub fn open(location: &Location, server: &str) -> Result<Self, CatalogError> {
+        bounded("server name", server, MAX_ATTR, false)?;
         let (mut conn, device) = match location {
             Location::Sqlite(path) => {
-                let conn = Connection::open(path)?;
+                let conn = sqlite(Connection::open(path)?)?;
                 (conn, std::fs::metadata(path).ok().map(|m| m.dev()))
             }
-            Location::Memory => (Connection::open_in_memory()?, None),
+            Location::Memory => (sqlite(Connection::open_in_memory()?)?, None),
+            Location::Postgres(url) => (Conn::Postgres(Pg::connect(url)?), None),
         };
-        // WAL: readers never wait for the writer. NORMAL: a commit is not synced on its own
-        // (a checkpoint is); `intend` alone asks for FULL unless the caller's sync covers it
-        // (`intend_unsynced`), and that sync covers the registrations before it (one lost
-        // with the power is redone from its intent).
-        conn.pragma_update(None, "journal_mode", "WAL")?;
-        conn.pragma_update(None, "synchronous", "NORMAL")?;
-        conn.pragma_update(None, "foreign_keys", true)?;
-        conn.busy_timeout(std::time::Duration::from_secs(5))?;
         schema::migrate(&mut conn)?;
         Ok(Self {
             shared: Arc::new(Shared {
@@ -77,14 +74,17 @@ impl Catalog {
     /// a catalog kept for another root of the same server is refused.
     pub fn claim_root(&self, root: &str) -> Result<(), CatalogError> {
         bounded("root", root, MAX_PATH, false)?;
-        let conn = self.lock();
-        conn.prepare_cached(
+        let mut conn = self.lock();
+        conn.run(
             "INSERT INTO roots (server, root) VALUES (?1, ?2) ON CONFLICT DO NOTHING",
-        )?
-        .execute(params![self.shared.server, root])?;
-        let recorded: String = conn
-            .prepare_cached("SELECT root FROM roots WHERE server = ?1")?
-            .query_row([&self.shared.server], |r| r.get(0))?;
+            args![&self.shared.server, root],
+        )?;
+        let recorded = conn
+            .one(
+                "SELECT root FROM roots WHERE server = ?1",
+                args![&self.shared.server],
+            )?
+            .text(0)?;
         if recorded != root {
             return Err(CatalogError::OtherRoot {
                 recorded,
@@ -96,14 +96,12 @@ impl Catalog {
 
     /// The schema version this catalog is at.
     pub fn schema_version(&self) -> Result<i64, CatalogError> {
-        Ok(self
-            .lock()
-            .query_row("SELECT MAX(version) FROM catalog_migrations", [], |r| {
-                r.get(0)
-            })?)
+        self.lock()
+            .one("SELECT MAX(version) FROM catalog_migrations", &[])?
+            .int(0)
     }
 
-    pub(crate) fn lock(&self) -> MutexGuard<'_, Connection> {
+    pub(crate) fn lock(&self) -> MutexGuard<'_, Conn> {
         self.shared.lock()
     }
 
@@ -119,9 +117,9 @@ impl Catalog {
             check_commit(f)?;
         }
         let mut conn = self.lock();
-        conn.pragma_update(None, "synchronous", "FULL")?;
-        let done = write_intents(&mut conn, files);
-        conn.pragma_update(None, "synchronous", "NORMAL")?;
+        conn.durable(true)?;
+        let done = write_intents(&mut conn, &self.shared.server, files);
+        conn.durable(false)?;
         done
     }
 
@@ -134,7 +132,7 @@ impl Catalog {
         for f in files {
             check_commit(f)?;
         }
-        write_intents(&mut self.lock(), files)
+        write_intents(&mut self.lock(), &self.shared.server, files)
     }
 
     /// Registers `files` as stored here (a good replica on this server), replacing what was
@@ -150,79 +148,84 @@ impl Catalog {
         self.register(std::slice::from_ref(file))
     }
 
-    /// The intents left by a crash, in path order.
+    /// This server's intents left by a crash, in path order.
     pub fn pending(&self) -> Result<Vec<Commit>, CatalogError> {
         self.settled();
-        let conn = self.lock();
-        let mut st = conn.prepare_cached(
+        let rows = self.lock().rows(
             "SELECT path, size, mtime_ns, digest, algo, stored_by, physical
-             FROM pending ORDER BY path",
+             FROM pending WHERE server IN (?1, '') ORDER BY path",
+            args![&self.shared.server],
         )?;
-        let rows = st.query_map([], |r| {
-            Ok(Commit {
-                path: r.get(0)?,
-                size: size_u64(r.get(1)?),
-                mtime_ns: r.get(2)?,
-                digest: r.get(3)?,
-                algo: r.get(4)?,
-                stored_by: r.get(5)?,
-                physical: r.get(6)?,
+        rows.into_iter()
+            .map(|mut r| {
+                Ok(Commit {
+                    path: r.text(0)?,
+                    size: size_u64(r.int(1)?),
+                    mtime_ns: r.int(2)?,
+                    digest: r.blob(3)?,
+                    algo: r.text(4)?,
+                    stored_by: r.text(5)?,
+                    physical: r.text(6)?,
+                })
             })
-        })?;
-        Ok(rows.collect::<Result<_, _>>()?)
+            .collect()
     }
 
-    /// Settles the intents a crash left: each whose file `is_there` (under its final name,
+    /// Settles this server's intents a crash left: each whose file `is_there` (under its final name,
     /// whole) is registered, every other dropped. Looks at the intents only, never the tree.
     pub fn reconcile(
         &self,
         is_there: impl Fn(&Commit) -> bool,
     ) -> Result<Reconciled, CatalogError> {
         let pending = self.pending()?;
-        let mut done = Reconciled::default();
-        let mut conn = self.lock();
-        let tx = conn.transaction()?;
         let at = now_ns();
-        for c in &pending {
-            if is_there(c) {
-                register_in(&tx, &self.shared.server, c, at)?;
-                done.registered += 1;
-            } else {
-                tx.execute("DELETE FROM pending WHERE path = ?1", [&c.path])?;
-                done.dropped += 1;
+        transaction(&mut *self.lock(), |tx| {
+            let mut done = Reconciled::default();
+            for c in &pending {
+                if is_there(c) {
+                    register_in(tx, &self.shared.server, c, at)?;
+                    done.registered += 1;
+                } else {
+                    tx.run(
+                        "DELETE FROM pending WHERE server IN (?1, '') AND path = ?2",
+                        args![&self.shared.server, &c.path],
+                    )?;
+                    done.dropped += 1;
+                }
             }
-        }
-        tx.commit()?;
-        Ok(done)
+            Ok(done)
+        })
     }
 
     /// Everything known of `path`, or `None` when it is not registered.
     pub fn stat(&self, path: &str) -> Result<Option<Stat>, CatalogError> {
         self.settled();
-        let conn = self.lock();
-        let row = conn
-            .prepare_cached(
-                "SELECT id, path, size, mtime_ns, digest, algo, stored_by, stored_at
-                 FROM objects WHERE path = ?1",
-            )?
-            .query_row([path], |r| Ok((r.get::<_, i64>(0)?, object_at(r, 1)?)))
-            .optional()?;
-        let Some((id, object)) = row else {
+        let mut conn = self.lock();
+        let row = conn.row(
+            "SELECT id, path, size, mtime_ns, digest, algo, stored_by, stored_at
+             FROM objects WHERE path = ?1",
+            args![path],
+        )?;
+        let Some(mut row) = row else {
             return Ok(None);
         };
+        let id = row.int(0)?;
+        let object = object_at(&mut row, 1)?;
         let replicas = conn
-            .prepare_cached(
+            .rows(
                 "SELECT server, physical, state FROM replicas WHERE object = ?1 ORDER BY server",
+                args![id],
             )?
-            .query_map([id], |r| {
+            .into_iter()
+            .map(|mut r| {
                 Ok(Replica {
-                    server: r.get(0)?,
-                    physical: r.get(1)?,
-                    state: ReplicaState::parse(&r.get::<_, String>(2)?),
+                    server: r.text(0)?,
+                    physical: r.text(1)?,
+                    state: ReplicaState::parse(&r.text(2)?),
                 })
-            })?
-            .collect::<Result<_, _>>()?;
-        let metadata = avus(&conn, id)?;
+            })
+            .collect::<Result<_, CatalogError>>()?;
+        let metadata = avus(&mut conn, id)?;
         Ok(Some(Stat {
             object,
             replicas,
@@ -235,8 +238,7 @@ impl Catalog {
         self.settled();
         let n = self
             .lock()
-            .prepare_cached("DELETE FROM objects WHERE path = ?1")?
-            .execute([path])?;
+            .run("DELETE FROM objects WHERE path = ?1", args![path])?;
         Ok(n > 0)
     }
 
@@ -245,18 +247,16 @@ impl Catalog {
     pub fn remove_prefix(&self, prefix: &str) -> Result<u64, CatalogError> {
         self.settled();
         let (lo, hi) = under(prefix);
-        let mut conn = self.lock();
-        let tx = conn.transaction()?;
-        let mut n = tx.execute(
-            "DELETE FROM objects WHERE path >= ?1 AND path < ?2",
-            params![lo, hi],
-        )?;
-        n += tx.execute(
-            "DELETE FROM objects WHERE path = ?1",
-            [prefix.trim_end_matches('/')],
-        )?;
-        tx.commit()?;
-        Ok(n as u64)
+        transaction(&mut *self.lock(), |tx| {
+            let n = tx.run(
+                "DELETE FROM objects WHERE path >= ?1 AND path < ?2",
+                args![&lo, &hi],
+            )?;
+            Ok(n + tx.run(
+                "DELETE FROM objects WHERE path = ?1",
+                args![prefix.trim_end_matches('/')],
+            )?)
+        })
     }
 
     /// Renames an object, or a directory's worth (everything under `from/`), to `to`; how
@@ -266,44 +266,42 @@ impl Catalog {
         let from = from.trim_end_matches('/');
         let to = to.trim_end_matches('/');
         self.settled();
-        let mut conn = self.lock();
-        let tx = conn.transaction()?;
-        let taken: bool = tx.query_row(
-            "SELECT EXISTS (SELECT 1 FROM objects WHERE path = ?1)",
-            [to],
-            |r| r.get(0),
-        )?;
-        let (tlo, thi) = under(to);
-        let taken_below: bool = tx.query_row(
-            "SELECT EXISTS (SELECT 1 FROM objects WHERE path >= ?1 AND path < ?2)",
-            params![tlo, thi],
-            |r| r.get(0),
-        )?;
-        if taken || taken_below {
-            return Err(CatalogError::Exists(to.to_owned()));
-        }
-        let mut n = tx.execute(
-            "UPDATE objects SET path = ?2 WHERE path = ?1",
-            params![from, to],
-        )?;
-        let (lo, hi) = under(from);
-        // The part after `from` is kept: `substr` counts characters, so the cut is by the
-        // character length of `from/`.
-        n += tx.execute(
-            "UPDATE objects SET path = ?3 || substr(path, ?4)
-             WHERE path >= ?1 AND path < ?2",
-            params![
-                lo,
-                hi,
-                to,
-                i64::try_from(from.chars().count() + 1).unwrap_or(i64::MAX)
-            ],
-        )?;
-        if n == 0 {
-            return Err(CatalogError::NotFound(from.to_owned()));
-        }
-        tx.commit()?;
-        Ok(n as u64)
+        transaction(&mut *self.lock(), |tx| {
+            let (tlo, thi) = under(to);
+            let taken = tx
+                .row("SELECT 1 FROM objects WHERE path = ?1", args![to])?
+                .is_some()
+                || tx
+                    .row(
+                        "SELECT 1 FROM objects WHERE path >= ?1 AND path < ?2 LIMIT 1",
+                        args![&tlo, &thi],
+                    )?
+                    .is_some();
+            if taken {
+                return Err(CatalogError::Exists(to.to_owned()));
+            }
+            let mut n = tx.run(
+                "UPDATE objects SET path = ?2 WHERE path = ?1",
+                args![from, to],
+            )?;
+            let (lo, hi) = under(from);
+            // The part after `from` is kept: `substr` counts characters, so the cut is by the
+            // character length of `from/`.
+            n += tx.run(
+                "UPDATE objects SET path = ?3 || substr(path, ?4)
+                 WHERE path >= ?1 AND path < ?2",
+                args![
+                    &lo,
+                    &hi,
+                    to,
+                    i64::try_from(from.chars().count() + 1).unwrap_or(i64::MAX)
+                ],
+            )?;
+            if n == 0 {
+                return Err(CatalogError::NotFound(from.to_owned()));
+            }
+            Ok(n)
+        })
     }
 
     /// Sets a metadata entry on `path` (a second value of the same attribute is added beside
@@ -311,19 +309,19 @@ impl Catalog {
     pub fn meta_set(&self, path: &str, avu: &Avu) -> Result<(), CatalogError> {
         self.settled();
         check_avu(avu)?;
-        let conn = self.lock();
-        let id = object_id(&conn, path)?;
+        let mut conn = self.lock();
+        let id = object_id(&mut conn, path)?;
         let num = avu
             .value
             .trim()
             .parse::<f64>()
             .ok()
             .filter(|n| n.is_finite());
-        conn.prepare_cached(
+        conn.run(
             "INSERT INTO metadata (object, attr, value, unit, num) VALUES (?1, ?2, ?3, ?4, ?5)
              ON CONFLICT (object, attr, value) DO UPDATE SET unit = excluded.unit",
-        )?
-        .execute(params![id, avu.attr, avu.value, avu.unit, num])?;
+            args![id, &avu.attr, &avu.value, &avu.unit, num],
+        )?;
         Ok(())
     }
 
@@ -335,27 +333,26 @@ impl Catalog {
         value: Option<&str>,
     ) -> Result<u64, CatalogError> {
         self.settled();
-        let conn = self.lock();
-        let id = object_id(&conn, path)?;
-        let n = match value {
-            Some(v) => conn
-                .prepare_cached(
-                    "DELETE FROM metadata WHERE object = ?1 AND attr = ?2 AND value = ?3",
-                )?
-                .execute(params![id, attr, v])?,
-            None => conn
-                .prepare_cached("DELETE FROM metadata WHERE object = ?1 AND attr = ?2")?
-                .execute(params![id, attr])?,
-        };
-        Ok(n as u64)
+        let mut conn = self.lock();
+        let id = object_id(&mut conn, path)?;
+        match value {
+            Some(v) => conn.run(
+                "DELETE FROM metadata WHERE object = ?1 AND attr = ?2 AND value = ?3",
+                args![id, attr, v],
+            ),
+            None => conn.run(
+                "DELETE FROM metadata WHERE object = ?1 AND attr = ?2",
+                args![id, attr],
+            ),
+        }
     }
 
     /// The metadata of `path`, by attribute then value.
     pub fn meta_ls(&self, path: &str) -> Result<Vec<Avu>, CatalogError> {
         self.settled();
-        let conn = self.lock();
-        let id = object_id(&conn, path)?;
-        avus(&conn, id)
+        let mut conn = self.lock();
+        let id = object_id(&mut conn, path)?;
+        avus(&mut conn, id)
     }
 
     /// The registered `algo` digest of `path`, if it was registered with exactly this size
@@ -372,33 +369,28 @@ impl Catalog {
         let Ok(size) = i64::try_from(size) else {
             return Ok(None);
         };
-        let conn = self.lock();
-        let digest = conn
-            .prepare_cached(
-                "SELECT o.digest FROM objects o JOIN replicas r ON r.object = o.id
-                 WHERE o.path = ?1 AND o.size = ?2 AND o.mtime_ns = ?3 AND o.algo = ?4
-                   AND r.server = ?5 AND r.state = 'good'",
-            )?
-            .query_row(
-                rusqlite::params![path, size, mtime_ns, algo, self.shared.server],
-                |r| r.get(0),
-            )
-            .optional()?;
-        Ok(digest)
+        let row = self.lock().row(
+            "SELECT o.digest FROM objects o JOIN replicas r ON r.object = o.id
+             WHERE o.path = ?1 AND o.size = ?2 AND o.mtime_ns = ?3 AND o.algo = ?4
+               AND r.server = ?5 AND r.state = 'good'",
+            args![path, size, mtime_ns, algo, &self.shared.server],
+        )?;
+        row.map(|mut r| r.blob(0)).transpose()
     }
 
     /// How many objects are registered.
     pub fn count(&self) -> Result<u64, CatalogError> {
         self.settled();
-        let n: i64 = self
+        let n = self
             .lock()
-            .query_row("SELECT COUNT(*) FROM objects", [], |r| r.get(0))?;
+            .one("SELECT COUNT(*) FROM objects", &[])?
+            .int(0)?;
         Ok(size_u64(n))
     }
 }
 
 impl Shared {
-    pub(crate) fn lock(&self) -> MutexGuard<'_, Connection> {
+    pub(crate) fn lock(&self) -> MutexGuard<'_, Conn> {
         self.conn.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -407,124 +399,132 @@ impl Shared {
         for f in files {
             check_commit(f)?;
         }
-        let mut conn = self.lock();
-        let tx = conn.transaction()?;
         let at = now_ns();
-        for f in files {
-            register_in(&tx, &self.server, f, at)?;
-        }
-        tx.commit()?;
-        Ok(())
+        transaction(&mut *self.lock(), |tx| {
+            for f in files {
+                register_in(tx, &self.server, f, at)?;
+            }
+            Ok(())
+        })
     }
+}
+
+/// Opens SQLite the catalog's way. WAL: readers never wait for the writer. NORMAL: a commit
+/// is not synced on its own (a checkpoint is); `intend` alone asks for FULL unless the caller's
+/// sync covers it (`intend_unsynced`), and that sync covers the registrations before it (one
+/// lost with the power is redone from its intent).
+fn sqlite(conn: Connection) -> Result<Conn, CatalogError> {
+    conn.pragma_update(None, "journal_mode", "WAL")?;
+    conn.pragma_update(None, "synchronous", "NORMAL")?;
+    conn.pragma_update(None, "foreign_keys", true)?;
+    conn.busy_timeout(std::time::Duration::from_secs(5))?;
+    Ok(Conn::Sqlite(conn))
 }
 
 /// The intents of `files`, in one transaction.
-fn write_intents(conn: &mut Connection, files: &[Commit]) -> Result<(), CatalogError> {
-    let tx = conn.transaction()?;
-    {
-        let mut st = tx.prepare_cached(
-            "INSERT INTO pending (path, size, mtime_ns, digest, algo, stored_by, physical, since)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
-             ON CONFLICT (path) DO UPDATE SET size = excluded.size,
-                 mtime_ns = excluded.mtime_ns, digest = excluded.digest,
-                 algo = excluded.algo, stored_by = excluded.stored_by,
-                 physical = excluded.physical, since = excluded.since",
-        )?;
-        let since = now_ns();
+fn write_intents(conn: &mut Conn, server: &str, files: &[Commit]) -> Result<(), CatalogError> {
+    let since = now_ns();
+    transaction(conn, |tx| {
         for f in files {
-            st.execute(params![
-                f.path,
-                size_i64(f.size),
-                f.mtime_ns,
-                f.digest,
-                f.algo,
-                f.stored_by,
-                f.physical,
-                since
-            ])?;
+            tx.run(
+                "INSERT INTO pending
+                     (path, size, mtime_ns, digest, algo, stored_by, physical, since, server)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)
+                 ON CONFLICT (server, path) DO UPDATE SET size = excluded.size,
+                     mtime_ns = excluded.mtime_ns, digest = excluded.digest,
+                     algo = excluded.algo, stored_by = excluded.stored_by,
+                     physical = excluded.physical, since = excluded.since",
+                args![
+                    &f.path,
+                    size_i64(f.size),
+                    f.mtime_ns,
+                    &f.digest,
+                    &f.algo,
+                    &f.stored_by,
+                    &f.physical,
+                    since,
+                    server
+                ],
+            )?;
         }
-    }
-    tx.commit()?;
-    Ok(())
+        Ok(())
+    })
 }
 
 /// Upserts the object and this server's replica, and clears the file's intent.
-fn register_in(
-    tx: &Transaction<'_>,
-    server: &str,
-    f: &Commit,
-    at: i64,
-) -> Result<(), CatalogError> {
-    let id: i64 = tx
-        .prepare_cached(
+fn register_in(tx: &mut Conn, server: &str, f: &Commit, at: i64) -> Result<(), CatalogError> {
+    let id = tx
+        .one(
             "INSERT INTO objects (path, size, mtime_ns, digest, algo, stored_by, stored_at)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
              ON CONFLICT (path) DO UPDATE SET size = excluded.size,
                  mtime_ns = excluded.mtime_ns, digest = excluded.digest, algo = excluded.algo,
                  stored_by = excluded.stored_by, stored_at = excluded.stored_at
              RETURNING id",
-        )?
-        .query_row(
-            params![
-                f.path,
+            args![
+                &f.path,
                 size_i64(f.size),
                 f.mtime_ns,
-                f.digest,
-                f.algo,
-                f.stored_by,
+                &f.digest,
+                &f.algo,
+                &f.stored_by,
                 at
             ],
-            |r| r.get(0),
-        )?;
+        )?
+        .int(0)?;
     // A new copy here makes the other servers' copies stale until they are replicated again.
-    tx.prepare_cached("UPDATE replicas SET state = 'stale' WHERE object = ?1 AND server <> ?2")?
-        .execute(params![id, server])?;
-    tx.prepare_cached(
+    tx.run(
+        "UPDATE replicas SET state = 'stale' WHERE object = ?1 AND server <> ?2",
+        args![id, server],
+    )?;
+    tx.run(
         "INSERT INTO replicas (object, server, physical, state) VALUES (?1, ?2, ?3, 'good')
          ON CONFLICT (object, server) DO UPDATE SET physical = excluded.physical,
              state = 'good'",
-    )?
-    .execute(params![id, server, f.physical])?;
+        args![id, server, &f.physical],
+    )?;
     // Only the intent of these very contents: a later put of the same path may have written
     // its own while this registration waited in the queue.
-    tx.prepare_cached(
-        "DELETE FROM pending WHERE path = ?1 AND size = ?2 AND mtime_ns = ?3 AND digest = ?4",
-    )?
-    .execute(params![f.path, size_i64(f.size), f.mtime_ns, f.digest])?;
+    tx.run(
+        "DELETE FROM pending WHERE server IN (?5, '') AND path = ?1 AND size = ?2
+             AND mtime_ns = ?3 AND digest = ?4",
+        args![&f.path, size_i64(f.size), f.mtime_ns, &f.digest, server],
+    )?;
     Ok(())
 }
 
-fn object_id(conn: &Connection, path: &str) -> Result<i64, CatalogError> {
-    conn.prepare_cached("SELECT id FROM objects WHERE path = ?1")?
-        .query_row([path], |r| r.get(0))
-        .optional()?
-        .ok_or_else(|| CatalogError::NotFound(path.to_owned()))
+fn object_id(conn: &mut Conn, path: &str) -> Result<i64, CatalogError> {
+    conn.row("SELECT id FROM objects WHERE path = ?1", args![path])?
+        .ok_or_else(|| CatalogError::NotFound(path.to_owned()))?
+        .int(0)
 }
 
-fn avus(conn: &Connection, id: i64) -> Result<Vec<Avu>, CatalogError> {
-    let mut st = conn.prepare_cached(
+fn avus(conn: &mut Conn, id: i64) -> Result<Vec<Avu>, CatalogError> {
+    conn.rows(
         "SELECT attr, value, unit FROM metadata WHERE object = ?1 ORDER BY attr, value",
-    )?;
-    let rows = st.query_map([id], |r| {
+        args![id],
+    )?
+    .into_iter()
+    .map(|mut r| {
         Ok(Avu {
-            attr: r.get(0)?,
-            value: r.get(1)?,
-            unit: r.get(2)?,
+            attr: r.text(0)?,
+            value: r.text(1)?,
+            unit: r.text(2)?,
         })
-    })?;
-    Ok(rows.collect::<Result<_, _>>()?)
+    })
+    .collect()
 }
 
 /// Reads an [`Object`] from its seven columns (path to stored_at) starting at `at`.
-pub(crate) fn object_at(r: &rusqlite::Row<'_>, at: usize) -> rusqlite::Result<Object> {
+pub(crate) fn object_at(r: &mut Row, at: usize) -> Result<Object, CatalogError> {
     Ok(Object {
-        path: r.get(at)?,
-        size: size_u64(r.get(at + 1)?),
-        mtime_ns: r.get(at + 2)?,
-        digest: r.get(at + 3)?,
-        algo: r.get(at + 4)?,
-        stored_by: r.get(at + 5)?,
-        stored_at: r.get(at + 6)?,
+        path: r.text(at)?,
+        size: size_u64(r.int(at + 1)?),
+        mtime_ns: r.int(at + 2)?,
+        digest: r.blob(at + 3)?,
+        algo: r.text(at + 4)?,
+        stored_by: r.text(at + 5)?,
+        stored_at: r.int(at + 6)?,
     })
 }
 

@@ -1,11 +1,97 @@
-use proptest::prelude::*;
+//! The catalog's tests. Most run on both backends: each is a function of a [`Backend`], run
+//! once on SQLite (a test each) and once on PostgreSQL (all in [`on_postgresql`], on one
+//! cluster for this test binary, each in a database of its own).
 
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use proptest::prelude::*;
+use proptest::test_runner::TestRunner;
+
+use crate::db::{args, Conn, Db};
 use crate::find::plan;
 use crate::*;
 
-fn mem() -> Catalog {
-    Catalog::open(&Location::Memory, "here").unwrap()
+/// Where a test's catalogs are.
+enum Backend {
+    Sqlite(tempfile::TempDir, AtomicU32),
+    Postgres(TestCluster),
 }
+
+impl Backend {
+    fn sqlite() -> Self {
+        Self::Sqlite(tempfile::tempdir().unwrap(), AtomicU32::new(0))
+    }
+
+    /// A new, empty catalog's location.
+    fn fresh(&self) -> Location {
+        match self {
+            Self::Sqlite(dir, n) => Location::Sqlite(
+                dir.path()
+                    .join(format!("c{}.sqlite", n.fetch_add(1, Ordering::Relaxed))),
+            ),
+            Self::Postgres(cluster) => cluster.database(),
+        }
+    }
+
+    /// A new, empty catalog of the server `here` (SQLite's in memory).
+    fn catalog(&self) -> Catalog {
+        let location = match self {
+            Self::Sqlite(..) => Location::Memory,
+            Self::Postgres(cluster) => cluster.database(),
+        };
+        Catalog::open(&location, "here").unwrap()
+    }
+}
+
+/// Each test of the list as a test on SQLite, and all of them on PostgreSQL in one.
+macro_rules! on_both {
+    ($($name:ident),* $(,)?) => {
+        mod sqlite {
+            $(#[test]
+            fn $name() {
+                super::$name(&super::Backend::sqlite())
+            })*
+        }
+
+        /// Every shared test on PostgreSQL. One cluster for them all: initdb and a start take
+        /// seconds, a database a few milliseconds.
+        #[test]
+        fn on_postgresql() {
+            let Some(cluster) = ferry_netem::needs(
+                "ferry_catalog::tests::on_postgresql",
+                TestCluster::start(),
+            ) else {
+                return;
+            };
+            let b = Backend::Postgres(cluster);
+            let mut failed = Vec::new();
+            $(if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| $name(&b))).is_err() {
+                failed.push(stringify!($name));
+            })*
+            assert!(failed.is_empty(), "failed on PostgreSQL: {failed:?}");
+        }
+    };
+}
+
+on_both!(
+    an_audit_pages_this_servers_objects_and_marks_its_replicas,
+    register_then_stat_shows_the_object_and_its_replica,
+    reopening_keeps_what_was_registered_and_migrates_once,
+    a_catalog_is_kept_for_one_root_of_a_server,
+    a_newer_schema_is_refused,
+    intents_are_reconciled_by_what_is_there,
+    queued_registrations_are_seen_by_every_read_after_them,
+    a_queued_registration_that_fails_is_reported_and_its_intent_kept,
+    registering_older_contents_keeps_a_newer_intent_of_the_same_path,
+    remove_and_remove_prefix_touch_only_their_paths,
+    rename_moves_a_file_or_a_directory_and_refuses_to_clobber,
+    metadata_set_rm_ls_and_bounds,
+    find_combines_metadata_name_age_size_and_prefix,
+    known_digests_are_this_servers_good_ones,
+    servers_sharing_a_catalog_each_name_their_replicas,
+    prefix_range_is_exact,
+    metadata_round_trips,
+);
 
 fn commit(path: &str, size: u64) -> Commit {
     Commit {
@@ -31,9 +117,8 @@ fn paths(found: Vec<Object>) -> Vec<String> {
     found.into_iter().map(|o| o.path).collect()
 }
 
-#[test]
-fn an_audit_pages_this_servers_objects_and_marks_its_replicas() {
-    let c = mem();
+fn an_audit_pages_this_servers_objects_and_marks_its_replicas(b: &Backend) {
+    let c = b.catalog();
     for p in ["d/a", "d/b", "d/sub/c", "d0", "e/x", "d"] {
         c.register_commit(&commit(p, 3)).unwrap();
     }
@@ -55,10 +140,9 @@ fn an_audit_pages_this_servers_objects_and_marks_its_replicas() {
     assert!(!c.is_registered("d/sub").unwrap());
 }
 
-#[test]
-fn register_then_stat_shows_the_object_and_its_replica() {
-    let c = mem();
-    assert_eq!(c.schema_version().unwrap(), 2);
+fn register_then_stat_shows_the_object_and_its_replica(b: &Backend) {
+    let c = b.catalog();
+    assert_eq!(c.schema_version().unwrap(), 3);
     c.register_commit(&commit("a/b.txt", 7)).unwrap();
     let s = c.stat("a/b.txt").unwrap().unwrap();
     assert_eq!(s.object.size, 7);
@@ -80,35 +164,40 @@ fn register_then_stat_shows_the_object_and_its_replica() {
     assert_eq!(c.stat("a/b.txt").unwrap().unwrap().object.size, 9);
 }
 
-#[test]
-fn reopening_a_file_keeps_what_was_registered_and_migrates_once() {
-    let dir = tempfile::tempdir().unwrap();
-    let loc = Location::Sqlite(dir.path().join("catalog.sqlite"));
+fn reopening_keeps_what_was_registered_and_migrates_once(b: &Backend) {
+    let loc = b.fresh();
     Catalog::open(&loc, "here")
         .unwrap()
         .register_commit(&commit("x", 1))
         .unwrap();
     let c = Catalog::open(&loc, "here").unwrap();
-    assert_eq!(c.schema_version().unwrap(), 2);
+    assert_eq!(c.schema_version().unwrap(), 3);
     assert_eq!(c.count().unwrap(), 1);
-    let mode: String = c
+    let migrations = c
         .lock()
-        .query_row("PRAGMA journal_mode", [], |r| r.get(0))
+        .one("SELECT COUNT(*) FROM catalog_migrations", &[])
+        .unwrap()
+        .int(0)
         .unwrap();
-    assert_eq!(mode, "wal");
+    assert_eq!(migrations, 3);
+    let conn = c.lock();
+    if let Conn::Sqlite(conn) = &*conn {
+        let mode: String = conn
+            .query_row("PRAGMA journal_mode", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(mode, "wal");
+    }
 }
 
-#[test]
-fn a_catalog_is_kept_for_one_root_of_a_server() {
-    let c = mem();
+fn a_catalog_is_kept_for_one_root_of_a_server(b: &Backend) {
+    let c = b.catalog();
     c.claim_root("/srv/a").unwrap();
     c.claim_root("/srv/a").unwrap();
     let e = c.claim_root("/srv/b").unwrap_err();
     assert!(matches!(e, CatalogError::OtherRoot { .. }), "{e}");
     assert!(e.to_string().contains("/srv/a"), "{e}");
     // Another server of a shared catalog has a root of its own.
-    let dir = tempfile::tempdir().unwrap();
-    let loc = Location::Sqlite(dir.path().join("c.sqlite"));
+    let loc = b.fresh();
     Catalog::open(&loc, "one")
         .unwrap()
         .claim_root("/a")
@@ -123,15 +212,13 @@ fn a_catalog_is_kept_for_one_root_of_a_server() {
         .is_err());
 }
 
-#[test]
-fn a_newer_schema_is_refused() {
-    let dir = tempfile::tempdir().unwrap();
-    let loc = Location::Sqlite(dir.path().join("c.sqlite"));
+fn a_newer_schema_is_refused(b: &Backend) {
+    let loc = b.fresh();
     let c = Catalog::open(&loc, "here").unwrap();
     c.lock()
-        .execute(
+        .run(
             "INSERT INTO catalog_migrations (version, applied_at) VALUES (99, 0)",
-            [],
+            &[],
         )
         .unwrap();
     drop(c);
@@ -141,7 +228,7 @@ fn a_newer_schema_is_refused() {
             e,
             CatalogError::TooNew {
                 found: 99,
-                known: 2
+                known: 3
             }
         ),
         "{e}"
@@ -149,11 +236,22 @@ fn a_newer_schema_is_refused() {
 }
 
 #[test]
-fn postgres_is_refused_until_it_exists() {
+fn locations_are_a_postgresql_url_or_words_or_a_sqlite_path() {
+    for pg in [
+        "postgres://ferry@db/ferry",
+        "postgresql://ferry:pw@db:5433/ferry?sslmode=disable",
+        "host=/run/postgresql dbname=ferry",
+    ] {
+        let loc = Location::parse(pg).unwrap();
+        assert!(loc.is_shared(), "{pg}");
+        assert!(!loc.to_string().contains("pw"), "{loc}");
+    }
     assert!(matches!(
-        Location::parse("postgres://db/ferry"),
+        Location::parse("mysql://db/ferry"),
         Err(CatalogError::Unsupported(_))
     ));
+    let e = Location::parse("postgres://u:secret@db:notaport/x").unwrap_err();
+    assert!(!e.to_string().contains("secret"), "{e}");
     assert_eq!(
         Location::parse("/var/lib/ferry/catalog.sqlite").unwrap(),
         Location::Sqlite("/var/lib/ferry/catalog.sqlite".into())
@@ -161,9 +259,8 @@ fn postgres_is_refused_until_it_exists() {
     assert!(Location::parse("").is_err());
 }
 
-#[test]
-fn intents_are_reconciled_by_what_is_there() {
-    let c = mem();
+fn intents_are_reconciled_by_what_is_there(b: &Backend) {
+    let c = b.catalog();
     c.intend(&[commit("kept", 1), commit("lost", 2)]).unwrap();
     assert_eq!(c.pending().unwrap().len(), 2);
     let r = c.reconcile(|f| f.path == "kept").unwrap();
@@ -183,16 +280,19 @@ fn intents_are_reconciled_by_what_is_there() {
     assert!(c.pending().unwrap().is_empty());
 }
 
-#[test]
-fn queued_registrations_are_seen_by_every_read_after_them() {
-    let dir = tempfile::tempdir().unwrap();
-    let c = Catalog::open(&Location::Sqlite(dir.path().join("c.sqlite")), "here").unwrap();
-    assert_eq!(
-        c.device(),
-        Some(std::os::unix::fs::MetadataExt::dev(
-            &std::fs::metadata(dir.path()).unwrap()
-        ))
-    );
+fn queued_registrations_are_seen_by_every_read_after_them(b: &Backend) {
+    let loc = b.fresh();
+    let c = Catalog::open(&loc, "here").unwrap();
+    match (b, &loc) {
+        (Backend::Sqlite(dir, _), _) => assert_eq!(
+            c.device(),
+            Some(std::os::unix::fs::MetadataExt::dev(
+                &std::fs::metadata(dir.path()).unwrap()
+            ))
+        ),
+        // Not a file of this machine: no sync of a local file system makes it durable.
+        (Backend::Postgres(_), _) => assert_eq!(c.device(), None),
+    }
     let files: Vec<Commit> = (0..3000).map(|i| commit(&format!("q/{i:04}"), 7)).collect();
     for chunk in files.chunks(100) {
         c.intend_unsynced(chunk).unwrap();
@@ -207,14 +307,13 @@ fn queued_registrations_are_seen_by_every_read_after_them() {
     c.intend_unsynced(&[commit("last", 1)]).unwrap();
     c.register_later(vec![commit("last", 1)]);
     drop(c);
-    let c = Catalog::open(&Location::Sqlite(dir.path().join("c.sqlite")), "here").unwrap();
+    let c = Catalog::open(&loc, "here").unwrap();
     assert!(c.stat("last").unwrap().is_some());
     assert!(c.pending().unwrap().is_empty());
 }
 
-#[test]
-fn a_queued_registration_that_fails_is_reported_and_its_intent_kept() {
-    let c = mem();
+fn a_queued_registration_that_fails_is_reported_and_its_intent_kept(b: &Backend) {
+    let c = b.catalog();
     let heard = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let h = heard.clone();
     c.on_register_error(Box::new(move |_, n| {
@@ -230,9 +329,8 @@ fn a_queued_registration_that_fails_is_reported_and_its_intent_kept() {
     assert_eq!(c.pending().unwrap().len(), 1);
 }
 
-#[test]
-fn registering_older_contents_keeps_a_newer_intent_of_the_same_path() {
-    let c = mem();
+fn registering_older_contents_keeps_a_newer_intent_of_the_same_path(b: &Backend) {
+    let c = b.catalog();
     let old = commit("p", 1);
     let new = commit("p", 2);
     c.intend(std::slice::from_ref(&old)).unwrap();
@@ -244,9 +342,8 @@ fn registering_older_contents_keeps_a_newer_intent_of_the_same_path() {
     assert!(c.pending().unwrap().is_empty());
 }
 
-#[test]
-fn remove_and_remove_prefix_touch_only_their_paths() {
-    let c = mem();
+fn remove_and_remove_prefix_touch_only_their_paths(b: &Backend) {
+    let c = b.catalog();
     for p in ["d/a", "d/b/c", "d0", "dd/x", "d"] {
         c.register_commit(&commit(p, 1)).unwrap();
     }
@@ -257,9 +354,8 @@ fn remove_and_remove_prefix_touch_only_their_paths() {
     assert_eq!(paths(c.find(&Query::default()).unwrap()), ["dd/x"]);
 }
 
-#[test]
-fn rename_moves_a_file_or_a_directory_and_refuses_to_clobber() {
-    let c = mem();
+fn rename_moves_a_file_or_a_directory_and_refuses_to_clobber(b: &Backend) {
+    let c = b.catalog();
     for p in ["a/x", "a/y/z", "ab", "b"] {
         c.register_commit(&commit(p, 1)).unwrap();
     }
@@ -281,9 +377,8 @@ fn rename_moves_a_file_or_a_directory_and_refuses_to_clobber() {
     assert!(c.stat("e/ü").unwrap().is_some());
 }
 
-#[test]
-fn metadata_set_rm_ls_and_bounds() {
-    let c = mem();
+fn metadata_set_rm_ls_and_bounds(b: &Backend) {
+    let c = b.catalog();
     c.register_commit(&commit("f", 1)).unwrap();
     c.meta_set("f", &avu("project", "pds", "")).unwrap();
     c.meta_set("f", &avu("project", "mars", "")).unwrap();
@@ -315,16 +410,17 @@ fn metadata_set_rm_ls_and_bounds() {
     ));
     // Removing the object removes its metadata.
     assert!(c.remove("f").unwrap());
-    let left: i64 = c
+    let left = c
         .lock()
-        .query_row("SELECT COUNT(*) FROM metadata", [], |r| r.get(0))
+        .one("SELECT COUNT(*) FROM metadata", &[])
+        .unwrap()
+        .int(0)
         .unwrap();
     assert_eq!(left, 0);
 }
 
-#[test]
-fn find_combines_metadata_name_age_size_and_prefix() {
-    let c = mem();
+fn find_combines_metadata_name_age_size_and_prefix(b: &Backend) {
+    let c = b.catalog();
     for (p, size) in [
         ("p/a.fits", 10),
         ("p/b.fits", 20),
@@ -369,9 +465,11 @@ fn find_combines_metadata_name_age_size_and_prefix() {
     assert!(Condition::parse("plain").is_err());
 }
 
+/// SQLite's plans; PostgreSQL's planner chooses by the table's statistics, so a plan of a
+/// test's few rows says nothing of a large catalog's.
 #[test]
 fn stat_and_indexed_finds_never_scan_the_table() {
-    let c = mem();
+    let c = Catalog::open(&Location::Memory, "here").unwrap();
     let queries = [
         Query {
             under: Some("p".into()),
@@ -403,11 +501,13 @@ fn stat_and_indexed_finds_never_scan_the_table() {
     }
     let stat: Vec<String> = c
         .lock()
-        .prepare("EXPLAIN QUERY PLAN SELECT id FROM objects WHERE path = ?1")
+        .rows(
+            "EXPLAIN QUERY PLAN SELECT id FROM objects WHERE path = ?1",
+            args!["x"],
+        )
         .unwrap()
-        .query_map(["x"], |r| r.get::<_, String>(3))
-        .unwrap()
-        .map(Result::unwrap)
+        .into_iter()
+        .map(|mut r| r.text(3).unwrap())
         .collect();
     assert!(stat.iter().all(|s| s.starts_with("SEARCH")), "{stat:?}");
 }
@@ -422,45 +522,142 @@ fn globs() {
     assert!(!glob_match("a?c", "ac"));
 }
 
-proptest! {
-    #![proptest_config(ProptestConfig::with_cases(32))]
+fn known_digests_are_this_servers_good_ones(b: &Backend) {
+    let c = b.catalog();
+    let f = commit("k", 5);
+    c.register_commit(&f).unwrap();
+    let known = |size, algo| c.known_digest("k", size, f.mtime_ns, algo).unwrap();
+    assert_eq!(known(5, "blake3"), Some(f.digest.clone()));
+    assert_eq!(known(6, "blake3"), None);
+    assert_eq!(known(5, "md5"), None);
+    c.set_replica_state("k", ReplicaState::Bad).unwrap();
+    assert_eq!(known(5, "blake3"), None);
+}
 
-    /// Whatever paths are registered, a prefix find returns exactly those under it, and
-    /// remove_prefix removes exactly those (plus the prefix itself).
-    #[test]
-    fn prefix_range_is_exact(
-        names in proptest::collection::btree_set("[a-c]{1,2}(/[a-c0/]{1,3})?", 1..30),
-        prefix in "[a-c]{1,2}",
-    ) {
-        let c = mem();
-        let names: Vec<String> = names
+/// Two servers on one catalog: each registers its own replica, a new copy on one makes the
+/// other's stale, and each knows every replica.
+fn servers_sharing_a_catalog_each_name_their_replicas(b: &Backend) {
+    let loc = b.fresh();
+    let one = Catalog::open(&loc, "one").unwrap();
+    let two = Catalog::open(&loc, "two").unwrap();
+    one.claim_root("/srv/one").unwrap();
+    two.claim_root("/srv/two").unwrap();
+    one.register_commit(&commit("f", 1)).unwrap();
+    two.register_commit(&commit("f", 1)).unwrap();
+    let states = |c: &Catalog| -> Vec<(String, ReplicaState)> {
+        c.stat("f")
+            .unwrap()
+            .unwrap()
+            .replicas
             .into_iter()
-            .map(|n| n.split('/').filter(|s| !s.is_empty()).collect::<Vec<_>>().join("/"))
-            .collect::<std::collections::BTreeSet<_>>()
-            .into_iter()
-            .collect();
-        for n in &names {
-            c.register_commit(&commit(n, 1)).unwrap();
-        }
-        let want: Vec<String> = names
-            .iter()
-            .filter(|n| n.starts_with(&format!("{prefix}/")))
-            .cloned()
-            .collect();
-        let q = Query { under: Some(prefix.clone()), ..Query::default() };
-        prop_assert_eq!(paths(c.find(&q).unwrap()), want.clone());
-        let removed = c.remove_prefix(&prefix).unwrap();
-        let itself = u64::from(names.contains(&prefix));
-        prop_assert_eq!(removed, want.len() as u64 + itself);
-    }
+            .map(|r| (r.server, r.state))
+            .collect()
+    };
+    let both = vec![
+        ("one".to_owned(), ReplicaState::Stale),
+        ("two".to_owned(), ReplicaState::Good),
+    ];
+    assert_eq!(states(&one), both);
+    assert_eq!(states(&two), both);
+    assert_eq!(paths(one.held_page("", "", 10).unwrap()), ["f"]);
+    // Each server's start settles its own intents only, even of the same path.
+    one.intend(&[commit("g", 1), commit("h", 1)]).unwrap();
+    two.intend(&[commit("g", 2)]).unwrap();
+    let r = two.reconcile(|_| false).unwrap();
+    assert_eq!(r.dropped, 1);
+    assert_eq!(one.pending().unwrap().len(), 2);
+    one.register(&[commit("g", 1)]).unwrap();
+    assert_eq!(paths_of(one.pending().unwrap()), ["h"]);
+}
 
-    /// Metadata set then listed comes back as set, whatever the text.
-    #[test]
-    fn metadata_round_trips(attr in "\\PC{1,20}", value in "\\PC{0,40}", unit in "\\PC{0,8}") {
-        let c = mem();
-        c.register_commit(&commit("f", 1)).unwrap();
-        let a = avu(&attr, &value, &unit);
-        c.meta_set("f", &a).unwrap();
-        prop_assert_eq!(c.meta_ls("f").unwrap(), vec![a]);
-    }
+fn paths_of(commits: Vec<Commit>) -> Vec<String> {
+    commits.into_iter().map(|c| c.path).collect()
+}
+
+/// A catalog of schema 2 (one server's intents, keyed by path alone) keeps its intents,
+/// as this server's, through the migration that keys them by server.
+#[test]
+fn intents_from_before_the_server_column_stay_this_servers() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("c.sqlite");
+    let mut conn = rusqlite::Connection::open(&path).unwrap();
+    run_migrations(&mut conn, "catalog_migrations", &schema::MIGRATIONS[..2], 0).unwrap();
+    conn.execute(
+        "INSERT INTO pending VALUES ('old', 1, 1000, x'01', 'blake3', 'alice', '/srv/old', 0)",
+        [],
+    )
+    .unwrap();
+    drop(conn);
+    let c = Catalog::open(&Location::Sqlite(path), "here").unwrap();
+    assert_eq!(paths_of(c.pending().unwrap()), ["old"]);
+    assert_eq!(c.reconcile(|_| true).unwrap().registered, 1);
+    assert!(c.pending().unwrap().is_empty());
+}
+
+/// Whatever paths are registered, a prefix find returns exactly those under it, and
+/// remove_prefix removes exactly those (plus the prefix itself). One catalog for every case,
+/// emptied first.
+fn prefix_range_is_exact(b: &Backend) {
+    let c = b.catalog();
+    let cases = (
+        proptest::collection::btree_set("[a-c]{1,2}(/[a-c0/]{1,3})?", 1..30),
+        "[a-c]{1,2}",
+    );
+    let mut runner = TestRunner::new(ProptestConfig {
+        failure_persistence: None,
+        ..ProptestConfig::with_cases(32)
+    });
+    runner
+        .run(&cases, |(names, prefix)| {
+            c.remove_prefix("").unwrap();
+            let names: Vec<String> = names
+                .into_iter()
+                .map(|n| {
+                    n.split('/')
+                        .filter(|s| !s.is_empty())
+                        .collect::<Vec<_>>()
+                        .join("/")
+                })
+                .collect::<std::collections::BTreeSet<_>>()
+                .into_iter()
+                .collect();
+            for n in &names {
+                c.register_commit(&commit(n, 1)).unwrap();
+            }
+            let want: Vec<String> = names
+                .iter()
+                .filter(|n| n.starts_with(&format!("{prefix}/")))
+                .cloned()
+                .collect();
+            let q = Query {
+                under: Some(prefix.clone()),
+                ..Query::default()
+            };
+            prop_assert_eq!(paths(c.find(&q).unwrap()), want.clone());
+            let removed = c.remove_prefix(&prefix).unwrap();
+            let itself = u64::from(names.contains(&prefix));
+            prop_assert_eq!(removed, want.len() as u64 + itself);
+            Ok(())
+        })
+        .unwrap();
+}
+
+/// Metadata set then listed comes back as set, whatever the text.
+fn metadata_round_trips(b: &Backend) {
+    let c = b.catalog();
+    let cases = ("\\PC{1,20}", "\\PC{0,40}", "\\PC{0,8}");
+    let mut runner = TestRunner::new(ProptestConfig {
+        failure_persistence: None,
+        ..ProptestConfig::with_cases(32)
+    });
+    runner
+        .run(&cases, |(attr, value, unit)| {
+            c.remove("f").unwrap();
+            c.register_commit(&commit("f", 1)).unwrap();
+            let a = avu(&attr, &value, &unit);
+            c.meta_set("f", &a).unwrap();
+            prop_assert_eq!(c.meta_ls("f").unwrap(), vec![a]);
+            Ok(())
+        })
+        .unwrap();
 }

@@ -514,10 +514,16 @@ pub struct ServeArgs {
     pub metrics_listen: Option<String>,
     /// Where every stored file is registered (size, mtime, digest, replicas, metadata): a
     /// SQLite file, created if missing, `state` (the default: catalog.sqlite in the state
-    /// directory) or `none`. A catalog serves one root; the default one kept for another root
-    /// is left alone (with a warning) and this server runs without.
-    #[arg(long, value_name = "PATH|none", conflicts_with = "oneshot")]
+    /// directory), `none`, or a PostgreSQL database that several servers share
+    /// (`postgres://USER@HOST/DB`, `postgresql://…`, or `host=/run/postgresql dbname=DB`). A
+    /// catalog serves one root per server; the default one kept for another root is left alone
+    /// (with a warning) and this server runs without.
+    #[arg(long, value_name = "PATH|URL|none", conflicts_with = "oneshot")]
     pub catalog: Option<String>,
+    /// This server's name in the catalog's replicas (default: the host name). Servers that
+    /// share a catalog need different names.
+    #[arg(long, value_name = "NAME", conflicts_with = "oneshot")]
+    pub catalog_name: Option<String>,
     /// Bytes a second that `ferry verify` audits may read, all together (e.g. 256M, 1G; 0:
     /// unlimited), so that an audit cannot starve transfers.
     #[arg(long, default_value = "256M", value_name = "SIZE")]

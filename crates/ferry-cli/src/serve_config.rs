@@ -32,6 +32,7 @@ pub struct ServeFile {
     stripe: Option<bool>,
     metrics_listen: Option<String>,
     catalog: Option<String>,
+    catalog_name: Option<String>,
     verify_rate: Option<String>,
     log_format: Option<LogFormat>,
 }
@@ -127,14 +128,21 @@ fn merge(args: &mut ServeArgs, file: ServeFile, base: &Path) -> Result<()> {
         file.metrics_listen.map(Some),
         unset("metrics_listen"),
     );
-    // `none` and `state` stay words; a path is from the file's directory.
+    // `none`, `state` and a PostgreSQL location stay as written; a path is from the file's
+    // directory.
     let catalog = file.catalog.map(|c| match c.as_str() {
         "none" | "state" => c,
+        pg if ferry_catalog::Location::parse(pg).is_ok_and(|l| l.is_shared()) => c,
         path => from_file(PathBuf::from(path))
             .to_string_lossy()
             .into_owned(),
     });
     set(&mut args.catalog, catalog.map(Some), unset("catalog"));
+    set(
+        &mut args.catalog_name,
+        file.catalog_name.map(Some),
+        unset("catalog_name"),
+    );
     set(
         &mut args.verify_rate,
         file.verify_rate,
@@ -205,6 +213,16 @@ mod tests {
         )
         .unwrap();
         assert_eq!(a.catalog.as_deref(), Some("none"));
+        let mut a = parsed(&["ferry", "serve", "--root", "/"]);
+        merge(
+            &mut a,
+            toml::from_str("catalog = \"postgres://ferry@db/cat\"\ncatalog_name = \"ferry2\"\n")
+                .unwrap(),
+            Path::new("/x"),
+        )
+        .unwrap();
+        assert_eq!(a.catalog.as_deref(), Some("postgres://ferry@db/cat"));
+        assert_eq!(a.catalog_name.as_deref(), Some("ferry2"));
     }
 
     #[test]

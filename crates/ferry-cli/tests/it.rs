@@ -15,6 +15,7 @@ mod multipath;
 mod rerun;
 mod serve_config;
 mod service;
+mod shared_catalog;
 mod ssh;
 mod striping;
 mod sync;

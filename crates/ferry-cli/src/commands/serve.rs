@@ -55,7 +55,13 @@ pub async fn run(args: ServeArgs, quiet: bool) -> Result<ExitCode> {
     config.access = Arc::new(access);
     config.tls = Some(identity);
     limits(&mut config, &args)?;
-    config.catalog = open_catalog(args.catalog.as_deref(), &state, &root, quiet)?;
+    config.catalog = open_catalog(
+        args.catalog.as_deref(),
+        args.catalog_name.as_deref(),
+        &state,
+        &root,
+        quiet,
+    )?;
     storage_from_profile(&mut config, &state, &root, quiet);
     if args.allow_plaintext {
         eprintln!(
@@ -167,9 +173,11 @@ fn access_for(args: &ServeArgs, state: &Path, quiet: bool) -> Result<Access> {
 }
 
 /// The catalog `--catalog` names (`none`: no catalog), by default catalog.sqlite in the
-/// state directory; its replicas are named after this host, its paths are relative to `root`.
+/// state directory; its replicas are named `name`, by default after this host; its paths are
+/// relative to `root`.
 fn open_catalog(
     arg: Option<&str>,
+    name: Option<&str>,
     state: &Path,
     root: &Path,
     quiet: bool,
@@ -182,9 +190,14 @@ fn open_catalog(
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_owned())
         .unwrap_or_default();
-    let host = if host.is_empty() { "localhost" } else { &host };
+    let host = match name {
+        Some(name) => name,
+        None if host.is_empty() => "localhost",
+        None => &host,
+    };
+    // A location's password is never shown: `Location`'s Display hides it.
     let catalog = ferry_catalog::Catalog::open(&location, host)
-        .with_context(|| format!("opening the catalog {location:?}"))?;
+        .with_context(|| format!("opening the catalog {location}"))?;
     let root = std::fs::canonicalize(root).unwrap_or_else(|_| root.to_owned());
     match catalog.claim_root(&root.to_string_lossy()) {
         Ok(()) => {}
@@ -198,13 +211,15 @@ fn open_catalog(
         }
         Err(e) => {
             return Err(usage(
-                anyhow::Error::new(e).context(format!("the catalog {location:?}")),
+                anyhow::Error::new(e).context(format!("the catalog {location}")),
             ))
         }
     }
     if !quiet {
-        if let ferry_catalog::Location::Sqlite(p) = &location {
-            eprintln!("ferry: catalog {}", p.display());
+        if location.is_shared() {
+            eprintln!("ferry: catalog {location} (shared; this server's replicas are {host:?})");
+        } else {
+            eprintln!("ferry: catalog {location}");
         }
     }
     Ok(Some(Arc::new(catalog)))

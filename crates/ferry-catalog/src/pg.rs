@@ -1,0 +1,381 @@
+//! The shared catalog on PostgreSQL: the connection, kept on a thread of its own, and the
+//! dialect: the one place where the catalog's SQL is changed for PostgreSQL.
+//!
+//! The synchronous `postgres` client drives a runtime of its own, which may not be entered
+//! from a thread already inside an async runtime; its own thread makes every caller (the
+//! server's async start, its blocking pool, the catalog's registering thread) the same.
+
+use std::collections::HashMap;
+use std::error::Error;
+use std::fmt;
+use std::sync::mpsc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use postgres::types::{IsNull, ToSql, Type};
+use postgres::{Client, Config, NoTls, Statement};
+
+use crate::db::{Arg, Db, Row, Val};
+use crate::error::CatalogError;
+
+/// How long opening the catalog waits for the server, unless the location says otherwise.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A PostgreSQL location: a `postgres://` or `postgresql://` URL, or `key=value` words
+/// (`host=/run/postgresql dbname=ferry`). Shown with its password hidden.
+#[derive(Clone, PartialEq, Eq)]
+pub struct PgUrl(String);
+
+impl PgUrl {
+    /// Whether `s` names a PostgreSQL database rather than a SQLite file.
+    pub(crate) fn is_one(s: &str) -> bool {
+        s.starts_with("postgres://")
+            || s.starts_with("postgresql://")
+            || [
+                "host=",
+                "hostaddr=",
+                "dbname=",
+                "user=",
+                "port=",
+                "service=",
+            ]
+            .iter()
+            .any(|k| s.starts_with(k))
+    }
+
+    /// Reads and checks `s`, refusing what the client cannot read.
+    pub(crate) fn parse(s: &str) -> Result<Self, CatalogError> {
+        let url = Self(s.to_owned());
+        url.config()?;
+        Ok(url)
+    }
+
+    /// The client's settings, with a bounded connect time and the login user as the
+    /// default user (as `psql` has it).
+    pub(crate) fn config(&self) -> Result<Config, CatalogError> {
+        let mut config: Config = self.0.parse().map_err(|e| CatalogError::Location {
+            location: self.to_string(),
+            why: format!("{e}"),
+        })?;
+        if config.get_connect_timeout().is_none() {
+            config.connect_timeout(CONNECT_TIMEOUT);
+        }
+        if config.get_user().is_none() {
+            if let Ok(user) = std::env::var("USER") {
+                config.user(&user);
+            }
+        }
+        if config.get_application_name().is_none() {
+            config.application_name("ferry");
+        }
+        Ok(config)
+    }
+}
+
+impl fmt::Display for PgUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&redact(&self.0))
+    }
+}
+
+impl fmt::Debug for PgUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "PgUrl({:?})", redact(&self.0))
+    }
+}
+
+/// `s` with any password replaced by `***`: the URL's `user:password@` and every
+/// `password=` value (of a URL's query or of `key=value` words).
+pub(crate) fn redact(s: &str) -> String {
+    let mut out = s.to_owned();
+    if let Some(start) = out.find("://").map(|i| i + 3) {
+        let end = out[start..]
+            .find(['/', '?'])
+            .map_or(out.len(), |i| start + i);
+        if let Some(at) = out[start..end].rfind('@').map(|i| start + i) {
+            if let Some(colon) = out[start..at].find(':').map(|i| start + i) {
+                out.replace_range(colon + 1..at, "***");
+            }
+        }
+    }
+    let mut from = 0;
+    while let Some(i) = out[from..]
+        .find("password=")
+        .map(|i| from + i + "password=".len())
+    {
+        let rest = &out[i..];
+        let len = if let Some(quoted) = rest.strip_prefix('\'') {
+            quoted.find('\'').map_or(rest.len(), |j| j + 2)
+        } else {
+            rest.find(['&', ' ']).unwrap_or(rest.len())
+        };
+        out.replace_range(i..i + len, "***");
+        from = i + 3;
+    }
+    out
+}
+
+/// A statement's text for PostgreSQL: `?N` parameters as `$N`, and no `+` before an
+/// `ORDER BY` column (SQLite's way of keeping the planner off that column's index; PostgreSQL
+/// has no unary `+` on text).
+pub(crate) fn statement(sql: &str) -> String {
+    let sql = sql.replace("ORDER BY +", "ORDER BY ");
+    let mut out = String::with_capacity(sql.len());
+    let mut chars = sql.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == '?' && chars.peek().is_some_and(char::is_ascii_digit) {
+            out.push('$');
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// A migration's text for PostgreSQL: SQLite's row id (`INTEGER PRIMARY KEY`) as an identity
+/// column, integers as 64-bit, blobs as `bytea`, and text compared byte by byte (`COLLATE
+/// "C"`, SQLite's own order), which the path ranges of [`crate::under`] rely on.
+pub(crate) fn schema(sql: &str) -> String {
+    sql.replace(
+        "INTEGER PRIMARY KEY",
+        "BIGINT GENERATED BY DEFAULT AS IDENTITY PRIMARY KEY",
+    )
+    .replace(" INTEGER", " BIGINT")
+    .replace(" BLOB", " BYTEA")
+    .replace(" TEXT", " TEXT COLLATE \"C\"")
+}
+
+/// The connection and its prepared statements, on the connection's thread.
+struct Session {
+    client: Client,
+    prepared: HashMap<String, Statement>,
+}
+
+impl Session {
+    fn prepared(&mut self, sql: &str) -> Result<Statement, postgres::Error> {
+        if let Some(st) = self.prepared.get(sql) {
+            return Ok(st.clone());
+        }
+        let st = self.client.prepare(&statement(sql))?;
+        self.prepared.insert(sql.to_owned(), st.clone());
+        Ok(st)
+    }
+
+    fn query(&mut self, sql: &str, args: &[Val]) -> Result<Vec<Row>, CatalogError> {
+        let st = self.prepared(sql)?;
+        let params: Vec<&(dyn ToSql + Sync)> =
+            args.iter().map(|a| a as &(dyn ToSql + Sync)).collect();
+        let rows = self.client.query(&st, &params)?;
+        rows.iter().map(read_row).collect()
+    }
+
+    fn execute(&mut self, sql: &str, args: &[Val]) -> Result<u64, CatalogError> {
+        let st = self.prepared(sql)?;
+        let params: Vec<&(dyn ToSql + Sync)> =
+            args.iter().map(|a| a as &(dyn ToSql + Sync)).collect();
+        Ok(self.client.execute(&st, &params)?)
+    }
+}
+
+type Job = Box<dyn FnOnce(&mut Session) + Send>;
+
+/// A connection to PostgreSQL, on a thread of its own (see the module's doc).
+pub(crate) struct Pg {
+    jobs: Option<mpsc::Sender<Job>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Pg {
+    /// Connects; a server that cannot be reached, or refuses the login, is an error here.
+    pub(crate) fn connect(url: &PgUrl) -> Result<Self, CatalogError> {
+        let config = url.config()?;
+        let (jobs, queue) = mpsc::channel::<Job>();
+        let (ready, connected) = mpsc::sync_channel(1);
+        let thread = std::thread::Builder::new()
+            .name("ferry-catalog-pg".into())
+            .spawn(move || {
+                let client = match config.connect(NoTls) {
+                    Ok(c) => c,
+                    Err(e) => {
+                        let _ = ready.send(Err(e));
+                        return;
+                    }
+                };
+                let _ = ready.send(Ok(()));
+                let mut session = Session {
+                    client,
+                    prepared: HashMap::new(),
+                };
+                while let Ok(job) = queue.recv() {
+                    job(&mut session);
+                }
+            })?;
+        let pg = Self {
+            jobs: Some(jobs),
+            thread: Some(thread),
+        };
+        match connected.recv() {
+            Ok(Ok(())) => Ok(pg),
+            Ok(Err(e)) => Err(CatalogError::Connect {
+                location: url.to_string(),
+                source: e,
+            }),
+            Err(_) => Err(CatalogError::Gone),
+        }
+    }
+
+    /// Runs `f` on the connection's thread and waits for what it returns.
+    fn call<R: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut Session) -> Result<R, CatalogError> + Send + 'static,
+    ) -> Result<R, CatalogError> {
+        let (tx, rx) = mpsc::sync_channel(1);
+        let job: Job = Box::new(move |s| {
+            let _ = tx.send(f(s));
+        });
+        self.jobs
+            .as_ref()
+            .ok_or(CatalogError::Gone)?
+            .send(job)
+            .map_err(|_| CatalogError::Gone)?;
+        rx.recv().map_err(|_| CatalogError::Gone)?
+    }
+}
+
+impl Drop for Pg {
+    /// Closes the connection: the thread ends once its queue does.
+    fn drop(&mut self) {
+        drop(self.jobs.take());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Db for Pg {
+    fn run(&mut self, sql: &str, args: &[Arg<'_>]) -> Result<u64, CatalogError> {
+        let (sql, args) = owned(sql, args);
+        self.call(move |s| s.execute(&sql, &args))
+    }
+
+    fn rows(&mut self, sql: &str, args: &[Arg<'_>]) -> Result<Vec<Row>, CatalogError> {
+        let (sql, args) = owned(sql, args);
+        self.call(move |s| s.query(&sql, &args))
+    }
+
+    fn batch(&mut self, sql: &str) -> Result<(), CatalogError> {
+        let sql = schema(sql);
+        self.call(move |s| Ok(s.client.batch_execute(&sql)?))
+    }
+}
+
+fn owned(sql: &str, args: &[Arg<'_>]) -> (String, Vec<Val>) {
+    (sql.to_owned(), args.iter().map(|&a| Val::from(a)).collect())
+}
+
+/// A row's columns as [`Val`]s, by the types the catalog's schema uses.
+fn read_row(r: &postgres::Row) -> Result<Row, CatalogError> {
+    let mut out = Vec::with_capacity(r.len());
+    for (i, col) in r.columns().iter().enumerate() {
+        let ty = col.type_();
+        let v = match *ty {
+            Type::INT8 => r.try_get::<_, Option<i64>>(i)?.map(Val::Int),
+            Type::INT4 => r.try_get::<_, Option<i32>>(i)?.map(|n| Val::Int(n.into())),
+            Type::INT2 => r.try_get::<_, Option<i16>>(i)?.map(|n| Val::Int(n.into())),
+            Type::BOOL => r
+                .try_get::<_, Option<bool>>(i)?
+                .map(|b| Val::Int(i64::from(b))),
+            Type::FLOAT8 => r.try_get::<_, Option<f64>>(i)?.map(Val::Real),
+            Type::TEXT | Type::VARCHAR | Type::NAME | Type::BPCHAR => {
+                r.try_get::<_, Option<String>>(i)?.map(Val::Text)
+            }
+            Type::BYTEA => r.try_get::<_, Option<Vec<u8>>>(i)?.map(Val::Blob),
+            Type::VOID => None,
+            _ => {
+                return Err(CatalogError::Column(
+                    i,
+                    "a type the catalog uses",
+                    ty.to_string(),
+                ))
+            }
+        };
+        out.push(v.unwrap_or(Val::Null));
+    }
+    Ok(Row(out))
+}
+
+/// A parameter in whatever type the server asks for: PostgreSQL infers each one's type from
+/// the statement (an `int4` for `substr`'s start, an `int8` for a column), where SQLite takes
+/// any.
+impl ToSql for Val {
+    fn to_sql(
+        &self,
+        ty: &Type,
+        out: &mut bytes::BytesMut,
+    ) -> Result<IsNull, Box<dyn Error + Sync + Send>> {
+        match self {
+            Self::Null => Ok(IsNull::Yes),
+            Self::Int(n) => match *ty {
+                Type::INT8 => n.to_sql(ty, out),
+                Type::INT4 => i32::try_from(*n)?.to_sql(ty, out),
+                Type::INT2 => i16::try_from(*n)?.to_sql(ty, out),
+                Type::BOOL => (*n != 0).to_sql(ty, out),
+                // Every i64 a catalog holds (sizes, times) is exact enough as a double.
+                #[allow(clippy::cast_precision_loss)]
+                Type::FLOAT8 => (*n as f64).to_sql(ty, out),
+                _ => Err(format!("an integer for a parameter of type {ty}").into()),
+            },
+            Self::Real(n) => n.to_sql(ty, out),
+            Self::Text(s) => s.as_str().to_sql(ty, out),
+            Self::Blob(b) => b.as_slice().to_sql(ty, out),
+        }
+    }
+
+    fn accepts(_: &Type) -> bool {
+        true
+    }
+
+    postgres::types::to_sql_checked!();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_are_never_shown() {
+        let cases = [
+            (
+                "postgres://ferry:s3cret@db.example/cat",
+                "postgres://ferry:***@db.example/cat",
+            ),
+            (
+                "postgresql://ferry@db/cat?password=s3cret&sslmode=disable",
+                "postgresql://ferry@db/cat?password=***&sslmode=disable",
+            ),
+            (
+                "host=/run/pg user=ferry password='a b' dbname=cat",
+                "host=/run/pg user=ferry password=*** dbname=cat",
+            ),
+            ("host=/run/pg dbname=cat", "host=/run/pg dbname=cat"),
+        ];
+        for (given, shown) in cases {
+            let url = PgUrl(given.to_owned());
+            assert_eq!(url.to_string(), shown);
+            assert!(!format!("{url:?}").contains("s3cret"));
+        }
+    }
+
+    #[test]
+    fn statements_and_schemas_in_postgresql_s_dialect() {
+        assert_eq!(
+            statement("SELECT a FROM t WHERE b = ?1 AND c < ?12 ORDER BY +a"),
+            "SELECT a FROM t WHERE b = $1 AND c < $12 ORDER BY a"
+        );
+        assert_eq!(
+            schema("CREATE TABLE t (id INTEGER PRIMARY KEY, n INTEGER NOT NULL, d BLOB, s TEXT)"),
+            "CREATE TABLE t (id BIGINT GENERATED BY DEFAULT AS IDENTITY PRIMARY KEY, \
+             n BIGINT NOT NULL, d BYTEA, s TEXT COLLATE \"C\")"
+        );
+    }
+}
