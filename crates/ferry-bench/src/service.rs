@@ -160,6 +160,8 @@ impl<'a> SvcRunner<'a> {
             stop::check()?;
             self.dark_phase(&bed, &local)
         });
+        // The queue empty again: whether what the jobs took was given back.
+        self.report.rss_after_kib = rss_kib(bed.service.child.id());
         self.finish(bed);
         r
     }

@@ -231,6 +231,8 @@ pub struct SvcReport {
     pub api: Vec<LatencyStats>,
     pub rss: Vec<RssSample>,
     pub memory: RssSummary,
+    /// The service's RSS at the end of the run, every job ended (the dark-link one included).
+    pub rss_after_kib: Option<u64>,
     pub dark: Option<DarkOutcome>,
     pub rows: Vec<JobRow>,
     pub duration_s: f64,
@@ -419,14 +421,16 @@ fn memory_section(s: &mut String, r: &SvcReport) {
     let m = &r.memory;
     let _ = writeln!(
         s,
-        "## Service memory (VmRSS, every second)\n\n{} samples: start {}, peak {}, end {}; \
-         slope {:.0} KiB/min over the run, {:.0} KiB/min over its second half.\n",
+        "## Service memory (VmRSS, every second)\n\nWhile the jobs ran, {} samples: start {}, \
+         peak {}, end {}; slope {:.0} KiB/min over the run, {:.0} KiB/min over its second half. \
+         At the end of the run, every job ended: {}.\n",
         r.rss.len(),
         mib(m.start_kib),
         mib(m.peak_kib),
         mib(m.end_kib),
         m.slope_kib_min,
-        m.late_slope_kib_min
+        m.late_slope_kib_min,
+        r.rss_after_kib.map_or("not read".into(), mib)
     );
 }
 
