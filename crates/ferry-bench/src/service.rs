@@ -82,7 +82,7 @@ impl SvcOptions {
     }
 }
 
-/// The job mix, job j sending `mix()[j % len]`: small trees and single files of 1 to 4 MiB.
+/// The job mix, job j sending `mix()[mix_index(j)]`: small trees and single files of 1 to 4 MiB.
 pub fn mix() -> Vec<Dataset> {
     let tree = Dataset::Tree {
         files: 10,
@@ -98,12 +98,18 @@ pub fn mix() -> Vec<Dataset> {
     ]
 }
 
+/// Which of the mix job `j` sends: each link (job j goes over link j % 3) takes the whole mix
+/// in turn, so that no link gets only the largest files.
+fn mix_index(j: usize) -> usize {
+    (j / LINKS) % mix().len()
+}
+
 /// Bytes the work directory must hold: the data sets, one copy of each job's data at its
 /// server, the dark-link file and its copy (sources are hard links).
 pub fn room_needed(o: &SvcOptions) -> u64 {
     let m = mix();
     let each: u64 = m.iter().map(Dataset::bytes).sum();
-    let copies: u64 = (0..o.jobs).map(|j| m[j % m.len()].bytes()).sum();
+    let copies: u64 = (0..o.jobs).map(|j| m[mix_index(j)].bytes()).sum();
     each + copies + 2 * o.dark_bytes
 }
 
@@ -407,7 +413,7 @@ impl SvcRunner<'_> {
         fs::create_dir_all(&dir)?;
         let mut v = Vec::with_capacity(self.o.jobs);
         for j in 0..self.o.jobs {
-            let set = j % sets.len();
+            let set = mix_index(j);
             let name = format!("j{j}");
             link_copy(&sets[set].1, &dir.join(&name))?;
             v.push(Planned {
@@ -877,8 +883,12 @@ mod tests {
         assert_eq!(files, [1, 2, 4]);
         let each: u64 = m.iter().map(Dataset::bytes).sum();
         let mut o = opts();
-        o.jobs = 6;
-        assert_eq!(room_needed(&o), 2 * each + 2 * (200 << 20));
+        o.jobs = 18;
+        assert_eq!(room_needed(&o), 4 * each + 2 * (200 << 20));
+        let per_link: Vec<Vec<usize>> = (0..LINKS)
+            .map(|l| (0..18).filter(|j| j % LINKS == l).map(mix_index).collect())
+            .collect();
+        assert_eq!(per_link, vec![vec![0, 1, 2, 3, 4, 5]; 3]);
     }
 
     #[test]
