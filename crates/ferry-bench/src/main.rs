@@ -1615,6 +1615,34 @@ mod tests {
         assert!(reap_tmpfs_work(&d.path().join("missing")).is_empty());
     }
 
+    fn service(args: &[&str]) -> Result<service::SvcOptions> {
+        let mut v = vec!["ferry-bench", "--mode", "service", "--ferry", "/bin/true"];
+        v.extend_from_slice(args);
+        service_options(&Cli::try_parse_from(v)?, "/w".into(), "/o".into())
+    }
+
+    #[test]
+    fn service_mode_defaults_to_the_issues_bed_and_takes_its_flags() {
+        let o = service(&[]).unwrap();
+        assert_eq!(o.jobs, 1000);
+        let rtts: Vec<u128> = o.rtts.iter().map(|r| r.as_millis()).collect();
+        assert_eq!(rtts, [20, 50, 100]);
+        assert_eq!(o.rate, 300_000_000);
+        assert_eq!((o.dark.as_secs(), o.dark_bytes), (60, 200 << 20));
+        let o = service(&["--jobs", "12", "--dark-secs", "0", "--dark-size", "24M"]).unwrap();
+        assert_eq!((o.jobs, o.dark.as_secs(), o.dark_bytes), (12, 0, 24 << 20));
+        let o = service(&["--rtt", "1ms,2ms,3ms", "--rate", "50mbit"]).unwrap();
+        assert_eq!(o.rtts[2].as_millis(), 3);
+        assert_eq!(o.rate, 50_000_000);
+        for bad in [
+            &["--jobs", "0"][..],
+            &["--rtt", "20ms"],
+            &["--dark-size", "0"],
+        ] {
+            assert!(service(bad).is_err(), "{bad:?}");
+        }
+    }
+
     fn spec(args: &[&str]) -> Result<Spec> {
         let mut v = vec!["ferry-bench"];
         v.extend_from_slice(args);

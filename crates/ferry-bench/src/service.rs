@@ -594,7 +594,8 @@ async fn run_jobs(
         if ended(&client).await.is_ok_and(|n| n >= want) {
             break;
         }
-        if t0.elapsed() > max_run || stop::check().is_err() {
+        // A service that died (its status has no VmRSS) ends no more jobs: not waited for.
+        if t0.elapsed() > max_run || stop::check().is_err() || rss_kib(pid).is_none() {
             timed_out = true;
             break;
         }
