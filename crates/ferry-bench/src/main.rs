@@ -4,7 +4,8 @@
 //! one host alone over loopback, where the cores are the limit (see [`host`]); or, with `--mode
 //! third-party`, `ferry cp` between two servers against a put between them (see [`thirdparty`]);
 //! or, with `--mode multipath`, one put over K parallel links against one link (see
-//! [`multipath`]).
+//! [`multipath`]); or, with `--mode service`, `ferry service` running many jobs over three
+//! links while its API is read, and one job over a link that goes dark (see [`service`]).
 //! See docs/bench/NOTEBOOK.md.
 
 mod cpu;
@@ -21,8 +22,10 @@ mod plan;
 mod plot;
 mod report;
 mod runner;
+mod service;
 mod stop;
 mod storage;
+mod svcreport;
 mod thirdparty;
 mod tpreport;
 
@@ -64,8 +67,21 @@ struct Cli {
     /// unrecorded put per K and data set (--no-warmup skips them); GridFTP striped over the
     /// same links beside ferry when installed (--peers none skips it); first, per K, iperf3 over
     /// the K links at once, --iperf3-secs (default 8) after --iperf3-omit (--no-iperf3 skips it).
-    #[arg(long, default_value = "bed", value_parser = ["bed", "host", "third-party", "multipath"])]
+    /// service: `ferry service` and three `ferry serve`, each behind its own link (--rate,
+    /// default 300mbit; --rtt, three values, default 20ms,50ms,100ms); --jobs jobs (small trees
+    /// and 1-4 MiB files) submitted round robin over the links through the API while it is
+    /// polled, every file verified; then one --dark-size job over a link dark for --dark-secs.
+    #[arg(long, default_value = "bed", value_parser = ["bed", "host", "third-party", "multipath", "service"])]
     mode: String,
+    /// Service mode: jobs submitted (default 1000).
+    #[arg(long)]
+    jobs: Option<usize>,
+    /// Service mode: seconds the dark-link job's link stays dark (default 60; 0 skips that job).
+    #[arg(long)]
+    dark_secs: Option<u64>,
+    /// Service mode: the dark-link job's file (default 200M).
+    #[arg(long)]
+    dark_size: Option<String>,
     /// Multipath mode: the K values, links between the client and the server (default 1,2,3).
     #[arg(long, value_delimiter = ',')]
     paths: Option<Vec<usize>>,
@@ -629,6 +645,12 @@ fn run(cli: Cli) -> Result<ExitCode> {
     }
     if cli.mode == "multipath" {
         return run_multipath(&cli);
+    }
+    if cli.mode == "service" {
+        return run_service(&cli);
+    }
+    if cli.jobs.is_some() || cli.dark_secs.is_some() || cli.dark_size.is_some() {
+        bail!("--jobs, --dark-secs and --dark-size apply to --mode service only");
     }
     let spec = build_spec(&cli)?;
     let iperf_secs = cli.iperf3_secs.unwrap_or(if cli.full { 10 } else { 5 });
@@ -1380,6 +1402,136 @@ fn multipath_in(cli: &Cli, work: &Path, out: &Path, started: u64) -> Result<Exit
     })
 }
 
+/// Service mode's options from the command line (the issue's bed where a flag is not given).
+fn service_options(cli: &Cli, work: PathBuf, out: PathBuf) -> Result<service::SvcOptions> {
+    let rtts = cli
+        .rtt
+        .clone()
+        .unwrap_or_else(|| vec!["20ms".into(), "50ms".into(), "100ms".into()]);
+    if rtts.len() != service::LINKS {
+        bail!(
+            "--rtt: service mode takes {} RTTs, one per link",
+            service::LINKS
+        );
+    }
+    let rtts = rtts
+        .iter()
+        .map(|r| parse_duration_tc(r).map_err(|e| anyhow::anyhow!("--rtt {r}: {e}")))
+        .collect::<Result<Vec<_>>>()?;
+    let rate_s = one_value(&cli.rate, "--rate", "300mbit")?;
+    let rate = parse_rate_tc(rate_s)
+        .map_err(|e| anyhow::anyhow!("--rate {rate_s}: {e}"))?
+        .ok_or_else(|| anyhow::anyhow!("--rate {rate_s}: the links need a rate"))?;
+    let regime =
+        parse_regime(one_value(&cli.regime, "--regime", "default")?).map_err(anyhow::Error::msg)?;
+    let jobs = cli.jobs.unwrap_or(1000);
+    if jobs == 0 {
+        bail!("--jobs: at least one job");
+    }
+    let size = cli.dark_size.as_deref().unwrap_or("200M");
+    let dark_bytes =
+        parse_size_fractional(size).map_err(|e| anyhow::anyhow!("--dark-size {size}: {e}"))?;
+    if dark_bytes == 0 {
+        bail!("--dark-size: the file needs at least one byte");
+    }
+    Ok(service::SvcOptions {
+        ferry: find_ferry(cli)?,
+        work,
+        out,
+        jobs,
+        rtts,
+        rate,
+        regime,
+        dark: std::time::Duration::from_secs(cli.dark_secs.unwrap_or(60)),
+        dark_bytes,
+        max_run: std::time::Duration::from_secs(cli.max_run_secs.max(1)),
+    })
+}
+
+/// `--mode service`: see [`service`].
+fn run_service(cli: &Cli) -> Result<ExitCode> {
+    let mut bad = third_party_only_bad_flags(cli);
+    for (set, name) in [
+        (cli.sizes.is_some(), "--sizes"),
+        (cli.runs.is_some(), "--runs"),
+        (cli.no_warmup, "--no-warmup"),
+    ] {
+        if set {
+            bad.push(name);
+        }
+    }
+    if !bad.is_empty() {
+        bail!("--mode service: {} do not apply", bad.join(", "));
+    }
+    let started = now_secs();
+    let out = cli.out.clone().unwrap_or_else(|| {
+        PathBuf::from("target/bench").join(format!("service-{}", stamp(started)))
+    });
+    // Bad values are refused before anything is made or started.
+    service_options(cli, out.clone(), out.clone())?;
+    if let Err(why) = ferry_netem::can_run() {
+        eprintln!("ferry-bench: the emulated bed cannot run here: {why}");
+        return Ok(ExitCode::from(2));
+    }
+    std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+    let out = out.canonicalize()?;
+    let (work, tmp_work) = work_dir(cli)?;
+    let result = service_in(cli, &work, &out, started);
+    // A /dev/shm directory of this process holds RAM: removed however the run ended.
+    if let Some(w) = tmp_work {
+        let _ = data::remove_path(&w);
+    }
+    result
+}
+
+fn service_in(cli: &Cli, work: &Path, out: &Path, started: u64) -> Result<ExitCode> {
+    let fs = storage::fs_type(work).unwrap_or_else(|e| format!("unknown: {e:#}"));
+    let o = service_options(cli, work.to_path_buf(), out.to_path_buf())?;
+    let free = storage::free_bytes(work).unwrap_or(u64::MAX);
+    let room = storage::check_room(work, &fs, free, service::room_needed(&o))?;
+    eprintln!("ferry-bench service: {room}");
+    let mut report = svcreport::SvcReport {
+        command: std::env::args().collect::<Vec<_>>().join(" "),
+        started: human_time(started),
+        host: host_lines(),
+        storage: format!("{} ({fs}), all hosts", work.display()),
+        bed: svcreport::SvcBed {
+            rtt_ms: o.rtts.iter().map(|r| r.as_millis() as u64).collect(),
+            rate_bps: o.rate,
+            regime: plan::regime_name(o.regime).into(),
+        },
+        jobs: o.jobs,
+        ..Default::default()
+    };
+    report
+        .host
+        .push(("ferry binary".into(), o.ferry.display().to_string()));
+    let t0 = Instant::now();
+    let mut r = service::SvcRunner::new(&o, report)?;
+    let result = r.run();
+    let mut report = r.report;
+    if let Err(e) = &result {
+        eprintln!("ferry-bench service: {e:#}");
+        report.notes.push(format!("stopped: {e:#}"));
+    }
+    report.duration_s = t0.elapsed().as_secs_f64();
+    report
+        .host
+        .push(("load average at end".into(), read_trim("/proc/loadavg")));
+    report.summarize();
+    let md = report.write(out)?;
+    println!("{md}");
+    eprintln!(
+        "ferry-bench service: wrote {}/{{summary.md,results.json,jobs.csv,api.csv,rss.csv}}",
+        out.display()
+    );
+    Ok(if result.is_err() || !report.all_ok() {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
 /// Where `--tmpfs` keeps data sets and destinations, one directory per bench process.
 const TMPFS: &str = "/dev/shm";
 
@@ -1461,6 +1613,34 @@ mod tests {
         }
         assert!(d.path().join("ferry-bench-999999998").is_file());
         assert!(reap_tmpfs_work(&d.path().join("missing")).is_empty());
+    }
+
+    fn service(args: &[&str]) -> Result<service::SvcOptions> {
+        let mut v = vec!["ferry-bench", "--mode", "service", "--ferry", "/bin/true"];
+        v.extend_from_slice(args);
+        service_options(&Cli::try_parse_from(v)?, "/w".into(), "/o".into())
+    }
+
+    #[test]
+    fn service_mode_defaults_to_the_issues_bed_and_takes_its_flags() {
+        let o = service(&[]).unwrap();
+        assert_eq!(o.jobs, 1000);
+        let rtts: Vec<u128> = o.rtts.iter().map(|r| r.as_millis()).collect();
+        assert_eq!(rtts, [20, 50, 100]);
+        assert_eq!(o.rate, 300_000_000);
+        assert_eq!((o.dark.as_secs(), o.dark_bytes), (60, 200 << 20));
+        let o = service(&["--jobs", "12", "--dark-secs", "0", "--dark-size", "24M"]).unwrap();
+        assert_eq!((o.jobs, o.dark.as_secs(), o.dark_bytes), (12, 0, 24 << 20));
+        let o = service(&["--rtt", "1ms,2ms,3ms", "--rate", "50mbit"]).unwrap();
+        assert_eq!(o.rtts[2].as_millis(), 3);
+        assert_eq!(o.rate, 50_000_000);
+        for bad in [
+            &["--jobs", "0"][..],
+            &["--rtt", "20ms"],
+            &["--dark-size", "0"],
+        ] {
+            assert!(service(bad).is_err(), "{bad:?}");
+        }
     }
 
     fn spec(args: &[&str]) -> Result<Spec> {

@@ -7,5 +7,6 @@
 mod common;
 mod host;
 mod multipath;
+mod service;
 mod smoke;
 mod thirdparty;
