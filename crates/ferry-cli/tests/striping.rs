@@ -54,6 +54,12 @@ fn striped_put(
 
 /// One sample of the coordinator's metrics page, by its exact name and labels.
 fn metric(server: &Server, series: &str) -> u64 {
+    metric_opt(server, series).unwrap_or_else(|page| panic!("no {series} in\n{page}"))
+}
+
+/// [`metric`], or the page when it has no such sample (a labelled counter appears with its
+/// first count).
+fn metric_opt(server: &Server, series: &str) -> Result<u64, String> {
     let addr = server
         .stderr()
         .lines()
@@ -81,7 +87,7 @@ fn metric(server: &Server, series: &str) -> u64 {
                 .parse()
                 .ok()
         })
-        .unwrap_or_else(|| panic!("no {series} in\n{page}"))
+        .ok_or(page)
 }
 
 /// Whether `dir` holds a partial copy (`.ferry-*.part`) anywhere below it.
@@ -195,8 +201,20 @@ fn put_losing_a_host(signal: &str) -> (serde_json::Value, Duration) {
         .stderr(std::process::Stdio::piped());
     let t0 = Instant::now();
     let mut put = ChildGuard(Some(cmd.spawn().expect("spawning ferry put")));
+    // Under way once a stripe host has landed a block: every stripe session is open by then
+    // (the put opens them all before it gives any a block). A host killed before the client
+    // reached it fails the put by design: the user named it.
+    let landed = || {
+        ["merged", "read_back"]
+            .iter()
+            .map(|c| {
+                let series = format!("ferry_server_landed_blocks_total{{check=\"{c}\"}}");
+                metric_opt(&first, &series).unwrap_or(0)
+            })
+            .sum::<u64>()
+    };
     let opened = wait_until(Duration::from_secs(60), || {
-        has_partial(&root) || put.child().try_wait().unwrap().is_some()
+        (has_partial(&root) && landed() > 0) || put.child().try_wait().unwrap().is_some()
     });
     assert!(
         opened && has_partial(&root),

@@ -203,6 +203,27 @@ fn check_scopes(c: &Caller, req: &SubmitRequest) -> Result<(), ApiError> {
     Ok(())
 }
 
+/// Every server a job names is one of the endpoints: a job for any other could never run,
+/// and refusing it here keeps the queue, and the links the optimizer tracks, to servers the
+/// service reaches.
+fn check_endpoints(app: &App, req: &SubmitRequest) -> Result<(), ApiError> {
+    let endpoints = &app.scheduler.runner().endpoints;
+    for l in req.sources.iter().chain(std::iter::once(&req.dest)) {
+        if let Some(server) = Location::parse(l)?.server() {
+            if !endpoints.has(server) {
+                return Err(ApiError::new(
+                    StatusCode::BAD_REQUEST,
+                    format!(
+                        "no endpoint {server}: the service reaches only the servers of its \
+                         endpoints file"
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
 async fn submit(
     State(app): State<Arc<App>>,
     headers: HeaderMap,
@@ -217,6 +238,7 @@ async fn submit(
         .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, format!("bad job: {e}")))?;
     check_scopes(&c, &req)?;
     let (kind, server) = classify(&req.sources, &req.dest)?;
+    check_endpoints(&app, &req)?;
     let sync = match req.sync.as_deref() {
         None => SyncMode::Off,
         Some(s) => SyncMode::parse(s)?,

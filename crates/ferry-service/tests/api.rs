@@ -127,6 +127,21 @@ async fn bad_requests_get_a_clear_4xx() {
     let (s, b) = post(br#"{"sources":["/a"],"dest":"/b"}"#.to_vec(), true).await;
     assert_eq!(s, 400, "{b}");
     assert!(b.contains("both local"), "{b}");
+    // A server outside the endpoints file could never be reached: refused, not queued.
+    let (s, b) = post(
+        br#"{"sources":["/a"],"dest":"elsewhere:7070:/"}"#.to_vec(),
+        true,
+    )
+    .await;
+    assert_eq!(s, 400, "{b}");
+    assert!(b.contains("no endpoint elsewhere:7070"), "{b}");
+    let (s, b) = post(
+        br#"{"sources":["elsewhere:7070:/a"],"dest":"/b"}"#.to_vec(),
+        true,
+    )
+    .await;
+    assert_eq!(s, 400, "{b}");
+    assert!(b.contains("no endpoint"), "{b}");
     let (s, b) = post(
         br#"{"sources":["/a"],"dest":"h:/","sync":"newest"}"#.to_vec(),
         true,

@@ -67,9 +67,9 @@ async fn the_command_hook_gets_each_ended_jobs_json_and_state() {
     let mut req = request(&["/f"], &format!("{link}:/"));
     req.label = "$(touch pwned); `touch pwned`".into();
     let done = alice.submit(&req).await.unwrap();
-    // No endpoint for that server: the job fails.
+    // No such source: the job fails.
     let failed = alice
-        .submit(&request(&["/f"], "127.0.0.1:1:/"))
+        .submit(&request(&["/no-such-file"], &format!("{link}:/")))
         .await
         .unwrap();
     let running = alice
