@@ -88,7 +88,17 @@ impl TestCluster {
                 String::from_utf8_lossy(&out.stderr).trim()
             ));
         }
-        let log = std::fs::File::create(self.dir.join("log")).map_err(|e| e.to_string())?;
+        self.run()
+    }
+
+    /// Starts the server on the cluster's data and waits until it takes connections.
+    fn run(&mut self) -> Result<(), String> {
+        let data = self.dir.join("data");
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join("log"))
+            .map_err(|e| e.to_string())?;
         if let Some((uid, gid)) = self.owner {
             std::os::unix::fs::chown(self.dir.join("log"), Some(uid), Some(gid))
                 .map_err(|e| e.to_string())?;
@@ -108,6 +118,32 @@ impl TestCluster {
             .map_err(|e| format!("postgres: {e}"))?;
         self.server = Some(server);
         self.wait_ready()
+    }
+
+    /// Restarts the server as an administrator would (`pg_ctl stop -m fast`: every connection
+    /// is cut, what was committed is kept) and starts it again on the same data.
+    pub fn restart(&mut self) -> Result<(), String> {
+        self.stop("fast");
+        self.run()
+    }
+
+    /// Stops the server: `immediate` when nothing in it needs keeping (the cluster runs
+    /// with asynchronous commits, so that loses the last ones), `fast` to keep them.
+    fn stop(&mut self, mode: &str) {
+        if let Some(mut server) = self.server.take() {
+            let stopped = self
+                .command(self.bin.join("pg_ctl"))
+                .arg("-D")
+                .arg(self.dir.join("data"))
+                .args(["-m", mode, "-w", "stop"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
+            if !stopped.is_ok_and(|s| s.success()) {
+                let _ = server.kill();
+            }
+            let _ = server.wait();
+        }
     }
 
     /// `program` as the cluster's owner.
@@ -183,20 +219,7 @@ impl TestCluster {
 impl Drop for TestCluster {
     /// Stops the server at once (nothing in it is kept) and deletes its directory.
     fn drop(&mut self) {
-        if let Some(mut server) = self.server.take() {
-            let stopped = self
-                .command(self.bin.join("pg_ctl"))
-                .arg("-D")
-                .arg(self.dir.join("data"))
-                .args(["-m", "immediate", "-w", "stop"])
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status();
-            if !stopped.is_ok_and(|s| s.success()) {
-                let _ = server.kill();
-            }
-            let _ = server.wait();
-        }
+        self.stop("immediate");
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }

@@ -7,7 +7,7 @@ pub enum CatalogError {
     #[error("catalog database: {0}")]
     Db(#[from] rusqlite::Error),
     /// What PostgreSQL said; its text never holds the location's password.
-    #[error("catalog database (PostgreSQL): {0}")]
+    #[error("catalog database (PostgreSQL): {}", said(.0))]
     Pg(#[from] postgres::Error),
     #[error("cannot connect to the catalog {location}: {source}")]
     Connect {
@@ -19,6 +19,10 @@ pub enum CatalogError {
     Location { location: String, why: String },
     #[error("the catalog's connection thread has stopped")]
     Gone,
+    #[error("the connection to the catalog's database was lost in a transaction, which did not happen; the next one connects again")]
+    Lost,
+    #[error("the connection to the catalog's database was lost and cannot be made again: {}", said(.0))]
+    Reconnect(postgres::Error),
     #[error("catalog: {0}")]
     Io(#[from] std::io::Error),
     #[error("catalog column {0}: expected {1}, found {2}")]
@@ -43,4 +47,13 @@ pub enum CatalogError {
     OtherRoot { recorded: String, asked: String },
     #[error("bad find condition {0:?}: {1}")]
     BadCondition(String, &'static str),
+}
+
+/// What PostgreSQL said in words: the server's own message (and its code) where there is one,
+/// where the client's error alone reads "db error".
+fn said(e: &postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => format!("{} ({})", db.message(), db.code().code()),
+        None => e.to_string(),
+    }
 }

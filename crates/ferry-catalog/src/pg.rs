@@ -146,17 +146,69 @@ pub(crate) fn schema(sql: &str) -> String {
 }
 
 /// The connection and its prepared statements, on the connection's thread.
+///
+/// A connection the database closed (it restarted, an administrator ended it, the network
+/// dropped) is made again at the next call, so a server's catalog works again without a
+/// restart of its own. Never within a transaction: one that lost its connection fails every
+/// statement up to its end, and its `COMMIT` fails, as PostgreSQL rolled it back; nothing is
+/// retried, since a statement cut off may or may not have run.
 struct Session {
-    client: Client,
+    config: Config,
+    client: Option<Client>,
     prepared: HashMap<String, Statement>,
+    /// A transaction is open: `BEGIN` ran, its `COMMIT` or `ROLLBACK` not yet.
+    in_tx: bool,
+    /// The open transaction lost its connection.
+    lost_in_tx: bool,
 }
 
 impl Session {
-    fn prepared(&mut self, sql: &str) -> Result<Statement, postgres::Error> {
+    /// The live connection, made again if the last one was closed (outside a transaction).
+    fn client(&mut self) -> Result<&mut Client, CatalogError> {
+        if self.lost_in_tx {
+            return Err(CatalogError::Lost);
+        }
+        if self.client.as_ref().is_none_or(Client::is_closed) {
+            if self.in_tx {
+                self.lost_in_tx = true;
+                return Err(CatalogError::Lost);
+            }
+            self.client = None;
+            self.prepared.clear();
+            self.client = Some(
+                self.config
+                    .connect(NoTls)
+                    .map_err(CatalogError::Reconnect)?,
+            );
+        }
+        Ok(self.client.as_mut().expect("connected above"))
+    }
+
+    /// After a statement's error: a closed connection is dropped (made again at the next
+    /// call), and an open transaction is lost with it.
+    fn failed(&mut self, e: postgres::Error) -> CatalogError {
+        // Closed, or closing: the server's last word on a connection it ends is an error of
+        // class 57 (operator intervention: shutdown, termination) or 08 (connection).
+        let ending = e
+            .code()
+            .is_some_and(|c| c.code().starts_with("57P") || c.code().starts_with("08"));
+        if e.is_closed() || ending || self.client.as_ref().is_some_and(Client::is_closed) {
+            self.client = None;
+            if self.in_tx {
+                self.lost_in_tx = true;
+            }
+        }
+        e.into()
+    }
+
+    fn prepared(&mut self, sql: &str) -> Result<Statement, CatalogError> {
+        // Connected first: a new connection has none of the old one's statements.
+        self.client()?;
         if let Some(st) = self.prepared.get(sql) {
             return Ok(st.clone());
         }
-        let st = self.client.prepare(&statement(sql))?;
+        let r = self.client()?.prepare(&statement(sql));
+        let st = r.map_err(|e| self.failed(e))?;
         self.prepared.insert(sql.to_owned(), st.clone());
         Ok(st)
     }
@@ -165,7 +217,8 @@ impl Session {
         let st = self.prepared(sql)?;
         let params: Vec<&(dyn ToSql + Sync)> =
             args.iter().map(|a| a as &(dyn ToSql + Sync)).collect();
-        let rows = self.client.query(&st, &params)?;
+        let r = self.client()?.query(&st, &params);
+        let rows = r.map_err(|e| self.failed(e))?;
         rows.iter().map(read_row).collect()
     }
 
@@ -173,7 +226,39 @@ impl Session {
         let st = self.prepared(sql)?;
         let params: Vec<&(dyn ToSql + Sync)> =
             args.iter().map(|a| a as &(dyn ToSql + Sync)).collect();
-        Ok(self.client.execute(&st, &params)?)
+        let r = self.client()?.execute(&st, &params);
+        r.map_err(|e| self.failed(e))
+    }
+
+    /// Statements without parameters; keeps track of the transaction `BEGIN`, `COMMIT` and
+    /// `ROLLBACK` open and close.
+    fn batch(&mut self, sql: &str) -> Result<(), CatalogError> {
+        let word = sql.trim().to_ascii_uppercase();
+        match word.as_str() {
+            "COMMIT" | "ROLLBACK" if self.lost_in_tx => {
+                self.in_tx = false;
+                self.lost_in_tx = false;
+                return if word == "COMMIT" {
+                    Err(CatalogError::Lost)
+                } else {
+                    Ok(())
+                };
+            }
+            _ => {}
+        }
+        let r = self.client()?.batch_execute(sql);
+        match word.as_str() {
+            "BEGIN" if r.is_ok() => self.in_tx = true,
+            "COMMIT" | "ROLLBACK" => self.in_tx = false,
+            _ => {}
+        }
+        r.map_err(|e| {
+            let e = self.failed(e);
+            if self.lost_in_tx && (word == "COMMIT" || word == "ROLLBACK") {
+                self.lost_in_tx = false;
+            }
+            e
+        })
     }
 }
 
@@ -203,8 +288,11 @@ impl Pg {
                 };
                 let _ = ready.send(Ok(()));
                 let mut session = Session {
-                    client,
+                    config,
+                    client: Some(client),
                     prepared: HashMap::new(),
+                    in_tx: false,
+                    lost_in_tx: false,
                 };
                 while let Ok(job) = queue.recv() {
                     job(&mut session);
@@ -265,7 +353,7 @@ impl Db for Pg {
 
     fn batch(&mut self, sql: &str) -> Result<(), CatalogError> {
         let sql = schema(sql);
-        self.call(move |s| Ok(s.client.batch_execute(&sql)?))
+        self.call(move |s| s.batch(&sql))
     }
 }
 

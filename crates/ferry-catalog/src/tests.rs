@@ -661,3 +661,34 @@ fn metadata_round_trips(b: &Backend) {
         })
         .unwrap();
 }
+
+/// A server's PostgreSQL catalog works again after the database restarts, without a restart
+/// of its own: the call that finds the old connection cut fails (it cannot know whether its
+/// statement ran), the next connects again.
+#[test]
+fn a_postgresql_catalog_connects_again_after_the_database_restarts() {
+    let Some(mut cluster) = ferry_netem::needs(
+        "ferry_catalog::tests::a_postgresql_catalog_connects_again_after_the_database_restarts",
+        TestCluster::start(),
+    ) else {
+        return;
+    };
+    let c = Catalog::open(&cluster.database(), "here").unwrap();
+    c.register_commit(&commit("a", 1)).unwrap();
+    for round in 0..2 {
+        cluster.restart().unwrap();
+        let mut failures = 0;
+        let seen = loop {
+            match c.stat("a") {
+                Ok(s) => break s,
+                Err(e) => {
+                    failures += 1;
+                    assert!(failures < 2, "round {round}: still failing: {e}");
+                }
+            }
+        };
+        assert_eq!(seen.unwrap().object.size, 1, "round {round}");
+        c.register_commit(&commit(&format!("b{round}"), 2)).unwrap();
+        assert_eq!(c.count().unwrap(), round + 2);
+    }
+}
