@@ -273,10 +273,17 @@ impl Store {
     /// The newest jobs first, at most `limit` (and [`MAX_LIST`]); only `owner`'s if given.
     pub fn list(&self, owner: Option<&str>, limit: usize) -> Result<Vec<Job>, ServiceError> {
         let limit = limit.min(MAX_LIST) as i64;
-        let ids = self.ids(
-            "SELECT id FROM jobs WHERE (?1 IS NULL OR owner = ?1) ORDER BY id DESC LIMIT ?2",
-            args![owner, limit],
-        )?;
+        // Two statements: PostgreSQL cannot type a parameter that is only tested for NULL.
+        let ids = match owner {
+            Some(owner) => self.ids(
+                "SELECT id FROM jobs WHERE owner = ?1 ORDER BY id DESC LIMIT ?2",
+                args![owner, limit],
+            )?,
+            None => self.ids(
+                "SELECT id FROM jobs ORDER BY id DESC LIMIT ?1",
+                args![limit],
+            )?,
+        };
         self.jobs(&ids)
     }
 
