@@ -10,7 +10,7 @@ use crate::pg::Pg;
 
 /// A parameter, borrowed from the caller.
 #[derive(Clone, Copy, Debug)]
-pub(crate) enum Arg<'a> {
+pub enum Arg<'a> {
     Null,
     Int(i64),
     Real(f64),
@@ -33,6 +33,18 @@ impl From<f64> for Arg<'_> {
 impl From<Option<f64>> for Arg<'_> {
     fn from(n: Option<f64>) -> Self {
         n.map_or(Self::Null, Self::Real)
+    }
+}
+
+impl From<Option<i64>> for Arg<'_> {
+    fn from(n: Option<i64>) -> Self {
+        n.map_or(Self::Null, Self::Int)
+    }
+}
+
+impl<'a> From<Option<&'a str>> for Arg<'a> {
+    fn from(s: Option<&'a str>) -> Self {
+        s.map_or(Self::Null, Self::Text)
     }
 }
 
@@ -68,7 +80,7 @@ pub(crate) use args;
 
 /// A value read back.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub(crate) enum Val {
+pub enum Val {
     #[default]
     Null,
     Int(i64),
@@ -104,31 +116,82 @@ impl From<Arg<'_>> for Val {
 
 /// One row read back; each column is taken out once, by type.
 #[derive(Debug)]
-pub(crate) struct Row(pub(crate) Vec<Val>);
+pub struct Row(pub(crate) Vec<Val>);
 
 impl Row {
     fn take(&mut self, i: usize) -> Val {
         self.0.get_mut(i).map(std::mem::take).unwrap_or(Val::Null)
     }
 
-    pub(crate) fn int(&mut self, i: usize) -> Result<i64, CatalogError> {
+    pub fn int(&mut self, i: usize) -> Result<i64, CatalogError> {
         match self.take(i) {
             Val::Int(n) => Ok(n),
             other => Err(CatalogError::Column(i, "an integer", format!("{other:?}"))),
         }
     }
 
-    pub(crate) fn text(&mut self, i: usize) -> Result<String, CatalogError> {
+    pub fn text(&mut self, i: usize) -> Result<String, CatalogError> {
         match self.take(i) {
             Val::Text(s) => Ok(s),
             other => Err(CatalogError::Column(i, "text", format!("{other:?}"))),
         }
     }
 
-    pub(crate) fn blob(&mut self, i: usize) -> Result<Vec<u8>, CatalogError> {
+    pub fn blob(&mut self, i: usize) -> Result<Vec<u8>, CatalogError> {
         match self.take(i) {
             Val::Blob(b) => Ok(b),
             other => Err(CatalogError::Column(i, "bytes", format!("{other:?}"))),
+        }
+    }
+
+    /// A real number; an integer is taken as one (SQLite may keep a whole real as one).
+    #[allow(clippy::cast_precision_loss)]
+    pub fn real(&mut self, i: usize) -> Result<f64, CatalogError> {
+        match self.take(i) {
+            Val::Real(n) => Ok(n),
+            Val::Int(n) => Ok(n as f64),
+            other => Err(CatalogError::Column(i, "a number", format!("{other:?}"))),
+        }
+    }
+
+    /// An integer or NULL.
+    pub fn opt_int(&mut self, i: usize) -> Result<Option<i64>, CatalogError> {
+        match self.take(i) {
+            Val::Null => Ok(None),
+            Val::Int(n) => Ok(Some(n)),
+            other => Err(CatalogError::Column(
+                i,
+                "an integer or null",
+                format!("{other:?}"),
+            )),
+        }
+    }
+
+    /// A real number or NULL.
+    #[allow(clippy::cast_precision_loss)]
+    pub fn opt_real(&mut self, i: usize) -> Result<Option<f64>, CatalogError> {
+        match self.take(i) {
+            Val::Null => Ok(None),
+            Val::Real(n) => Ok(Some(n)),
+            Val::Int(n) => Ok(Some(n as f64)),
+            other => Err(CatalogError::Column(
+                i,
+                "a number or null",
+                format!("{other:?}"),
+            )),
+        }
+    }
+
+    /// Text or NULL.
+    pub fn opt_text(&mut self, i: usize) -> Result<Option<String>, CatalogError> {
+        match self.take(i) {
+            Val::Null => Ok(None),
+            Val::Text(s) => Ok(Some(s)),
+            other => Err(CatalogError::Column(
+                i,
+                "text or null",
+                format!("{other:?}"),
+            )),
         }
     }
 }

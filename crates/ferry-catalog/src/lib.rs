@@ -19,6 +19,7 @@ mod find;
 mod later;
 mod pg;
 mod schema;
+pub mod sql;
 mod store;
 
 use std::path::PathBuf;

@@ -116,7 +116,7 @@ pub fn run_migrations(
 }
 
 /// [`run_migrations`] on either backend.
-fn migrate_on<D: Db + ?Sized>(
+pub(crate) fn migrate_on<D: Db + ?Sized>(
     db: &mut D,
     table: &str,
     steps: &[(i64, &str)],

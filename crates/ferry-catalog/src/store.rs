@@ -413,7 +413,7 @@ impl Shared {
 /// is not synced on its own (a checkpoint is); `intend` alone asks for FULL unless the caller's
 /// sync covers it (`intend_unsynced`), and that sync covers the registrations before it (one
 /// lost with the power is redone from its intent).
-fn sqlite(conn: Connection) -> Result<Conn, CatalogError> {
+pub(crate) fn sqlite(conn: Connection) -> Result<Conn, CatalogError> {
     conn.pragma_update(None, "journal_mode", "WAL")?;
     conn.pragma_update(None, "synchronous", "NORMAL")?;
     conn.pragma_update(None, "foreign_keys", true)?;

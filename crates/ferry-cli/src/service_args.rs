@@ -20,6 +20,16 @@ pub struct ServiceArgs {
     /// ferry's state directory.
     #[arg(long, value_name = "DIR")]
     pub state: Option<PathBuf>,
+    /// Where the job queue is: a PostgreSQL location (`postgres://USER:PASSWORD@HOST/DB`,
+    /// `postgresql://…` or `host=… dbname=…` words), a queue several services share, each
+    /// running a job only one of them claimed; or a SQLite file. Default: jobs.db in --state.
+    #[arg(long, value_name = "LOCATION")]
+    pub store: Option<String>,
+    /// This service's name among those sharing a queue: a restart queues again only the jobs
+    /// its own name left running. Default: made from the host name at the first start and
+    /// kept in --state (service-name).
+    #[arg(long, value_name = "NAME")]
+    pub name: Option<String>,
     /// Local paths of put and get jobs are below this directory (as a server's paths are below
     /// its root); without it the service runs only copies between two servers.
     #[arg(long, value_name = "DIR")]

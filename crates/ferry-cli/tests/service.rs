@@ -218,3 +218,31 @@ fn a_bad_notification_setting_stops_the_service_at_start_with_why() {
         .args(["--on-end-arg", "x"]);
     assert_code(&run(&mut c, CMD_TIMEOUT), 2);
 }
+
+/// `--store`: a PostgreSQL queue that cannot be reached stops the service at start with the
+/// reason and without the location's password; a location of another kind is refused.
+#[test]
+fn an_unreachable_shared_queue_is_a_clear_error_without_its_password() {
+    let sb = Sandbox::new();
+    let state = sb.mkdir("svc");
+    let store = format!("postgres://ferry:s3cret@127.0.0.1:{}/ferry", free_port());
+    let mut c = sb.ferry();
+    c.args(["service", "--listen", "127.0.0.1:0", "--state"])
+        .arg(&state)
+        .args(["--store", &store]);
+    let out = run(&mut c, CMD_TIMEOUT);
+    assert_ne!(out.code(), Some(0), "{out:?}");
+    assert!(!out.stderr.contains("panicked"), "{out:?}");
+    assert!(
+        out.stderr.contains("postgres://ferry:***@127.0.0.1:"),
+        "{out:?}"
+    );
+    assert!(!out.stderr.contains("s3cret"), "{out:?}");
+    let mut c = sb.ferry();
+    c.args(["service", "--listen", "127.0.0.1:0", "--state"])
+        .arg(&state)
+        .args(["--store", "mysql://ferry:s3cret@db/ferry"]);
+    let out = run(&mut c, CMD_TIMEOUT);
+    assert_code(&out, 2);
+    assert!(!out.stderr.contains("s3cret"), "{out:?}");
+}

@@ -3,8 +3,9 @@
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServiceError {
+    /// What the job database said (SQLite or PostgreSQL, through ferry-catalog's seam).
     #[error("job database: {0}")]
-    Db(#[from] rusqlite::Error),
+    Db(#[from] ferry_catalog::CatalogError),
     #[error("the job database's schema is version {found}; this ferry knows up to {known}")]
     TooNew { found: i64, known: i64 },
     #[error("{0}")]

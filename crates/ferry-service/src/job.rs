@@ -202,6 +202,9 @@ pub struct Job {
     pub finished_ms: Option<i64>,
     /// Not started before this (a retry's backoff), unix milliseconds.
     pub not_before_ms: i64,
+    /// The service that runs it, or ran it last (several may share a PostgreSQL queue).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runner: Option<String>,
 }
 
 /// A running job's counters, as the reporter last saw them.

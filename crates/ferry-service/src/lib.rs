@@ -1,4 +1,5 @@
-//! ferry's transfer service (issue 40): jobs submitted over an HTTP API, kept in SQLite, run
+//! ferry's transfer service (issue 40): jobs submitted over an HTTP API, kept in SQLite (or a
+//! PostgreSQL queue several services share), run
 //! side by side by a scheduler through ferry-net's client library, retried with backoff and
 //! resumed from ferry's own partial files after a failure or a crash.
 

@@ -38,6 +38,9 @@ pub struct Limits {
     pub progress_every: Duration,
     /// How the link optimizer judges (its `most_jobs` is `per_server`).
     pub optimizer: OptimizerConfig,
+    /// A job whose service has not said it runs it for this long is queued again by another
+    /// service sharing the queue; each service says so for its jobs a few times within it.
+    pub stale_after: Duration,
 }
 
 impl Default for Limits {
@@ -50,9 +53,14 @@ impl Default for Limits {
             most_backoff: Duration::from_secs(300),
             progress_every: Duration::from_millis(500),
             optimizer: OptimizerConfig::default(),
+            stale_after: STALE_AFTER,
         }
     }
 }
+
+/// [`Limits::stale_after`] by default: long beside a beat, a pause of the database or a
+/// clock a little off between hosts.
+pub const STALE_AFTER: Duration = Duration::from_secs(60);
 
 /// How often the queue is looked at with nothing else to wake it (a backoff ending, a
 /// deadline passing).
@@ -253,7 +261,15 @@ impl Scheduler {
     /// again, so that the next start resumes them.
     pub async fn run(self: Arc<Self>, shutdown: impl Future<Output = ()>) {
         tokio::pin!(shutdown);
+        let beat_every = self.limits.stale_after / 4;
+        let mut beaten: Option<Instant> = None;
         loop {
+            if beaten.is_none_or(|t| t.elapsed() >= beat_every) {
+                if let Err(e) = self.beat() {
+                    tracing::warn!("scheduler: the queue's heartbeat: {e}");
+                }
+                beaten = Some(Instant::now());
+            }
             if let Err(e) = self.pass() {
                 tracing::warn!("scheduler: {e}");
             }
@@ -271,6 +287,24 @@ impl Scheduler {
                 .store
                 .retry_later(id, "the service stopped while the job ran", now_ms());
         }
+    }
+
+    /// Says this service still runs its jobs; queues again those of a service that has not
+    /// said so within [`Limits::stale_after`]; stops those of its own that it no longer runs
+    /// (cancelled through another service, or taken over after this one missed its beats).
+    fn beat(&self) -> Result<(), crate::ServiceError> {
+        let now = now_ms();
+        self.store.beat(now)?;
+        let bound = i64::try_from(self.limits.stale_after.as_millis()).unwrap_or(i64::MAX);
+        let requeued = self.store.requeue_stale(now.saturating_sub(bound))?;
+        if requeued > 0 {
+            tracing::warn!("{requeued} job(s) of a service that stopped answering queued again");
+        }
+        let mine: Vec<i64> = self.lock().keys().copied().collect();
+        for id in self.store.lost(&mine)? {
+            self.stop(id);
+        }
+        Ok(())
     }
 
     /// Starts what the limits allow, in queue order; fails queued jobs whose deadline passed.

@@ -20,6 +20,8 @@ use crate::store::Store;
 
 /// The job database in the state directory.
 pub const JOBS_FILE: &str = "jobs.db";
+/// This service's name in a shared queue, kept in the state directory across restarts.
+pub const NAME_FILE: &str = "service-name";
 /// The token file in the state directory unless another is named (ferry serve's name).
 pub const TOKENS_FILE: &str = "tokens.toml";
 
@@ -29,6 +31,12 @@ pub struct ServiceConfig {
     pub listen: SocketAddr,
     /// Holds the job database, the TLS key, the endpoints and known hosts.
     pub state_dir: PathBuf,
+    /// Where the job queue is: `None`, `jobs.db` in the state directory; a PostgreSQL
+    /// location, a queue several services share.
+    pub store: Option<ferry_catalog::Location>,
+    /// This service's name among those sharing a queue; `None`: the one kept in the state
+    /// directory (made at the first start from the host's name).
+    pub name: Option<String>,
     /// The token file; default `tokens.toml` in the state directory.
     pub tokens: Option<PathBuf>,
     /// The endpoints file; default `endpoints.toml` in the state directory.
@@ -54,6 +62,8 @@ impl ServiceConfig {
         Self {
             listen,
             state_dir: state_dir.into(),
+            store: None,
+            name: None,
             tokens: None,
             endpoints: None,
             admins: Vec::new(),
@@ -85,7 +95,20 @@ impl Service {
         let io = |what: String| move |source| ServiceError::Io { what, source };
         std::fs::create_dir_all(&cfg.state_dir)
             .map_err(io(format!("creating {}", cfg.state_dir.display())))?;
-        let store = Arc::new(Store::open(Some(&cfg.state_dir.join(JOBS_FILE)))?);
+        let name = match &cfg.name {
+            Some(n) => n.clone(),
+            None => service_name(&cfg.state_dir)?,
+        };
+        let location = cfg
+            .store
+            .clone()
+            .unwrap_or_else(|| ferry_catalog::Location::Sqlite(cfg.state_dir.join(JOBS_FILE)));
+        // Opening may wait on a PostgreSQL server (up to its connect timeout): off the
+        // runtime's workers.
+        let store = tokio::task::spawn_blocking(move || Store::open_at(&location, &name))
+            .await
+            .map_err(|e| ServiceError::Invalid(format!("opening the job store: {e}")))??;
+        let store = Arc::new(store);
         let (tls, fingerprint) = crate::tls::server_config(&cfg.state_dir.join("tls"))?;
         let endpoints = Endpoints::load(
             &cfg.endpoints
@@ -180,4 +203,32 @@ impl Service {
             let _ = p.await;
         }
     }
+}
+
+/// The name kept in `state_dir`, or a new one (the host's name and a few random-enough hex
+/// digits, so that two hosts of the same name stay apart) kept there for the next start.
+fn service_name(state_dir: &std::path::Path) -> Result<String, ServiceError> {
+    let path = state_dir.join(NAME_FILE);
+    let io = |source| ServiceError::Io {
+        what: format!("{}", path.display()),
+        source,
+    };
+    match std::fs::read_to_string(&path) {
+        Ok(s) if !s.trim().is_empty() => return Ok(s.trim().to_owned()),
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(io(e)),
+    }
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "ferry".into());
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let tag = (u64::from(nanos) << 20) ^ u64::from(std::process::id());
+    let name = format!("{host}-{:06x}", tag & 0xff_ffff);
+    std::fs::write(&path, format!("{name}\n")).map_err(io)?;
+    Ok(name)
 }

@@ -1,12 +1,20 @@
-//! The job store: jobs in SQLite (one connection in WAL mode behind a mutex; each call is
-//! short), with versioned migrations in the style of ferry-catalog. The SQL keeps to what
-//! PostgreSQL also takes (ids chosen in the transaction, BIGINT times, no SQLite-only
-//! functions), so a shared backend can run the same schema later.
+//! The job store: jobs in an embedded SQLite file (the default) or a PostgreSQL database that
+//! several services share, through ferry-catalog's database seam ([`ferry_catalog::sql`]): one
+//! connection behind a mutex (each call is short), one schema and one list of migrations on
+//! both, and SQL that both take (ids chosen in the transaction, BIGINT times, no functions of
+//! one dialect only).
+//!
+//! Sharing: a service claims a queued job with one conditional `UPDATE` (only one of several
+//! sees its row change), records itself as the job's runner and beats on its running jobs'
+//! rows; every write of a running job's progress or end is conditional on the runner still
+//! being this service. A job whose runner stopped beating for longer than a bound is queued
+//! again by any service ([`Store::requeue_stale`]).
 
 use std::path::Path;
 use std::sync::{Mutex, MutexGuard};
 
-use rusqlite::{params, Connection, OptionalExtension, Row};
+use ferry_catalog::sql::{Arg, Database, Row};
+use ferry_catalog::{CatalogError, Location};
 
 use crate::error::ServiceError;
 use crate::history::{LinkSample, RateSample, Source, MAX_JOB_SAMPLES, MAX_LINK_SAMPLES};
@@ -14,7 +22,7 @@ use crate::job::{now_ms, Job, Kind, NewJob, Progress, State, SyncMode};
 use crate::optimizer::LinkTuning;
 
 /// Each migration's version and statements; a released version is never edited, only followed.
-const MIGRATIONS: &[(i64, &str)] = &[(1, V1), (2, V2), (3, V3)];
+pub(crate) const MIGRATIONS: &[(i64, &str)] = &[(1, V1), (2, V2), (3, V3), (4, V4)];
 
 const V1: &str = "
 CREATE TABLE jobs (
@@ -88,9 +96,17 @@ CREATE TABLE link_tuning (
 );
 ";
 
+/// The shared queue (issue 40): which service runs a job, and when it last said it still
+/// did, so that another service can take over the jobs of one that died.
+const V4: &str = "
+ALTER TABLE jobs ADD COLUMN runner TEXT;
+ALTER TABLE jobs ADD COLUMN beat_ms BIGINT;
+CREATE INDEX jobs_runner ON jobs (state, runner);
+";
+
 const JOB_COLUMNS: &str = "id, kind, dest, sync_mode, priority, deadline, label, owner, server, \
     state, attempts, files_done, files_total, bytes_done, bytes_total, rate, last_error, \
-    created_ms, started_ms, finished_ms, not_before_ms";
+    created_ms, started_ms, finished_ms, not_before_ms, runner";
 
 /// How many link samples are added between two prunings of the links' oldest.
 pub const PRUNE_EVERY: i64 = 64;
@@ -101,113 +117,172 @@ pub const MAX_LIST: usize = 1000;
 /// What a restart did to the jobs a crash left running.
 pub const INTERRUPTED: &str = "interrupted: the service stopped while the job ran";
 
+/// What another service did to a job whose runner stopped beating.
+pub const ABANDONED: &str = "interrupted: the service running it stopped answering";
+
+/// The longest service name.
+pub const MAX_NAME: usize = 256;
+
+/// A statement's parameters, each converted with `Arg::from`.
+macro_rules! args {
+    ($($a:expr),* $(,)?) => { &[$(Arg::from($a)),*][..] };
+}
+
 /// The job store, opened and migrated to the newest schema.
 pub struct Store {
-    conn: Mutex<Connection>,
+    db: Mutex<Database>,
+    /// This service's name in `jobs.runner`.
+    name: String,
     /// Samples kept per link ([`MAX_LINK_SAMPLES`]; smaller in unit tests).
     link_bound: usize,
 }
 
 impl std::fmt::Debug for Store {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Store").finish_non_exhaustive()
+        f.debug_struct("Store")
+            .field("name", &self.name)
+            .finish_non_exhaustive()
     }
 }
 
 impl Store {
-    /// Opens (creating if need be) the store at `path`, or in memory with `None`, and queues
-    /// again every job a crash left running: the next run resumes from ferry's partial files.
+    /// Opens (creating if need be) a SQLite store at `path`, or in memory with `None`, and
+    /// queues again every job a crash left running: the next run resumes from ferry's
+    /// partial files.
     pub fn open(path: Option<&Path>) -> Result<Self, ServiceError> {
-        let mut conn = match path {
-            Some(p) => Connection::open(p)?,
-            None => Connection::open_in_memory()?,
+        let location = match path {
+            Some(p) => Location::Sqlite(p.to_path_buf()),
+            None => Location::Memory,
         };
-        // WAL: the API reads while the scheduler writes. NORMAL: a crash may lose the last
-        // progress write, never a job (a submit is a committed transaction).
-        conn.pragma_update(None, "journal_mode", "WAL")?;
-        conn.pragma_update(None, "synchronous", "NORMAL")?;
-        conn.pragma_update(None, "foreign_keys", true)?;
-        conn.busy_timeout(std::time::Duration::from_secs(5))?;
-        migrate(&mut conn)?;
-        conn.execute(
-            "UPDATE jobs SET state = 'queued', last_error = ?1, rate = 0 WHERE state = 'running'",
-            params![INTERRUPTED],
-        )?;
+        Self::open_at(&location, "local")
+    }
+
+    /// Opens the store at `location` as the service `name`. A SQLite file is one service's:
+    /// every job it left running is queued again. A PostgreSQL queue is shared: only the jobs
+    /// `name` left running are (and any left by a service from before runners were kept);
+    /// those of a service that died are left to [`Store::requeue_stale`].
+    pub fn open_at(location: &Location, name: &str) -> Result<Self, ServiceError> {
+        if name.is_empty() || name.len() > MAX_NAME || name.chars().any(char::is_control) {
+            return Err(ServiceError::Invalid(format!(
+                "service name {name:?}: 1 to {MAX_NAME} bytes, no control characters"
+            )));
+        }
+        let mut db = Database::open(location)?;
+        db.migrate("service_migrations", MIGRATIONS, now_ms())
+            .map_err(|e| match e {
+                CatalogError::TooNew { found, known } => ServiceError::TooNew { found, known },
+                other => ServiceError::Db(other),
+            })?;
+        if db.is_shared() {
+            db.run(
+                "UPDATE jobs SET state = 'queued', last_error = ?1, rate = 0 \
+                 WHERE state = 'running' AND (runner = ?2 OR runner IS NULL)",
+                args![INTERRUPTED, name],
+            )?;
+        } else {
+            db.run(
+                "UPDATE jobs SET state = 'queued', last_error = ?1, rate = 0 \
+                 WHERE state = 'running'",
+                args![INTERRUPTED],
+            )?;
+        }
         Ok(Self {
-            conn: Mutex::new(conn),
+            db: Mutex::new(db),
+            name: name.to_owned(),
             link_bound: MAX_LINK_SAMPLES,
         })
     }
 
-    fn lock(&self) -> MutexGuard<'_, Connection> {
-        self.conn.lock().unwrap_or_else(|e| e.into_inner())
+    /// This service's name as the runner of the jobs it starts.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Whether other services may share this queue (PostgreSQL).
+    pub fn is_shared(&self) -> bool {
+        self.lock().is_shared()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Database> {
+        self.db.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Records a new queued job and returns it.
     pub fn submit(&self, job: &NewJob) -> Result<Job, ServiceError> {
         job.check()?;
-        let mut conn = self.lock();
-        let tx = conn.transaction()?;
-        let id: i64 = tx.query_row("SELECT COALESCE(MAX(id), 0) + 1 FROM jobs", [], |r| {
-            r.get(0)
-        })?;
         let now = now_ms();
-        tx.execute(
-            "INSERT INTO jobs (id, kind, dest, sync_mode, priority, deadline, label, owner, \
-             server, state, attempts, files_done, files_total, bytes_done, bytes_total, rate, \
-             created_ms, not_before_ms) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, 'queued', 0, 0, 0, 0, 0, 0, ?10, ?10)",
-            params![
-                id,
-                job.kind.as_str(),
-                job.dest,
-                job.sync.as_str(),
-                job.priority,
-                job.deadline,
-                job.label,
-                job.owner,
-                job.server,
-                now
-            ],
-        )?;
-        for (i, s) in job.sources.iter().enumerate() {
-            tx.execute(
-                "INSERT INTO job_sources (job, position, path) VALUES (?1, ?2, ?3)",
-                params![id, i as i64, s],
-            )?;
-        }
-        tx.commit()?;
-        drop(conn);
+        let id = self.lock().transaction(|tx| -> Result<i64, ServiceError> {
+            // Another service may take the same next id at once: the insert that loses adds
+            // nothing (its row count says so) and takes the one after.
+            let id = loop {
+                let id = tx
+                    .one("SELECT COALESCE(MAX(id), 0) + 1 FROM jobs", &[])?
+                    .int(0)?;
+                let n = tx.run(
+                    "INSERT INTO jobs (id, kind, dest, sync_mode, priority, deadline, label, \
+                     owner, server, state, attempts, files_done, files_total, bytes_done, \
+                     bytes_total, rate, created_ms, not_before_ms) \
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, 'queued', 0, 0, 0, 0, 0, 0, \
+                     ?10, ?10) ON CONFLICT DO NOTHING",
+                    args![
+                        id,
+                        job.kind.as_str(),
+                        &job.dest,
+                        job.sync.as_str(),
+                        job.priority,
+                        job.deadline,
+                        &job.label,
+                        &job.owner,
+                        &job.server,
+                        now
+                    ],
+                )?;
+                if n == 1 {
+                    break id;
+                }
+            };
+            for (i, s) in job.sources.iter().enumerate() {
+                tx.run(
+                    "INSERT INTO job_sources (job, position, path) VALUES (?1, ?2, ?3)",
+                    args![id, i as i64, s],
+                )?;
+            }
+            Ok(id)
+        })?;
         self.get(id)?.ok_or(ServiceError::NotFound(id))
     }
 
     pub fn get(&self, id: i64) -> Result<Option<Job>, ServiceError> {
-        let conn = self.lock();
+        let mut db = self.lock();
         let sql = format!("SELECT {JOB_COLUMNS} FROM jobs WHERE id = ?1");
-        let job = conn
-            .prepare_cached(&sql)?
-            .query_row(params![id], job_of)
-            .optional()?;
-        match job {
-            Some(Ok(mut j)) => {
-                j.sources = sources_of(&conn, id)?;
-                Ok(Some(j))
-            }
-            Some(Err(e)) => Err(e),
-            None => Ok(None),
-        }
+        let Some(row) = db.row(&sql, args![id])? else {
+            return Ok(None);
+        };
+        let mut job = job_of(row)?;
+        job.sources = db
+            .rows(
+                "SELECT path FROM job_sources WHERE job = ?1 ORDER BY position",
+                args![id],
+            )?
+            .into_iter()
+            .map(|mut r| r.text(0))
+            .collect::<Result<_, _>>()?;
+        Ok(Some(job))
     }
 
     /// The newest jobs first, at most `limit` (and [`MAX_LIST`]); only `owner`'s if given.
     pub fn list(&self, owner: Option<&str>, limit: usize) -> Result<Vec<Job>, ServiceError> {
         let limit = limit.min(MAX_LIST) as i64;
-        let ids: Vec<i64> = {
-            let conn = self.lock();
-            let mut st = conn.prepare_cached(
-                "SELECT id FROM jobs WHERE (?1 IS NULL OR owner = ?1) ORDER BY id DESC LIMIT ?2",
-            )?;
-            let rows = st.query_map(params![owner, limit], |r| r.get(0))?;
-            rows.collect::<Result<_, _>>()?
+        // Two statements: PostgreSQL cannot type a parameter that is only tested for NULL.
+        let ids = match owner {
+            Some(owner) => self.ids(
+                "SELECT id FROM jobs WHERE owner = ?1 ORDER BY id DESC LIMIT ?2",
+                args![owner, limit],
+            )?,
+            None => self.ids(
+                "SELECT id FROM jobs ORDER BY id DESC LIMIT ?1",
+                args![limit],
+            )?,
         };
         self.jobs(&ids)
     }
@@ -215,16 +290,21 @@ impl Store {
     /// Queued jobs whose backoff has passed, in the order they should start: higher priority
     /// first, then older first.
     pub fn runnable(&self, now: i64, limit: usize) -> Result<Vec<Job>, ServiceError> {
-        let ids: Vec<i64> = {
-            let conn = self.lock();
-            let mut st = conn.prepare_cached(
-                "SELECT id FROM jobs WHERE state = 'queued' AND not_before_ms <= ?1 \
-                 ORDER BY priority DESC, created_ms, id LIMIT ?2",
-            )?;
-            let rows = st.query_map(params![now, limit as i64], |r| r.get(0))?;
-            rows.collect::<Result<_, _>>()?
-        };
+        let ids = self.ids(
+            "SELECT id FROM jobs WHERE state = 'queued' AND not_before_ms <= ?1 \
+             ORDER BY priority DESC, created_ms, id LIMIT ?2",
+            args![now, limit as i64],
+        )?;
         self.jobs(&ids)
+    }
+
+    fn ids(&self, sql: &str, args: &[Arg<'_>]) -> Result<Vec<i64>, ServiceError> {
+        Ok(self
+            .lock()
+            .rows(sql, args)?
+            .into_iter()
+            .map(|mut r| r.int(0))
+            .collect::<Result<_, _>>()?)
     }
 
     fn jobs(&self, ids: &[i64]) -> Result<Vec<Job>, ServiceError> {
@@ -238,108 +318,152 @@ impl Store {
         Ok(out)
     }
 
-    /// Marks a queued job running and counts the attempt; false if it was no longer queued
-    /// (cancelled in between).
+    /// Claims a queued job for this service: marks it running here and counts the attempt.
+    /// False if it was no longer queued (cancelled in between, or another service sharing
+    /// the queue claimed it first: of several, only one sees the row change).
     pub fn start(&self, id: i64) -> Result<bool, ServiceError> {
-        let n = self.lock().execute(
+        let n = self.lock().run(
             "UPDATE jobs SET state = 'running', attempts = attempts + 1, started_ms = ?2, \
-             files_done = 0, files_total = 0, bytes_done = 0, bytes_total = 0, rate = 0 \
-             WHERE id = ?1 AND state = 'queued'",
-            params![id, now_ms()],
+             files_done = 0, files_total = 0, bytes_done = 0, bytes_total = 0, rate = 0, \
+             runner = ?3, beat_ms = ?2 WHERE id = ?1 AND state = 'queued'",
+            args![id, now_ms(), &self.name],
         )?;
         Ok(n == 1)
     }
 
     /// Writes a running job's counters (the scheduler throttles how often).
     pub fn progress(&self, id: i64, p: &Progress) -> Result<(), ServiceError> {
-        self.lock()
-            .prepare_cached(
-                "UPDATE jobs SET files_done = ?2, files_total = ?3, bytes_done = ?4, \
-                 bytes_total = ?5, rate = ?6 WHERE id = ?1 AND state = 'running'",
-            )?
-            .execute(params![
+        self.lock().run(
+            "UPDATE jobs SET files_done = ?2, files_total = ?3, bytes_done = ?4, \
+             bytes_total = ?5, rate = ?6 WHERE id = ?1 AND state = 'running' AND runner = ?7",
+            args![
                 id,
                 p.files_done as i64,
                 p.files_total as i64,
                 p.bytes_done as i64,
                 p.bytes_total as i64,
-                p.rate
-            ])?;
+                p.rate,
+                &self.name
+            ],
+        )?;
         Ok(())
     }
 
     /// Ends a running job as `state` (done or failed); false if it was no longer running
-    /// (cancelled while it ran).
+    /// here (cancelled while it ran, or taken over).
     pub fn finish(&self, id: i64, state: State, error: Option<&str>) -> Result<bool, ServiceError> {
-        let n = self.lock().execute(
+        let n = self.lock().run(
             "UPDATE jobs SET state = ?2, last_error = COALESCE(?3, last_error), \
-             finished_ms = ?4, rate = 0 WHERE id = ?1 AND state = 'running'",
-            params![id, state.as_str(), error, now_ms()],
+             finished_ms = ?4, rate = 0 WHERE id = ?1 AND state = 'running' AND runner = ?5",
+            args![id, state.as_str(), error, now_ms(), &self.name],
         )?;
         Ok(n == 1)
     }
 
-    /// Puts a running job back in the queue after a failed attempt, not to start before
-    /// `not_before_ms`; false if it was no longer running.
+    /// Puts a job running here back in the queue after a failed attempt, not to start before
+    /// `not_before_ms`; false if it was no longer running here.
     pub fn retry_later(
         &self,
         id: i64,
         error: &str,
         not_before_ms: i64,
     ) -> Result<bool, ServiceError> {
-        let n = self.lock().execute(
+        let n = self.lock().run(
             "UPDATE jobs SET state = 'queued', last_error = ?2, not_before_ms = ?3, rate = 0 \
-             WHERE id = ?1 AND state = 'running'",
-            params![id, error, not_before_ms],
+             WHERE id = ?1 AND state = 'running' AND runner = ?4",
+            args![id, error, not_before_ms, &self.name],
         )?;
         Ok(n == 1)
+    }
+
+    /// Says that this service still runs its running jobs, as of `now_ms`.
+    pub fn beat(&self, now_ms: i64) -> Result<(), ServiceError> {
+        self.lock().run(
+            "UPDATE jobs SET beat_ms = ?2 WHERE state = 'running' AND runner = ?1",
+            args![&self.name, now_ms],
+        )?;
+        Ok(())
+    }
+
+    /// Queues again every job another service runs whose last beat is older than
+    /// `before_ms`: that service has died or lost the database. How many.
+    pub fn requeue_stale(&self, before_ms: i64) -> Result<u64, ServiceError> {
+        Ok(self.lock().run(
+            "UPDATE jobs SET state = 'queued', last_error = ?1, rate = 0, runner = NULL \
+             WHERE state = 'running' AND runner <> ?2 AND beat_ms < ?3",
+            args![ABANDONED, &self.name, before_ms],
+        )?)
+    }
+
+    /// Of `ids` (the jobs this service runs), those it no longer should: cancelled, or taken
+    /// over by another service after this one failed to beat in time.
+    pub fn lost(&self, ids: &[i64]) -> Result<Vec<i64>, ServiceError> {
+        let mut db = self.lock();
+        let mut out = Vec::new();
+        for &id in ids {
+            let Some(mut r) = db.row("SELECT state, runner FROM jobs WHERE id = ?1", args![id])?
+            else {
+                continue;
+            };
+            let (state, runner) = (r.text(0)?, r.opt_text(1)?);
+            if state == "cancelled" || runner.as_deref() != Some(self.name.as_str()) {
+                out.push(id);
+            }
+        }
+        Ok(out)
     }
 
     /// Fails a queued job without running it (its deadline passed).
     pub fn expire(&self, id: i64, why: &str) -> Result<bool, ServiceError> {
-        let n = self.lock().execute(
+        let n = self.lock().run(
             "UPDATE jobs SET state = 'failed', last_error = ?2, finished_ms = ?3 \
              WHERE id = ?1 AND state = 'queued'",
-            params![id, why, now_ms()],
+            args![id, why, now_ms()],
         )?;
         Ok(n == 1)
     }
 
-    /// Cancels a queued or running job (the scheduler stops a running one); returns its state
-    /// before, or why it cannot be cancelled.
+    /// Cancels a queued or running job (the scheduler running it stops it); returns its
+    /// state before, or why it cannot be cancelled.
     pub fn cancel(&self, id: i64) -> Result<State, ServiceError> {
-        let mut conn = self.lock();
-        let tx = conn.transaction()?;
-        let state: Option<String> = tx
-            .query_row("SELECT state FROM jobs WHERE id = ?1", params![id], |r| {
-                r.get(0)
-            })
-            .optional()?;
-        let state = state
-            .and_then(|s| State::parse(&s))
-            .ok_or(ServiceError::NotFound(id))?;
-        if state.is_final() {
-            return Err(ServiceError::Ended {
-                id,
-                state: state.as_str(),
-            });
+        loop {
+            let cancelled = self.lock().transaction(|tx| -> Result<_, ServiceError> {
+                let state = tx
+                    .row("SELECT state FROM jobs WHERE id = ?1", args![id])?
+                    .map(|mut r| r.text(0))
+                    .transpose()?;
+                let state = state
+                    .and_then(|s| State::parse(&s))
+                    .ok_or(ServiceError::NotFound(id))?;
+                if state.is_final() {
+                    return Err(ServiceError::Ended {
+                        id,
+                        state: state.as_str(),
+                    });
+                }
+                // Conditional: a service sharing the queue may have claimed or ended it since
+                // it was read; then it is read again.
+                let n = tx.run(
+                    "UPDATE jobs SET state = 'cancelled', finished_ms = ?2, rate = 0 \
+                     WHERE id = ?1 AND state = ?3",
+                    args![id, now_ms(), state.as_str()],
+                )?;
+                Ok((n == 1).then_some(state))
+            })?;
+            if let Some(state) = cancelled {
+                return Ok(state);
+            }
         }
-        tx.execute(
-            "UPDATE jobs SET state = 'cancelled', finished_ms = ?2, rate = 0 WHERE id = ?1",
-            params![id, now_ms()],
-        )?;
-        tx.commit()?;
-        Ok(state)
     }
 
     /// How many jobs are in each state, for `/metrics`.
     pub fn counts(&self) -> Result<Vec<(State, u64)>, ServiceError> {
-        let conn = self.lock();
-        let mut st = conn.prepare_cached("SELECT state, COUNT(*) FROM jobs GROUP BY state")?;
-        let rows = st.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))?;
+        let rows = self
+            .lock()
+            .rows("SELECT state, COUNT(*) FROM jobs GROUP BY state", &[])?;
         let mut found = Vec::new();
-        for row in rows {
-            let (s, n) = row?;
+        for mut row in rows {
+            let (s, n) = (row.text(0)?, row.int(1)?);
             if let Some(s) = State::parse(&s) {
                 found.push((s, n as u64));
             }
@@ -355,94 +479,101 @@ impl Store {
     /// Adds a rate sample to job `id`; above [`MAX_JOB_SAMPLES`] every other one is dropped
     /// (the newest kept), so the older part of a long job thins out as it goes on.
     pub fn add_rate(&self, id: i64, s: &RateSample) -> Result<(), ServiceError> {
-        let mut conn = self.lock();
-        let tx = conn.transaction()?;
-        tx.prepare_cached(
-            "INSERT INTO job_rates (job, t_ms, bytes_done, rate) VALUES (?1, ?2, ?3, ?4) \
-             ON CONFLICT DO NOTHING",
-        )?
-        .execute(params![id, s.t_ms, s.bytes_done as i64, s.rate])?;
-        let n: i64 = tx
-            .prepare_cached("SELECT COUNT(*) FROM job_rates WHERE job = ?1")?
-            .query_row(params![id], |r| r.get(0))?;
-        if n as usize > MAX_JOB_SAMPLES {
-            let times: Vec<i64> = {
-                let mut st =
-                    tx.prepare_cached("SELECT t_ms FROM job_rates WHERE job = ?1 ORDER BY t_ms")?;
-                let rows = st.query_map(params![id], |r| r.get(0))?;
-                rows.collect::<Result<_, _>>()?
-            };
-            let mut del =
-                tx.prepare_cached("DELETE FROM job_rates WHERE job = ?1 AND t_ms = ?2")?;
-            // From the second oldest, every other one; the newest always stays.
-            for t in times[..times.len() - 1].iter().skip(1).step_by(2) {
-                del.execute(params![id, t])?;
+        self.lock().transaction(|tx| -> Result<(), ServiceError> {
+            tx.run(
+                "INSERT INTO job_rates (job, t_ms, bytes_done, rate) VALUES (?1, ?2, ?3, ?4) \
+                 ON CONFLICT DO NOTHING",
+                args![id, s.t_ms, s.bytes_done as i64, s.rate],
+            )?;
+            let n = tx
+                .one("SELECT COUNT(*) FROM job_rates WHERE job = ?1", args![id])?
+                .int(0)?;
+            if n as usize > MAX_JOB_SAMPLES {
+                let times: Vec<i64> = tx
+                    .rows(
+                        "SELECT t_ms FROM job_rates WHERE job = ?1 ORDER BY t_ms",
+                        args![id],
+                    )?
+                    .into_iter()
+                    .map(|mut r| r.int(0))
+                    .collect::<Result<_, _>>()?;
+                // From the second oldest, every other one; the newest always stays.
+                for &t in times[..times.len() - 1].iter().skip(1).step_by(2) {
+                    tx.run(
+                        "DELETE FROM job_rates WHERE job = ?1 AND t_ms = ?2",
+                        args![id, t],
+                    )?;
+                }
             }
-        }
-        tx.commit()?;
-        Ok(())
+            Ok(())
+        })
     }
 
     /// Job `id`'s rate samples, oldest first.
     pub fn rates(&self, id: i64) -> Result<Vec<RateSample>, ServiceError> {
-        let conn = self.lock();
-        let mut st = conn.prepare_cached(
+        let rows = self.lock().rows(
             "SELECT t_ms, bytes_done, rate FROM job_rates WHERE job = ?1 ORDER BY t_ms",
+            args![id],
         )?;
-        let rows = st.query_map(params![id], |r| {
-            Ok(RateSample {
-                t_ms: r.get(0)?,
-                bytes_done: r.get::<_, i64>(1)?.max(0) as u64,
-                rate: r.get(2)?,
+        rows.into_iter()
+            .map(|mut r| -> Result<RateSample, ServiceError> {
+                Ok(RateSample {
+                    t_ms: r.int(0)?,
+                    bytes_done: r.int(1)?.max(0) as u64,
+                    rate: r.real(2)?,
+                })
             })
-        })?;
-        Ok(rows.collect::<Result<_, _>>()?)
+            .collect()
     }
 
     /// Adds a sample to `link`'s history; the oldest beyond [`MAX_LINK_SAMPLES`] go (checked
     /// every [`PRUNE_EVERY`] samples).
     pub fn add_link_sample(&self, link: &str, s: &LinkSample) -> Result<(), ServiceError> {
-        let mut conn = self.lock();
-        let tx = conn.transaction()?;
-        let id: i64 = tx.query_row(
-            "SELECT COALESCE(MAX(id), 0) + 1 FROM link_samples",
-            [],
-            |r| r.get(0),
-        )?;
-        tx.prepare_cached(
-            "INSERT INTO link_samples (id, link, t_ms, rate, rtt_ms, loss, source, job) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
-        )?
-        .execute(params![
-            id,
-            link,
-            s.t_ms,
-            s.rate,
-            s.rtt_ms,
-            s.loss,
-            s.source.as_str(),
-            s.job
-        ])?;
-        // Finding a link's cut-off walks its bound of index entries, so it is done every
-        // PRUNE_EVERY samples, for every link: a link holds at most that many more.
-        if id % PRUNE_EVERY == 0 {
-            let links: Vec<String> = {
-                let mut st = tx.prepare_cached("SELECT DISTINCT link FROM link_samples")?;
-                let rows = st.query_map([], |r| r.get(0))?;
-                rows.collect::<Result<_, _>>()?
+        let bound = self.link_bound as i64;
+        self.lock().transaction(|tx| -> Result<(), ServiceError> {
+            // As for a job's id: of two services adding at once, the loser takes the next.
+            let id = loop {
+                let id = tx
+                    .one("SELECT COALESCE(MAX(id), 0) + 1 FROM link_samples", &[])?
+                    .int(0)?;
+                let n = tx.run(
+                    "INSERT INTO link_samples (id, link, t_ms, rate, rtt_ms, loss, source, job) \
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) ON CONFLICT DO NOTHING",
+                    args![
+                        id,
+                        link,
+                        s.t_ms,
+                        s.rate,
+                        s.rtt_ms,
+                        s.loss,
+                        s.source.as_str(),
+                        s.job
+                    ],
+                )?;
+                if n == 1 {
+                    break id;
+                }
             };
-            // The link's own oldest beyond the bound (none while it has fewer: NULL compares
-            // false).
-            let mut del = tx.prepare_cached(
-                "DELETE FROM link_samples WHERE link = ?1 AND id <= (SELECT id FROM \
-                 link_samples WHERE link = ?1 ORDER BY id DESC LIMIT 1 OFFSET ?2)",
-            )?;
-            for l in &links {
-                del.execute(params![l, self.link_bound as i64])?;
+            // Finding a link's cut-off walks its bound of index entries, so it is done every
+            // PRUNE_EVERY samples, for every link: a link holds at most that many more.
+            if id % PRUNE_EVERY == 0 {
+                let links: Vec<String> = tx
+                    .rows("SELECT DISTINCT link FROM link_samples", &[])?
+                    .into_iter()
+                    .map(|mut r| r.text(0))
+                    .collect::<Result<_, _>>()?;
+                // The link's own oldest beyond the bound (none while it has fewer: NULL
+                // compares false).
+                for l in &links {
+                    tx.run(
+                        "DELETE FROM link_samples WHERE link = ?1 AND id <= (SELECT id FROM \
+                         link_samples WHERE link = ?1 ORDER BY id DESC LIMIT 1 OFFSET ?2)",
+                        args![l, bound],
+                    )?;
+                }
             }
-        }
-        tx.commit()?;
-        Ok(())
+            Ok(())
+        })
     }
 
     /// `link`'s newest samples taken at or after `since_ms`, at most `limit`, oldest first.
@@ -452,31 +583,24 @@ impl Store {
         since_ms: i64,
         limit: usize,
     ) -> Result<Vec<LinkSample>, ServiceError> {
-        let conn = self.lock();
-        let mut st = conn.prepare_cached(
+        let rows = self.lock().rows(
             "SELECT t_ms, rate, rtt_ms, loss, source, job FROM link_samples \
              WHERE link = ?1 AND t_ms >= ?2 ORDER BY id DESC LIMIT ?3",
+            args![link, since_ms, i64::try_from(limit).unwrap_or(i64::MAX)],
         )?;
-        let rows = st.query_map(params![link, since_ms, limit as i64], |r| {
-            let source: String = r.get(4)?;
-            Ok((
-                LinkSample {
-                    t_ms: r.get(0)?,
-                    rate: r.get(1)?,
-                    rtt_ms: r.get(2)?,
-                    loss: r.get(3)?,
-                    source: Source::Probe,
-                    job: r.get(5)?,
-                },
-                source,
-            ))
-        })?;
-        let mut out = Vec::new();
-        for row in rows {
-            let (mut s, source) = row?;
-            s.source = Source::parse(&source)
-                .ok_or_else(|| ServiceError::Invalid(format!("stored sample source {source:?}")))?;
-            out.push(s);
+        let mut out = Vec::with_capacity(rows.len());
+        for mut r in rows {
+            let source = r.text(4)?;
+            out.push(LinkSample {
+                t_ms: r.int(0)?,
+                rate: r.real(1)?,
+                rtt_ms: r.opt_real(2)?,
+                loss: r.opt_real(3)?,
+                source: Source::parse(&source).ok_or_else(|| {
+                    ServiceError::Invalid(format!("stored sample source {source:?}"))
+                })?,
+                job: r.opt_int(5)?,
+            });
         }
         out.reverse();
         Ok(out)
@@ -488,39 +612,25 @@ impl Store {
     pub fn save_link_tuning(&self, link: &str, t: &LinkTuning) -> Result<(), ServiceError> {
         let rates = serde_json::to_string(&t.rates)
             .map_err(|e| ServiceError::Invalid(format!("link tuning of {link}: {e}")))?;
-        self.lock()
-            .prepare_cached(
-                "INSERT INTO link_tuning (link, jobs, streams, rates, updated_ms) \
-                 VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (link) DO UPDATE SET \
-                 jobs = excluded.jobs, streams = excluded.streams, rates = excluded.rates, \
-                 updated_ms = excluded.updated_ms",
-            )?
-            .execute(params![
-                link,
-                t.jobs as i64,
-                i64::from(t.streams),
-                rates,
-                now_ms()
-            ])?;
+        self.lock().run(
+            "INSERT INTO link_tuning (link, jobs, streams, rates, updated_ms) \
+             VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (link) DO UPDATE SET \
+             jobs = excluded.jobs, streams = excluded.streams, rates = excluded.rates, \
+             updated_ms = excluded.updated_ms",
+            args![link, t.jobs as i64, i64::from(t.streams), &rates, now_ms()],
+        )?;
         Ok(())
     }
 
     /// Every link's kept tuning. A row that does not read back (a hand-edited database) is
     /// left out with a warning: the optimizer then starts that link afresh.
     pub fn link_tunings(&self) -> Result<Vec<(String, LinkTuning)>, ServiceError> {
-        let conn = self.lock();
-        let mut st = conn.prepare_cached("SELECT link, jobs, streams, rates FROM link_tuning")?;
-        let rows = st.query_map([], |r| {
-            Ok((
-                r.get::<_, String>(0)?,
-                r.get::<_, i64>(1)?,
-                r.get::<_, i64>(2)?,
-                r.get::<_, String>(3)?,
-            ))
-        })?;
+        let rows = self
+            .lock()
+            .rows("SELECT link, jobs, streams, rates FROM link_tuning", &[])?;
         let mut out = Vec::new();
-        for row in rows {
-            let (link, jobs, streams, rates) = row?;
+        for mut r in rows {
+            let (link, jobs, streams, rates) = (r.text(0)?, r.int(1)?, r.int(2)?, r.text(3)?);
             match serde_json::from_str(&rates) {
                 Ok(rates) => out.push((
                     link,
@@ -537,67 +647,41 @@ impl Store {
     }
 }
 
-/// Brings the store to the newest schema this build knows; a newer one is refused.
-fn migrate(conn: &mut Connection) -> Result<(), ServiceError> {
-    use ferry_catalog::CatalogError;
-    ferry_catalog::run_migrations(conn, "service_migrations", MIGRATIONS, now_ms()).map_err(|e| {
-        match e {
-            CatalogError::TooNew { found, known } => ServiceError::TooNew { found, known },
-            CatalogError::Db(e) => ServiceError::Db(e),
-            other => ServiceError::Invalid(other.to_string()),
-        }
-    })
-}
-
-fn sources_of(conn: &Connection, id: i64) -> Result<Vec<String>, ServiceError> {
-    let mut st =
-        conn.prepare_cached("SELECT path FROM job_sources WHERE job = ?1 ORDER BY position")?;
-    let rows = st.query_map(params![id], |r| r.get(0))?;
-    Ok(rows.collect::<Result<_, _>>()?)
-}
-
 /// One row of `jobs` (sources filled in after); a value the schema's checks would refuse is
 /// an error, never a panic.
-fn job_of(r: &Row<'_>) -> rusqlite::Result<Result<Job, ServiceError>> {
-    let kind: String = r.get(1)?;
-    let sync: String = r.get(3)?;
-    let state: String = r.get(9)?;
+fn job_of(mut r: Row) -> Result<Job, ServiceError> {
     let bad = |what: &str, v: &str| ServiceError::Invalid(format!("stored {what} {v:?}"));
-    let u = |i: usize| -> rusqlite::Result<u64> { Ok(r.get::<_, i64>(i)?.max(0) as u64) };
-    let job = Job {
-        id: r.get(0)?,
-        kind: match Kind::parse(&kind) {
-            Some(k) => k,
-            None => return Ok(Err(bad("kind", &kind))),
-        },
+    let kind = r.text(1)?;
+    let sync = r.text(3)?;
+    let state = r.text(9)?;
+    let mut u = |i: usize| -> Result<u64, CatalogError> { Ok(r.int(i)?.max(0) as u64) };
+    let (files_done, files_total, bytes_done, bytes_total) = (u(11)?, u(12)?, u(13)?, u(14)?);
+    let attempts = u(10)?.min(u64::from(u32::MAX)) as u32;
+    Ok(Job {
+        id: r.int(0)?,
+        kind: Kind::parse(&kind).ok_or_else(|| bad("kind", &kind))?,
         sources: Vec::new(),
-        dest: r.get(2)?,
-        sync: match SyncMode::parse(&sync) {
-            Ok(s) => s,
-            Err(_) => return Ok(Err(bad("sync mode", &sync))),
-        },
-        priority: r.get(4)?,
-        deadline: r.get(5)?,
-        label: r.get(6)?,
-        owner: r.get(7)?,
-        server: r.get(8)?,
-        state: match State::parse(&state) {
-            Some(s) => s,
-            None => return Ok(Err(bad("state", &state))),
-        },
-        attempts: u(10)?.min(u64::from(u32::MAX)) as u32,
-        files_done: u(11)?,
-        files_total: u(12)?,
-        bytes_done: u(13)?,
-        bytes_total: u(14)?,
-        rate: r.get(15)?,
-        last_error: r.get(16)?,
-        created_ms: r.get(17)?,
-        started_ms: r.get(18)?,
-        finished_ms: r.get(19)?,
-        not_before_ms: r.get(20)?,
-    };
-    Ok(Ok(job))
+        dest: r.text(2)?,
+        sync: SyncMode::parse(&sync).map_err(|_| bad("sync mode", &sync))?,
+        priority: r.int(4)?,
+        deadline: r.opt_int(5)?,
+        label: r.text(6)?,
+        owner: r.text(7)?,
+        server: r.text(8)?,
+        state: State::parse(&state).ok_or_else(|| bad("state", &state))?,
+        attempts,
+        files_done,
+        files_total,
+        bytes_done,
+        bytes_total,
+        rate: r.real(15)?,
+        last_error: r.opt_text(16)?,
+        created_ms: r.int(17)?,
+        started_ms: r.opt_int(18)?,
+        finished_ms: r.opt_int(19)?,
+        not_before_ms: r.int(20)?,
+        runner: r.opt_text(21)?,
+    })
 }
 
 #[cfg(test)]

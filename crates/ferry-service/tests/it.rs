@@ -8,4 +8,5 @@ mod history;
 mod notify;
 mod probes;
 mod scheduler;
+mod shared_queue;
 mod util;

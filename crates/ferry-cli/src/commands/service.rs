@@ -17,6 +17,16 @@ pub async fn run(args: ServiceArgs, quiet: bool) -> Result<ExitCode> {
         None => crate::state::state_dir().map_err(usage)?.join("service"),
     };
     let mut cfg = ServiceConfig::new(args.listen, &state);
+    cfg.store = args
+        .store
+        .as_deref()
+        .map(ferry_catalog::Location::parse)
+        .transpose()
+        .context("--store")
+        .map_err(usage)?;
+    cfg.name = args.name;
+    // Shown with its password hidden.
+    let store_location = cfg.store.as_ref().map(ToString::to_string);
     cfg.tokens = args.tokens;
     cfg.endpoints = args.endpoints;
     cfg.admins = args.admins;
@@ -52,6 +62,15 @@ pub async fn run(args: ServiceArgs, quiet: bool) -> Result<ExitCode> {
     let addr = service.local_addr()?;
     if !quiet {
         eprintln!("ferry: service on {addr}, state in {}", state.display());
+        let store = service.scheduler().store();
+        match &store_location {
+            Some(l) if store.is_shared() => eprintln!(
+                "ferry: job queue {l} (shared; this service is {:?})",
+                store.name()
+            ),
+            Some(l) => eprintln!("ferry: job queue {l}"),
+            None => {}
+        }
         eprintln!("ferry: certificate fingerprint {}", service.fingerprint());
         let empty = ferry_net::access::load(&tokens).is_ok_and(|f| f.tokens.is_empty());
         if empty {

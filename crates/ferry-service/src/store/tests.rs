@@ -1,4 +1,102 @@
+//! The store's tests, each run once on SQLite (a test each) and once on PostgreSQL (all in
+//! `on_postgresql`, on one cluster for this binary, each in a schema of its own), as
+//! ferry-catalog's are; the tests of a queue several services share run on PostgreSQL only.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use ferry_catalog::TestCluster;
+
 use super::*;
+
+/// Where a test's stores are.
+enum Backend {
+    Sqlite(tempfile::TempDir, AtomicU32),
+    Postgres(TestCluster),
+}
+
+impl Backend {
+    fn sqlite() -> Self {
+        Self::Sqlite(tempfile::tempdir().unwrap(), AtomicU32::new(0))
+    }
+
+    /// A new, empty database's location.
+    fn fresh(&self) -> Location {
+        match self {
+            Self::Sqlite(dir, n) => Location::Sqlite(
+                dir.path()
+                    .join(format!("jobs{}.db", n.fetch_add(1, Ordering::Relaxed))),
+            ),
+            Self::Postgres(cluster) => cluster.database(),
+        }
+    }
+
+    /// A new, empty store (SQLite's in memory).
+    fn store(&self) -> Store {
+        let location = match self {
+            Self::Sqlite(..) => Location::Memory,
+            Self::Postgres(cluster) => cluster.database(),
+        };
+        Store::open_at(&location, "here").unwrap()
+    }
+}
+
+/// Each test of the first list as a test on SQLite, and all of both lists on PostgreSQL in
+/// one.
+macro_rules! on_both {
+    ([$($name:ident),* $(,)?], [$($shared:ident),* $(,)?]) => {
+        mod sqlite {
+            $(#[test]
+            fn $name() {
+                super::$name(&super::Backend::sqlite())
+            })*
+        }
+
+        /// Every test on PostgreSQL. One cluster for them all: initdb and a start take
+        /// seconds, a schema a few milliseconds.
+        #[test]
+        fn on_postgresql() {
+            let Some(cluster) = ferry_netem::needs(
+                "ferry_service::store::tests::on_postgresql",
+                TestCluster::start(),
+            ) else {
+                return;
+            };
+            let b = Backend::Postgres(cluster);
+            let mut failed = Vec::new();
+            $(if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| $name(&b))).is_err() {
+                failed.push(stringify!($name));
+            })*
+            $(if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| $shared(&b))).is_err() {
+                failed.push(stringify!($shared));
+            })*
+            assert!(failed.is_empty(), "failed on PostgreSQL: {failed:?}");
+        }
+    };
+}
+
+on_both!(
+    [
+        a_submitted_job_reads_back_as_given_and_queued,
+        listing_filters_by_owner_newest_first,
+        runnable_goes_by_priority_then_age_and_respects_backoff,
+        progress_and_finish_are_recorded_and_only_while_running,
+        cancel_ends_queued_and_running_jobs_but_not_ended_ones,
+        a_job_running_at_a_crash_is_queued_again_at_open,
+        a_newer_schema_is_refused,
+        bad_jobs_are_refused_with_why,
+        counts_cover_every_state,
+        a_version_1_store_is_migrated_to_the_history_tables,
+        a_long_job_keeps_a_bounded_thinned_history_with_its_newest_sample,
+        link_samples_read_back_newest_bounded_and_since,
+        a_link_keeps_at_most_its_bound_of_samples,
+        link_tunings_are_kept_replaced_and_survive_a_reopen,
+        a_job_records_its_runner_and_only_a_stale_one_is_taken_over,
+    ],
+    [
+        of_services_sharing_a_queue_one_claims_a_job,
+        a_restart_requeues_only_its_own_running_jobs,
+    ]
+);
 
 fn new_job(owner: &str, priority: i64) -> NewJob {
     NewJob {
@@ -14,9 +112,8 @@ fn new_job(owner: &str, priority: i64) -> NewJob {
     }
 }
 
-#[test]
-fn a_submitted_job_reads_back_as_given_and_queued() {
-    let s = Store::open(None).unwrap();
+fn a_submitted_job_reads_back_as_given_and_queued(b: &Backend) {
+    let s = b.store();
     let j = s.submit(&new_job("alice", 3)).unwrap();
     assert_eq!(j.state, State::Queued);
     assert_eq!(j.sources, vec!["/data/a", "/data/b"]);
@@ -30,9 +127,8 @@ fn a_submitted_job_reads_back_as_given_and_queued() {
     assert_eq!(s.get(j.id + 100).unwrap(), None);
 }
 
-#[test]
-fn listing_filters_by_owner_newest_first() {
-    let s = Store::open(None).unwrap();
+fn listing_filters_by_owner_newest_first(b: &Backend) {
+    let s = b.store();
     let a1 = s.submit(&new_job("alice", 0)).unwrap();
     let b = s.submit(&new_job("bob", 0)).unwrap();
     let a2 = s.submit(&new_job("alice", 0)).unwrap();
@@ -42,9 +138,8 @@ fn listing_filters_by_owner_newest_first() {
     assert_eq!(ids(s.list(None, 1).unwrap()), vec![a2.id]);
 }
 
-#[test]
-fn runnable_goes_by_priority_then_age_and_respects_backoff() {
-    let s = Store::open(None).unwrap();
+fn runnable_goes_by_priority_then_age_and_respects_backoff(b: &Backend) {
+    let s = b.store();
     let low = s.submit(&new_job("a", 0)).unwrap();
     let high = s.submit(&new_job("a", 5)).unwrap();
     let low2 = s.submit(&new_job("a", 0)).unwrap();
@@ -69,9 +164,8 @@ fn runnable_goes_by_priority_then_age_and_respects_backoff() {
     assert_eq!(j.last_error.as_deref(), Some("lost"));
 }
 
-#[test]
-fn progress_and_finish_are_recorded_and_only_while_running() {
-    let s = Store::open(None).unwrap();
+fn progress_and_finish_are_recorded_and_only_while_running(b: &Backend) {
+    let s = b.store();
     let j = s.submit(&new_job("a", 0)).unwrap();
     let p = Progress {
         files_done: 1,
@@ -98,9 +192,8 @@ fn progress_and_finish_are_recorded_and_only_while_running() {
     assert!(!s.finish(j.id, State::Failed, Some("late")).unwrap());
 }
 
-#[test]
-fn cancel_ends_queued_and_running_jobs_but_not_ended_ones() {
-    let s = Store::open(None).unwrap();
+fn cancel_ends_queued_and_running_jobs_but_not_ended_ones(b: &Backend) {
+    let s = b.store();
     let q = s.submit(&new_job("a", 0)).unwrap();
     let r = s.submit(&new_job("a", 0)).unwrap();
     assert!(s.start(r.id).unwrap());
@@ -115,44 +208,39 @@ fn cancel_ends_queued_and_running_jobs_but_not_ended_ones() {
     assert!(matches!(s.cancel(999), Err(ServiceError::NotFound(999))));
 }
 
-#[test]
-fn a_job_running_at_a_crash_is_queued_again_at_open() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("jobs.db");
+fn a_job_running_at_a_crash_is_queued_again_at_open(b: &Backend) {
+    let at = b.fresh();
     let id = {
-        let s = Store::open(Some(&path)).unwrap();
+        let s = Store::open_at(&at, "here").unwrap();
         let j = s.submit(&new_job("a", 0)).unwrap();
         assert!(s.start(j.id).unwrap());
         j.id
     };
-    let s = Store::open(Some(&path)).unwrap();
+    let s = Store::open_at(&at, "here").unwrap();
     let j = s.get(id).unwrap().unwrap();
     assert_eq!((j.state, j.attempts), (State::Queued, 1));
     assert_eq!(j.last_error.as_deref(), Some(INTERRUPTED));
     assert_eq!(s.runnable(now_ms(), 10).unwrap().len(), 1);
 }
 
-#[test]
-fn a_newer_schema_is_refused() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("jobs.db");
-    drop(Store::open(Some(&path)).unwrap());
-    let c = Connection::open(&path).unwrap();
-    c.execute(
-        "INSERT INTO service_migrations (version, applied_at) VALUES (99, 0)",
-        [],
-    )
-    .unwrap();
-    drop(c);
+fn a_newer_schema_is_refused(b: &Backend) {
+    let at = b.fresh();
+    drop(Store::open_at(&at, "here").unwrap());
+    Database::open(&at)
+        .unwrap()
+        .run(
+            "INSERT INTO service_migrations (version, applied_at) VALUES (99, 0)",
+            &[],
+        )
+        .unwrap();
     assert!(matches!(
-        Store::open(Some(&path)),
+        Store::open_at(&at, "here"),
         Err(ServiceError::TooNew { found: 99, .. })
     ));
 }
 
-#[test]
-fn bad_jobs_are_refused_with_why() {
-    let s = Store::open(None).unwrap();
+fn bad_jobs_are_refused_with_why(b: &Backend) {
+    let s = b.store();
     let mut j = new_job("a", 0);
     j.sources.clear();
     assert!(s
@@ -168,9 +256,8 @@ fn bad_jobs_are_refused_with_why() {
     assert!(matches!(s.submit(&j), Err(ServiceError::Invalid(_))));
 }
 
-#[test]
-fn counts_cover_every_state() {
-    let s = Store::open(None).unwrap();
+fn counts_cover_every_state(b: &Backend) {
+    let s = b.store();
     let a = s.submit(&new_job("a", 0)).unwrap();
     s.submit(&new_job("a", 0)).unwrap();
     s.cancel(a.id).unwrap();
@@ -181,25 +268,27 @@ fn counts_cover_every_state() {
     assert!(c.contains(&(State::Done, 0)));
 }
 
-#[test]
-fn a_version_1_store_is_migrated_to_the_history_tables() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("jobs.db");
+fn a_version_1_store_is_migrated_to_the_history_tables(b: &Backend) {
+    let at = b.fresh();
     {
-        let c = Connection::open(&path).unwrap();
-        c.execute_batch(
-            "CREATE TABLE service_migrations (version BIGINT PRIMARY KEY, applied_at BIGINT NOT NULL)",
-        )
-        .unwrap();
-        c.execute_batch(V1).unwrap();
-        c.execute(
-            "INSERT INTO service_migrations (version, applied_at) VALUES (1, 0)",
-            [],
+        let mut db = Database::open(&at).unwrap();
+        db.migrate("service_migrations", &MIGRATIONS[..1], 0)
+            .unwrap();
+        // A job a service from then left running: it has no runner to say whose it is.
+        db.run(
+            "INSERT INTO jobs (id, kind, dest, sync_mode, priority, label, owner, server, state, \
+             attempts, files_done, files_total, bytes_done, bytes_total, rate, created_ms, \
+             not_before_ms) VALUES (1, 'put', 'h:1:/', 'off', 0, '', 'a', 'h:1', 'running', \
+             1, 0, 0, 0, 0, 0, 0, 0)",
+            &[],
         )
         .unwrap();
     }
-    let s = Store::open(Some(&path)).unwrap();
+    let s = Store::open_at(&at, "here").unwrap();
+    let old = s.get(1).unwrap().unwrap();
+    assert_eq!((old.state, old.runner), (State::Queued, None));
     let j = s.submit(&new_job("a", 0)).unwrap();
+    assert_eq!(j.id, 2);
     let r = RateSample {
         t_ms: 5,
         bytes_done: 7,
@@ -209,9 +298,8 @@ fn a_version_1_store_is_migrated_to_the_history_tables() {
     assert_eq!(s.rates(j.id).unwrap(), vec![r]);
 }
 
-#[test]
-fn a_long_job_keeps_a_bounded_thinned_history_with_its_newest_sample() {
-    let s = Store::open(None).unwrap();
+fn a_long_job_keeps_a_bounded_thinned_history_with_its_newest_sample(b: &Backend) {
+    let s = b.store();
     let j = s.submit(&new_job("a", 0)).unwrap();
     let n = MAX_JOB_SAMPLES as i64 * 2 + 10;
     for t in 0..n {
@@ -244,9 +332,8 @@ fn link_sample(t_ms: i64, rate: f64, source: Source) -> LinkSample {
     }
 }
 
-#[test]
-fn link_samples_read_back_newest_bounded_and_since() {
-    let s = Store::open(None).unwrap();
+fn link_samples_read_back_newest_bounded_and_since(b: &Backend) {
+    let s = b.store();
     for t in 0..10 {
         let src = if t % 2 == 0 {
             Source::Probe
@@ -271,9 +358,8 @@ fn link_samples_read_back_newest_bounded_and_since() {
     assert!(s.link_samples("nowhere", i64::MIN, 100).unwrap().is_empty());
 }
 
-#[test]
-fn a_link_keeps_at_most_its_bound_of_samples() {
-    let mut s = Store::open(None).unwrap();
+fn a_link_keeps_at_most_its_bound_of_samples(b: &Backend) {
+    let mut s = b.store();
     s.link_bound = 500;
     // A quiet link's few samples stay however busy another link is.
     s.add_link_sample("quiet:1", &link_sample(-1, 1.0, Source::Probe))
@@ -292,10 +378,8 @@ fn a_link_keeps_at_most_its_bound_of_samples() {
     assert_eq!(s.link_samples("quiet:1", i64::MIN, 10).unwrap().len(), 1);
 }
 
-#[test]
-fn link_tunings_are_kept_replaced_and_survive_a_reopen() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("jobs.db");
+fn link_tunings_are_kept_replaced_and_survive_a_reopen(b: &Backend) {
+    let at = b.fresh();
     let mut rates = std::collections::BTreeMap::new();
     rates.insert(2, 1.5e8);
     rates.insert(3, 1.7e8);
@@ -305,7 +389,7 @@ fn link_tunings_are_kept_replaced_and_survive_a_reopen() {
         streams: 12,
     };
     {
-        let s = Store::open(Some(&path)).unwrap();
+        let s = Store::open_at(&at, "here").unwrap();
         assert!(s.link_tunings().unwrap().is_empty());
         s.save_link_tuning("a:7070", &LinkTuning::default())
             .unwrap();
@@ -313,7 +397,7 @@ fn link_tunings_are_kept_replaced_and_survive_a_reopen() {
         s.save_link_tuning("b:7070", &LinkTuning::default())
             .unwrap();
     }
-    let s = Store::open(Some(&path)).unwrap();
+    let s = Store::open_at(&at, "here").unwrap();
     let mut kept = s.link_tunings().unwrap();
     kept.sort_by(|a, b| a.0.cmp(&b.0));
     assert_eq!(
@@ -325,10 +409,121 @@ fn link_tunings_are_kept_replaced_and_survive_a_reopen() {
     );
     // A row that does not read back is left out, not an error.
     s.lock()
-        .execute(
+        .run(
             "UPDATE link_tuning SET rates = 'not json' WHERE link = 'b:7070'",
-            [],
+            &[],
         )
         .unwrap();
     assert_eq!(s.link_tunings().unwrap().len(), 1);
+}
+
+fn a_job_records_its_runner_and_only_a_stale_one_is_taken_over(b: &Backend) {
+    let s = b.store();
+    let j = s.submit(&new_job("a", 0)).unwrap();
+    assert_eq!(j.runner, None);
+    assert!(s.start(j.id).unwrap());
+    let t0 = now_ms();
+    assert_eq!(
+        s.get(j.id).unwrap().unwrap().runner.as_deref(),
+        Some("here")
+    );
+    s.beat(t0).unwrap();
+    // Its own jobs are never another's stale ones, however old their beat.
+    assert_eq!(s.requeue_stale(t0 + 1_000_000).unwrap(), 0);
+    assert_eq!(s.lost(&[j.id]).unwrap(), Vec::<i64>::new());
+    s.cancel(j.id).unwrap();
+    assert_eq!(s.lost(&[j.id]).unwrap(), vec![j.id], "cancelled: stop it");
+}
+
+/// Two services on one PostgreSQL queue: each claim is one service's alone, and neither
+/// writes the progress or the end of a job the other runs.
+fn of_services_sharing_a_queue_one_claims_a_job(b: &Backend) {
+    let at = b.fresh();
+    let one = Store::open_at(&at, "one").unwrap();
+    let two = Store::open_at(&at, "two").unwrap();
+    assert!(one.is_shared() && two.is_shared());
+    let ids: Vec<i64> = (0..20)
+        .map(|i| {
+            let by = if i % 2 == 0 { &one } else { &two };
+            by.submit(&new_job("a", 0)).unwrap().id
+        })
+        .collect();
+    let mut sorted = ids.clone();
+    sorted.sort_unstable();
+    sorted.dedup();
+    assert_eq!(sorted.len(), 20, "every submit its own id");
+    // Both race for every job, from two threads.
+    let claims = std::thread::scope(|sc| {
+        let a = sc.spawn(|| {
+            ids.iter()
+                .map(|&id| one.start(id).unwrap())
+                .collect::<Vec<_>>()
+        });
+        let b = sc.spawn(|| {
+            ids.iter()
+                .map(|&id| two.start(id).unwrap())
+                .collect::<Vec<_>>()
+        });
+        (a.join().unwrap(), b.join().unwrap())
+    });
+    for (i, &id) in ids.iter().enumerate() {
+        assert!(claims.0[i] ^ claims.1[i], "job {id}: exactly one claim");
+        let j = one.get(id).unwrap().unwrap();
+        let (runs, other) = if claims.0[i] {
+            (&one, &two)
+        } else {
+            (&two, &one)
+        };
+        assert_eq!((j.attempts, j.runner.as_deref()), (1, Some(runs.name())));
+        assert!(!other.finish(id, State::Done, None).unwrap());
+        assert!(!other.retry_later(id, "no", 0).unwrap());
+        assert!(runs.finish(id, State::Done, None).unwrap());
+    }
+}
+
+/// A restart requeues its own running jobs only; another's are taken over when its beat
+/// is older than the bound, and it then learns it lost them.
+fn a_restart_requeues_only_its_own_running_jobs(b: &Backend) {
+    let at = b.fresh();
+    let one = Store::open_at(&at, "one").unwrap();
+    let two = Store::open_at(&at, "two").unwrap();
+    let j1 = one.submit(&new_job("a", 0)).unwrap().id;
+    let j2 = one.submit(&new_job("a", 0)).unwrap().id;
+    assert!(one.start(j1).unwrap());
+    assert!(two.start(j2).unwrap());
+    drop(one);
+    let one = Store::open_at(&at, "one").unwrap();
+    let (a, b2) = (one.get(j1).unwrap().unwrap(), one.get(j2).unwrap().unwrap());
+    assert_eq!(
+        (a.state, a.last_error.as_deref()),
+        (State::Queued, Some(INTERRUPTED))
+    );
+    assert_eq!(
+        (b2.state, b2.runner.as_deref()),
+        (State::Running, Some("two"))
+    );
+    // "two" beat at its start; a bound that start is within leaves its job alone.
+    let started = b2.started_ms.unwrap();
+    assert_eq!(one.requeue_stale(started).unwrap(), 0);
+    assert_eq!(one.requeue_stale(started + 1).unwrap(), 1);
+    let b2 = one.get(j2).unwrap().unwrap();
+    assert_eq!(
+        (b2.state, b2.runner, b2.last_error.as_deref()),
+        (State::Queued, None, Some(ABANDONED))
+    );
+    assert_eq!(two.lost(&[j2]).unwrap(), vec![j2]);
+    assert!(one.start(j2).unwrap());
+    two.progress(
+        j2,
+        &Progress {
+            files_done: 9,
+            ..Progress::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(
+        one.get(j2).unwrap().unwrap().files_done,
+        0,
+        "a lost job's old runner writes nothing"
+    );
 }
