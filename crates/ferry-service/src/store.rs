@@ -182,20 +182,7 @@ impl Store {
     }
 
     pub fn get(&self, id: i64) -> Result<Option<Job>, ServiceError> {
-        let conn = self.lock();
-        let sql = format!("SELECT {JOB_COLUMNS} FROM jobs WHERE id = ?1");
-        let job = conn
-            .prepare_cached(&sql)?
-            .query_row(params![id], job_of)
-            .optional()?;
-        match job {
-            Some(Ok(mut j)) => {
-                j.sources = sources_of(&conn, id)?;
-                Ok(Some(j))
-            }
-            Some(Err(e)) => Err(e),
-            None => Ok(None),
-        }
+        get_on(&self.lock(), id)
     }
 
     /// The newest jobs first, at most `limit` (and [`MAX_LIST`]); only `owner`'s if given.
@@ -227,11 +214,15 @@ impl Store {
         self.jobs(&ids)
     }
 
+    /// The jobs `ids` names, under one hold of the lock: a listing taken row by row queued
+    /// behind every write in between (docs/bench/NOTEBOOK.md, "Issue 40: the service's p99
+    /// and memory").
     fn jobs(&self, ids: &[i64]) -> Result<Vec<Job>, ServiceError> {
+        let conn = self.lock();
         let mut out = Vec::with_capacity(ids.len());
         for &id in ids {
             // A job cannot disappear (nothing deletes them); skip one if it ever does.
-            if let Some(j) = self.get(id)? {
+            if let Some(j) = get_on(&conn, id)? {
                 out.push(j);
             }
         }
@@ -547,6 +538,23 @@ fn migrate(conn: &mut Connection) -> Result<(), ServiceError> {
             other => ServiceError::Invalid(other.to_string()),
         }
     })
+}
+
+/// Job `id` with its sources, on a connection the caller holds.
+fn get_on(conn: &Connection, id: i64) -> Result<Option<Job>, ServiceError> {
+    let sql = format!("SELECT {JOB_COLUMNS} FROM jobs WHERE id = ?1");
+    let job = conn
+        .prepare_cached(&sql)?
+        .query_row(params![id], job_of)
+        .optional()?;
+    match job {
+        Some(Ok(mut j)) => {
+            j.sources = sources_of(conn, id)?;
+            Ok(Some(j))
+        }
+        Some(Err(e)) => Err(e),
+        None => Ok(None),
+    }
 }
 
 fn sources_of(conn: &Connection, id: i64) -> Result<Vec<String>, ServiceError> {
