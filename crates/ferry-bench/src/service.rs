@@ -38,12 +38,16 @@ pub const LINKS: usize = 3;
 const SERVE_PORT: u16 = 7100;
 /// The service's API, on the service host's loopback (its own namespace).
 const API: &str = "127.0.0.1:7080";
-/// How often the poller reads the API.
+/// How often the poller (a dashboard: one connection kept open) reads the API.
 const POLL_EVERY: Duration = Duration::from_millis(50);
+/// How often a request on a new connection (as the CLI makes) is timed beside it.
+const FRESH_EVERY: Duration = Duration::from_millis(250);
 /// How often the service's RSS is read.
 const RSS_EVERY: Duration = Duration::from_secs(1);
 /// The dark-link job runs this long before its link goes dark.
 const DARK_AFTER: Duration = Duration::from_secs(2);
+/// How long after the jobs phase the idle service's RSS is read.
+const IDLE_READ_AFTER: Duration = Duration::from_secs(3);
 /// Which link goes dark (the shortest: the job is still running when it does).
 const DARK_LINK: usize = 0;
 
@@ -167,6 +171,7 @@ impl<'a> SvcRunner<'a> {
             self.dark_phase(&bed, &local)
         });
         // The queue empty again: whether what the jobs took was given back.
+        std::thread::sleep(IDLE_READ_AFTER);
         self.report.rss_after_kib = rss_kib(bed.service.child.id());
         self.finish(bed);
         r
@@ -240,6 +245,7 @@ impl<'a> SvcRunner<'a> {
                     .with_context(|| format!("the service's fingerprint {fingerprint:?}"))?,
             ),
             timeout: Duration::from_secs(30),
+            kept: None,
         };
         Ok(Bed {
             servers,
@@ -396,6 +402,8 @@ struct PhaseOut {
     timed_out: bool,
     lat: Latencies,
     rss: Vec<RssSample>,
+    /// The service's RSS `IDLE_READ_AFTER` after the last job ended.
+    rss_idle_kib: Option<u64>,
 }
 
 /// What the poller and the sampler share with the phase.
@@ -471,6 +479,7 @@ impl SvcRunner<'_> {
         r.submit_errors = out.submit_errors;
         r.latencies = out.lat;
         r.rss = out.rss;
+        r.rss_idle_kib = out.rss_idle_kib;
         for (j, p) in plan.iter().enumerate() {
             let (ds, _, want) = &sets[p.set];
             let mut row = JobRow {
@@ -568,8 +577,16 @@ async fn run_jobs(
     max_run: Duration,
 ) -> Result<PhaseOut> {
     let shared = Arc::new(Shared::default());
-    let poller = tokio::spawn(poll(client.clone(), shared.clone()));
+    // The submitter and the poller each keep a connection open, as a script or a dashboard
+    // would; the fresh poller makes a new one for each request, as the CLI does.
+    let kept = |c: &Client| Client {
+        kept: Some(Default::default()),
+        ..c.clone()
+    };
+    let poller = tokio::spawn(poll(kept(&client), shared.clone()));
+    let fresh = tokio::spawn(poll_fresh(client.clone(), shared.clone()));
     let sampler = tokio::spawn(sample_rss(pid, shared.clone()));
+    let client = kept(&client);
     let t0 = Instant::now();
     let (mut submit_ms, mut submit_errors, mut ids) = (Vec::new(), Vec::new(), Vec::new());
     for (source, dest) in work {
@@ -603,7 +620,12 @@ async fn run_jobs(
     let wall_s = t0.elapsed().as_secs_f64();
     shared.stop.store(true, Ordering::Relaxed);
     let _ = poller.await;
+    let _ = fresh.await;
     let rss = sampler.await.unwrap_or_default();
+    // Every job ended: what the service holds once idle (it gives back what they had in
+    // flight when the last one ends).
+    tokio::time::sleep(IDLE_READ_AFTER).await;
+    let rss_idle_kib = rss_kib(pid);
     let mut jobs = Vec::with_capacity(ids.len());
     for id in &ids {
         jobs.push(match id {
@@ -622,6 +644,7 @@ async fn run_jobs(
         timed_out,
         lat,
         rss,
+        rss_idle_kib,
     })
 }
 
@@ -647,7 +670,40 @@ pub fn metric_ended(text: &str) -> u64 {
         .sum()
 }
 
-/// Every `POLL_EVERY` until stopped: the job list, the newest job, `/metrics`, each timed.
+/// Every `FRESH_EVERY` until stopped, each on a new TLS connection: the job list, the newest
+/// job, `/metrics` in turn, timed under their names with " (new connection)".
+async fn poll_fresh(client: Client, shared: Arc<Shared>) {
+    let mut tick = tokio::time::interval(FRESH_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut turn = 0usize;
+    while !shared.stop.load(Ordering::Relaxed) {
+        tick.tick().await;
+        let t = Instant::now();
+        let (name, r) = match turn % 3 {
+            0 => ("GET /api/jobs", client.jobs(100).await.map(|_| ())),
+            1 => {
+                let id = shared.newest_id.load(Ordering::Relaxed).max(1);
+                ("GET /api/jobs/{id}", client.job(id).await.map(|_| ()))
+            }
+            _ => ("GET /metrics", metrics_ok(&client).await),
+        };
+        turn += 1;
+        shared.record(&format!("{name} (new connection)"), t, r);
+    }
+}
+
+async fn metrics_ok(client: &Client) -> Result<(), ferry_service::ServiceError> {
+    let a = client
+        .request(Method::GET, "/metrics", Vec::new(), false)
+        .await?;
+    match a.status {
+        200 => Ok(()),
+        s => Err(ferry_service::ServiceError::Invalid(format!("status {s}"))),
+    }
+}
+
+/// Every `POLL_EVERY` until stopped, over one kept connection: the job list, the newest job,
+/// `/metrics`, each timed.
 async fn poll(client: Client, shared: Arc<Shared>) {
     let mut tick = tokio::time::interval(POLL_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -663,13 +719,7 @@ async fn poll(client: Client, shared: Arc<Shared>) {
             shared.record("GET /api/jobs/{id}", t, r);
         }
         let t = Instant::now();
-        let r = client
-            .request(Method::GET, "/metrics", Vec::new(), false)
-            .await;
-        let r = r.and_then(|a| match a.status {
-            200 => Ok(()),
-            s => Err(ferry_service::ServiceError::Invalid(format!("status {s}"))),
-        });
+        let r = metrics_ok(&client).await;
         shared.record("GET /metrics", t, r);
     }
 }

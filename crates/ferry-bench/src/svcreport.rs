@@ -147,6 +147,12 @@ pub struct RssSummary {
     pub slope_kib_min: f64,
     /// The same over the second half of the samples (after the queue's growth).
     pub late_slope_kib_min: f64,
+    /// The median of the first half of the samples, and of the second: flat memory has them
+    /// close.
+    #[serde(default)]
+    pub first_half_median_kib: u64,
+    #[serde(default)]
+    pub second_half_median_kib: u64,
 }
 
 /// Least-squares slope of RSS against time, KiB a minute; 0 with fewer than two samples.
@@ -169,8 +175,17 @@ pub fn slope(s: &[RssSample]) -> f64 {
     }
 }
 
+/// The median (nearest rank) of the samples' RSS; 0 when empty.
+fn median_kib(s: &[RssSample]) -> u64 {
+    let v: Vec<f64> = s.iter().map(|x| x.rss_kib as f64).collect();
+    quantile(&v, 0.5) as u64
+}
+
 pub fn rss_summary(s: &[RssSample]) -> RssSummary {
+    let (first, second) = s.split_at(s.len() / 2);
     RssSummary {
+        first_half_median_kib: median_kib(first),
+        second_half_median_kib: median_kib(second),
         start_kib: s.first().map_or(0, |x| x.rss_kib),
         peak_kib: s.iter().map(|x| x.rss_kib).max().unwrap_or(0),
         end_kib: s.last().map_or(0, |x| x.rss_kib),
@@ -231,7 +246,11 @@ pub struct SvcReport {
     pub api: Vec<LatencyStats>,
     pub rss: Vec<RssSample>,
     pub memory: RssSummary,
-    /// The service's RSS at the end of the run, every job ended (the dark-link one included).
+    /// The service's RSS 3 s after the jobs phase's last job ended.
+    #[serde(default)]
+    pub rss_idle_kib: Option<u64>,
+    /// The service's RSS at the end of the run, 3 s after every job ended (the dark-link one
+    /// included).
     pub rss_after_kib: Option<u64>,
     pub dark: Option<DarkOutcome>,
     pub rows: Vec<JobRow>,
@@ -394,8 +413,10 @@ fn jobs_section(s: &mut String, r: &SvcReport) {
 fn api_section(s: &mut String, r: &SvcReport) {
     let _ = writeln!(
         s,
-        "## API latency under the load\n\nEach request a new TLS connection (as the CLI makes), \
-         from the service's host; the poller every 50 ms while the jobs ran.\n"
+        "## API latency under the load\n\nFrom the service's host while the jobs ran: the \
+         submits and a poller (every 50 ms: the list, the newest job, `/metrics`) each over one \
+         TLS connection kept open, as a script or a dashboard would; beside them, every 250 ms, \
+         one of the three on a new TLS connection, as the CLI makes (\"(new connection)\").\n"
     );
     let _ = writeln!(
         s,
@@ -422,14 +443,19 @@ fn memory_section(s: &mut String, r: &SvcReport) {
     let _ = writeln!(
         s,
         "## Service memory (VmRSS, every second)\n\nWhile the jobs ran, {} samples: start {}, \
-         peak {}, end {}; slope {:.0} KiB/min over the run, {:.0} KiB/min over its second half. \
-         At the end of the run, every job ended: {}.\n",
+         peak {}, end {}; median {} over the first half of the samples, {} over the second; \
+         slope {:.0} KiB/min over the run, {:.0} KiB/min over its second half. Idle, 3 s \
+         after the last job ended: {}. At the end of the run, 3 s after every job ended (the \
+         dark-link one included): {}.\n",
         r.rss.len(),
         mib(m.start_kib),
         mib(m.peak_kib),
         mib(m.end_kib),
+        mib(m.first_half_median_kib),
+        mib(m.second_half_median_kib),
         m.slope_kib_min,
         m.late_slope_kib_min,
+        r.rss_idle_kib.map_or("not read".into(), mib),
         r.rss_after_kib.map_or("not read".into(), mib)
     );
 }
@@ -497,6 +523,11 @@ mod tests {
         assert!((slope(&s) - 120.0).abs() < 1e-9, "{}", slope(&s));
         let m = rss_summary(&s);
         assert_eq!((m.start_kib, m.peak_kib, m.end_kib), (1000, 1018, 1018));
+        // Halves of 5 samples: 1000..1008 and 1010..1018, their middles.
+        assert_eq!(
+            (m.first_half_median_kib, m.second_half_median_kib),
+            (1004, 1014)
+        );
         assert_eq!(slope(&s[..1]), 0.0);
     }
 

@@ -29,6 +29,27 @@ static PEAK: AtomicUsize = AtomicUsize::new(0);
 static POOL: Mutex<Vec<Vec<u8>>> = Mutex::new(Vec::new());
 /// Set by [`drain`]: buffers coming back are freed, not kept.
 static DRAINING: AtomicBool = AtomicBool::new(false);
+/// The most the pool keeps idle when the process has set it ([`set_idle_limit`]); else
+/// `usize::MAX`, and the bounds above hold.
+static IDLE_LIMIT: AtomicUsize = AtomicUsize::new(usize::MAX);
+
+/// Bounds what the pool keeps idle to `bytes`, whatever was in flight: for a long-lived
+/// process whose transfers are many and slow (the service, whose links, not page faults, set
+/// the pace), where the pool should not grow to its largest burst. `usize::MAX`: the default
+/// bounds. With a bound, the allocator's mmap threshold is also fixed at the pool's smallest
+/// buffer: glibc raises its own to the largest chunk freed and then serves blocks from its
+/// arenas, which keep them when freed; fixed, a block the pool does not keep goes back to the
+/// kernel (docs/bench/NOTEBOOK.md, "Issue 40: the service's p99 and memory").
+pub fn set_idle_limit(bytes: usize) {
+    IDLE_LIMIT.store(bytes, Ordering::Relaxed);
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    if bytes != usize::MAX {
+        // SAFETY: mallopt takes no pointers; glibc serialises it with the main arena's lock.
+        unsafe {
+            libc::mallopt(libc::M_MMAP_THRESHOLD, MIN_POOLED as libc::c_int);
+        }
+    }
+}
 
 /// Gives every idle buffer back to the allocator.
 pub fn release() {
@@ -36,6 +57,22 @@ pub fn release() {
     // The next burst learns its own size.
     PEAK.store(IN_FLIGHT.load(Ordering::Relaxed), Ordering::Relaxed);
     drop(idle);
+}
+
+/// Empties the pool and has the allocator return its free pages (`malloc_trim`), pooling on:
+/// for a process that goes on between bursts (the service when no job runs), so that it does
+/// not keep what its last burst had in flight.
+pub fn trim() {
+    release();
+    malloc_trim();
+}
+
+fn malloc_trim() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim takes no pointers; glibc serialises it with every arena's lock.
+    unsafe {
+        libc::malloc_trim(0);
+    }
 }
 
 /// Gives the process's idle memory back to the kernel ahead of its exit, for a client whose
@@ -54,11 +91,7 @@ pub fn drain() {
         DRAINING.store(true, Ordering::Relaxed);
     }
     release();
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: malloc_trim takes no pointers; glibc serialises it with every arena's lock.
-    unsafe {
-        libc::malloc_trim(0);
-    }
+    malloc_trim();
 }
 
 /// Pools buffers again after a [`drain`]: a put that fails after its drain and retries in the
@@ -110,7 +143,8 @@ impl Drop for Pooled {
         IN_FLIGHT.fetch_sub(buf.capacity(), Ordering::Relaxed);
         let most = PEAK
             .load(Ordering::Relaxed)
-            .clamp(MAX_POOLED_BYTES, MOST_POOLED_BYTES);
+            .clamp(MAX_POOLED_BYTES, MOST_POOLED_BYTES)
+            .min(IDLE_LIMIT.load(Ordering::Relaxed));
         let mut pool = POOL.lock().unwrap_or_else(|e| e.into_inner());
         if DRAINING.load(Ordering::Relaxed) {
             drop(pool);

@@ -79,9 +79,10 @@ async fn single_file_renamed_like_cp_and_mode_mtime_kept() {
 
 /// A data connection that stops sending for good at its first block (as a window that never
 /// reopens would) must not hold the transfer: once everything else has gone out, the endgame
-/// sends that block again on an idle connection, the receiver keeps the bytes once, and the
-/// stuck connection, still writing when the session ends, is reset. Without the endgame this
-/// put would wait for the stuck block until the idle timeout (20 s here) and fail.
+/// sends that block again on an idle connection, the receiver keeps the bytes once, the
+/// sender's progress counts them once, and the stuck connection, still writing when the
+/// session ends, is reset. Without the endgame this put would wait for the stuck block until
+/// the idle timeout (20 s here) and fail.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stuck_connections_block_is_sent_again_on_an_idle_one() {
     let server = TestServer::start().await;
@@ -90,13 +91,20 @@ async fn a_stuck_connections_block_is_sent_again_on_an_idle_one() {
     write(&file, &bytes(40 * BLOCK as usize + 3, 7));
     let mut cfg = server.client();
     cfg.stall_stream = Some(1);
-    let report = ferry_net::client::put(&cfg, std::slice::from_ref(&file), "/in/", reporter())
+    let counted = std::sync::Arc::new(CountBytes::default());
+    let report = ferry_net::client::put(&cfg, std::slice::from_ref(&file), "/in/", counted.clone())
         .await
         .unwrap();
     assert!(report.is_success(), "{:?}", report.errors);
     assert_eq!(
         std::fs::read(&file).unwrap(),
         std::fs::read(server.root.join("in/stuck.bin")).unwrap()
+    );
+    // The stuck block counts once, though only its copy was written: the progress reads whole
+    // (it read one block short when bytes were counted after their write).
+    assert_eq!(
+        counted.0.load(std::sync::atomic::Ordering::Relaxed),
+        40 * u64::from(BLOCK) + 3
     );
     assert!(leftovers(&server.root).is_empty());
     let s = &report.streams;

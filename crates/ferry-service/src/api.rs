@@ -61,6 +61,20 @@ pub fn router(app: Arc<App>) -> Router {
         .with_state(app)
 }
 
+/// Runs `f` on the blocking pool. The store's calls wait on its lock and on SQLite (a write
+/// that checkpoints the log waits on the disk): on a runtime worker that wait would hold up
+/// every request, handshake and transfer queued behind it (docs/bench/NOTEBOOK.md, "Issue 40:
+/// the service's p99 and memory").
+async fn blocking<T: Send + 'static>(
+    app: &Arc<App>,
+    f: impl FnOnce(&App) -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
+    let app = app.clone();
+    tokio::task::spawn_blocking(move || f(&app))
+        .await
+        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
+}
+
 async fn time_limit(req: Request, next: Next) -> Response {
     match tokio::time::timeout(REQUEST_TIMEOUT, next.run(req)).await {
         Ok(r) => r,
@@ -260,10 +274,7 @@ async fn submit(
         owner: c.grant.name.clone(),
         server,
     };
-    let store = app.scheduler.store().clone();
-    let job = tokio::task::spawn_blocking(move || store.submit(&job))
-        .await
-        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))??;
+    let job = blocking(&app, move |app| Ok(app.scheduler.store().submit(&job)?)).await?;
     app.scheduler.wake();
     Ok((StatusCode::CREATED, Json(job)))
 }
@@ -281,10 +292,10 @@ async fn list(
     let c = caller(&app, &headers)?;
     let owner = (!c.admin).then(|| c.grant.name.clone());
     let limit = q.limit.unwrap_or(DEFAULT_LIST);
-    let store = app.scheduler.store().clone();
-    let jobs = tokio::task::spawn_blocking(move || store.list(owner.as_deref(), limit))
-        .await
-        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))??;
+    let jobs = blocking(&app, move |app| {
+        Ok(app.scheduler.store().list(owner.as_deref(), limit)?)
+    })
+    .await?;
     Ok(Json(jobs))
 }
 
@@ -305,7 +316,9 @@ async fn show(
     Path(id): Path<String>,
 ) -> Result<Json<Job>, ApiError> {
     let c = caller(&app, &headers)?;
-    Ok(Json(visible(&app, &c, &id)?))
+    Ok(Json(
+        blocking(&app, move |app| visible(app, &c, &id)).await?,
+    ))
 }
 
 async fn cancel(
@@ -314,15 +327,18 @@ async fn cancel(
     Path(id): Path<String>,
 ) -> Result<Json<Job>, ApiError> {
     let c = caller(&app, &headers)?;
-    let job = visible(&app, &c, &id)?;
-    app.scheduler.store().cancel(job.id)?;
-    app.scheduler.stop(job.id);
-    app.scheduler.ended(job.id);
-    let job = app
-        .scheduler
-        .store()
-        .get(job.id)?
-        .ok_or(ServiceError::NotFound(job.id))?;
+    let job = blocking(&app, move |app| {
+        let job = visible(app, &c, &id)?;
+        app.scheduler.store().cancel(job.id)?;
+        app.scheduler.stop(job.id);
+        app.scheduler.ended(job.id);
+        Ok(app
+            .scheduler
+            .store()
+            .get(job.id)?
+            .ok_or(ServiceError::NotFound(job.id))?)
+    })
+    .await?;
     Ok(Json(job))
 }
 
@@ -332,21 +348,24 @@ async fn rates(
     Path(id): Path<String>,
 ) -> Result<Json<JobRates>, ApiError> {
     let c = caller(&app, &headers)?;
-    let job = visible(&app, &c, &id)?;
-    let samples = app.scheduler.store().rates(job.id)?;
-    Ok(Json(JobRates {
-        job: job.id,
-        samples,
-    }))
+    let rates = blocking(&app, move |app| {
+        let job = visible(app, &c, &id)?;
+        let samples = app.scheduler.store().rates(job.id)?;
+        Ok(JobRates {
+            job: job.id,
+            samples,
+        })
+    })
+    .await?;
+    Ok(Json(rates))
 }
 
 /// Every link's state; any valid token may read them (server names and rates, no job's
 /// paths).
 async fn links(State(app): State<Arc<App>>, headers: HeaderMap) -> Result<Json<Links>, ApiError> {
     caller(&app, &headers)?;
-    Ok(Json(Links {
-        links: link_statuses(&app)?,
-    }))
+    let links = blocking(&app, |app| Ok(link_statuses(app)?)).await?;
+    Ok(Json(Links { links }))
 }
 
 /// Every link's state, judged from enough of its newest samples to find 20 of each source.
@@ -381,11 +400,16 @@ async fn link_history(
             format!("no link {name:?}: links are the servers of the service's endpoints"),
         ));
     }
-    let samples =
-        app.scheduler
+    let since = q.since_ms.unwrap_or(i64::MIN);
+    let history = blocking(&app, move |app| {
+        let samples = app
+            .scheduler
             .store()
-            .link_samples(&name, q.since_ms.unwrap_or(i64::MIN), MAX_HISTORY)?;
-    Ok(Json(LinkHistory { name, samples }))
+            .link_samples(&name, since, MAX_HISTORY)?;
+        Ok(LinkHistory { name, samples })
+    })
+    .await?;
+    Ok(Json(history))
 }
 
 /// Each link's latest rate and RTT, its recent median, and whether it is flagged.
@@ -445,6 +469,11 @@ fn label(v: &str) -> String {
 /// Prometheus' text format: jobs by state, the queue's depth, jobs running, bytes moved.
 /// Counts only, no names or paths: it needs no token.
 async fn metrics(State(app): State<Arc<App>>) -> Result<Response, ApiError> {
+    let out = blocking(&app, render_metrics).await?;
+    Ok(([(header::CONTENT_TYPE, METRICS_CONTENT_TYPE)], out).into_response())
+}
+
+fn render_metrics(app: &App) -> Result<String, ApiError> {
     let s = &app.scheduler;
     let counts = s.store().counts()?;
     let mut out = String::new();
@@ -474,6 +503,6 @@ async fn metrics(State(app): State<Arc<App>>) -> Result<Response, ApiError> {
         "ferry_service_transferred_bytes_total {}\n",
         s.moved()
     ));
-    link_metrics(&app, &mut out)?;
-    Ok(([(header::CONTENT_TYPE, METRICS_CONTENT_TYPE)], out).into_response())
+    link_metrics(app, &mut out)?;
+    Ok(out)
 }

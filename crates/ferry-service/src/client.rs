@@ -1,11 +1,15 @@
-//! A client of the service's API (what `ferry submit`, `jobs`, `job` and `cancel` use): one
-//! HTTP/1.1 request a connection, over TLS pinned to the service's certificate, with a time
-//! limit on the whole exchange and a bound on the answer's size.
+//! A client of the service's API (what `ferry submit`, `jobs`, `job` and `cancel` use): HTTP/1.1
+//! over TLS pinned to the service's certificate, with a time limit on the whole exchange and a
+//! bound on the answer's size. By default each request has a connection of its own (the CLI
+//! makes one request); a client that asks often (a dashboard, the bench's poller) keeps one
+//! open between requests ([`KeptConnection`]) and pays the TCP and TLS handshakes once.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Bytes;
+use hyper::client::conn::http1::SendRequest;
 use hyper::{Method, Request};
 use hyper_util::rt::TokioIo;
 use serde::de::DeserializeOwned;
@@ -27,6 +31,21 @@ pub struct Client {
     pub trust: Trust,
     /// For one request, connection and TLS included.
     pub timeout: Duration,
+    /// `Some`: requests go over this connection, kept open between them (HTTP/1.1
+    /// keep-alive) and made again when the service has closed it; `None`: a new connection
+    /// for each request.
+    pub kept: Option<KeptConnection>,
+}
+
+/// A connection to the service kept open between requests; clones share it, and requests over
+/// it are made one at a time (HTTP/1.1 has no multiplexing).
+#[derive(Clone, Default)]
+pub struct KeptConnection(Arc<tokio::sync::Mutex<Option<SendRequest<Full<Bytes>>>>>);
+
+impl std::fmt::Debug for KeptConnection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KeptConnection").finish_non_exhaustive()
+    }
 }
 
 /// A request's answer: its status and body.
@@ -127,14 +146,55 @@ impl Client {
         body: Vec<u8>,
         auth: bool,
     ) -> Result<Answer, ServiceError> {
+        let body = Bytes::from(body);
+        let Some(kept) = &self.kept else {
+            let mut sender = self.connect().await?;
+            return send(&mut sender, self.build(&method, path, body, auth)?).await;
+        };
+        let mut slot = kept.0.lock().await;
+        if let Some(mut sender) = slot.take() {
+            // Kept open: ready unless the service closed it (idle too long, or stopping).
+            if sender.ready().await.is_ok() {
+                match send(&mut sender, self.build(&method, path, body.clone(), auth)?).await {
+                    Ok(a) => {
+                        *slot = Some(sender);
+                        return Ok(a);
+                    }
+                    // Closed as the request went: a request that changes nothing is made
+                    // again on a new connection; a submit is not (it may have been taken).
+                    Err(e) if method != Method::GET => return Err(e),
+                    Err(_) => {}
+                }
+            }
+        }
+        let mut sender = self.connect().await?;
+        let a = send(&mut sender, self.build(&method, path, body, auth)?).await?;
+        *slot = Some(sender);
+        Ok(a)
+    }
+
+    /// A new TLS connection, HTTP/1.1 over it driven by a task of its own until the sender
+    /// is dropped.
+    async fn connect(&self) -> Result<SendRequest<Full<Bytes>>, ServiceError> {
         let stream = crate::tls::connect(&self.addr, &self.trust).await?;
-        let http = |e: hyper::Error| ServiceError::Invalid(format!("HTTP: {e}"));
-        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
             .await
             .map_err(http)?;
-        let driver = tokio::spawn(conn);
+        tokio::spawn(async move {
+            let _ = conn.await;
+        });
+        Ok(sender)
+    }
+
+    fn build(
+        &self,
+        method: &Method,
+        path: &str,
+        body: Bytes,
+        auth: bool,
+    ) -> Result<Request<Full<Bytes>>, ServiceError> {
         let mut req = Request::builder()
-            .method(method)
+            .method(method.clone())
             .uri(path)
             .header(hyper::header::HOST, &self.addr)
             .header(hyper::header::CONTENT_TYPE, "application/json");
@@ -144,20 +204,29 @@ impl Client {
                 format!("Bearer {}", self.token),
             );
         }
-        let req = req
-            .body(Full::new(Bytes::from(body)))
-            .map_err(|e| ServiceError::Invalid(e.to_string()))?;
-        let res = sender.send_request(req).await.map_err(http)?;
-        let status = res.status().as_u16();
-        let body = Limited::new(res.into_body(), MAX_ANSWER)
-            .collect()
-            .await
-            .map_err(|e| ServiceError::Invalid(format!("reading the answer: {e}")))?
-            .to_bytes()
-            .to_vec();
-        driver.abort();
-        Ok(Answer { status, body })
+        req.body(Full::new(body))
+            .map_err(|e| ServiceError::Invalid(e.to_string()))
     }
+}
+
+fn http(e: hyper::Error) -> ServiceError {
+    ServiceError::Invalid(format!("HTTP: {e}"))
+}
+
+/// One request over `sender` and its whole answer.
+async fn send(
+    sender: &mut SendRequest<Full<Bytes>>,
+    req: Request<Full<Bytes>>,
+) -> Result<Answer, ServiceError> {
+    let res = sender.send_request(req).await.map_err(http)?;
+    let status = res.status().as_u16();
+    let body = Limited::new(res.into_body(), MAX_ANSWER)
+        .collect()
+        .await
+        .map_err(|e| ServiceError::Invalid(format!("reading the answer: {e}")))?
+        .to_bytes()
+        .to_vec();
+    Ok(Answer { status, body })
 }
 
 /// `s` as one path segment: unreserved characters and `:` as they are, the rest %-escaped.

@@ -50,6 +50,9 @@ pub async fn serve(
                 }
             },
         };
+        // Answers are written in pieces (TLS records, head then body): without this, on a
+        // kept-alive connection the second waits for the client's delayed ACK (40 ms).
+        let _ = tcp.set_nodelay(true);
         let Ok(permit) = slots.clone().try_acquire_owned() else {
             tracing::warn!("{peer}: refused, {MAX_CONNECTIONS} API connections already open");
             continue;

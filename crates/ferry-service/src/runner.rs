@@ -32,6 +32,9 @@ pub struct Runner {
     /// Test hook: every transfer runs this many streams, untuned, so that a test can bound
     /// what a cut costs per connection.
     pub fixed_streams: Option<u16>,
+    /// Test hook: data connection `i` of every put never writes its first block (ferry-net's
+    /// `ClientConfig::stall_stream`), so that the endgame must send a copy of it.
+    pub stall_stream: Option<usize>,
 }
 
 /// What an attempt that ran to its end did.
@@ -297,7 +300,7 @@ impl Runner {
                 None => Default::default(),
             },
             force_streams: None,
-            stall_stream: None,
+            stall_stream: self.stall_stream,
             drain_at_end: false,
             helpers: 0,
             modes: Default::default(),

@@ -91,6 +91,7 @@ impl LinkClaim {
 impl Drop for LinkClaim {
     fn drop(&mut self) {
         self.scheduler.probing().remove(&self.link);
+        self.scheduler.trim_if_idle();
         self.scheduler.wake();
     }
 }
@@ -264,16 +265,26 @@ impl Scheduler {
         let beat_every = self.limits.stale_after / 4;
         let mut beaten: Option<Instant> = None;
         loop {
-            if beaten.is_none_or(|t| t.elapsed() >= beat_every) {
-                if let Err(e) = self.beat() {
-                    tracing::warn!("scheduler: the queue's heartbeat: {e}");
+            // The store's calls on the blocking pool, here and in `drive`: a runtime worker
+            // waiting on the store's lock or on its database holds up the API's requests
+            // queued behind it (docs/bench/NOTEBOOK.md, "Issue 40: the service's p99 and memory").
+            let me = self.clone();
+            let beat = beaten.is_none_or(|t| t.elapsed() >= beat_every);
+            let passed = tokio::task::spawn_blocking(move || {
+                if beat {
+                    if let Err(e) = me.beat() {
+                        tracing::warn!("scheduler: the queue's heartbeat: {e}");
+                    }
                 }
+                if let Err(e) = me.pass() {
+                    tracing::warn!("scheduler: {e}");
+                }
+                me.optimize();
+            });
+            if beat {
                 beaten = Some(Instant::now());
             }
-            if let Err(e) = self.pass() {
-                tracing::warn!("scheduler: {e}");
-            }
-            self.optimize();
+            let _ = passed.await;
             tokio::select! {
                 _ = &mut shutdown => break,
                 _ = self.wake.notified() => {}
@@ -352,12 +363,12 @@ impl Scheduler {
     /// queued again after a backoff.
     async fn drive(self: Arc<Self>, job: Job, streams: Option<u32>) {
         let reporter = Arc::new(JobReporter::new(self.moved.clone(), self.runner.pace));
-        let attempt = self.runner.run(&job, reporter.clone(), streams);
-        tokio::pin!(attempt);
         let mut tick = tokio::time::interval(self.limits.progress_every);
         let (mut last, mut at) = (0u64, Instant::now());
         let started = Instant::now();
         let mut sampled = (0u64, started);
+        let attempt = self.runner.run(&job, reporter.clone(), streams);
+        tokio::pin!(attempt);
         let result = loop {
             tokio::select! {
                 r = &mut attempt => break r,
@@ -368,16 +379,40 @@ impl Scheduler {
                     p.rate = delta as f64 / dt;
                     self.optimizer().moved(&job.server, delta);
                     (last, at) = (p.bytes_done, Instant::now());
-                    if let Err(e) = self.store.progress(job.id, &p) {
-                        tracing::warn!("job {}: recording progress: {e}", job.id);
-                    }
-                    if sampled.1.elapsed() >= SAMPLE_EVERY {
-                        sampled = self.sample(job.id, p.bytes_done, sampled);
-                    }
+                    let me = self.clone();
+                    let id = job.id;
+                    let write = tokio::task::spawn_blocking(move || {
+                        if let Err(e) = me.store.progress(id, &p) {
+                            tracing::warn!("job {id}: recording progress: {e}");
+                        }
+                        if sampled.1.elapsed() >= SAMPLE_EVERY {
+                            me.sample(id, p.bytes_done, sampled)
+                        } else {
+                            sampled
+                        }
+                    });
+                    sampled = write.await.unwrap_or(sampled);
                 }
             }
         };
         let end = reporter.snapshot();
+        let job = job.clone();
+        let me = self.clone();
+        let ended = move || me.conclude(job, result, end, (last, sampled), started);
+        let _ = tokio::task::spawn_blocking(ended).await;
+    }
+
+    /// The end of one attempt of `job`: its last counters `end` (`last`: the bytes the
+    /// optimizer was told of, `sampled`: the last rate sample), its rate, its state, and, when
+    /// no other job runs, the memory its transfers held given back.
+    fn conclude(
+        &self,
+        job: Job,
+        result: Result<Outcome, Failure>,
+        end: crate::job::Progress,
+        (last, sampled): (u64, (u64, Instant)),
+        started: Instant,
+    ) {
         let _ = self.store.progress(job.id, &end);
         self.tell_optimizer(&job, &result, end.bytes_done.saturating_sub(last));
         self.sample(job.id, end.bytes_done, sampled);
@@ -388,8 +423,30 @@ impl Scheduler {
         if done {
             self.add_transfer(&job, end.bytes_done, started.elapsed());
         }
-        self.lock().remove(&job.id);
+        let idle = {
+            let mut running = self.lock();
+            running.remove(&job.id);
+            running.is_empty()
+        };
+        if idle {
+            self.trim_if_idle();
+        }
         self.wake();
+    }
+
+    /// With no job running and no probe measuring, gives back what the last jobs had in
+    /// flight (`ferry_core::buf::trim`: the block-buffer pool and the allocator's free pages),
+    /// as `ferry serve` does when its last session ends: a service idle between bursts holds
+    /// its own memory, not that of its largest burst (docs/bench/NOTEBOOK.md, "Issue 40: the
+    /// service's p99 and memory").
+    fn trim_if_idle(&self) {
+        if self.lock().is_empty() && self.probing().is_empty() {
+            // Off the runtime's workers: `malloc_trim` walks every arena.
+            match tokio::runtime::Handle::try_current() {
+                Ok(h) => drop(h.spawn_blocking(ferry_core::buf::trim)),
+                Err(_) => ferry_core::buf::trim(),
+            }
+        }
     }
 
     /// An attempt on `job`'s link ended: its last bytes, whether it failed, and the streams

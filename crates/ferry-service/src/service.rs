@@ -25,6 +25,13 @@ pub const NAME_FILE: &str = "service-name";
 /// The token file in the state directory unless another is named (ferry serve's name).
 pub const TOKENS_FILE: &str = "tokens.toml";
 
+/// What the `ferry service` process lets the block-buffer pool keep idle
+/// (`ferry_core::buf::set_idle_limit`): two blocks of the default size. Its transfers are
+/// paced by their links, not by page faults, and a pool that keeps its largest burst is
+/// memory a long-lived daemon never gives back (docs/bench/NOTEBOOK.md, "Issue 40: the
+/// service's p99 and memory").
+pub const IDLE_POOL: usize = 16 << 20;
+
 /// How the service is set up (`ferry service`'s options).
 #[derive(Clone, Debug)]
 pub struct ServiceConfig {
@@ -130,6 +137,7 @@ impl Service {
             block_size: cfg.block_size,
             pace: cfg.pace,
             fixed_streams: cfg.fixed_streams,
+            stall_stream: None,
         };
         let notifier = Arc::new(Notifier::new(cfg.notify.clone())?);
         let notifier = notifier.enabled().then_some(notifier);

@@ -253,21 +253,7 @@ impl Store {
     }
 
     pub fn get(&self, id: i64) -> Result<Option<Job>, ServiceError> {
-        let mut db = self.lock();
-        let sql = format!("SELECT {JOB_COLUMNS} FROM jobs WHERE id = ?1");
-        let Some(row) = db.row(&sql, args![id])? else {
-            return Ok(None);
-        };
-        let mut job = job_of(row)?;
-        job.sources = db
-            .rows(
-                "SELECT path FROM job_sources WHERE job = ?1 ORDER BY position",
-                args![id],
-            )?
-            .into_iter()
-            .map(|mut r| r.text(0))
-            .collect::<Result<_, _>>()?;
-        Ok(Some(job))
+        get_on(&mut self.lock(), id)
     }
 
     /// The newest jobs first, at most `limit` (and [`MAX_LIST`]); only `owner`'s if given.
@@ -307,11 +293,15 @@ impl Store {
             .collect::<Result<_, _>>()?)
     }
 
+    /// The jobs `ids` names, under one hold of the lock: a listing taken row by row queued
+    /// behind every write in between (docs/bench/NOTEBOOK.md, "Issue 40: the service's p99
+    /// and memory").
     fn jobs(&self, ids: &[i64]) -> Result<Vec<Job>, ServiceError> {
+        let mut db = self.lock();
         let mut out = Vec::with_capacity(ids.len());
         for &id in ids {
             // A job cannot disappear (nothing deletes them); skip one if it ever does.
-            if let Some(j) = self.get(id)? {
+            if let Some(j) = get_on(&mut db, id)? {
                 out.push(j);
             }
         }
@@ -645,6 +635,24 @@ impl Store {
         }
         Ok(out)
     }
+}
+
+/// Job `id` with its sources, on a connection the caller holds.
+fn get_on(db: &mut Database, id: i64) -> Result<Option<Job>, ServiceError> {
+    let sql = format!("SELECT {JOB_COLUMNS} FROM jobs WHERE id = ?1");
+    let Some(row) = db.row(&sql, args![id])? else {
+        return Ok(None);
+    };
+    let mut job = job_of(row)?;
+    job.sources = db
+        .rows(
+            "SELECT path FROM job_sources WHERE job = ?1 ORDER BY position",
+            args![id],
+        )?
+        .into_iter()
+        .map(|mut r| r.text(0))
+        .collect::<Result<_, _>>()?;
+    Ok(Some(job))
 }
 
 /// One row of `jobs` (sources filled in after); a value the schema's checks would refuse is

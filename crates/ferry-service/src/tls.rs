@@ -64,6 +64,9 @@ pub async fn connect(
             what: format!("connecting to the service at {addr}"),
             source,
         })?;
+    // Requests and answers are small and a kept connection carries many: no Nagle wait on
+    // a write's second segment for the peer's delayed ACK.
+    let _ = tcp.set_nodelay(true);
     let stream = tls
         .connector()
         .connect(ClientTls::server_name(), tcp)

@@ -1,7 +1,11 @@
 //! The HTTP API over TLS: a put submitted through it ends done and identical; tokens see and
 //! cancel only their own jobs (an admin all); bad bodies, missing tokens and a wrong pin get
-//! clear refusals; `/metrics` speaks Prometheus' text format.
+//! clear refusals; `/metrics` speaks Prometheus' text format; a client may keep its
+//! connection for many requests.
 
+use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::Ordering::SeqCst;
+use std::sync::Arc;
 use std::time::Duration;
 
 use ferry_service::{Kind, ServiceError, State};
@@ -235,4 +239,101 @@ async fn metrics_follow_prometheus_conventions() {
     assert!(bytes >= 100_000, "{text}");
     svc.stop().await;
     server.stop().await;
+}
+
+/// A client that keeps its connection makes its requests over one TCP and TLS connection
+/// (counted by a relay in front of the service), where one that does not makes one each; when
+/// the kept connection is cut, the next request goes over a new one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_kept_connection_carries_many_requests_and_is_made_again_when_cut() {
+    let server = TestServer::start().await;
+    let local = tempfile::tempdir().unwrap();
+    make_file(&local.path().join("f"), 1000);
+    let svc = TestService::start(&server, local.path()).await;
+    let relay = Relay::start(svc.addr).await;
+    let mut kept = svc.client("alice");
+    kept.addr = relay.addr.to_string();
+    kept.kept = Some(Default::default());
+    let j = kept
+        .submit(&request(&["/f"], &format!("{}:/", server.addr)))
+        .await
+        .unwrap();
+    for _ in 0..4 {
+        assert_eq!(kept.job(j.id).await.unwrap().id, j.id);
+        assert_eq!(kept.jobs(10).await.unwrap().len(), 1);
+    }
+    assert_eq!(relay.accepted(), 1, "nine requests over one connection");
+
+    let fresh = ferry_service::client::Client {
+        kept: None,
+        ..kept.clone()
+    };
+    for _ in 0..3 {
+        assert_eq!(fresh.job(j.id).await.unwrap().id, j.id);
+    }
+    assert_eq!(relay.accepted(), 4, "a connection for each request");
+
+    relay.cut().await;
+    assert_eq!(kept.job(j.id).await.unwrap().id, j.id);
+    assert_eq!(relay.accepted(), 5, "the cut connection was made again");
+    svc.stop().await;
+    server.stop().await;
+}
+
+/// A TCP relay on loopback to `to` that counts the connections it took, and can cut them all.
+struct Relay {
+    addr: std::net::SocketAddr,
+    accepted: Arc<AtomicUsize>,
+    /// Connections relayed now.
+    open: Arc<AtomicUsize>,
+    cut: tokio::sync::watch::Sender<u64>,
+}
+
+impl Relay {
+    async fn start(to: std::net::SocketAddr) -> Self {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let open = Arc::new(AtomicUsize::new(0));
+        let (cut, cuts) = tokio::sync::watch::channel(0u64);
+        let (n, live) = (accepted.clone(), open.clone());
+        tokio::spawn(async move {
+            while let Ok((mut a, _)) = l.accept().await {
+                n.fetch_add(1, SeqCst);
+                live.fetch_add(1, SeqCst);
+                let mut cuts = cuts.clone();
+                cuts.mark_unchanged();
+                let live = live.clone();
+                tokio::spawn(async move {
+                    if let Ok(mut b) = tokio::net::TcpStream::connect(to).await {
+                        tokio::select! {
+                            _ = tokio::io::copy_bidirectional(&mut a, &mut b) => {}
+                            _ = cuts.changed() => {}
+                        }
+                    }
+                    live.fetch_sub(1, SeqCst);
+                });
+            }
+        });
+        Self {
+            addr,
+            accepted,
+            open,
+            cut,
+        }
+    }
+
+    fn accepted(&self) -> usize {
+        self.accepted.load(SeqCst)
+    }
+
+    /// Closes every connection relayed so far, and waits (at most 10 s) until they are.
+    async fn cut(&self) {
+        self.cut.send_modify(|n| *n += 1);
+        let t0 = std::time::Instant::now();
+        while self.open.load(SeqCst) > 0 {
+            assert!(t0.elapsed() < Duration::from_secs(10), "the relay cuts");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
 }

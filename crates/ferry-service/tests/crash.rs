@@ -77,6 +77,7 @@ impl ServiceProcess {
             token: token.into(),
             trust: ferry_service::tls::Trust::Pinned(self.fingerprint),
             timeout: Duration::from_secs(10),
+            kept: None,
         }
     }
 }

@@ -48,6 +48,41 @@ async fn a_put_of_a_tree_reaches_done_with_the_files_identical() {
     server.stop().await;
 }
 
+/// A put whose block went out again as the endgame's copy (one of its connections stuck at
+/// its first block, as when a link goes dark) ends done with its progress whole: the block
+/// counts once, though the only copy written was the second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_done_job_whose_block_was_sent_again_reads_whole() {
+    const SIZE: usize = 40 * BLOCK as usize + 3;
+    let server = TestServer::start().await;
+    let local = tempfile::tempdir().unwrap();
+    make_file(&local.path().join("stuck.bin"), SIZE);
+    let known = local.path().join("known_hosts");
+    let mut r = runner(local.path(), vec![server.endpoint()], known);
+    r.fixed_streams = Some(2);
+    r.stall_stream = Some(1);
+    let (s, _stop) = start_scheduler(r, limits());
+    let dest = format!("{}:/", server.addr);
+    let j = s
+        .store()
+        .submit(&job(vec!["/stuck.bin".into()], dest))
+        .unwrap();
+    s.wake();
+    let j = wait_end(s.store(), j.id).await;
+    assert_eq!(j.state, State::Done, "{j:?}");
+    assert_eq!((j.files_done, j.files_total), (1, 1), "{j:?}");
+    assert_eq!(
+        (j.bytes_done, j.bytes_total),
+        (SIZE as u64, SIZE as u64),
+        "{j:?}"
+    );
+    assert_eq!(
+        std::fs::read(server.root.join("stuck.bin")).unwrap(),
+        std::fs::read(local.path().join("stuck.bin")).unwrap()
+    );
+    server.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_get_and_a_sync_put_come_out_identical() {
     let server = TestServer::start().await;

@@ -56,6 +56,7 @@ fn client(a: &ServiceClientArgs) -> Result<Client> {
         token,
         trust,
         timeout: REQUEST_TIMEOUT,
+        kept: None,
     })
 }
 
@@ -137,7 +138,11 @@ pub async fn submit(a: SubmitArgs, quiet: bool) -> Result<ExitCode> {
 const WATCH_EVERY: Duration = Duration::from_secs(2);
 
 pub async fn jobs(a: JobsArgs) -> Result<ExitCode> {
-    let c = client(&a.client)?;
+    let mut c = client(&a.client)?;
+    if a.watch {
+        // Asked again every few seconds: one connection kept open, not a handshake each time.
+        c.kept = Some(Default::default());
+    }
     loop {
         let jobs = c.jobs(a.limit).await.map_err(failed)?;
         if a.client.output.json {

@@ -55,6 +55,8 @@ pub async fn run(args: ServiceArgs, quiet: bool) -> Result<ExitCode> {
         .tokens
         .clone()
         .unwrap_or_else(|| state.join(ferry_service::service::TOKENS_FILE));
+    // A daemon: its pool of block buffers bounded, not grown to its largest burst.
+    ferry_core::buf::set_idle_limit(ferry_service::service::IDLE_POOL);
     let service = Service::bind(cfg)
         .await
         .map_err(|e| usage(anyhow::Error::new(e)))

@@ -805,6 +805,12 @@ async fn send_frames(
                 Take::Stop => break,
             };
         lock(&history).begin(&frame);
+        // Counted once, as it is taken: a block whose write never ends (a connection stuck or
+        // reset) goes out again only as a copy, which is not counted, so counting after the
+        // write lost it from the progress (a finished put read short).
+        if let (Frame::Block(b), false) = (&frame, copy) {
+            reporter.on_bytes(b.data.len() as u64);
+        }
         if let (StallHook::Stall(took), Frame::Block(_)) = (&stall, &frame) {
             // A write that never returns: only the endgame finishes the transfer, and only a
             // reset ends this connection (`send_stream`).
@@ -821,8 +827,6 @@ async fn send_frames(
                 counts
                     .resent
                     .fetch_add(b.data.len() as u64, Ordering::Relaxed);
-            } else {
-                reporter.on_bytes(b.data.len() as u64);
             }
         }
         if *stop.borrow() {

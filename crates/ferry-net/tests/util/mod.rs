@@ -178,6 +178,16 @@ pub fn reporter() -> Arc<dyn ferry_core::Reporter> {
     Arc::new(ferry_core::NoReporter)
 }
 
+/// A reporter that counts the bytes reported.
+#[derive(Default)]
+pub struct CountBytes(pub AtomicU64);
+
+impl ferry_core::Reporter for CountBytes {
+    fn on_bytes(&self, n: u64) {
+        self.0.fetch_add(n, Ordering::Relaxed);
+    }
+}
+
 /// Deterministic pseudo-random bytes (xorshift), so content differs across offsets.
 pub fn bytes(len: usize, seed: u64) -> Vec<u8> {
     let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;

@@ -101,6 +101,7 @@ pub fn runner(local: &Path, endpoints: Vec<Endpoint>, known_hosts: PathBuf) -> R
         block_size: BLOCK,
         pace: None,
         fixed_streams: None,
+        stall_stream: None,
     }
 }
 
@@ -267,6 +268,7 @@ impl TestService {
             token: self.tokens[who].clone(),
             trust: ferry_service::tls::Trust::Pinned(self.fingerprint),
             timeout: Duration::from_secs(10),
+            kept: None,
         }
     }
 
