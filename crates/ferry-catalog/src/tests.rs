@@ -585,7 +585,7 @@ fn servers_sharing_a_catalog_each_name_their_replicas(b: &Backend) {
             ("two".to_owned(), ReplicaState::Good)
         ]
     );
-    assert_eq!(paths(one.held_page("", "", 10).unwrap()), ["f"]);
+    assert_eq!(paths(one.held_page("", "", 10).unwrap()), ["f", "s"]);
     // Each server's start settles its own intents only, even of the same path.
     one.intend(&[commit("g", 1), commit("h", 1)]).unwrap();
     two.intend(&[commit("g", 2)]).unwrap();
