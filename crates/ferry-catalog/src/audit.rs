@@ -2,9 +2,13 @@
 //! path, page by page in path order (a catalog of millions is never held at once), and a way
 //! to mark this server's replica of one good or bad.
 
-use crate::db::{args, Db};
-use crate::store::{object_at, size_i64};
-use crate::{under, Catalog, CatalogError, Object, ReplicaState};
+use crate::db::{args, transaction, Db};
+use crate::schema::{MAX_ATTR, MAX_PATH};
+use crate::store::{object_at, size_i64, upsert_replica};
+use crate::{bounded, under, Catalog, CatalogError, Object, ReplicaState};
+
+/// Objects recorded at a time by [`Catalog::record_replicas`]: one transaction each.
+const RECORD_PAGE: i64 = 1024;
 
 impl Catalog {
     /// At most `limit` of the objects this server holds a replica of at `prefix` or under it
@@ -53,5 +57,77 @@ impl Catalog {
             .lock()
             .row("SELECT 1 FROM objects WHERE path = ?1", args![path])?;
         Ok(found.is_some())
+    }
+
+    /// Records that `server`, another server, holds a good copy of each object this server
+    /// holds a good replica of at `path` (with `tree`, under it too), at `physical` followed
+    /// by the rest of the object's path below `path`: what a `repl` to a server with a catalog
+    /// of its own leaves here, so that `stat` here knows the copy there. Returns how many
+    /// (none when `server` is this server's own name).
+    pub fn record_replicas(
+        &self,
+        path: &str,
+        tree: bool,
+        server: &str,
+        physical: &str,
+    ) -> Result<u64, CatalogError> {
+        bounded("server name", server, MAX_ATTR, false)?;
+        bounded("physical path", physical, 2 * MAX_PATH, false)?;
+        // In a shared catalog every server registers its own: a record could otherwise mark
+        // another server's bad copy good.
+        if self.is_shared() {
+            return Err(CatalogError::Shared);
+        }
+        // This server's own replicas come from what it stores and audits, never a client's
+        // word: a record of its own name is skipped.
+        if server == self.server() {
+            return Ok(0);
+        }
+        self.settled();
+        let path = path.trim_end_matches('/');
+        let (lo, hi) = match tree {
+            true => under(path),
+            // An empty range: the object at `path` alone.
+            false => (String::new(), String::new()),
+        };
+        let top = physical.trim_end_matches('/');
+        let mut after = String::new();
+        let mut recorded = 0;
+        loop {
+            let mut conn = self.lock();
+            let rows = conn.rows(
+                "SELECT o.id, o.path FROM objects o
+                 JOIN replicas r ON r.object = o.id AND r.server = ?1 AND r.state = 'good'
+                 WHERE ((o.path >= ?2 AND o.path < ?3) OR o.path = ?4) AND o.path > ?5
+                 ORDER BY o.path LIMIT ?6",
+                args![self.server(), &lo, &hi, path, &after, RECORD_PAGE],
+            )?;
+            let mut page = Vec::with_capacity(rows.len());
+            for mut r in rows {
+                page.push((r.int(0)?, r.text(1)?));
+            }
+            let Some((_, last)) = page.last() else {
+                return Ok(recorded);
+            };
+            after = last.clone();
+            transaction(&mut *conn, |tx| {
+                for (id, p) in &page {
+                    let rest = if p == path {
+                        ""
+                    } else if path.is_empty() {
+                        p.as_str()
+                    } else {
+                        p.get(path.len() + 1..).unwrap_or_default()
+                    };
+                    let at = match rest {
+                        "" => top.to_owned(),
+                        rest => format!("{top}/{rest}"),
+                    };
+                    upsert_replica(tx, *id, server, &at)?;
+                }
+                Ok(())
+            })?;
+            recorded += page.len() as u64;
+        }
     }
 }

@@ -45,6 +45,10 @@ pub enum CatalogError {
     Exists(String),
     #[error("the catalog is {recorded}'s (this server's paths are relative to it), not {asked}'s")]
     OtherRoot { recorded: String, asked: String },
+    /// A record of a copy elsewhere, asked of a catalog that servers share: there each server
+    /// registers its own replicas.
+    #[error("this catalog is shared by the servers of a zone: each registers its own replicas, none is recorded by another's word")]
+    Shared,
     #[error("bad find condition {0:?}: {1}")]
     BadCondition(String, &'static str),
 }

@@ -22,6 +22,8 @@ pub struct Catalog {
     pub(crate) later: Later,
     /// The file system its file is on (`st_dev`); `None` in memory.
     device: Option<u64>,
+    /// Whether several servers may share it (each then registers its own replicas).
+    shared_location: bool,
 }
 
 /// What the catalog's callers and its registering thread ([`Later`]) share.
@@ -62,7 +64,13 @@ impl Catalog {
             }),
             later: Later::default(),
             device,
+            shared_location: location.is_shared(),
         })
+    }
+
+    /// Whether this catalog is one that several servers may share (PostgreSQL).
+    pub fn is_shared(&self) -> bool {
+        self.shared_location
     }
 
     /// The file system (`st_dev`) the catalog's files are on; `None` for one in memory.
@@ -451,8 +459,21 @@ fn write_intents(conn: &mut Conn, server: &str, files: &[Commit]) -> Result<(), 
     })
 }
 
-/// Upserts the object and this server's replica, and clears the file's intent.
+/// Upserts the object and this server's replica, and clears the file's intent. The same
+/// contents again (size, mtime, digest and algorithm all equal: a `repl`, a repair, a put of
+/// the same file) add this server's replica beside the others and leave the object as it was;
+/// other contents replace the object and make the other servers' replicas stale.
 fn register_in(tx: &mut Conn, server: &str, f: &Commit, at: i64) -> Result<(), CatalogError> {
+    let same = tx.row(
+        "SELECT id FROM objects WHERE path = ?1 AND size = ?2 AND mtime_ns = ?3
+             AND digest = ?4 AND algo = ?5",
+        args![&f.path, size_i64(f.size), f.mtime_ns, &f.digest, &f.algo],
+    )?;
+    if let Some(mut row) = same {
+        let id = row.int(0)?;
+        upsert_replica(tx, id, server, &f.physical)?;
+        return clear_intent(tx, server, f);
+    }
     let id = tx
         .one(
             "INSERT INTO objects (path, size, mtime_ns, digest, algo, stored_by, stored_at)
@@ -477,14 +498,29 @@ fn register_in(tx: &mut Conn, server: &str, f: &Commit, at: i64) -> Result<(), C
         "UPDATE replicas SET state = 'stale' WHERE object = ?1 AND server <> ?2",
         args![id, server],
     )?;
+    upsert_replica(tx, id, server, &f.physical)?;
+    clear_intent(tx, server, f)
+}
+
+/// `server`'s replica of object `id` at `physical`, good.
+pub(crate) fn upsert_replica(
+    tx: &mut Conn,
+    id: i64,
+    server: &str,
+    physical: &str,
+) -> Result<(), CatalogError> {
     tx.run(
         "INSERT INTO replicas (object, server, physical, state) VALUES (?1, ?2, ?3, 'good')
          ON CONFLICT (object, server) DO UPDATE SET physical = excluded.physical,
              state = 'good'",
-        args![id, server, &f.physical],
+        args![id, server, physical],
     )?;
-    // Only the intent of these very contents: a later put of the same path may have written
-    // its own while this registration waited in the queue.
+    Ok(())
+}
+
+/// Clears only the intent of these very contents: a later put of the same path may have
+/// written its own while this registration waited in the queue.
+fn clear_intent(tx: &mut Conn, server: &str, f: &Commit) -> Result<(), CatalogError> {
     tx.run(
         "DELETE FROM pending WHERE server IN (?5, '') AND path = ?1 AND size = ?2
              AND mtime_ns = ?3 AND digest = ?4",

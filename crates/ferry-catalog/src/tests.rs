@@ -91,6 +91,7 @@ on_both!(
     servers_sharing_a_catalog_each_name_their_replicas,
     prefix_range_is_exact,
     metadata_round_trips,
+    replicas_elsewhere_are_recorded_under_a_path,
 );
 
 fn commit(path: &str, size: u64) -> Commit {
@@ -543,9 +544,14 @@ fn servers_sharing_a_catalog_each_name_their_replicas(b: &Backend) {
     one.claim_root("/srv/one").unwrap();
     two.claim_root("/srv/two").unwrap();
     one.register_commit(&commit("f", 1)).unwrap();
-    two.register_commit(&commit("f", 1)).unwrap();
-    let states = |c: &Catalog| -> Vec<(String, ReplicaState)> {
-        c.stat("f")
+    // Other contents under the same path: the object is replaced, the other copy is stale.
+    two.register_commit(&Commit {
+        digest: vec![7; 32],
+        ..commit("f", 1)
+    })
+    .unwrap();
+    let states_of = |c: &Catalog, path: &str| -> Vec<(String, ReplicaState)> {
+        c.stat(path)
             .unwrap()
             .unwrap()
             .replicas
@@ -557,9 +563,29 @@ fn servers_sharing_a_catalog_each_name_their_replicas(b: &Backend) {
         ("one".to_owned(), ReplicaState::Stale),
         ("two".to_owned(), ReplicaState::Good),
     ];
+    let states = |c: &Catalog| states_of(c, "f");
     assert_eq!(states(&one), both);
     assert_eq!(states(&two), both);
-    assert_eq!(paths(one.held_page("", "", 10).unwrap()), ["f"]);
+    assert_eq!(one.stat("f").unwrap().unwrap().object.digest, [7; 32]);
+    // The same contents (a `repl`): a second good replica, the object as it was.
+    one.register_commit(&commit("s", 4)).unwrap();
+    let first = one.stat("s").unwrap().unwrap().object;
+    two.register_commit(&Commit {
+        stored_by: "bob".into(),
+        physical: "/srv/two/s".into(),
+        ..commit("s", 4)
+    })
+    .unwrap();
+    let s = two.stat("s").unwrap().unwrap();
+    assert_eq!(s.object, first);
+    assert_eq!(
+        states_of(&one, "s"),
+        [
+            ("one".to_owned(), ReplicaState::Good),
+            ("two".to_owned(), ReplicaState::Good)
+        ]
+    );
+    assert_eq!(paths(one.held_page("", "", 10).unwrap()), ["f", "s"]);
     // Each server's start settles its own intents only, even of the same path.
     one.intend(&[commit("g", 1), commit("h", 1)]).unwrap();
     two.intend(&[commit("g", 2)]).unwrap();
@@ -691,4 +717,63 @@ fn a_postgresql_catalog_connects_again_after_the_database_restarts() {
         c.register_commit(&commit(&format!("b{round}"), 2)).unwrap();
         assert_eq!(c.count().unwrap(), round + 2);
     }
+}
+
+fn replicas_elsewhere_are_recorded_under_a_path(b: &Backend) {
+    let c = b.catalog();
+    if c.is_shared() {
+        // Each server of a shared catalog registers its own replicas; none is recorded.
+        c.register_commit(&commit("v", 2)).unwrap();
+        assert!(matches!(
+            c.record_replicas("v", false, "far", "/v"),
+            Err(CatalogError::Shared)
+        ));
+        return;
+    }
+    for p in ["t/a", "t/sub/b", "t0", "u"] {
+        c.register_commit(&commit(p, 2)).unwrap();
+    }
+    c.set_replica_state("t/sub/b", ReplicaState::Bad).unwrap();
+    // A tree: each object this server holds good, at the remote top plus its rest.
+    assert_eq!(c.record_replicas("t", true, "far", "/x/t/").unwrap(), 1);
+    let far = |path: &str| {
+        c.stat(path)
+            .unwrap()
+            .unwrap()
+            .replicas
+            .into_iter()
+            .find(|r| r.server == "far")
+            .map(|r| (r.physical, r.state))
+    };
+    assert_eq!(far("t/a"), Some(("/x/t/a".to_owned(), ReplicaState::Good)));
+    assert_eq!(
+        far("t/sub/b"),
+        None,
+        "a bad replica here vouches for nothing"
+    );
+    assert_eq!(far("t0"), None);
+    // A file alone, and the whole tree from the root.
+    assert_eq!(c.record_replicas("u", false, "far", "/y/u").unwrap(), 1);
+    assert_eq!(far("u"), Some(("/y/u".to_owned(), ReplicaState::Good)));
+    assert_eq!(c.record_replicas("t", false, "far", "/z").unwrap(), 0);
+    assert_eq!(c.record_replicas("", true, "other", "/r").unwrap(), 3);
+    assert_eq!(c.stat("t0").unwrap().unwrap().replicas[1].physical, "/r/t0");
+    // Never this server's own replicas, by a client's word.
+    assert_eq!(
+        c.record_replicas("u", false, "here", "/elsewhere").unwrap(),
+        0
+    );
+    let replicas = c.stat("u").unwrap().unwrap().replicas;
+    let own = replicas.iter().find(|r| r.server == "here").unwrap();
+    assert_eq!(
+        (own.physical.as_str(), own.state),
+        ("/srv/u", ReplicaState::Good)
+    );
+    // A later put of other contents makes the recorded copy stale.
+    c.register_commit(&Commit {
+        digest: vec![9; 32],
+        ..commit("u", 2)
+    })
+    .unwrap();
+    assert_eq!(far("u"), Some(("/y/u".to_owned(), ReplicaState::Stale)));
 }

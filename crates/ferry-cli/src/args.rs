@@ -39,6 +39,10 @@ pub enum Command {
     /// third-party copy): `ferry cp dtn1:/data/run42 dtn2:/incoming/`. Both servers run with
     /// --third-party; this host carries only control traffic.
     Cp(Box<CpArgs>),
+    /// Make another server hold a replica of a registered file (-r: a tree), copied between
+    /// the servers as cp does and registered as a replica of the same object:
+    /// `ferry repl dtn1:/data/run42 -r --to dtn2`.
+    Repl(Box<ReplArgs>),
     /// List a remote directory: names, sizes, mtimes.
     Ls(LsArgs),
     /// What the server's catalog knows of a file: size, mtime, digest, who stored it and
@@ -184,6 +188,7 @@ impl Command {
             Command::Put(a) => Some(&a.transfer.output),
             Command::Get(a) => Some(&a.transfer.output),
             Command::Cp(a) => Some(&a.transfer.output),
+            Command::Repl(a) => Some(&a.transfer.output),
             Command::Sync(a) => Some(&a.transfer.output),
             Command::Ls(a) => Some(&a.output),
             Command::Stat(a) => Some(&a.reach.output),
@@ -734,6 +739,23 @@ pub struct CpArgs {
     /// rerun resumes both legs; the spool is removed once the copy is stored.
     #[arg(long, conflicts_with = "dest_addr")]
     pub via_client: bool,
+    #[command(flatten)]
+    pub transfer: TransferArgs,
+}
+
+#[derive(Args, Debug)]
+pub struct ReplArgs {
+    /// A registered file (-r: a directory) on the source server, HOST[:PORT]:PATH.
+    pub source: String,
+    /// The server to hold the new replica: HOST[:PORT] (under the same path) or
+    /// HOST[:PORT]:PATH.
+    #[arg(long, value_name = "OTHER[:PATH]")]
+    pub to: String,
+    /// Replicate a directory: every file under it.
+    #[arg(short, long)]
+    pub recursive: bool,
+    #[command(flatten)]
+    pub servers: ServerPairArgs,
     #[command(flatten)]
     pub transfer: TransferArgs,
 }

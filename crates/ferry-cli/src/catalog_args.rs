@@ -148,6 +148,18 @@ pub struct VerifyArgs {
     /// Also walk the tree for files the catalog does not know (changed behind ferry's back).
     #[arg(short, long)]
     pub recursive: bool,
+    /// Copy a good replica over each bad or missing one (from a --from server, as `ferry cp`
+    /// does), verify it again and mark it good. Exit 1 when any could not be repaired.
+    #[arg(long)]
+    pub repair: bool,
+    /// A server holding good replicas under the same paths, HOST[:PORT] (both run with
+    /// --third-party); repeatable, tried in order.
+    #[arg(long, value_name = "HOST[:PORT]", requires = "repair")]
+    pub from: Vec<String>,
+    /// Token for the --from servers (else --token, FERRY_TOKEN or the config file's entry
+    /// for each host).
+    #[arg(long, requires = "repair")]
+    pub from_token: Option<String>,
     #[command(flatten)]
     pub reach: ReachArgs,
 }

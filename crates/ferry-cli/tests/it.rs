@@ -12,6 +12,7 @@ mod endpoints;
 mod filters;
 mod metrics;
 mod multipath;
+mod replicas;
 mod rerun;
 mod serve_config;
 mod service;

@@ -130,6 +130,27 @@ pub async fn meta_ls(
     }
 }
 
+/// Records in the server's catalog that `server` (another server's catalog name) holds a good
+/// copy of each object at `path` (with `recursive`, under it too) that this server holds good,
+/// at `physical` followed by the rest of the object's path: what `repl` leaves in a source's
+/// catalog that does not see the destination's.
+pub async fn replicated(
+    cfg: &ClientConfig,
+    path: &str,
+    recursive: bool,
+    server: &str,
+    physical: &str,
+    reporter: &dyn Reporter,
+) -> Result<Changed, SessionError> {
+    let request = CatalogRequest::Replicated {
+        path: path.to_owned(),
+        recursive,
+        server: server.to_owned(),
+        physical: physical.to_owned(),
+    };
+    changed(ask(cfg, request, reporter).await?)
+}
+
 /// The objects `find` matches, at most its limit, answered from the server's catalog.
 pub async fn find(
     cfg: &ClientConfig,

@@ -8,6 +8,7 @@ pub mod client;
 pub mod copy;
 mod engine;
 pub mod error;
+pub mod repl;
 pub mod server;
 pub mod speedtest;
 pub mod sync;

@@ -104,6 +104,16 @@ pub enum CatalogRequest {
     /// `get --tar`: the tree at `path` (only `paths` below it, when given) streamed as a tar
     /// in `TarData` frames, each member's bytes checked against its registered digest.
     Tar { path: String, paths: Vec<String> },
+    /// `ferry repl` between servers with catalogs of their own: record that `server` (another
+    /// server's catalog name) holds a good copy of each object this server holds a good
+    /// replica of at `path` (with `recursive`, under it too), at `physical` followed by the
+    /// rest of the object's path.
+    Replicated {
+        path: String,
+        recursive: bool,
+        server: String,
+        physical: String,
+    },
 }
 
 /// Most `paths` one `CatalogRequest::Tar` names (at the longest paths, they fit a control
@@ -124,6 +134,7 @@ impl CatalogRequest {
             Self::Find(_) => "find",
             Self::Verify { .. } => "verify",
             Self::Tar { .. } => "get --tar",
+            Self::Replicated { .. } => "repl",
         }
     }
 }

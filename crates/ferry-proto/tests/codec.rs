@@ -538,6 +538,14 @@ fn catalog_request() -> impl Strategy<Value = CatalogRequest> {
         (text(), any::<bool>())
             .prop_map(|(path, recursive)| CatalogRequest::Verify { path, recursive }),
         (text(), vec(text(), 0..4)).prop_map(|(path, paths)| CatalogRequest::Tar { path, paths }),
+        (text(), any::<bool>(), text(), text()).prop_map(|(path, recursive, server, physical)| {
+            CatalogRequest::Replicated {
+                path,
+                recursive,
+                server,
+                physical,
+            }
+        }),
     ]
 }
 
@@ -1085,6 +1093,12 @@ fn sample_catalog_frames() -> Vec<Frame> {
         CatalogRequest::Tar {
             path: "/incoming/run42".into(),
             paths: vec!["a.dat".into(), "sub dir".into()],
+        },
+        CatalogRequest::Replicated {
+            path: "/incoming/run42".into(),
+            recursive: true,
+            server: "dtn2".into(),
+            physical: "/srv/ferry/incoming/run42".into(),
         },
     ];
     let answers = vec![

@@ -3,10 +3,11 @@
 //! token's scopes. Paths are shown from the server's root, with a leading `/`.
 
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use ferry_net::catalog::{self as cat, Changed};
-use ferry_net::ClientConfig;
+use ferry_net::{ClientConfig, CopyConfig};
 use ferry_proto::{
     CatalogObject, CatalogStat, Compare, FindCondition, FindRequest, MetaEntry, MAX_FIND_CONDITIONS,
 };
@@ -195,9 +196,14 @@ pub async fn verify(args: VerifyArgs, quiet: bool) -> Result<ExitCode> {
         "verify takes a remote file or directory, HOST[:PORT]:PATH",
         &args.reach,
     )?;
+    let from = repair_sources(&args, &cfg)?;
     let v = cat::verify(&cfg, &path, args.recursive, &Notices(quiet))
         .await
         .with_context(|| format!("verify {path} failed"))?;
+    let repairs = match args.repair && !v.clean() {
+        true => Some(ferry_net::repl::repair(&cfg, &from, &v, Arc::new(Notices(quiet))).await),
+        false => None,
+    };
     let c = &v.counts;
     if args.reach.output.json {
         let problems: Vec<Value> = v
@@ -205,14 +211,26 @@ pub async fn verify(args: VerifyArgs, quiet: bool) -> Result<ExitCode> {
             .iter()
             .map(|(p, path)| json!({"problem": p.as_str(), "path": format!("/{path}")}))
             .collect();
-        println!(
-            "{:#}",
-            json!({
-                "checked": c.checked, "good": c.good, "bad": c.bad, "missing": c.missing,
-                "unregistered": c.unregistered, "bytes": c.bytes,
-                "problems": problems, "more": v.more,
-            })
-        );
+        let mut doc = json!({
+            "checked": c.checked, "good": c.good, "bad": c.bad, "missing": c.missing,
+            "unregistered": c.unregistered, "bytes": c.bytes,
+            "problems": problems, "more": v.more,
+        });
+        if let (Some(r), Some(o)) = (&repairs, doc.as_object_mut()) {
+            let repaired: Vec<Value> = r
+                .repaired
+                .iter()
+                .map(|(path, from)| json!({"path": path, "from": from}))
+                .collect();
+            let unrepaired: Vec<Value> = r
+                .unrepaired
+                .iter()
+                .map(|(path, why)| json!({"path": path, "why": why}))
+                .collect();
+            o.insert("repaired".into(), Value::Array(repaired));
+            o.insert("unrepaired".into(), Value::Array(unrepaired));
+        }
+        println!("{doc:#}");
     } else {
         println!(
             "{} checked: {} good, {} bad, {} missing, {} unregistered; {} read",
@@ -232,12 +250,56 @@ pub async fn verify(args: VerifyArgs, quiet: bool) -> Result<ExitCode> {
                 v.problems.len()
             );
         }
+        if let Some(r) = &repairs {
+            for (path, from) in &r.repaired {
+                println!("repaired\t{}\tfrom {}", clean(path), clean(from));
+            }
+            for (path, why) in &r.unrepaired {
+                println!("unrepaired\t{}\t{}", clean(path), clean(why));
+            }
+        }
     }
-    Ok(if v.clean() {
+    // Repaired: every bad or missing replica listed was mended, none left unlisted, and
+    // nothing unregistered (a repair adopts nothing).
+    let clean = match &repairs {
+        Some(r) => r.all_done() && !v.more && c.unregistered == 0,
+        None => v.clean(),
+    };
+    Ok(if clean {
         ExitCode::SUCCESS
     } else {
         ExitCode::from(1)
     })
+}
+
+/// The servers a repair copies from, each as a third-party copy's source with the verified
+/// server as its destination.
+fn repair_sources(args: &VerifyArgs, target: &ClientConfig) -> Result<Vec<CopyConfig>> {
+    let r = &args.reach;
+    let mut auth = r.auth.clone();
+    if let Some(t) = &args.from_token {
+        auth.token = Some(t.clone());
+    }
+    let mut out = Vec::with_capacity(args.from.len());
+    for f in &args.from {
+        let server = crate::remote::Remote::parse_endpoint(f)
+            .with_context(|| format!("--from {f}"))
+            .map_err(usage)?;
+        let (_, source) = remote_client(
+            &format!("{}:/", server.server()),
+            "--from takes HOST[:PORT]",
+            &auth,
+            &r.conn,
+            &r.wait,
+        )
+        .map_err(usage)?;
+        out.push(CopyConfig {
+            source,
+            dest: target.clone(),
+            dest_addr: None,
+        });
+    }
+    Ok(out)
 }
 
 /// The find the arguments ask for; a condition, date or size that does not read is a usage

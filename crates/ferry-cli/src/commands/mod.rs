@@ -9,6 +9,7 @@ mod jobs;
 mod ls;
 mod probe;
 mod put;
+mod repl;
 mod serve;
 mod service;
 mod sync;
@@ -29,6 +30,7 @@ pub async fn run(cli: Cli) -> Result<ExitCode> {
         Command::Get(a) => get::run(a, quiet).await,
         Command::Sync(a) => sync::run(*a, quiet).await,
         Command::Cp(a) => cp::run(*a, quiet).await,
+        Command::Repl(a) => repl::run(*a, quiet).await,
         Command::Ls(a) => ls::run(a, quiet).await,
         Command::Stat(a) => catalog::stat(a, quiet).await,
         Command::Rm(a) => catalog::rm(a, quiet).await,

@@ -90,6 +90,21 @@ pub(super) async fn serve(
             let asked = (path, paths);
             return super::bundle::serve(shared, stream, catalog, (rel, prefix), asked).await;
         }
+        CatalogRequest::Replicated {
+            path,
+            recursive,
+            server,
+            physical,
+        } => {
+            // A record of a copy elsewhere, made by the client's `repl` with what it may read
+            // here: it never touches this server's own replicas or files (SECURITY.md).
+            let rel = readable(shared, grant, &path)?;
+            let catalog = needed(catalog)?;
+            let n = blocking(move || catalog.record_replicas(&rel, recursive, &server, &physical))
+                .await?
+                .map_err(|e| refused(e, &path))?;
+            done(0, n)
+        }
         CatalogRequest::Remove { path, recursive } => {
             remove(shared, grant, catalog, &path, recursive).await?
         }
@@ -427,9 +442,10 @@ fn refused(e: CatalogError, raw: &str) -> SessionError {
     let code = match &e {
         CatalogError::NotFound(_) => ErrorCode::NOT_FOUND,
         CatalogError::Exists(_) => ErrorCode::EXISTS,
-        CatalogError::TooLong { .. } | CatalogError::Empty(_) | CatalogError::BadCondition(..) => {
-            ErrorCode::BAD_REQUEST
-        }
+        CatalogError::TooLong { .. }
+        | CatalogError::Empty(_)
+        | CatalogError::BadCondition(..)
+        | CatalogError::Shared => ErrorCode::BAD_REQUEST,
         _ => ErrorCode::IO,
     };
     let message = match e {

@@ -25,6 +25,7 @@ const OP_META_LS: u8 = 7;
 const OP_FIND: u8 = 8;
 const OP_VERIFY: u8 = 9;
 const OP_TAR: u8 = 10;
+const OP_REPLICATED: u8 = 11;
 
 const ANSWER_DONE: u8 = 1;
 const ANSWER_STAT: u8 = 2;
@@ -104,6 +105,18 @@ pub(super) fn put_request(out: &mut BytesMut, req: &CatalogRequest) {
             for p in paths {
                 put_str(out, p);
             }
+        }
+        CatalogRequest::Replicated {
+            path,
+            recursive,
+            server,
+            physical,
+        } => {
+            out.put_u8(OP_REPLICATED);
+            out.put_u8(u8::from(*recursive));
+            put_str(out, path);
+            put_str(out, server);
+            put_str(out, physical);
         }
     }
 }
@@ -194,6 +207,12 @@ pub(super) fn decode_request(r: &mut Reader<'_>) -> Result<Frame, DecodeError> {
             }
             CatalogRequest::Tar { path, paths }
         }
+        OP_REPLICATED => CatalogRequest::Replicated {
+            recursive: flag(r, "recursive")?,
+            path: r.str("path", MAX_PATH)?,
+            server: r.str("server", MAX_SERVER_NAME)?,
+            physical: r.str("physical", MAX_PHYSICAL)?,
+        },
         other => return Err(invalid("op", other)),
     };
     Ok(Frame::CatalogRequest(req))
