@@ -184,16 +184,21 @@ fn a_striped_put_at_block_and_chunk_edges_is_byte_identical_and_merged_without_r
     );
 }
 
-/// A striped put of 192 MiB during which the last stripe host gets `signal` once the
-/// coordinator has opened the partial copy (the stripe sessions are up by then, and the host
-/// is being given blocks); the put must end well, byte-identical. Returns its report and how
-/// long it took. The host gets SIGCONT after the put and is killed with the sandbox.
+/// A striped put of a tree, a 128 MiB file and 120 files of one block (65 KiB to 1 MiB), during
+/// which the last stripe host gets `signal` once the coordinator has opened a partial copy
+/// (the stripe sessions are up by then, and the host is being given blocks, whole small files
+/// among them); the put must end well, byte-identical. Returns its report and how long it
+/// took. The host gets SIGCONT after the put and is killed with the sandbox.
 fn put_losing_a_host(signal: &str) -> (serde_json::Value, Duration) {
     let sb = Sandbox::new();
     let root = sb.mkdir("shared-fs");
     let (first, others) = three_servers(&sb, &root);
-    let src = sb.path("src/big.bin");
-    write_pattern(&src, 192 << 20, 17);
+    let src = sb.path("src");
+    write_pattern(&src.join("big.bin"), 128 << 20, 17);
+    for i in 0..120u64 {
+        let size = (65 << 10) + (i * 7919 * 1024) % (959 << 10);
+        write_pattern(&src.join(format!("small/{}/f{i}", i % 5)), size, 100 + i);
+    }
     let mut cmd = striped_put(&sb, (&first, &others), &src, "/in/");
     cmd.args(["--block-size", "1M"])
         .stdin(std::process::Stdio::null())
@@ -242,10 +247,10 @@ fn put_losing_a_host(signal: &str) -> (serde_json::Value, Duration) {
     let status = status.unwrap_or_else(|| panic!("the put did not end; {stderr}"));
     assert!(status.success(), "{status}: {stderr}");
     let report = one_json(&stdout);
-    assert_eq!(file_b3(&root.join("in/big.bin")), file_b3(&src));
+    assert_eq!(tree_digest(&root.join("in/src")), tree_digest(&src));
     // A host running again finds no partial copy to write its stale blocks into.
     std::thread::sleep(Duration::from_millis(500));
-    assert_eq!(file_b3(&root.join("in/big.bin")), file_b3(&src));
+    assert_eq!(tree_digest(&root.join("in/src")), tree_digest(&src));
     assert!(!has_partial(&root), "{:?}", all_paths(&root));
     (report, took)
 }

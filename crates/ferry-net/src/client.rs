@@ -536,19 +536,25 @@ async fn secure(
 }
 
 fn hello_frame(role: Role) -> Frame {
+    hello_with(role, 0)
+}
+
+/// A `Hello` that offers `extra` capability bits beside the usual ones.
+fn hello_with(role: Role, extra: u64) -> Frame {
     Frame::Hello {
         version: PROTOCOL_VERSION,
-        capabilities: Capabilities::ours(),
+        capabilities: Capabilities(Capabilities::ours().0 | extra),
         role,
     }
 }
 
-/// A control `Hello` that also asks for the server's `Paths`.
-fn hello_for_paths(role: Role) -> Frame {
-    Frame::Hello {
-        version: PROTOCOL_VERSION,
-        capabilities: Capabilities(Capabilities::ours().0 | Capabilities::MULTIPATH),
-        role,
+/// What a session's control `Hello` offers beyond the usual: a striped put asks its
+/// coordinator to share every partial copy (`STRIPE_WHOLE`), so that stripe hosts take small
+/// files and last blocks too.
+fn control_extra(cfg: &ClientConfig) -> u64 {
+    match cfg.stripe.is_empty() {
+        true => 0,
+        false => Capabilities::STRIPE_WHOLE,
     }
 }
 
@@ -783,7 +789,7 @@ async fn open(
     })
     .await?;
     let mut scratch = bytes::BytesMut::new();
-    let hello = hello_frame(control_role(cfg, session));
+    let hello = hello_with(control_role(cfg, session), control_extra(cfg));
     crate::conn::write_frame(&mut control, &hello, &mut scratch).await?;
     crate::conn::write_frame(&mut control, request, &mut scratch).await?;
     control.flush().await?;
@@ -826,18 +832,22 @@ async fn answered(
 /// A multipath session's opening: log in asking for the server's `Paths`, send the request,
 /// and once the server is ready dial connection `i` to path `i mod paths` (from local address
 /// `i mod bind`). One round trip slower than [`open`]: no connection can leave before the
-/// paths are known. Returns what [`answered`] does, and the number of paths.
+/// paths are known. Returns what [`answered`] does, the number of paths, and whether the
+/// server shares a striped put's partial copies (`STRIPE_WHOLE` in its `Welcome`).
 async fn open_paths(
     cfg: &ClientConfig,
     reporter: &dyn Reporter,
     request: &Frame,
-) -> Result<(Connected, TransferOpts, Joining, u16), SessionError> {
+) -> Result<(Connected, TransferOpts, Joining, u16, bool), SessionError> {
     let session = new_session();
     let (mut control, tls, addr) = secure_control(cfg, reporter, |_, _| {}).await?;
-    send(&mut control, &hello_for_paths(control_role(cfg, session))).await?;
+    let extra = Capabilities::MULTIPATH | control_extra(cfg);
+    send(&mut control, &hello_with(control_role(cfg, session), extra)).await?;
     let reply = read_frame_within(&mut control, cfg.connect_timeout).await?;
     let offers = matches!(&reply, Frame::Welcome { capabilities, .. }
         if capabilities.has(Capabilities::MULTIPATH));
+    let whole = matches!(&reply, Frame::Welcome { capabilities, .. }
+        if capabilities.has(Capabilities::STRIPE_WHOLE));
     ferry_session::send::check_welcome(reply, session).map_err(crate::engine::fault_error)?;
     let paths = if offers {
         read_paths(&mut control, cfg.connect_timeout, addr).await?
@@ -866,7 +876,7 @@ async fn open_paths(
     };
     let joining = Joining::new(cfg, &opts, dials);
     let count = u16::try_from(paths.len()).unwrap_or(u16::MAX);
-    Ok((c, opts, joining, count))
+    Ok((c, opts, joining, count, whole))
 }
 
 /// The server's `Paths`, as addresses to dial: an unspecified address (a server listening on
@@ -1377,10 +1387,18 @@ async fn put_once(
     };
     let opened = async {
         if cfg.multipath {
-            let (c, opts, joining, paths) = open_paths(cfg, reporter.as_ref(), &request).await?;
+            let (c, opts, joining, paths, whole) =
+                open_paths(cfg, reporter.as_ref(), &request).await?;
             let data = joining.finish().await?;
             let session = (c.session, c.secret);
-            return Ok((c.control, c.tls, c.addr, session, data, Some((opts, paths))));
+            return Ok((
+                c.control,
+                c.tls,
+                c.addr,
+                session,
+                data,
+                Some((opts, paths, whole)),
+            ));
         }
         let o = open(cfg, reporter.as_ref(), &request).await?;
         let data = all_dialled(o.dials).await?;
@@ -1396,9 +1414,9 @@ async fn put_once(
     };
     // A multipath session has read `Welcome` and `Ready` already: its blocks are cut by the
     // grant from now on, and the engine awaits neither.
-    let (granted, paths) = match multipath {
-        Some((o, paths)) => (Some(o), paths),
-        None => (None, 1),
+    let (granted, paths, whole) = match multipath {
+        Some((o, paths, whole)) => (Some(o), paths, whole),
+        None => (None, 1, false),
     };
     if let Some(o) = &granted {
         sender.grant(o.block_size, o.streams);
@@ -1430,6 +1448,7 @@ async fn put_once(
         plan,
         welcome: granted.is_none().then_some(cfg.connect_timeout),
         awaiting: granted.is_none().then_some(session),
+        stripe_whole: whole,
     };
     let mut out = drive_sender(io, run).await?;
     if let Some(o) = &granted {
@@ -1638,7 +1657,7 @@ async fn get_to(
         opts: cfg.opts.clone(),
     };
     let (c, opts, joining) = if cfg.multipath {
-        let (c, opts, joining, _) = open_paths(cfg, reporter.as_ref(), &request).await?;
+        let (c, opts, joining, _, _) = open_paths(cfg, reporter.as_ref(), &request).await?;
         (c, opts, joining)
     } else {
         let opening = open(cfg, reporter.as_ref(), &request).await?;

@@ -1,6 +1,7 @@
 //! Striped puts: one endpoint made of several servers over one shared file system. The
-//! first server coordinates (decides, verifies, commits); the others write blocks of the large
-//! files into its partial copies, and when one dies its blocks go to the others.
+//! first server coordinates (decides, verifies, commits); the others write blocks into its
+//! partial copies (every block of files over 64 KiB, small files' and last blocks too), and
+//! when one dies its blocks go to the others.
 
 use crate::util;
 
@@ -177,4 +178,83 @@ async fn a_stripe_session_is_refused_without_the_setting_or_outside_the_scope() 
     ));
     let (code, _) = refusal(&mut raw, Duration::from_secs(5)).await;
     assert_eq!(code, Some(ferry_proto::ErrorCode::DENIED));
+}
+
+/// A tree of many one-block files (64 KiB to 256 KiB, the block size) and a few of several
+/// blocks: the stripe hosts write the one-block files too (`STRIPE_WHOLE`), and when one is
+/// killed a quarter of the way through, what it owes (whole small files among it) goes to the
+/// others and the tree arrives byte-identical.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_striped_tree_of_small_files_completes_byte_identical_when_a_stripe_host_dies() {
+    let (_shared, root, mut servers) = three_hosts().await;
+    let src = tempfile::tempdir().unwrap();
+    let tree = src.path().join("tree");
+    let mut files = Vec::new();
+    for i in 0..240u64 {
+        // 65 KiB to 256 KiB: more than the coordinator keeps, at most one block.
+        let size = (65 << 10) + (i * 7919) % (191 << 10);
+        files.push((format!("d{}/s{i}", i % 7), size as usize));
+    }
+    for i in 0..3u64 {
+        files.push((format!("large{i}"), (1 << 20) + 1000 * i as usize));
+    }
+    let mut total = 0u64;
+    for (i, (rel, size)) in files.iter().enumerate() {
+        write(&tree.join(rel), &bytes(*size, 100 + i as u64));
+        total += *size as u64;
+    }
+    let mut cfg = striped(&servers);
+    cfg.opts.streams = 2;
+    let progress = Arc::new(Progress::default());
+    let put = {
+        let (cfg, tree, progress) = (cfg.clone(), tree.clone(), progress.clone());
+        tokio::spawn(async move { ferry_net::client::put(&cfg, &[tree], "/in", progress).await })
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while progress.0.load(Ordering::Relaxed) < total / 4 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the put did not start"
+        );
+        assert!(!put.is_finished(), "the put ended before the kill");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    servers[2].kill();
+    let report = tokio::time::timeout(Duration::from_secs(60), put)
+        .await
+        .expect("the put ends")
+        .unwrap()
+        .expect("the put completes without the dead host");
+    assert!(report.is_success(), "{:?}", report.errors);
+    assert_eq!(report.files, files.len() as u64);
+    for (rel, _) in &files {
+        assert_eq!(
+            b3(&root.join("in/tree").join(rel)),
+            b3(&tree.join(rel)),
+            "{rel}"
+        );
+    }
+    assert!(leftovers(&root).is_empty(), "{:?}", leftovers(&root));
+    assert!(
+        report.stripes[1].failed.is_some(),
+        "{:?}",
+        report.stripes[1]
+    );
+    assert!(
+        report.stripes[0].failed.is_none(),
+        "{:?}",
+        report.stripes[0]
+    );
+    // More blocks than the large files have that are not their last: one-block files and
+    // last blocks went to the stripe hosts too.
+    let not_last: u64 = files
+        .iter()
+        .map(|(_, size)| ((*size as u64).div_ceil(256 << 10)).saturating_sub(1))
+        .sum();
+    let landed: u64 = report.stripes.iter().map(|s| s.blocks).sum();
+    assert!(
+        landed > not_last,
+        "{:?}, {not_last} not last",
+        report.stripes
+    );
 }

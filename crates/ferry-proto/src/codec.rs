@@ -121,6 +121,7 @@ impl Frame {
             Frame::CatalogRequest(_) => FrameType::CATALOG_REQUEST,
             Frame::CatalogAnswer(_) => FrameType::CATALOG_ANSWER,
             Frame::TarData { .. } => FrameType::TAR_DATA,
+            Frame::FileDigest { .. } => FrameType::FILE_DIGEST,
         }
     }
 
@@ -240,6 +241,7 @@ impl Frame {
                 opts: decode_opts(&mut r)?,
             },
             FrameType::LANDED => decode_landed(&mut r)?,
+            FrameType::FILE_DIGEST => decode_file_digest(&mut r)?,
             FrameType::REMOVE_REQUEST => remove::decode_remove_request(&mut r)?,
             FrameType::REMOVED => remove::decode_removed(&mut r)?,
             FrameType::COPY_PATHS => copy::decode_copy_paths(&mut r)?,
@@ -379,6 +381,11 @@ impl Frame {
                 out.put_u32(wire_len(data.len(), "tar data"));
                 out.put_slice(data);
             }
+            Frame::FileDigest { file, digest } => {
+                out.put_u64(file.0);
+                out.put_u8(wire_len(digest.len(), "file digest"));
+                out.put_slice(digest);
+            }
         }
     }
 
@@ -474,7 +481,8 @@ impl Frame {
             | Frame::CopyPaths { .. }
             | Frame::CatalogRequest(_)
             | Frame::CatalogAnswer(_)
-            | Frame::TarData { .. } => {}
+            | Frame::TarData { .. }
+            | Frame::FileDigest { .. } => {}
         }
     }
 }
@@ -665,6 +673,23 @@ fn decode_landed(r: &mut Reader<'_>) -> Result<Frame, DecodeError> {
         digest,
         cvs,
     })
+}
+
+/// A file digest is never empty: a block carries none by leaving it out.
+fn decode_file_digest(r: &mut Reader<'_>) -> Result<Frame, DecodeError> {
+    let file = FileId(r.u64("file")?);
+    let digest = match usize::from(r.u8("digest_len")?) {
+        0 => return Err(invalid("digest_len", 0u8)),
+        len if len > MAX_DIGEST => {
+            return Err(DecodeError::TooLong {
+                field: "digest",
+                len,
+                max: MAX_DIGEST,
+            })
+        }
+        len => r.bytes(len, "digest")?,
+    };
+    Ok(Frame::FileDigest { file, digest })
 }
 
 fn decode_sent(r: &mut Reader<'_>) -> Result<Frame, DecodeError> {

@@ -135,6 +135,7 @@ impl FrameType {
     pub const CATALOG_REQUEST: Self = Self(0x1E);
     pub const CATALOG_ANSWER: Self = Self(0x3D);
     pub const TAR_DATA: Self = Self(0x3E);
+    pub const FILE_DIGEST: Self = Self(0x3F);
 
     /// The largest payload a frame of this type may declare, or `None` for an unknown type.
     /// Checked on the header alone, before any payload is read or allocated.
@@ -177,7 +178,8 @@ impl FrameType {
             | Self::COPY_PATHS
             | Self::CATALOG_REQUEST
             | Self::CATALOG_ANSWER
-            | Self::TAR_DATA => Some(MAX_CONTROL_PAYLOAD),
+            | Self::TAR_DATA
+            | Self::FILE_DIGEST => Some(MAX_CONTROL_PAYLOAD),
             _ => None,
         }
     }
@@ -223,6 +225,7 @@ impl FrameType {
             Self::CATALOG_REQUEST => "catalog_request",
             Self::CATALOG_ANSWER => "catalog_answer",
             Self::TAR_DATA => "tar_data",
+            Self::FILE_DIGEST => "file_digest",
             _ => "unknown",
         }
     }
@@ -267,6 +270,12 @@ impl Capabilities {
     /// of the same shared file system opened (a striped put). A server offers it only when
     /// its operator allowed striping (`serve --stripe`).
     pub const STRIPE: u64 = 1 << 4;
+    /// A striped put that stripes every block sent after its file's decision, small files'
+    /// and files' last blocks too. Offered by the client of a striped put to its coordinator,
+    /// which then gives every file a shared partial copy at its decision (one a stripe host
+    /// can open) and takes `FileDigest`, and says so in its `Welcome`; without it in the
+    /// `Welcome` those blocks stay on the coordinator's connections.
+    pub const STRIPE_WHOLE: u64 = 1 << 5;
 
     /// Everything this build supports.
     pub const fn ours() -> Self {
@@ -276,7 +285,7 @@ impl Capabilities {
     /// Everything this build understands: what it offers by default and what it offers on
     /// request ([`Capabilities::MULTIPATH`]). A server keeps these bits of a client's `Hello`.
     pub const fn known() -> Self {
-        Self(Self::ours().0 | Self::MULTIPATH)
+        Self(Self::ours().0 | Self::MULTIPATH | Self::STRIPE_WHOLE)
     }
 
     pub fn intersect(self, other: Self) -> Self {
@@ -729,6 +738,14 @@ pub enum Frame {
         /// as the stripe host hashed the bytes it wrote; empty when the session's file digest
         /// is not BLAKE3 or the file has no tree (64 KiB or less).
         cvs: Vec<[u8; 32]>,
+    },
+    /// The client to a striped put's coordinator (control), with `STRIPE_WHOLE`: the file
+    /// digest that the block a stripe host wrote (and the client reports `Landed`) carried,
+    /// sent before that `Landed`. The coordinator verifies the file against it as against a
+    /// block's.
+    FileDigest {
+        file: FileId,
+        digest: Bytes,
     },
     /// Client to server (control), a request of its own: remove these files, symlinks and
     /// empty directories (a sync's `--delete`), each under the token's write scope; a path

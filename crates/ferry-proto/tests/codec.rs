@@ -444,6 +444,12 @@ fn frame() -> impl Strategy<Value = Frame> {
                 cvs,
             })
             .boxed(),
+        (any::<u64>(), vec(any::<u8>(), 1..=MAX_DIGEST))
+            .prop_map(|(file, digest)| Frame::FileDigest {
+                file: FileId(file),
+                digest: digest.into(),
+            })
+            .boxed(),
         (vec(text(), 0..=MAX_REMOVE_PATHS), any::<bool>())
             .prop_map(|(paths, more)| Frame::RemoveRequest { paths, more })
             .boxed(),
@@ -1027,6 +1033,10 @@ fn sample_frames() -> Vec<Frame> {
         data: Bytes::from_static(&[0u8; 1024]),
         last: true,
     });
+    frames.push(Frame::FileDigest {
+        file: FileId(7),
+        digest: vec![0x3c; 32].into(),
+    });
     frames
 }
 
@@ -1163,7 +1173,7 @@ fn sample_copy_request() -> CopyRequest {
 fn samples_cover_every_frame_type() {
     let mut types: Vec<u8> = sample_frames().iter().map(|f| f.frame_type().0).collect();
     types.dedup();
-    assert_eq!(types.len(), 38);
+    assert_eq!(types.len(), 39);
     for ty in 0..=u8::MAX {
         assert_eq!(
             FrameType(ty).max_payload().is_some(),
@@ -2016,6 +2026,46 @@ fn pinned_landed_and_its_limits() {
             "{offset} {len}"
         );
     }
+}
+
+#[test]
+fn pinned_file_digest_and_its_limits() {
+    let frame = Frame::FileDigest {
+        file: FileId(2),
+        digest: vec![9; 3].into(),
+    };
+    #[rustfmt::skip]
+    let expected: &[u8] = &[
+        0x3F, 0, 0, 0, 12,              // type, payload length
+        0, 0, 0, 0, 0, 0, 0, 2,         // file
+        3, 9, 9, 9,                     // digest: length, then its bytes
+    ];
+    assert_eq!(&encode(&frame)[..], expected);
+    assert_eq!(decode(encode(&frame)), Ok(frame));
+    // An empty digest (a block carries none by leaving it out) and a longer one than any
+    // algorithm's are refused.
+    let empty = Frame::FileDigest {
+        file: FileId(2),
+        digest: Default::default(),
+    };
+    assert!(matches!(
+        decode(encode(&empty)),
+        Err(DecodeError::InvalidValue {
+            field: "digest_len",
+            ..
+        })
+    ));
+    let long = Frame::FileDigest {
+        file: FileId(2),
+        digest: vec![0; MAX_DIGEST + 1].into(),
+    };
+    assert!(matches!(
+        decode(encode(&long)),
+        Err(DecodeError::TooLong {
+            field: "digest",
+            ..
+        })
+    ));
 }
 
 #[test]

@@ -113,10 +113,12 @@ impl RecvSession {
             }),
             // Deciding may read files (digests, resume checks): a writer does it; `Skipped`
             // answers a decision, in the order of the decisions.
-            // `Landed` (a striped put: a block a stripe host wrote) is read back by a writer.
-            offer @ (Frame::Offer { .. } | Frame::Skipped { .. } | Frame::Landed { .. }) => {
-                self.actions.push_back(RecvAction::ToWriters(offer))
-            }
+            // `Landed` (a striped put: a block a stripe host wrote) is read back by a writer,
+            // and `FileDigest` (the digest such a block carried) is the file's like a block's.
+            offer @ (Frame::Offer { .. }
+            | Frame::Skipped { .. }
+            | Frame::Landed { .. }
+            | Frame::FileDigest { .. }) => self.actions.push_back(RecvAction::ToWriters(offer)),
             // A sender whose receiver said `EARLY_TUNED` reports ahead of `Complete`.
             Frame::Tuned(t) => self.tuned = Some(t),
             Frame::Error { code, message } => self.fail(Fault::Remote { code, message }),

@@ -254,7 +254,7 @@ impl Receiver {
             *left = available - size;
             return Ok(());
         }
-        let partial = if size > u64::from(self.config.block_size) {
+        let partial = if self.journaled(size) {
             rustix::fs::statat(
                 dir,
                 journaled_temp(name).as_str(),

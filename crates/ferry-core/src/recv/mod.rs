@@ -73,4 +73,4 @@ pub use config::{
 pub use policy::{stays_in_tree, Links, Modes};
 pub use pool::{Deciding, WriterPool};
 pub use receiver::Receiver;
-pub use stripe::{for_stripe_host, StripeError, StripeWriter};
+pub use stripe::{for_stripe_host, StripeError, StripeWriter, WHOLE_MIN_SIZE};

@@ -20,7 +20,8 @@ use crate::root;
 
 impl Receiver {
     /// Opens the temporary file of `meta`. A file of one block gets a name unique to this
-    /// session and no journal: it is all or nothing. A larger file gets a name derived from its
+    /// session and no journal: it is all or nothing (unless the partial copies are shared,
+    /// [`Receiver::share_partials`]). A larger file gets a name derived from its
     /// final name and a locked journal beside it, and, if `resume` and a partial copy from an
     /// earlier attempt matches (same size, mtime, mode, block size and digest algorithm), starts
     /// from the blocks of it that still match their recorded digests.
@@ -53,7 +54,7 @@ impl Receiver {
             inflight: 0,
             reserved: Vec::new(),
         };
-        if meta.size <= u64::from(self.config.block_size) {
+        if !self.journaled(meta.size) {
             // Created with its first block (`Writing::file`).
             let temp = format!(".ferry-{:016x}-{}.part", self.config.tag, meta.id.0);
             return Ok(self.fresh_digest(writing(None, temp, None), meta.size));

@@ -11,6 +11,7 @@ use ferry_proto::{CompleteSummary, FileId, FileMeta, Frame};
 use super::commit::CommitHook;
 use super::config::{check_writable, Destination, ReceiverConfig, RecvError, MAX_KEPT_ERRORS};
 use super::state::{lock, remove_temp, Counters, FileEntry, FinalizeJob, Slot};
+use super::stripe::WHOLE_MIN_SIZE;
 use crate::digest::{hex, KnownDigests};
 use crate::error::FsError;
 use crate::filter::Filter;
@@ -55,6 +56,9 @@ pub struct Receiver {
     pub(super) commit_hook: OnceLock<Arc<dyn CommitHook>>,
     /// Digests of files already here, known without reading them (a server's catalog).
     pub(super) known_digests: OnceLock<Arc<dyn KnownDigests>>,
+    /// A striped put's coordinator: every file gets its partial copy under the shared,
+    /// journaled name at its decision, so that a stripe host can write any of its blocks.
+    pub(super) shared_partials: AtomicBool,
 }
 
 impl Receiver {
@@ -103,6 +107,7 @@ impl Receiver {
             filter: OnceLock::new(),
             commit_hook: OnceLock::new(),
             known_digests: OnceLock::new(),
+            shared_partials: AtomicBool::new(false),
         });
         // The finalizer holds only a weak reference so that dropping the receiver ends it.
         let weak = Arc::downgrade(&this);
@@ -131,6 +136,20 @@ impl Receiver {
     /// size and mtime, instead of reading the file (set it before the first frame).
     pub fn set_known_digests(&self, known: Arc<dyn KnownDigests>) {
         let _ = self.known_digests.set(known);
+    }
+
+    /// Gives every file of more than [`WHOLE_MIN_SIZE`] its partial copy under the name
+    /// derived from its final name, with a journal, at its decision, one-block files too (set
+    /// it before the first frame): the coordinator of a striped put, whose stripe hosts then
+    /// write those files' every block, the last too (`Capabilities::STRIPE_WHOLE`).
+    pub fn share_partials(&self) {
+        self.shared_partials.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether `size` bytes get a journaled partial copy (see [`Self::share_partials`]).
+    pub(super) fn journaled(&self, size: u64) -> bool {
+        size > u64::from(self.config.block_size)
+            || (size > WHOLE_MIN_SIZE && self.shared_partials.load(Ordering::Relaxed))
     }
 
     /// Whether the filter leaves out the entry at wire path `path` (or a directory above it).
@@ -205,6 +224,7 @@ impl Receiver {
                 digest,
                 cvs,
             }),
+            Frame::FileDigest { file, digest } => self.handle_file_digest(file, digest),
             _ => Err(RecvError::UnexpectedFrame),
         }
     }

@@ -735,12 +735,12 @@ fn a_block_a_stripe_host_landed_completes_the_file() {
     assert_eq!(decision(&rx), Decision::Send);
     r.expect(1, 0, 0);
     stripe.write(&middle).unwrap();
-    // The block that carries the file digest and early blocks stay with the coordinator.
-    let Frame::Block(last) = block(size, &data, 2 * mb, 1000, Some(whole.clone())) else {
+    // Early blocks stay with the coordinator: until the decision it may still truncate.
+    let Frame::Block(first) = early(block(size, &data, 0, mb as usize, None)) else {
         unreachable!()
     };
     assert!(matches!(
-        stripe.write(&last),
+        stripe.write(&first),
         Err(StripeError::NotStriped { .. })
     ));
     // A landing whose bytes are not the ones claimed is asked for again.
@@ -770,6 +770,128 @@ fn a_block_a_stripe_host_landed_completes_the_file() {
     let summary = r.finish();
     assert_eq!((summary.files, summary.failed), (1, 0), "{summary:?}");
     assert_eq!(std::fs::read(dir.path().join("in/f.bin")).unwrap(), data);
+}
+
+/// The block of file `id` named `path` (see [`block`]).
+fn block_of(id: u64, path: &str, size: u64, data: &Bytes, offset: u64, len: usize) -> Block {
+    let last = offset + len as u64 == size;
+    let whole = last.then(|| {
+        let mut h = FileHasher::new(ChecksumAlgo::Blake3);
+        h.update(data);
+        h.finalize()
+    });
+    let Frame::Block(mut b) = block(size, data, offset, len, whole) else {
+        unreachable!()
+    };
+    b.file.id = FileId(id);
+    b.file.path = path.into();
+    b
+}
+
+/// A striped put whose coordinator shares partial copies (`STRIPE_WHOLE`): a stripe host
+/// writes a one-block file of 200 KiB and the last block of a file of three, their chaining
+/// values merged, no read-back; the client hands the file digests over apart (`FileDigest`).
+/// A file of 64 KiB or less keeps its own copy, which no host can open, and comes whole from
+/// the client. Every file is stored with no partial copy or journal left. A coordinator that
+/// does not share them answers a one-block file's `Landed` with `Resend`: its copy is not
+/// the one the host could have written.
+#[test]
+fn a_stripe_host_lands_one_block_files_and_last_blocks_when_partials_are_shared() {
+    let mb = 1u64 << 20;
+    let dir = tempfile::tempdir().unwrap();
+    let count = Arc::new(LandedCount::default());
+    let (r, rx) = receiver_algo(dir.path(), count.clone(), ChecksumAlgo::Blake3);
+    r.share_partials();
+    let stripe = StripeWriter::new(
+        Destination {
+            root: Root::open(dir.path()).unwrap(),
+            base: "in".into(),
+            rename_top: None,
+        },
+        1 << 20,
+        ChecksumAlgo::Blake3,
+    );
+    let files = [
+        (1, "small.bin", WHOLE_MIN_SIZE),
+        (2, "mid.bin", 200 << 10),
+        (3, "big.bin", 2 * mb + 1000),
+    ];
+    let contents: Vec<Bytes> = files
+        .iter()
+        .map(|&(id, _, size)| (0..size).map(|i| (i * id + i / 7) as u8).collect())
+        .collect();
+    for &(id, path, size) in &files {
+        r.handle(offer(id, path, size)).unwrap();
+        assert_eq!(decision(&rx), Decision::Send, "{path}");
+    }
+    r.expect(3, 0, 0);
+    let lasts: Vec<Block> = files
+        .iter()
+        .zip(&contents)
+        .map(|(&(id, path, size), data)| {
+            let last = (size - 1) / mb * mb;
+            block_of(id, path, size, data, last, (size - last) as usize)
+        })
+        .collect();
+    assert!(stripe.write(&lasts[0]).unwrap_err().is_refusal());
+    r.handle(Frame::Block(lasts[0].clone())).unwrap();
+    for b in &lasts[1..] {
+        let cvs = stripe.write(b).unwrap();
+        let digest = b.file_digest.clone().expect("a last block");
+        r.handle(Frame::FileDigest {
+            file: b.file.id,
+            digest,
+        })
+        .unwrap();
+        r.handle(Frame::Landed {
+            file: b.file.id,
+            offset: b.offset,
+            len: b.data.len() as u32,
+            digest: b.digest,
+            cvs,
+        })
+        .unwrap();
+    }
+    for offset in [0, mb] {
+        let b = block_of(3, "big.bin", files[2].2, &contents[2], offset, mb as usize);
+        r.handle(Frame::Block(b)).unwrap();
+    }
+    r.done()
+        .recv_timeout(std::time::Duration::from_secs(5))
+        .expect("every file resolves");
+    let summary = r.finish();
+    assert_eq!((summary.files, summary.failed), (3, 0), "{summary:?}");
+    let load = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!((load(&count.merged), load(&count.read_back)), (2, 0));
+    for (&(_, path, _), data) in files.iter().zip(&contents) {
+        let stored = std::fs::read(dir.path().join("in").join(path)).unwrap();
+        assert_eq!(stored, &data[..], "{path}");
+    }
+    let mut left: Vec<String> = std::fs::read_dir(dir.path().join("in"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    left.sort();
+    assert_eq!(left, ["big.bin", "mid.bin", "small.bin"]);
+
+    // Not shared: the one-block file's copy is this session's own.
+    let dir = tempfile::tempdir().unwrap();
+    let (r, rx) = receiver(dir.path());
+    r.handle(offer(2, "mid.bin", 200 << 10)).unwrap();
+    assert_eq!(decision(&rx), Decision::Send);
+    r.handle(Frame::Landed {
+        file: FileId(2),
+        offset: 0,
+        len: 200 << 10,
+        digest: lasts[1].digest,
+        cvs: Vec::new(),
+    })
+    .unwrap();
+    let resend = rx.try_recv();
+    assert!(
+        matches!(resend, Ok(Frame::Resend { offset: 0, .. })),
+        "{resend:?}"
+    );
 }
 
 /// Counts landed blocks by how the coordinator took them in.

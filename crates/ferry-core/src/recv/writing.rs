@@ -58,7 +58,13 @@ impl Receiver {
             return Err(RecvError::Inconsistent(file));
         }
         let (copy, tree) = match &mut *lock(&entry.slot) {
-            Slot::Writing(w) => (w.file.clone(), w.tree.is_some()),
+            // Only a journaled copy has the name a stripe host opens: the bytes of any other
+            // are not where the host wrote them, whatever its chaining values say.
+            Slot::Writing(w) if w.journal.is_some() => (w.file.clone(), w.tree.is_some()),
+            Slot::Writing(_) => {
+                let _ = self.control.send(Frame::Resend { file, offset, len });
+                return Ok(());
+            }
             _ => return Ok(()), // done, failed or skipped meanwhile
         };
         let span = Span {
@@ -100,6 +106,22 @@ impl Receiver {
             data: data.into(),
         };
         self.take_block(&entry, &block, true);
+        Ok(())
+    }
+
+    /// The file digest of a file whose last block a stripe host wrote (the client has it from
+    /// the block it sent there): verified against as a block's would be, once every byte is in.
+    pub(super) fn handle_file_digest(&self, file: FileId, digest: Bytes) -> Result<(), RecvError> {
+        let entry = lock(&self.files)
+            .get(&file)
+            .cloned()
+            .ok_or(RecvError::Unoffered(file))?;
+        let mut slot = lock(&entry.slot);
+        let Slot::Writing(w) = &mut *slot else {
+            return Ok(()); // done, failed or skipped meanwhile
+        };
+        w.expected = Some(digest);
+        self.advance(&entry, slot, None);
         Ok(())
     }
 

@@ -15,7 +15,9 @@ use std::time::{Duration, Instant};
 use bytes::BytesMut;
 use ferry_core::send::Sender;
 use ferry_core::Reporter;
-use ferry_proto::{CompleteSummary, Frame, SessionId, TuneReport, MAX_CONTROL_PAYLOAD};
+use ferry_proto::{
+    Capabilities, CompleteSummary, Frame, SessionId, TuneReport, MAX_CONTROL_PAYLOAD,
+};
 use ferry_session::endgame::History;
 use ferry_session::send::{SendAction, SendConfig, SendSample, SendSession, StreamEnd};
 use ferry_session::{ConnSample, Fault};
@@ -98,6 +100,10 @@ pub(crate) struct SendRun {
     pub(crate) plan: StreamPlan,
     pub(crate) welcome: Option<Duration>,
     pub(crate) awaiting: Option<(SessionId, [u8; 32])>,
+    /// The coordinator of a striped put said `STRIPE_WHOLE` in a `Welcome` read already: its
+    /// stripe hosts take small files and last blocks too. (A `Welcome` read during the
+    /// session says so itself.)
+    pub(crate) stripe_whole: bool,
 }
 
 /// Runs the sending end until the receiver reports `Complete`.
@@ -202,6 +208,7 @@ impl SendDriver {
         let (landed_tx, landed) = mpsc::unbounded_channel();
         let stripes = StripeHosts::start(
             stripes,
+            run.stripe_whole,
             &frames,
             &Outlets {
                 bounce: bounce_tx,
@@ -294,7 +301,16 @@ impl SendDriver {
                     self.activity.touch();
                 }
                 f = self.ctrl_rx.recv() => match f {
-                    Some(Ok(frame)) => self.session.handle_control(frame),
+                    Some(Ok(frame)) => {
+                        // Before any decision it precedes is taken in: no block of a file
+                        // decided after it reaches a stripe host by the narrower rule.
+                        if let Frame::Welcome { capabilities, .. } = &frame {
+                            if capabilities.has(Capabilities::STRIPE_WHOLE) {
+                                self.stripes.whole();
+                            }
+                        }
+                        self.session.handle_control(frame)
+                    }
                     Some(Err(e)) => return Err(e),
                     None => return Err(SessionError::Closed("control")),
                 },

@@ -4,18 +4,21 @@
 //! Each host's data connections take frames from the sender's one queue like the
 //! coordinator's, but keep only what a stripe host may write (`for_stripe_host`): a block
 //! sent after its file's decision (not `early`: before it the coordinator may still discard or
-//! truncate the partial copy) that does not carry the file digest, of a file of more than one
-//! block, and that fits the host's block size. Anything else
+//! truncate the partial copy) that fits the host's block size; when the coordinator does not
+//! share every partial copy (no `STRIPE_WHOLE` in its `Welcome`), also only one that does not
+//! carry the file digest, of a file of more than one block. Anything else
 //! goes on the bounce queue, which the coordinator's connections take from first. A block
 //! stays owed until the host reports it `Landed`; the client then forwards a `Landed` built
 //! from its own record of the block (its digest, not the host's word) and the host's BLAKE3
-//! chaining values to the coordinator. A
+//! chaining values to the coordinator, after a `FileDigest` when the block carried the file
+//! digest. A
 //! block the host hands back (`Resend`) and, when a host fails, every block it still owes go
 //! on the bounce queue too, so the put completes on the others. A host that owes blocks and
 //! answers nothing for [`SILENCE`] (stopped, or its link black-holed) is dropped as a failed
 //! one is.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use bytes::BytesMut;
@@ -87,6 +90,9 @@ pub(crate) struct StripeHosts {
     reports: Vec<Arc<Mutex<StripeReport>>>,
     /// Set when the put is over: each host's session then ends as its queue closing would.
     over: tokio::sync::watch::Sender<bool>,
+    /// The coordinator shares every partial copy (`STRIPE_WHOLE`): hosts take every block
+    /// sent after its file's decision.
+    whole: Arc<AtomicBool>,
 }
 
 /// Where stripe hosts put what they do not carry, and what landed.
@@ -100,12 +106,14 @@ impl StripeHosts {
     /// Starts every host's connections on the sender's frame queue.
     pub(crate) fn start(
         hosts: Vec<StripeIo>,
+        whole: bool,
         frames: &flume::Receiver<Frame>,
         out: &Outlets,
     ) -> Self {
         let mut tasks = JoinSet::new();
         let mut reports = Vec::new();
         let (over, _) = tokio::sync::watch::channel(false);
+        let whole = Arc::new(AtomicBool::new(whole));
         for h in hosts {
             let report = Arc::new(Mutex::new(StripeReport {
                 host: h.host.clone(),
@@ -119,6 +127,7 @@ impl StripeHosts {
                 bounce: out.bounce.clone(),
                 landed: out.landed.clone(),
                 reporter: out.reporter.clone(),
+                whole: whole.clone(),
             };
             tasks.spawn(host.run(h, frames.clone(), over.subscribe()));
         }
@@ -126,7 +135,14 @@ impl StripeHosts {
             tasks,
             reports,
             over,
+            whole,
         }
+    }
+
+    /// The coordinator shares every partial copy (`STRIPE_WHOLE` in its `Welcome`): from
+    /// now on hosts take small files and last blocks too.
+    pub(crate) fn whole(&self) {
+        self.whole.store(true, Ordering::Release);
     }
 
     /// Ends every host's session (the put is over), closing each cleanly if it can within
@@ -154,6 +170,7 @@ struct Host {
     bounce: flume::Sender<Frame>,
     landed: mpsc::UnboundedSender<Frame>,
     reporter: Arc<dyn Reporter>,
+    whole: Arc<AtomicBool>,
 }
 
 impl Host {
@@ -220,6 +237,10 @@ impl Host {
         *lock(&self.heard) = std::time::Instant::now();
     }
 
+    fn whole(&self) -> bool {
+        self.whole.load(Ordering::Acquire)
+    }
+
     /// One data connection: takes frames from the queue, keeps what the host may write and
     /// bounces the rest. A block is owed from before it is written until it lands.
     async fn feed(
@@ -250,7 +271,9 @@ impl Host {
                 }
             };
             let key = match &frame {
-                Frame::Block(b) if for_stripe_host(b, block_size) => (b.file.id, b.offset),
+                Frame::Block(b) if for_stripe_host(b, block_size, self.whole()) => {
+                    (b.file.id, b.offset)
+                }
                 _ => {
                     if self.bounce.send(frame).is_err() {
                         break;
@@ -305,6 +328,17 @@ impl Host {
                         rep.bytes += u64::from(len);
                     }
                     self.reporter.on_bytes(u64::from(len));
+                    // The digest the block carried, which only the client has: before the
+                    // `Landed`, so that the coordinator has it when the file is whole.
+                    if let Some(digest) = b.file_digest {
+                        if self
+                            .landed
+                            .send(Frame::FileDigest { file, digest })
+                            .is_err()
+                        {
+                            return SessionError::Closed("put");
+                        }
+                    }
                     // The chaining values are the host's word: the coordinator merges them
                     // into the file's tree, whose root must still equal the sender's digest.
                     let landed = Frame::Landed {

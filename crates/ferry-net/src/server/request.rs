@@ -95,6 +95,11 @@ pub(super) async fn prepare<'a>(
     if shared.config.stripe {
         ours = Capabilities(ours.0 | Capabilities::STRIPE);
     }
+    // A striped put's coordinator shares every partial copy; any server can be one.
+    let whole = caps.has(Capabilities::STRIPE_WHOLE);
+    if whole {
+        ours = Capabilities(ours.0 | Capabilities::STRIPE_WHOLE);
+    }
     welcome_with(stream, session, secret, ours).await?;
     if multipath {
         send(stream, &paths(shared, stream)).await?;
@@ -123,7 +128,14 @@ pub(super) async fn prepare<'a>(
             dest,
             sources,
             opts,
-        } => prepare_put(shared, stream, grant, named, &dest, sources, opts).await,
+        } => {
+            let put = prepare_put(shared, stream, grant, named, &dest, sources, opts);
+            put.await.inspect(|w| {
+                if let (true, Work::Put { receiver, .. }) = (whole, w) {
+                    receiver.share_partials();
+                }
+            })
+        }
         Frame::GetRequest { src, opts } => {
             prepare_get(shared, stream, grant, named, caps, &src, opts).await
         }

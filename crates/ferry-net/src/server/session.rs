@@ -535,6 +535,7 @@ async fn run_request(
                 plan,
                 welcome: None,
                 awaiting: None,
+                stripe_whole: false,
             };
             let result = drive_sender(io, run).await?;
             let (summary, sender) = (result.summary, result.sender);
