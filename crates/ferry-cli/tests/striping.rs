@@ -90,11 +90,16 @@ fn metric_opt(server: &Server, series: &str) -> Result<u64, String> {
         .ok_or(page)
 }
 
-/// Whether `dir` holds a partial copy (`.ferry-*.part`) anywhere below it.
+/// Whether `dir` holds a partial copy (`.ferry-*.part`) anywhere below it. Names only, and
+/// whatever vanishes while it looks is passed over: the put is renaming files meanwhile.
 fn has_partial(dir: &Path) -> bool {
-    all_paths(dir).iter().any(|p| {
-        let name = p.rsplit('/').next().unwrap_or(p);
-        name.starts_with(".ferry-") && name.ends_with(".part")
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return false;
+    };
+    entries.flatten().any(|e| {
+        let name = e.file_name().to_string_lossy().into_owned();
+        (name.starts_with(".ferry-") && name.ends_with(".part"))
+            || (e.file_type().is_ok_and(|t| t.is_dir()) && has_partial(&e.path()))
     })
 }
 
