@@ -42,12 +42,6 @@ mkdir "$work/tmp" "$work/needs"
 chmod 711 "$work" "$work/tmp"
 export TMPDIR="$work/tmp" FERRY_TEST_NEEDS_DIR="$work/needs"
 
-# CI builds from a clean clone once: incremental compilation only adds work there (it saves
-# the query graph for a next build that never comes). A developer's own runs keep it.
-if [ -n "${CI:-}" ] && [ -z "${CARGO_INCREMENTAL:-}" ]; then
-    export CARGO_INCREMENTAL=0
-fi
-
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
 # The WAN-emulator tests measure rates and delays, so they run alone, after everything else,
