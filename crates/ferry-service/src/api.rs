@@ -61,14 +61,21 @@ pub fn router(app: Arc<App>) -> Router {
         .with_state(app)
 }
 
-/// Runs `f` on the blocking pool. The store's calls wait on its lock and on SQLite (a write
-/// that checkpoints the log waits on the disk): on a runtime worker that wait would hold up
-/// every request, handshake and transfer queued behind it (docs/bench/NOTEBOOK.md, "Issue 40:
-/// the service's p99 and memory").
+/// Runs `f`, a store call, off the scheduling of other requests. The store's calls wait on its
+/// lock and on the database; the API has its own runtime ([`crate::service`]), so on its
+/// multi-thread workers `f` runs in place (`block_in_place` hands this worker's other tasks to
+/// another), sparing the two thread hand-offs of the blocking pool, each a wait for a core on a
+/// loaded host (docs/bench/NOTEBOOK.md, "Issue 40: the API's tail"). Elsewhere (a
+/// current-thread runtime) it goes to the blocking pool.
 async fn blocking<T: Send + 'static>(
     app: &Arc<App>,
     f: impl FnOnce(&App) -> Result<T, ApiError> + Send + 'static,
 ) -> Result<T, ApiError> {
+    let multi = tokio::runtime::Handle::try_current()
+        .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+    if multi {
+        return tokio::task::block_in_place(|| f(app));
+    }
     let app = app.clone();
     tokio::task::spawn_blocking(move || f(&app))
         .await

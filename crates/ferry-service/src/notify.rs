@@ -140,6 +140,10 @@ pub struct Notifier {
     target: Option<Target>,
     tls: Option<tokio_rustls::TlsConnector>,
     slots: Arc<Semaphore>,
+    /// The runtime the service's jobs run on (the one this was made on, if any): a cancel
+    /// through the API ends a job from the API's own runtime, whose end must not drop the
+    /// notification in flight.
+    runtime: Option<tokio::runtime::Handle>,
 }
 
 impl std::fmt::Debug for Notifier {
@@ -167,6 +171,7 @@ impl Notifier {
             target,
             tls,
             slots: Arc::new(Semaphore::new(AT_ONCE)),
+            runtime: tokio::runtime::Handle::try_current().ok(),
         })
     }
 
@@ -181,7 +186,7 @@ impl Notifier {
             return;
         }
         let me = self.clone();
-        tokio::spawn(async move {
+        let send = async move {
             let Ok(_slot) = me.slots.clone().acquire_owned().await else {
                 return;
             };
@@ -206,7 +211,11 @@ impl Notifier {
                 }
             };
             tokio::join!(hook, post);
-        });
+        };
+        match &self.runtime {
+            Some(rt) => drop(rt.spawn(send)),
+            None => drop(tokio::spawn(send)),
+        }
     }
 
     /// Runs the command for `job` with `body` on stdin, killing its process group at the

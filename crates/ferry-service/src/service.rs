@@ -198,19 +198,63 @@ impl Service {
                 stopped(rx.clone()),
             ))
         });
-        crate::http::serve(
-            self.listener,
-            Some(self.tls),
-            api::router(self.app),
-            shutdown,
-        )
-        .await;
+        // The API on threads of its own: on the jobs' runtime a request waits behind whatever
+        // the workers are doing (a TLS record of a block, a digest), which made its tail (p99)
+        // ten times its median under a thousand jobs (docs/bench/NOTEBOOK.md).
+        let (api_stop, api_stopped) = tokio::sync::oneshot::channel::<()>();
+        let api = match api_thread(self.listener, self.tls, self.app, api_stopped) {
+            Ok(t) => Some(t),
+            Err(e) => {
+                tracing::error!("the API cannot start: {e}");
+                None
+            }
+        };
+        if api.is_some() {
+            shutdown.await;
+        }
+        let _ = api_stop.send(());
+        if let Some(t) = api {
+            let _ = tokio::task::spawn_blocking(move || t.join()).await;
+        }
         let _ = tx.send(true);
         let _ = sched.await;
         if let Some(p) = probes {
             let _ = p.await;
         }
     }
+}
+
+/// Threads the API runs on (two workers of a runtime of their own), so that its answers do not
+/// queue behind the jobs' work on the main runtime's workers.
+const API_THREADS: usize = 2;
+
+/// Starts the API's runtime on its own threads and serves `listener` there until `stop`.
+fn api_thread(
+    listener: tokio::net::TcpListener,
+    tls: Arc<rustls::ServerConfig>,
+    app: Arc<App>,
+    stop: tokio::sync::oneshot::Receiver<()>,
+) -> std::io::Result<std::thread::JoinHandle<()>> {
+    let listener = listener.into_std()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(API_THREADS)
+        .thread_name("ferry-api")
+        .enable_all()
+        .build()?;
+    std::thread::Builder::new()
+        .name("ferry-api".into())
+        .spawn(move || {
+            runtime.block_on(async move {
+                let listener = match tokio::net::TcpListener::from_std(listener) {
+                    Ok(l) => l,
+                    Err(e) => return tracing::error!("the API's listener: {e}"),
+                };
+                let stopped = async {
+                    let _ = stop.await;
+                };
+                crate::http::serve(listener, Some(tls), api::router(app), stopped).await;
+            });
+        })
 }
 
 /// The name kept in `state_dir`, or a new one (the host's name and a few random-enough hex
