@@ -182,7 +182,7 @@ fn reopening_keeps_what_was_registered_and_migrates_once(b: &Backend) {
         .unwrap()
         .int(0)
         .unwrap();
-    assert_eq!(migrations, 3);
+    assert_eq!(migrations, 4);
     let conn = c.lock();
     if let Conn::Sqlite(conn) = &*conn {
         let mode: String = conn
@@ -292,7 +292,7 @@ fn a_newer_schema_is_refused(b: &Backend) {
             e,
             CatalogError::TooNew {
                 found: 99,
-                known: 3
+                known: 4
             }
         ),
         "{e}"
