@@ -29,7 +29,7 @@ pub use error::CatalogError;
 pub use find::{glob_match, Condition, Query};
 pub use later::OnError;
 pub use pg::PgUrl;
-pub use schema::{run_migrations, MAX_ATTR, MAX_PATH, MAX_UNIT, MAX_VALUE};
+pub use schema::{run_migrations, MAX_ADDRESS, MAX_ATTR, MAX_PATH, MAX_UNIT, MAX_VALUE};
 pub use store::Catalog;
 
 /// Where a catalog lives.
@@ -124,6 +124,9 @@ pub struct Replica {
     pub server: String,
     pub physical: String,
     pub state: ReplicaState,
+    /// Where its server is reachable (`host:port`), as the server advertised it or a `repl`
+    /// recorded it; empty when unknown.
+    pub address: String,
 }
 
 /// One metadata entry: attribute, value and unit (empty when none), as iRODS's AVUs.

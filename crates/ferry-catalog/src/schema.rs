@@ -12,12 +12,14 @@ use crate::error::CatalogError;
 
 /// Each migration's version and statements; a version is never edited once released, only
 /// followed by another.
-pub(crate) const MIGRATIONS: &[(i64, &str)] = &[(1, V1), (2, V2), (3, V3)];
+pub(crate) const MIGRATIONS: &[(i64, &str)] = &[(1, V1), (2, V2), (3, V3), (4, V4)];
 
 /// Longest attribute name, value and unit of a metadata entry, in bytes (SECURITY.md).
 pub const MAX_ATTR: usize = 256;
 pub const MAX_VALUE: usize = 2048;
 pub const MAX_UNIT: usize = 64;
+/// Longest server address (`host:port`, a DNS name being at most 253 bytes).
+pub const MAX_ADDRESS: usize = 256;
 /// Longest logical path (Linux's PATH_MAX).
 pub const MAX_PATH: usize = 4096;
 
@@ -95,6 +97,13 @@ INSERT INTO pending_v3 (server, path, size, mtime_ns, digest, algo, stored_by, p
     SELECT '', path, size, mtime_ns, digest, algo, stored_by, physical, since FROM pending;
 DROP TABLE pending;
 ALTER TABLE pending_v3 RENAME TO pending;
+";
+
+/// Where each server is reachable (`serve --advertise`, `host:port`; empty when unknown), so
+/// that a client's `get` can fetch a replica from the server that holds it. A row with an
+/// empty root is a server of another catalog, known only by a `repl`'s record of its address.
+const V4: &str = "
+ALTER TABLE roots ADD COLUMN address TEXT NOT NULL DEFAULT '';
 ";
 
 /// Brings the catalog to the newest schema this build knows, one server at a time.

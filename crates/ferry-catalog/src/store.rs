@@ -10,7 +10,7 @@ use rusqlite::Connection;
 use crate::db::{args, transaction, Conn, Db, Row};
 use crate::later::{Later, Tracker};
 use crate::pg::Pg;
-use crate::schema::{self, MAX_ATTR, MAX_PATH, MAX_UNIT, MAX_VALUE};
+use crate::schema::{self, MAX_ADDRESS, MAX_ATTR, MAX_PATH, MAX_UNIT, MAX_VALUE};
 use crate::{
     bounded, now_ns, under, Avu, CatalogError, Commit, Location, Object, Reconciled, Replica,
     ReplicaState, Stat,
@@ -83,8 +83,11 @@ impl Catalog {
     pub fn claim_root(&self, root: &str) -> Result<(), CatalogError> {
         bounded("root", root, MAX_PATH, false)?;
         let mut conn = self.lock();
+        // A row with an empty root is this name as another catalog's `repl` record knew it
+        // (its address only): the server itself claims it.
         conn.run(
-            "INSERT INTO roots (server, root) VALUES (?1, ?2) ON CONFLICT DO NOTHING",
+            "INSERT INTO roots (server, root) VALUES (?1, ?2)
+             ON CONFLICT (server) DO UPDATE SET root = excluded.root WHERE roots.root = ''",
             args![&self.shared.server, root],
         )?;
         let recorded = conn
@@ -99,6 +102,35 @@ impl Catalog {
                 asked: root.to_owned(),
             });
         }
+        Ok(())
+    }
+
+    /// Records where this server is reachable (`host:port`, empty: unknown), shown with its
+    /// replicas in `stat` so that a client can fetch them from here. After [`Self::claim_root`].
+    pub fn advertise(&self, address: &str) -> Result<(), CatalogError> {
+        bounded("address", address, MAX_ADDRESS, true)?;
+        self.lock().run(
+            "UPDATE roots SET address = ?2 WHERE server = ?1",
+            args![&self.shared.server, address],
+        )?;
+        Ok(())
+    }
+
+    /// Records where `server`, a server of another catalog that a `repl` made a copy on, is
+    /// reachable. A server that claimed a root in this catalog keeps the address it gave
+    /// itself; this server's own name is skipped.
+    pub fn note_address(&self, server: &str, address: &str) -> Result<(), CatalogError> {
+        bounded("server name", server, MAX_ATTR, false)?;
+        bounded("address", address, MAX_ADDRESS, false)?;
+        if server == self.server() {
+            return Ok(());
+        }
+        self.lock().run(
+            "INSERT INTO roots (server, root, address) VALUES (?1, '', ?2)
+             ON CONFLICT (server) DO UPDATE SET address = excluded.address
+             WHERE roots.root = ''",
+            args![server, address],
+        )?;
         Ok(())
     }
 
@@ -221,7 +253,9 @@ impl Catalog {
         let object = object_at(&mut row, 1)?;
         let replicas = conn
             .rows(
-                "SELECT server, physical, state FROM replicas WHERE object = ?1 ORDER BY server",
+                "SELECT r.server, r.physical, r.state, COALESCE(s.address, '')
+                 FROM replicas r LEFT JOIN roots s ON s.server = r.server
+                 WHERE r.object = ?1 ORDER BY r.server",
                 args![id],
             )?
             .into_iter()
@@ -230,6 +264,7 @@ impl Catalog {
                     server: r.text(0)?,
                     physical: r.text(1)?,
                     state: ReplicaState::parse(&r.text(2)?),
+                    address: r.text(3)?,
                 })
             })
             .collect::<Result<_, CatalogError>>()?;

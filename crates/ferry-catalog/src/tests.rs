@@ -78,6 +78,7 @@ on_both!(
     register_then_stat_shows_the_object_and_its_replica,
     reopening_keeps_what_was_registered_and_migrates_once,
     a_catalog_is_kept_for_one_root_of_a_server,
+    replicas_carry_their_servers_addresses,
     a_newer_schema_is_refused,
     intents_are_reconciled_by_what_is_there,
     queued_registrations_are_seen_by_every_read_after_them,
@@ -143,7 +144,7 @@ fn an_audit_pages_this_servers_objects_and_marks_its_replicas(b: &Backend) {
 
 fn register_then_stat_shows_the_object_and_its_replica(b: &Backend) {
     let c = b.catalog();
-    assert_eq!(c.schema_version().unwrap(), 3);
+    assert_eq!(c.schema_version().unwrap(), 4);
     c.register_commit(&commit("a/b.txt", 7)).unwrap();
     let s = c.stat("a/b.txt").unwrap().unwrap();
     assert_eq!(s.object.size, 7);
@@ -155,7 +156,8 @@ fn register_then_stat_shows_the_object_and_its_replica(b: &Backend) {
         vec![Replica {
             server: "here".into(),
             physical: "/srv/a/b.txt".into(),
-            state: ReplicaState::Good
+            state: ReplicaState::Good,
+            address: String::new(),
         }]
     );
     assert!(c.stat("a/b").unwrap().is_none());
@@ -172,7 +174,7 @@ fn reopening_keeps_what_was_registered_and_migrates_once(b: &Backend) {
         .register_commit(&commit("x", 1))
         .unwrap();
     let c = Catalog::open(&loc, "here").unwrap();
-    assert_eq!(c.schema_version().unwrap(), 3);
+    assert_eq!(c.schema_version().unwrap(), 4);
     assert_eq!(c.count().unwrap(), 1);
     let migrations = c
         .lock()
@@ -180,7 +182,7 @@ fn reopening_keeps_what_was_registered_and_migrates_once(b: &Backend) {
         .unwrap()
         .int(0)
         .unwrap();
-    assert_eq!(migrations, 3);
+    assert_eq!(migrations, 4);
     let conn = c.lock();
     if let Conn::Sqlite(conn) = &*conn {
         let mode: String = conn
@@ -213,6 +215,67 @@ fn a_catalog_is_kept_for_one_root_of_a_server(b: &Backend) {
         .is_err());
 }
 
+fn replicas_carry_their_servers_addresses(b: &Backend) {
+    let loc = b.fresh();
+    let one = Catalog::open(&loc, "one").unwrap();
+    one.claim_root("/a").unwrap();
+    one.advertise("dtn1:7070").unwrap();
+    one.register_commit(&commit("f", 3)).unwrap();
+    let addresses = |c: &Catalog| -> Vec<(String, String)> {
+        c.stat("f")
+            .unwrap()
+            .unwrap()
+            .replicas
+            .into_iter()
+            .map(|r| (r.server, r.address))
+            .collect()
+    };
+    assert_eq!(addresses(&one), [("one".into(), "dtn1:7070".into())]);
+    if one.is_shared() {
+        // A second server of the zone registers the same contents: both addresses shown.
+        let two = Catalog::open(&loc, "two").unwrap();
+        two.claim_root("/b").unwrap();
+        two.advertise("dtn2:7070").unwrap();
+        two.register_commit(&commit("f", 3)).unwrap();
+        let both = vec![
+            ("one".to_owned(), "dtn1:7070".to_owned()),
+            ("two".to_owned(), "dtn2:7070".to_owned()),
+        ];
+        assert_eq!(addresses(&one), both);
+        // A record's address never replaces the one a server gave itself.
+        one.note_address("two", "elsewhere:1").unwrap();
+        assert_eq!(addresses(&one), both);
+        return;
+    }
+    // Separate catalogs: the other server is known by a repl's record and its address.
+    assert_eq!(one.record_replicas("f", false, "two", "/b/f").unwrap(), 1);
+    assert_eq!(
+        addresses(&one),
+        [
+            ("one".to_owned(), "dtn1:7070".to_owned()),
+            ("two".to_owned(), String::new())
+        ]
+    );
+    one.note_address("two", "dtn2:7070").unwrap();
+    one.note_address("two", "dtn2:7071").unwrap();
+    // Its own name in a record changes nothing.
+    one.note_address("one", "elsewhere:1").unwrap();
+    assert_eq!(
+        addresses(&one),
+        [
+            ("one".to_owned(), "dtn1:7070".to_owned()),
+            ("two".to_owned(), "dtn2:7071".to_owned())
+        ]
+    );
+    // A server later started on this catalog under the recorded name claims the row.
+    let two = Catalog::open(&loc, "two").unwrap();
+    two.claim_root("/b").unwrap();
+    two.advertise("").unwrap();
+    assert_eq!(addresses(&one)[1], ("two".to_owned(), String::new()));
+    let long = "h".repeat(MAX_ADDRESS + 1);
+    assert!(one.advertise(&long).is_err());
+}
+
 fn a_newer_schema_is_refused(b: &Backend) {
     let loc = b.fresh();
     let c = Catalog::open(&loc, "here").unwrap();
@@ -229,7 +292,7 @@ fn a_newer_schema_is_refused(b: &Backend) {
             e,
             CatalogError::TooNew {
                 found: 99,
-                known: 3
+                known: 4
             }
         ),
         "{e}"

@@ -529,6 +529,11 @@ pub struct ServeArgs {
     /// share a catalog need different names.
     #[arg(long, value_name = "NAME", conflicts_with = "oneshot")]
     pub catalog_name: Option<String>,
+    /// Where clients reach this server (HOST:PORT), kept in the catalog beside its name so that
+    /// `ferry get` can fetch this server's replicas from it. Default: the first --listen
+    /// address unless it is a wildcard (0.0.0.0, [::]); `none`: no address.
+    #[arg(long, value_name = "HOST:PORT|none", conflicts_with = "oneshot")]
+    pub advertise: Option<String>,
     /// Bytes a second that `ferry verify` audits may read, all together (e.g. 256M, 1G; 0:
     /// unlimited), so that an audit cannot starve transfers.
     #[arg(long, default_value = "256M", value_name = "SIZE")]
@@ -662,6 +667,14 @@ pub struct GetArgs {
     /// Keep setuid, setgid and world-writable bits as the server has them (cleared by default).
     #[arg(long)]
     pub keep_modes: bool,
+    /// Fetch a registered file from this replica (its server's name, as `ferry stat` shows
+    /// it) and from no other; by default the best measured good replica is used, the others
+    /// in turn when it fails.
+    #[arg(long, value_name = "NAME", conflicts_with_all = ["tar", "no_replicas"])]
+    pub replica: Option<String>,
+    /// Fetch from the named server only, never from another replica.
+    #[arg(long, conflicts_with = "tar")]
+    pub no_replicas: bool,
     #[command(flatten)]
     pub transfer: TransferArgs,
 }

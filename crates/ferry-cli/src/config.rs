@@ -140,6 +140,19 @@ fn host_port(s: &str) -> Result<(String, u16)> {
     Ok((host.to_owned(), port))
 }
 
+/// The token the config file gives `host` itself (`[hosts.HOST]`), if any: what a replica on
+/// that host is fetched with, before the token given for the named server.
+pub fn host_token(auth: &AuthArgs, host: &str) -> Result<Option<String>> {
+    let (_, file) = client_file(auth.config.as_deref())?;
+    Ok(file.and_then(|f| f.hosts.get(host).and_then(|h| h.token.clone())))
+}
+
+/// A server address as a catalog keeps it (`HOST:PORT`, `[V6]:PORT`) as a remote's host and
+/// port.
+pub fn address_host_port(address: &str) -> Result<(String, u16)> {
+    host_port(address)
+}
+
 /// Where the client pins server keys: `$XDG_CONFIG_HOME/ferry/known_hosts`, else
 /// `~/.config/ferry/known_hosts`.
 pub fn default_known_hosts() -> Option<PathBuf> {
@@ -499,6 +512,8 @@ pub struct Transfer {
     pub manifest: Option<PathBuf>,
     /// How to start a session over ssh, for `USER@HOST:PATH`.
     pub conn: ConnArgs,
+    /// The token and config file given: a replica's host may have a token of its own there.
+    pub auth: AuthArgs,
 }
 
 impl Transfer {
@@ -575,6 +590,7 @@ impl Transfer {
             json: args.output.json,
             manifest: args.manifest,
             conn: args.conn,
+            auth: args.auth,
         }
     }
 }

@@ -33,6 +33,7 @@ pub struct ServeFile {
     metrics_listen: Option<String>,
     catalog: Option<String>,
     catalog_name: Option<String>,
+    advertise: Option<String>,
     verify_rate: Option<String>,
     log_format: Option<LogFormat>,
 }
@@ -144,6 +145,11 @@ fn merge(args: &mut ServeArgs, file: ServeFile, base: &Path) -> Result<()> {
         unset("catalog_name"),
     );
     set(
+        &mut args.advertise,
+        file.advertise.map(Some),
+        unset("advertise"),
+    );
+    set(
         &mut args.verify_rate,
         file.verify_rate,
         unset("verify_rate"),
@@ -223,6 +229,10 @@ mod tests {
         .unwrap();
         assert_eq!(a.catalog.as_deref(), Some("postgres://ferry@db/cat"));
         assert_eq!(a.catalog_name.as_deref(), Some("ferry2"));
+        let mut a = parsed(&["ferry", "serve", "--root", "/"]);
+        let file = toml::from_str("advertise = \"dtn1.example.org:7070\"\n").unwrap();
+        merge(&mut a, file, Path::new("/x")).unwrap();
+        assert_eq!(a.advertise.as_deref(), Some("dtn1.example.org:7070"));
     }
 
     #[test]

@@ -5,6 +5,7 @@
 //! neither place.
 
 mod access;
+mod best_replica;
 mod bundles;
 mod catalog_cmds;
 mod cli;

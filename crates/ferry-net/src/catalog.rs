@@ -4,8 +4,8 @@
 
 use ferry_core::Reporter;
 use ferry_proto::{
-    CatalogAnswer, CatalogObject, CatalogRequest, CatalogStat, FindRequest, Frame, MetaEntry,
-    Problem, VerifyCounts, MAX_CONTROL_PAYLOAD, MAX_TAR_PATHS, MAX_VERIFY_LISTED,
+    CatalogAnswer, CatalogObject, CatalogRequest, CatalogStat, ErrorCode, FindRequest, Frame,
+    MetaEntry, Problem, VerifyCounts, MAX_CONTROL_PAYLOAD, MAX_TAR_PATHS, MAX_VERIFY_LISTED,
 };
 
 use crate::client::{connect, ClientConfig};
@@ -39,6 +39,27 @@ pub async fn stat(
     match ask(cfg, request, reporter).await? {
         CatalogAnswer::Stat(s) => Ok(*s),
         other => Err(unexpected(&other)),
+    }
+}
+
+/// [`stat`] with each replica's server address (`Locate`, op 12), for a client choosing where
+/// to fetch from. A server older than op 12 refuses it as a protocol error: its `stat` then,
+/// whose replicas carry no address.
+pub async fn locate(
+    cfg: &ClientConfig,
+    path: &str,
+    reporter: &dyn Reporter,
+) -> Result<CatalogStat, SessionError> {
+    let request = CatalogRequest::Locate {
+        path: path.to_owned(),
+    };
+    match ask(cfg, request, reporter).await {
+        Ok(CatalogAnswer::Stat(s)) => Ok(*s),
+        Ok(other) => Err(unexpected(&other)),
+        Err(SessionError::Remote { code, .. }) if code == ErrorCode::PROTOCOL => {
+            stat(cfg, path, reporter).await
+        }
+        Err(e) => Err(e),
     }
 }
 
@@ -132,14 +153,13 @@ pub async fn meta_ls(
 
 /// Records in the server's catalog that `server` (another server's catalog name) holds a good
 /// copy of each object at `path` (with `recursive`, under it too) that this server holds good,
-/// at `physical` followed by the rest of the object's path: what `repl` leaves in a source's
-/// catalog that does not see the destination's.
+/// at `physical` followed by the rest of the object's path, reachable at `address` (empty:
+/// unknown): what `repl` leaves in a source's catalog that does not see the destination's.
 pub async fn replicated(
     cfg: &ClientConfig,
     path: &str,
     recursive: bool,
-    server: &str,
-    physical: &str,
+    (server, physical, address): (&str, &str, &str),
     reporter: &dyn Reporter,
 ) -> Result<Changed, SessionError> {
     let request = CatalogRequest::Replicated {
@@ -147,6 +167,7 @@ pub async fn replicated(
         recursive,
         server: server.to_owned(),
         physical: physical.to_owned(),
+        address: address.to_owned(),
     };
     changed(ask(cfg, request, reporter).await?)
 }

@@ -164,8 +164,8 @@ pub async fn repl(
         }
     };
     // The destination first: its stat waits for its own registrations.
-    let there = cat::stat(&cfg.dest, &format!("/{dest}{rest}"), reporter.as_ref()).await?;
-    let here = cat::stat(&cfg.source, &format!("/{src}{rest}"), reporter.as_ref()).await?;
+    let there = cat::locate(&cfg.dest, &format!("/{dest}{rest}"), reporter.as_ref()).await?;
+    let here = cat::locate(&cfg.source, &format!("/{src}{rest}"), reporter.as_ref()).await?;
     // A file's object as it was before the copy: in a shared catalog a copy of other bytes
     // would have replaced it.
     let before = file.as_ref().map_or(&here.object, |s| &s.object);
@@ -190,12 +190,12 @@ pub async fn repl(
     let tree = file.is_none();
     for r in candidates(&there, &format!("/{dest}{rest}")) {
         let top = r.physical.strip_suffix(&rest).unwrap_or(&r.physical);
+        let address = address_of(r, &here, &cfg.dest.server);
         let asked = cat::replicated(
             &cfg.source,
             &format!("/{src}"),
             tree,
-            &r.server,
-            top,
+            (&r.server, top, address),
             reporter.as_ref(),
         )
         .await;
@@ -209,12 +209,12 @@ pub async fn repl(
     }
     for r in candidates(&here, &format!("/{src}{rest}")) {
         let top = r.physical.strip_suffix(&rest).unwrap_or(&r.physical);
+        let address = address_of(r, &there, &cfg.source.server);
         let asked = cat::replicated(
             &cfg.dest,
             &format!("/{dest}"),
             tree,
-            &r.server,
-            top,
+            (&r.server, top, address),
             reporter.as_ref(),
         )
         .await;
@@ -234,6 +234,19 @@ fn candidates<'a>(
     stat.replicas
         .iter()
         .filter(move |r| r.state == ReplicaHealth::Good && r.physical.ends_with(suffix))
+}
+
+/// Where the server of `r` (a replica one side's catalog shows) is reachable, for the other
+/// side's record: the address its catalog gave, else, for the side's own copy (a server the
+/// other side does not know yet), the address this client reached that side at.
+fn address_of<'a>(r: &'a CatalogReplica, other: &CatalogStat, dialed: &'a str) -> &'a str {
+    if !r.address.is_empty() {
+        return &r.address;
+    }
+    match other.replicas.iter().any(|o| o.server == r.server) {
+        true => "",
+        false => dialed,
+    }
 }
 
 /// A record's count; a catalog that takes no records (a zone's shared one: its own servers

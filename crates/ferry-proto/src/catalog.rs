@@ -14,6 +14,8 @@ pub const MAX_REPLICAS: usize = 32;
 /// Longest server name and physical path of a replica.
 pub const MAX_SERVER_NAME: usize = 256;
 pub const MAX_PHYSICAL: usize = 2 * crate::MAX_PATH;
+/// Longest server address a replica carries (`host:port`).
+pub const MAX_ADDRESS: usize = 256;
 /// Longest digest algorithm name (`blake3`, `sha256`, ...).
 pub const MAX_ALGO: usize = 16;
 /// Most conditions one find may combine.
@@ -79,6 +81,9 @@ pub struct FindRequest {
 pub enum CatalogRequest {
     /// Everything the catalog knows of one object.
     Stat { path: String },
+    /// As `Stat`, with each replica's server address (op 12): what `get` asks to choose a
+    /// replica. A separate op, so that an older client's `Stat` is answered as before.
+    Locate { path: String },
     /// Remove a file, a symlink or (with `recursive`) a tree, and forget it.
     Remove { path: String, recursive: bool },
     /// Rename a file or a tree, and its catalog entries with it.
@@ -113,6 +118,9 @@ pub enum CatalogRequest {
         recursive: bool,
         server: String,
         physical: String,
+        /// Where `server` is reachable (`host:port`); empty when unknown. Sent as op 13 when
+        /// given, so that an older server is asked op 11 as before.
+        address: String,
     },
 }
 
@@ -124,7 +132,7 @@ impl CatalogRequest {
     /// The operation's name, for logs and messages.
     pub fn name(&self) -> &'static str {
         match self {
-            Self::Stat { .. } => "stat",
+            Self::Stat { .. } | Self::Locate { .. } => "stat",
             Self::Remove { .. } => "rm",
             Self::Rename { .. } => "mv",
             Self::Mkdir { .. } => "mkdir",
@@ -178,6 +186,9 @@ pub struct CatalogReplica {
     pub server: String,
     pub physical: String,
     pub state: ReplicaHealth,
+    /// Where its server is reachable (`host:port`); empty when unknown, and always in the
+    /// answer to a `Stat` (only `Locate` asks for addresses).
+    pub address: String,
 }
 
 /// An object with its replicas and metadata.

@@ -544,14 +544,16 @@ fn catalog_request() -> impl Strategy<Value = CatalogRequest> {
         (text(), any::<bool>())
             .prop_map(|(path, recursive)| CatalogRequest::Verify { path, recursive }),
         (text(), vec(text(), 0..4)).prop_map(|(path, paths)| CatalogRequest::Tar { path, paths }),
-        (text(), any::<bool>(), text(), text()).prop_map(|(path, recursive, server, physical)| {
-            CatalogRequest::Replicated {
+        (text(), any::<bool>(), text(), text(), text()).prop_map(
+            |(path, recursive, server, physical, address)| CatalogRequest::Replicated {
                 path,
                 recursive,
                 server,
                 physical,
+                address,
             }
-        }),
+        ),
+        text().prop_map(|path| CatalogRequest::Locate { path }),
     ]
 }
 
@@ -587,11 +589,13 @@ fn catalog_answer() -> impl Strategy<Value = CatalogAnswer> {
             Just(ReplicaHealth::Stale),
             Just(ReplicaHealth::Bad)
         ],
+        proptest::option::of(text()),
     )
-        .prop_map(|(server, physical, state)| CatalogReplica {
+        .prop_map(|(server, physical, state, address)| CatalogReplica {
             server,
             physical,
             state,
+            address: address.unwrap_or_default(),
         });
     prop_oneof![
         (any::<u64>(), any::<u64>())
@@ -1109,6 +1113,17 @@ fn sample_catalog_frames() -> Vec<Frame> {
             recursive: true,
             server: "dtn2".into(),
             physical: "/srv/ferry/incoming/run42".into(),
+            address: String::new(),
+        },
+        CatalogRequest::Replicated {
+            path: "/incoming/run42".into(),
+            recursive: true,
+            server: "dtn2".into(),
+            physical: "/srv/ferry/incoming/run42".into(),
+            address: "dtn2.example.org:7070".into(),
+        },
+        CatalogRequest::Locate {
+            path: "/incoming/run42/a.dat".into(),
         },
     ];
     let answers = vec![
@@ -1122,7 +1137,26 @@ fn sample_catalog_frames() -> Vec<Frame> {
                 server: "dtn2".into(),
                 physical: "/srv/ferry/incoming/run42/a.dat".into(),
                 state: ReplicaHealth::Good,
+                address: String::new(),
             }],
+            metadata: vec![entry.clone()],
+        })),
+        CatalogAnswer::Stat(Box::new(CatalogStat {
+            object: object.clone(),
+            replicas: vec![
+                CatalogReplica {
+                    server: "dtn1".into(),
+                    physical: "/srv/ferry/incoming/run42/a.dat".into(),
+                    state: ReplicaHealth::Good,
+                    address: "dtn1.example.org:7070".into(),
+                },
+                CatalogReplica {
+                    server: "tape".into(),
+                    physical: "/archive/run42/a.dat".into(),
+                    state: ReplicaHealth::Bad,
+                    address: String::new(),
+                },
+            ],
             metadata: vec![entry.clone()],
         })),
         CatalogAnswer::Meta {
@@ -2350,6 +2384,7 @@ fn pinned_catalog_frames_and_their_limits() {
         server: "s".repeat(MAX_SERVER_NAME),
         physical: "p".repeat(MAX_PHYSICAL),
         state: ReplicaHealth::Bad,
+        address: "a".repeat(MAX_ADDRESS),
     };
     let stat = Frame::CatalogAnswer(CatalogAnswer::Stat(Box::new(CatalogStat {
         object,
@@ -2357,6 +2392,92 @@ fn pinned_catalog_frames_and_their_limits() {
         metadata: vec![entry; MAX_META_ENTRIES],
     })));
     assert_eq!(decode(encode(&stat)), Ok(stat));
+}
+
+#[test]
+fn pinned_replica_address_frames() {
+    // Locate is op 12; a record with an address op 13, without one op 11 as before.
+    let frame = Frame::CatalogRequest(CatalogRequest::Locate { path: "a".into() });
+    assert_eq!(&encode(&frame)[..], &[0x1E, 0, 0, 0, 4, 12, 0, 1, b'a']);
+    let record = |address: &str| {
+        Frame::CatalogRequest(CatalogRequest::Replicated {
+            path: "a".into(),
+            recursive: false,
+            server: "b".into(),
+            physical: "c".into(),
+            address: address.into(),
+        })
+    };
+    assert_eq!(
+        &encode(&record(""))[..],
+        &[0x1E, 0, 0, 0, 11, 11, 0, 0, 1, b'a', 0, 1, b'b', 0, 1, b'c']
+    );
+    assert_eq!(
+        &encode(&record("h:1"))[..],
+        &[0x1E, 0, 0, 0, 16, 13, 0, 0, 1, b'a', 0, 1, b'b', 0, 1, b'c', 0, 3, b'h', b':', b'1']
+    );
+    let refused = |ty: FrameType, payload: &'static [u8]| {
+        Frame::decode(ty, Bytes::from_static(payload)).unwrap_err()
+    };
+    // Op 13 with an empty address would be op 11's second encoding.
+    assert!(matches!(
+        refused(
+            FrameType::CATALOG_REQUEST,
+            &[13, 0, 0, 1, b'a', 0, 1, b'b', 0, 1, b'c', 0, 0]
+        ),
+        DecodeError::InvalidValue {
+            field: "address",
+            ..
+        }
+    ));
+    // A stat's replicas carry addresses (tag 6) only when one has one.
+    let object = CatalogObject {
+        path: "a".into(),
+        size: 1,
+        mtime_ns: 2,
+        digest: vec![3],
+        algo: "blake3".into(),
+        stored_by: "t".into(),
+        stored_at: 4,
+    };
+    let stat = |address: &str| {
+        Frame::CatalogAnswer(CatalogAnswer::Stat(Box::new(CatalogStat {
+            object: object.clone(),
+            replicas: vec![CatalogReplica {
+                server: "b".into(),
+                physical: "c".into(),
+                state: ReplicaHealth::Good,
+                address: address.into(),
+            }],
+            metadata: Vec::new(),
+        })))
+    };
+    let without = encode(&stat(""));
+    let with = encode(&stat("h:1"));
+    assert_eq!(without[5], 2);
+    assert_eq!(with[5], 6);
+    assert_eq!(
+        with.len(),
+        without.len() + 5,
+        "the address string alone is added"
+    );
+    assert_eq!(decode(with.clone()), Ok(stat("h:1")));
+    // Tag 6 with every address empty: refused.
+    let mut canonical = BytesMut::from(&without[..]);
+    canonical[5] = 6;
+    // The empty address (two zero bytes) after the replica's state byte.
+    let state_at = without.len() - 2 - 1;
+    let mut bytes = canonical[..=state_at].to_vec();
+    bytes.extend_from_slice(&[0, 0]);
+    bytes.extend_from_slice(&canonical[state_at + 1..]);
+    let len = (bytes.len() - 5) as u32;
+    bytes[1..5].copy_from_slice(&len.to_be_bytes());
+    assert!(matches!(
+        decode(BytesMut::from(&bytes[..])),
+        Err(DecodeError::InvalidValue { field: "tag", .. })
+    ));
+    let too_long = stat(&"h".repeat(MAX_ADDRESS + 1));
+    assert!(decode(encode(&too_long)).is_err());
 }
 
 #[test]

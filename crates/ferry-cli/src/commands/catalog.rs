@@ -32,7 +32,7 @@ pub async fn stat(args: StatArgs, quiet: bool) -> Result<ExitCode> {
         "stat takes a remote file, HOST[:PORT]:PATH",
         &args.reach,
     )?;
-    let s = cat::stat(&cfg, &path, &Notices(quiet))
+    let s = cat::locate(&cfg, &path, &Notices(quiet))
         .await
         .context("stat failed")?;
     if args.reach.output.json {
@@ -457,7 +457,10 @@ fn stat_json(s: &CatalogStat) -> Value {
     let replicas: Vec<Value> = s
         .replicas
         .iter()
-        .map(|r| json!({"server": r.server, "physical": r.physical, "state": r.state.as_str()}))
+        .map(|r| {
+            json!({"server": r.server, "physical": r.physical, "state": r.state.as_str(),
+                   "address": r.address})
+        })
         .collect();
     let metadata: Vec<Value> = s.metadata.iter().map(meta_json).collect();
     if let Some(o) = v.as_object_mut() {
@@ -480,8 +483,12 @@ fn print_stat(s: &CatalogStat) {
     println!("stored by: {} at {}", clean(&o.stored_by), utc(o.stored_at));
     for (i, r) in s.replicas.iter().enumerate() {
         let head = if i == 0 { "replicas:" } else { "" };
+        let at = match r.address.is_empty() {
+            true => String::new(),
+            false => format!(" (at {})", clean(&r.address)),
+        };
         println!(
-            "{head:<10} {} {} {}",
+            "{head:<10} {} {} {}{at}",
             clean(&r.server),
             r.state.as_str(),
             clean(&r.physical)

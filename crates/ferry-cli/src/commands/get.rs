@@ -1,10 +1,12 @@
-//! `ferry get HOST[:PORT]:PATH DEST`: fetch a remote file or tree; with `--tar`, the tree (or
-//! PATHS below it) as one tar archive that the server writes.
+//! `ferry get HOST[:PORT]:PATH DEST`: fetch a remote file or tree (a registered file from the
+//! best of its replicas, `best`); with `--tar`, the tree (or PATHS below it) as one tar
+//! archive that the server writes.
 
 use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 
+use super::best::Choice;
 use super::catalog::Notices;
 use crate::args::GetArgs;
 use crate::config::{remote_client, Transfer};
@@ -14,8 +16,16 @@ pub async fn run(args: GetArgs, quiet: bool) -> Result<ExitCode> {
     if args.tar {
         return tar(args, quiet).await;
     }
+    let choice = match (&args.replica, args.no_replicas) {
+        (_, true) => None,
+        (Some(name), false) => Some(Choice::Named(name.clone())),
+        (None, false) => Some(Choice::Best),
+    };
     let transfer = Transfer::get(args).map_err(usage)?;
-    super::transfer::run(transfer, quiet).await
+    match choice {
+        Some(choice) => super::best::run(transfer, choice, quiet).await,
+        None => super::transfer::run(transfer, quiet).await,
+    }
 }
 
 /// `get --tar REMOTE [PATHS...] [-o FILE]`: one request, the archive streamed back.

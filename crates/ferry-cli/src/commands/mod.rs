@@ -1,5 +1,6 @@
 //! One module per subcommand; `run` picks it. What put and get share is in `transfer`; `cp` reuses its configuration and output.
 
+mod best;
 mod catalog;
 mod cp;
 mod demo;

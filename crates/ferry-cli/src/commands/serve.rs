@@ -62,6 +62,7 @@ pub async fn run(args: ServeArgs, quiet: bool) -> Result<ExitCode> {
         &root,
         quiet,
     )?;
+    let catalog = config.catalog.clone();
     storage_from_profile(&mut config, &state, &root, quiet);
     if args.allow_plaintext {
         eprintln!(
@@ -80,6 +81,15 @@ pub async fn run(args: ServeArgs, quiet: bool) -> Result<ExitCode> {
         None => None,
     };
     let local = server.local_addrs()?;
+    if let Some(catalog) = &catalog {
+        let address = advertised(args.advertise.as_deref(), &local).map_err(usage)?;
+        catalog
+            .advertise(&address)
+            .context("recording this server's address in the catalog")?;
+        if !quiet && !address.is_empty() {
+            eprintln!("ferry: catalog: this server's replicas are fetched from {address}");
+        }
+    }
     if !quiet {
         let on: Vec<String> = local.iter().map(ToString::to_string).collect();
         eprintln!("ferry: serving {} on {}", root.display(), on.join(", "));
@@ -223,6 +233,34 @@ fn open_catalog(
         }
     }
     Ok(Some(Arc::new(catalog)))
+}
+
+/// The address the catalog keeps for this server (`--advertise`): as given (`none`: empty),
+/// else the first address it listens on unless that is a wildcard, which says nothing of
+/// where a client reaches it.
+fn advertised(arg: Option<&str>, local: &[std::net::SocketAddr]) -> Result<String> {
+    match arg.map(str::trim) {
+        Some("none") => Ok(String::new()),
+        Some(a) => {
+            let port = a.rsplit_once(':').map(|(h, p)| (h, p.parse::<u16>()));
+            match port {
+                Some((h, Ok(p)))
+                    if p > 0
+                        && !h.is_empty()
+                        && !h.contains(['/', ' ', '@'])
+                        && a.len() <= ferry_catalog::MAX_ADDRESS =>
+                {
+                    Ok(a.to_owned())
+                }
+                _ => anyhow::bail!("--advertise {a}: expected HOST:PORT (or `none`)"),
+            }
+        }
+        None => Ok(local
+            .first()
+            .filter(|a| !a.ip().is_unspecified())
+            .map(ToString::to_string)
+            .unwrap_or_default()),
+    }
 }
 
 /// The daemon's limits and policies from its options.
@@ -431,5 +469,31 @@ pub(super) async fn shutdown_signal() {
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}
         _ = term.recv() => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::advertised;
+
+    #[test]
+    fn the_advertised_address_is_given_or_the_first_specific_listen_address() {
+        let local = [
+            "127.0.0.1:7071".parse().unwrap(),
+            "10.0.0.1:7071".parse().unwrap(),
+        ];
+        assert_eq!(advertised(None, &local).unwrap(), "127.0.0.1:7071");
+        let wild = ["0.0.0.0:7070".parse().unwrap()];
+        assert_eq!(advertised(None, &wild).unwrap(), "");
+        assert_eq!(advertised(Some("none"), &local).unwrap(), "");
+        assert_eq!(
+            advertised(Some("dtn1.example.org:7070"), &wild).unwrap(),
+            "dtn1.example.org:7070"
+        );
+        assert_eq!(advertised(Some("[::1]:7070"), &wild).unwrap(), "[::1]:7070");
+        for bad in ["dtn1", "dtn1:0", ":7070", "dtn1:port", "a b:1"] {
+            let e = advertised(Some(bad), &wild).unwrap_err();
+            assert!(e.to_string().contains("HOST:PORT"), "{bad}: {e}");
+        }
     }
 }

@@ -28,6 +28,7 @@ pub async fn run(t: Transfer, quiet: bool) -> Result<ExitCode> {
         json,
         manifest,
         conn,
+        auth: _,
     } = t;
     warn_fixed_window(&cfg, quiet);
     if matches!(job, Job::Get(_)) && !cfg.stripe.is_empty() {
@@ -65,7 +66,15 @@ pub async fn run(t: Transfer, quiet: bool) -> Result<ExitCode> {
         o.finish().await;
     }
     remember(&result, profile, quiet);
-    finish(result, json, manifest.as_deref(), quiet, &progress)
+    finish(result, json, manifest.as_deref(), quiet, &progress, None)
+}
+
+/// A transfer to `remote` starts from what earlier ones to it learnt (stream count, ramp
+/// helpers); returns where to remember what this one learns.
+pub(super) fn prepare(cfg: &mut ClientConfig, remote: &Remote) -> Option<(Profiles, String)> {
+    let profile = profile_for(cfg, remote);
+    ramp_helpers_for(cfg, remote, &profile);
+    profile
 }
 
 /// Starts an auto-tuned transfer from the stream count remembered for this server (daemons by
@@ -95,7 +104,7 @@ fn ramp_helpers_for(cfg: &mut ClientConfig, remote: &Remote, profile: &Option<(P
 
 /// Saves what the tuner settled on and what the path measured, for the next transfer to the
 /// same server.
-fn remember(
+pub(super) fn remember(
     result: &Result<TransferReport, SessionError>,
     profile: Option<(Profiles, String)>,
     quiet: bool,
@@ -151,13 +160,15 @@ fn warn_fixed_window(cfg: &ClientConfig, quiet: bool) {
 }
 
 /// Prints the outcome of a transfer and chooses the exit code. Each failure is printed once:
-/// those `progress` printed while the transfer ran are not repeated.
-fn finish(
+/// those `progress` printed while the transfer ran are not repeated. `extra` (key, value) is
+/// added to the `--json` report.
+pub(super) fn finish(
     result: Result<TransferReport, SessionError>,
     json: bool,
     manifest: Option<&Path>,
     quiet: bool,
     progress: &Progress,
+    extra: Option<(&str, serde_json::Value)>,
 ) -> Result<ExitCode> {
     let report = match result {
         Ok(r) => r,
@@ -175,7 +186,11 @@ fn finish(
         eprintln!("error: {}", crate::output::clean(e));
     }
     if json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        let mut v = serde_json::to_value(&report)?;
+        if let (Some((key, value)), Some(o)) = (extra, v.as_object_mut()) {
+            o.insert(key.to_owned(), value);
+        }
+        println!("{}", serde_json::to_string_pretty(&v)?);
     } else if !quiet {
         eprintln!("{}", summary_line(&report));
     }

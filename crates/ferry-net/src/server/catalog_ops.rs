@@ -39,13 +39,15 @@ pub(super) async fn serve(
         return Err(denied(grant, request.name(), "anything"));
     }
     let catalog = shared.config.catalog.clone();
+    // Addresses only to a client that asked for them: an older one reads tag 2 alone.
+    let addresses = matches!(request, CatalogRequest::Locate { .. });
     let answer = match request {
-        CatalogRequest::Stat { path } => {
+        CatalogRequest::Stat { path } | CatalogRequest::Locate { path } => {
             let rel = readable(shared, grant, &path)?;
             let catalog = needed(catalog)?;
             let stat = blocking(move || catalog.stat(&rel)).await?;
             match stat.map_err(|e| refused(e, &path))? {
-                Some(s) => CatalogAnswer::Stat(Box::new(stat_of(s))),
+                Some(s) => CatalogAnswer::Stat(Box::new(stat_of(s, addresses))),
                 None => return Err(not_registered(&path)),
             }
         }
@@ -95,14 +97,22 @@ pub(super) async fn serve(
             recursive,
             server,
             physical,
+            address,
         } => {
             // A record of a copy elsewhere, made by the client's `repl` with what it may read
-            // here: it never touches this server's own replicas or files (SECURITY.md).
+            // here: it never touches this server's own replicas or files (SECURITY.md). The
+            // other server's address is kept only once a replica of it was recorded.
             let rel = readable(shared, grant, &path)?;
             let catalog = needed(catalog)?;
-            let n = blocking(move || catalog.record_replicas(&rel, recursive, &server, &physical))
-                .await?
-                .map_err(|e| refused(e, &path))?;
+            let n = blocking(move || {
+                let n = catalog.record_replicas(&rel, recursive, &server, &physical)?;
+                if n > 0 && !address.is_empty() {
+                    catalog.note_address(&server, &address)?;
+                }
+                Ok::<_, CatalogError>(n)
+            })
+            .await?
+            .map_err(|e| refused(e, &path))?;
             done(0, n)
         }
         CatalogRequest::Remove { path, recursive } => {
@@ -492,7 +502,8 @@ fn entry_of(a: Avu) -> MetaEntry {
     }
 }
 
-fn stat_of(s: ferry_catalog::Stat) -> CatalogStat {
+/// The catalog's stat on the wire; each replica's address only when `addresses` (a `Locate`).
+fn stat_of(s: ferry_catalog::Stat, addresses: bool) -> CatalogStat {
     CatalogStat {
         object: object_of(s.object),
         replicas: s
@@ -506,6 +517,10 @@ fn stat_of(s: ferry_catalog::Stat) -> CatalogStat {
                     ferry_catalog::ReplicaState::Good => ReplicaHealth::Good,
                     ferry_catalog::ReplicaState::Stale => ReplicaHealth::Stale,
                     ferry_catalog::ReplicaState::Bad => ReplicaHealth::Bad,
+                },
+                address: match addresses {
+                    true => r.address,
+                    false => String::new(),
                 },
             })
             .collect(),

@@ -8,7 +8,7 @@ use super::{count, invalid, put_str, wire_len, Reader};
 use crate::catalog::{
     CatalogAnswer, CatalogObject, CatalogReplica, CatalogRequest, CatalogStat, Compare,
     FindCondition, FindRequest, MetaEntry, Problem, ReplicaHealth, VerifyCounts, VerifyReport,
-    MAX_ALGO, MAX_FIND_CONDITIONS, MAX_FIND_LIMIT, MAX_FOUND_ENTRIES, MAX_META_ATTR,
+    MAX_ADDRESS, MAX_ALGO, MAX_FIND_CONDITIONS, MAX_FIND_LIMIT, MAX_FOUND_ENTRIES, MAX_META_ATTR,
     MAX_META_ENTRIES, MAX_META_UNIT, MAX_META_VALUE, MAX_PHYSICAL, MAX_REPLICAS, MAX_SERVER_NAME,
     MAX_TAR_PATHS, MAX_VERIFY_PROBLEMS,
 };
@@ -26,12 +26,17 @@ const OP_FIND: u8 = 8;
 const OP_VERIFY: u8 = 9;
 const OP_TAR: u8 = 10;
 const OP_REPLICATED: u8 = 11;
+const OP_LOCATE: u8 = 12;
+/// `Replicated` with the other server's address.
+const OP_REPLICATED_AT: u8 = 13;
 
 const ANSWER_DONE: u8 = 1;
 const ANSWER_STAT: u8 = 2;
 const ANSWER_META: u8 = 3;
 const ANSWER_FOUND: u8 = 4;
 const ANSWER_VERIFIED: u8 = 5;
+/// A stat whose replicas carry addresses (only when one has one: the encoding is canonical).
+const ANSWER_STAT_AT: u8 = 6;
 
 /// A find's optional parts, present when their bit is set.
 const FIND_NAME: u8 = 1;
@@ -54,6 +59,10 @@ pub(super) fn put_request(out: &mut BytesMut, req: &CatalogRequest) {
     match req {
         CatalogRequest::Stat { path } => {
             out.put_u8(OP_STAT);
+            put_str(out, path);
+        }
+        CatalogRequest::Locate { path } => {
+            out.put_u8(OP_LOCATE);
             put_str(out, path);
         }
         CatalogRequest::Remove { path, recursive } => {
@@ -111,12 +120,19 @@ pub(super) fn put_request(out: &mut BytesMut, req: &CatalogRequest) {
             recursive,
             server,
             physical,
+            address,
         } => {
-            out.put_u8(OP_REPLICATED);
+            out.put_u8(match address.is_empty() {
+                true => OP_REPLICATED,
+                false => OP_REPLICATED_AT,
+            });
             out.put_u8(u8::from(*recursive));
             put_str(out, path);
             put_str(out, server);
             put_str(out, physical);
+            if !address.is_empty() {
+                put_str(out, address);
+            }
         }
     }
 }
@@ -207,11 +223,22 @@ pub(super) fn decode_request(r: &mut Reader<'_>) -> Result<Frame, DecodeError> {
             }
             CatalogRequest::Tar { path, paths }
         }
-        OP_REPLICATED => CatalogRequest::Replicated {
+        op @ (OP_REPLICATED | OP_REPLICATED_AT) => CatalogRequest::Replicated {
             recursive: flag(r, "recursive")?,
             path: r.str("path", MAX_PATH)?,
             server: r.str("server", MAX_SERVER_NAME)?,
             physical: r.str("physical", MAX_PHYSICAL)?,
+            address: match op {
+                OP_REPLICATED => String::new(),
+                // Op 11 says "no address": an empty one here would be a second encoding.
+                _ => match r.str("address", MAX_ADDRESS)? {
+                    a if a.is_empty() => return Err(invalid("address", 0u8)),
+                    a => a,
+                },
+            },
+        },
+        OP_LOCATE => CatalogRequest::Locate {
+            path: r.str("path", MAX_PATH)?,
         },
         other => return Err(invalid("op", other)),
     };
@@ -281,13 +308,17 @@ pub(super) fn put_answer(out: &mut BytesMut, answer: &CatalogAnswer) {
             out.put_u64(*objects);
         }
         CatalogAnswer::Stat(s) => {
-            out.put_u8(ANSWER_STAT);
+            let at = s.replicas.iter().any(|r| !r.address.is_empty());
+            out.put_u8(if at { ANSWER_STAT_AT } else { ANSWER_STAT });
             put_object(out, &s.object);
             out.put_u16(wire_len(s.replicas.len(), "replicas"));
             for rep in &s.replicas {
                 put_str(out, &rep.server);
                 put_str(out, &rep.physical);
                 out.put_u8(rep.state as u8);
+                if at {
+                    put_str(out, &rep.address);
+                }
             }
             put_metas(out, &s.metadata);
         }
@@ -391,7 +422,8 @@ pub(super) fn decode_answer(r: &mut Reader<'_>) -> Result<Frame, DecodeError> {
             entries: r.u64("entries")?,
             objects: r.u64("objects")?,
         },
-        ANSWER_STAT => {
+        tag @ (ANSWER_STAT | ANSWER_STAT_AT) => {
+            let at = tag == ANSWER_STAT_AT;
             let object = decode_object(r)?;
             let n = count(r, "replicas", MAX_REPLICAS)?;
             let mut replicas = Vec::with_capacity(n.min(r.remaining() / MIN_REPLICA_LEN));
@@ -405,7 +437,15 @@ pub(super) fn decode_answer(r: &mut Reader<'_>) -> Result<Frame, DecodeError> {
                         2 => ReplicaHealth::Bad,
                         other => return Err(invalid("state", other)),
                     },
+                    address: match at {
+                        true => r.str("address", MAX_ADDRESS)?,
+                        false => String::new(),
+                    },
                 });
+            }
+            // Addresses are sent only when one is known: none would be the other encoding.
+            if at && replicas.iter().all(|r| r.address.is_empty()) {
+                return Err(invalid("tag", tag));
             }
             let metadata = decode_metas(r)?;
             CatalogAnswer::Stat(Box::new(CatalogStat {
