@@ -12,7 +12,7 @@ use crate::error::CatalogError;
 
 /// Each migration's version and statements; a version is never edited once released, only
 /// followed by another.
-pub(crate) const MIGRATIONS: &[(i64, &str)] = &[(1, V1), (2, V2), (3, V3)];
+pub(crate) const MIGRATIONS: &[(i64, &str)] = &[(1, V1), (2, V2), (3, V3), (4, V4)];
 
 /// Longest attribute name, value and unit of a metadata entry, in bytes (SECURITY.md).
 pub const MAX_ATTR: usize = 256;
@@ -95,6 +95,23 @@ INSERT INTO pending_v3 (server, path, size, mtime_ns, digest, algo, stored_by, p
     SELECT '', path, size, mtime_ns, digest, algo, stored_by, physical, since FROM pending;
 DROP TABLE pending;
 ALTER TABLE pending_v3 RENAME TO pending;
+";
+
+/// Replicas a server's policy still owes (`[[policy]]` in `ferry serve --config`): one row per
+/// object and server that owes it, written in the registration's own transaction, so that a
+/// restart resumes from the table and never walks the tree. `next_at` (ns) is when the next
+/// try is due, `note` why the last one failed; the index answers "what is due" by range.
+const V4: &str = "
+CREATE TABLE owed (
+    server  TEXT NOT NULL,
+    path    TEXT NOT NULL,
+    wanted  INTEGER NOT NULL,
+    tries   INTEGER NOT NULL,
+    next_at INTEGER NOT NULL,
+    note    TEXT NOT NULL,
+    PRIMARY KEY (server, path)
+);
+CREATE INDEX owed_due ON owed (server, next_at);
 ";
 
 /// Brings the catalog to the newest schema this build knows, one server at a time.

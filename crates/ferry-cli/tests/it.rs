@@ -12,6 +12,7 @@ mod endpoints;
 mod filters;
 mod metrics;
 mod multipath;
+mod policies;
 mod replicas;
 mod rerun;
 mod serve_config;
