@@ -231,7 +231,7 @@ fn a_newer_schema_is_refused(b: &Backend) {
             e,
             CatalogError::TooNew {
                 found: 99,
-                known: 3
+                known: 4
             }
         ),
         "{e}"
@@ -806,7 +806,7 @@ fn a_policy_path_registered_owes_its_replicas_until_met(b: &Backend) {
         (a.tries, a.next_at, a.note.as_str()),
         (1, later, "peer b unreachable")
     );
-    assert_eq!(paths_of(c.owed_due(later - 1, 10).unwrap()), ["raw/b"]);
+    assert_eq!(owed_paths(c.owed_due(later - 1, 10).unwrap()), ["raw/b"]);
     c.owed_met("raw/b").unwrap();
     assert_eq!(c.owed("raw/b").unwrap(), None);
     // A second good replica known (separate catalogs: a record) meets the policy: the same
@@ -827,7 +827,7 @@ fn a_policy_path_registered_owes_its_replicas_until_met(b: &Backend) {
     assert!(c.owed("raw/crashed").unwrap().is_some());
 }
 
-fn paths_of(owed: Vec<Owed>) -> Vec<String> {
+fn owed_paths(owed: Vec<Owed>) -> Vec<String> {
     owed.into_iter().map(|o| o.path).collect()
 }
 
