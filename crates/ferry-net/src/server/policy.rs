@@ -145,7 +145,7 @@ impl Policies {
             }
             checked.push(p);
         }
-        checked.sort_by(|a, b| b.prefix.len().cmp(&a.prefix.len()));
+        checked.sort_by_key(|p| std::cmp::Reverse(p.prefix.len()));
         Ok(Self {
             list: checked,
             peers: by_name,
