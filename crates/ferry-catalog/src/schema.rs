@@ -12,7 +12,8 @@ use crate::error::CatalogError;
 
 /// Each migration's version and statements; a version is never edited once released, only
 /// followed by another.
-pub(crate) const MIGRATIONS: &[(i64, &str)] = &[(1, V1), (2, V2), (3, V3), (4, V4)];
+pub(crate) const MIGRATIONS: &[(i64, &str)] =
+    &[(1, V1), (2, V2), (3, V3), (4, V4), (5, V5)];
 
 /// Longest attribute name, value and unit of a metadata entry, in bytes (SECURITY.md).
 pub const MAX_ATTR: usize = 256;
@@ -104,6 +105,23 @@ ALTER TABLE pending_v3 RENAME TO pending;
 /// empty root is a server of another catalog, known only by a `repl`'s record of its address.
 const V4: &str = "
 ALTER TABLE roots ADD COLUMN address TEXT NOT NULL DEFAULT '';
+";
+
+/// Replicas a server's policy still owes (`[[policy]]` in `ferry serve --config`): one row per
+/// object and server that owes it, written in the registration's own transaction, so that a
+/// restart resumes from the table and never walks the tree. `next_at` (ns) is when the next
+/// try is due, `note` why the last one failed; the index answers "what is due" by range.
+const V5: &str = "
+CREATE TABLE owed (
+    server  TEXT NOT NULL,
+    path    TEXT NOT NULL,
+    wanted  INTEGER NOT NULL,
+    tries   INTEGER NOT NULL,
+    next_at INTEGER NOT NULL,
+    note    TEXT NOT NULL,
+    PRIMARY KEY (server, path)
+);
+CREATE INDEX owed_due ON owed (server, next_at);
 ";
 
 /// Brings the catalog to the newest schema this build knows, one server at a time.

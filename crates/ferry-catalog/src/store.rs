@@ -32,6 +32,8 @@ pub(crate) struct Shared {
     /// This server's name in `replicas`.
     server: String,
     pub(crate) tracker: Tracker,
+    /// How many good replicas a path's policy wants ([`Catalog::set_wanted`]); none set: one.
+    pub(crate) wanted: std::sync::RwLock<Option<crate::owed::Wanted>>,
 }
 
 impl std::fmt::Debug for Catalog {
@@ -61,6 +63,7 @@ impl Catalog {
                 conn: Mutex::new(conn),
                 server: server.to_owned(),
                 tracker: Tracker::default(),
+                wanted: std::sync::RwLock::default(),
             }),
             later: Later::default(),
             device,
@@ -146,6 +149,11 @@ impl Catalog {
     }
 
     /// This server's name in `replicas`.
+    pub fn name(&self) -> &str {
+        &self.shared.server
+    }
+
+    /// This server's name in `replicas`.
     pub(crate) fn server(&self) -> &str {
         &self.shared.server
     }
@@ -219,11 +227,13 @@ impl Catalog {
     ) -> Result<Reconciled, CatalogError> {
         let pending = self.pending()?;
         let at = now_ns();
+        let wanted = self.shared.wanted_fn();
         transaction(&mut *self.lock(), |tx| {
             let mut done = Reconciled::default();
             for c in &pending {
                 if is_there(c) {
-                    register_in(tx, &self.shared.server, c, at)?;
+                    let id = register_in(tx, &self.shared.server, c, at)?;
+                    crate::owed::owe_in(tx, &self.shared.server, wanted.as_ref(), id, &c.path, at)?;
                     done.registered += 1;
                 } else {
                     tx.run(
@@ -443,9 +453,11 @@ impl Shared {
             check_commit(f)?;
         }
         let at = now_ns();
+        let wanted = self.wanted_fn();
         transaction(&mut *self.lock(), |tx| {
             for f in files {
-                register_in(tx, &self.server, f, at)?;
+                let id = register_in(tx, &self.server, f, at)?;
+                crate::owed::owe_in(tx, &self.server, wanted.as_ref(), id, &f.path, at)?;
             }
             Ok(())
         })
@@ -497,8 +509,9 @@ fn write_intents(conn: &mut Conn, server: &str, files: &[Commit]) -> Result<(), 
 /// Upserts the object and this server's replica, and clears the file's intent. The same
 /// contents again (size, mtime, digest and algorithm all equal: a `repl`, a repair, a put of
 /// the same file) add this server's replica beside the others and leave the object as it was;
-/// other contents replace the object and make the other servers' replicas stale.
-fn register_in(tx: &mut Conn, server: &str, f: &Commit, at: i64) -> Result<(), CatalogError> {
+/// other contents replace the object and make the other servers' replicas stale. Returns the
+/// object's id.
+fn register_in(tx: &mut Conn, server: &str, f: &Commit, at: i64) -> Result<i64, CatalogError> {
     let same = tx.row(
         "SELECT id FROM objects WHERE path = ?1 AND size = ?2 AND mtime_ns = ?3
              AND digest = ?4 AND algo = ?5",
@@ -507,7 +520,8 @@ fn register_in(tx: &mut Conn, server: &str, f: &Commit, at: i64) -> Result<(), C
     if let Some(mut row) = same {
         let id = row.int(0)?;
         upsert_replica(tx, id, server, &f.physical)?;
-        return clear_intent(tx, server, f);
+        clear_intent(tx, server, f)?;
+        return Ok(id);
     }
     let id = tx
         .one(
@@ -534,7 +548,8 @@ fn register_in(tx: &mut Conn, server: &str, f: &Commit, at: i64) -> Result<(), C
         args![id, server],
     )?;
     upsert_replica(tx, id, server, &f.physical)?;
-    clear_intent(tx, server, f)
+    clear_intent(tx, server, f)?;
+    Ok(id)
 }
 
 /// `server`'s replica of object `id` at `physical`, good.

@@ -93,6 +93,8 @@ on_both!(
     prefix_range_is_exact,
     metadata_round_trips,
     replicas_elsewhere_are_recorded_under_a_path,
+    a_policy_path_registered_owes_its_replicas_until_met,
+    newest_stored_is_measured_at_a_path_or_under_it,
 );
 
 fn commit(path: &str, size: u64) -> Commit {
@@ -144,7 +146,7 @@ fn an_audit_pages_this_servers_objects_and_marks_its_replicas(b: &Backend) {
 
 fn register_then_stat_shows_the_object_and_its_replica(b: &Backend) {
     let c = b.catalog();
-    assert_eq!(c.schema_version().unwrap(), 4);
+    assert_eq!(c.schema_version().unwrap(), 5);
     c.register_commit(&commit("a/b.txt", 7)).unwrap();
     let s = c.stat("a/b.txt").unwrap().unwrap();
     assert_eq!(s.object.size, 7);
@@ -174,7 +176,7 @@ fn reopening_keeps_what_was_registered_and_migrates_once(b: &Backend) {
         .register_commit(&commit("x", 1))
         .unwrap();
     let c = Catalog::open(&loc, "here").unwrap();
-    assert_eq!(c.schema_version().unwrap(), 4);
+    assert_eq!(c.schema_version().unwrap(), 5);
     assert_eq!(c.count().unwrap(), 1);
     let migrations = c
         .lock()
@@ -182,7 +184,7 @@ fn reopening_keeps_what_was_registered_and_migrates_once(b: &Backend) {
         .unwrap()
         .int(0)
         .unwrap();
-    assert_eq!(migrations, 4);
+    assert_eq!(migrations, 5);
     let conn = c.lock();
     if let Conn::Sqlite(conn) = &*conn {
         let mode: String = conn
@@ -292,7 +294,7 @@ fn a_newer_schema_is_refused(b: &Backend) {
             e,
             CatalogError::TooNew {
                 found: 99,
-                known: 4
+                known: 5
             }
         ),
         "{e}"
@@ -839,4 +841,72 @@ fn replicas_elsewhere_are_recorded_under_a_path(b: &Backend) {
     })
     .unwrap();
     assert_eq!(far("u"), Some(("/y/u".to_owned(), ReplicaState::Stale)));
+}
+
+fn a_policy_path_registered_owes_its_replicas_until_met(b: &Backend) {
+    let c = b.catalog();
+    c.register_commit(&commit("before/x", 1)).unwrap();
+    c.set_wanted(std::sync::Arc::new(|p: &str| match p.starts_with("raw/") {
+        true => 2,
+        false => 1,
+    }));
+    c.register_commit(&commit("raw/a", 1)).unwrap();
+    c.register_later(vec![commit("raw/b", 2), commit("cooked/c", 3)]);
+    assert_eq!(c.owed_count().unwrap(), 2, "raw/a and raw/b, not cooked/c");
+    let due = c.owed_due(i64::MAX, 10).unwrap();
+    let mut due_paths: Vec<&str> = due.iter().map(|o| o.path.as_str()).collect();
+    due_paths.sort_unstable();
+    assert_eq!(due_paths, ["raw/a", "raw/b"]);
+    assert!(due
+        .iter()
+        .all(|o| o.wanted == 2 && o.tries == 0 && o.note.is_empty()));
+    // A failed try is due later, with its reason; not due before then.
+    let later = crate::now_ns() + 60_000_000_000;
+    c.owed_later("raw/a", 1, later, "peer b unreachable")
+        .unwrap();
+    let a = c.owed("raw/a").unwrap().unwrap();
+    assert_eq!(
+        (a.tries, a.next_at, a.note.as_str()),
+        (1, later, "peer b unreachable")
+    );
+    assert_eq!(owed_paths(c.owed_due(later - 1, 10).unwrap()), ["raw/b"]);
+    c.owed_met("raw/b").unwrap();
+    assert_eq!(c.owed("raw/b").unwrap(), None);
+    // A second good replica known (separate catalogs: a record) meets the policy: the same
+    // contents registered again owe nothing.
+    if !c.is_shared() {
+        c.record_replicas("raw/a", false, "far", "/far/raw/a")
+            .unwrap();
+        c.owed_met("raw/a").unwrap();
+        c.register_commit(&commit("raw/a", 1)).unwrap();
+        assert_eq!(c.owed("raw/a").unwrap(), None);
+        // Other contents make the far copy stale: owed again, from the start.
+        c.register_commit(&commit("raw/a", 5)).unwrap();
+        assert_eq!(c.owed("raw/a").unwrap().unwrap().tries, 0);
+    }
+    // Intents a crash left are owed when reconciled, as a registration is.
+    c.intend(&[commit("raw/crashed", 4)]).unwrap();
+    c.reconcile(|_| true).unwrap();
+    assert!(c.owed("raw/crashed").unwrap().is_some());
+}
+
+fn owed_paths(owed: Vec<Owed>) -> Vec<String> {
+    owed.into_iter().map(|o| o.path).collect()
+}
+
+fn newest_stored_is_measured_at_a_path_or_under_it(b: &Backend) {
+    let c = b.catalog();
+    assert_eq!(c.newest_stored("d", true).unwrap(), None);
+    c.register_commit(&commit("d/a", 1)).unwrap();
+    let first = c.stat("d/a").unwrap().unwrap().object.stored_at;
+    c.register_commit(&commit("d/sub/b", 2)).unwrap();
+    let second = c.stat("d/sub/b").unwrap().unwrap().object.stored_at;
+    c.register_commit(&commit("d0", 3)).unwrap();
+    assert_eq!(c.newest_stored("d/a", false).unwrap(), Some(first));
+    assert_eq!(c.newest_stored("d", true).unwrap(), Some(second.max(first)));
+    assert_eq!(
+        c.newest_stored("d/", true).unwrap(),
+        Some(second.max(first))
+    );
+    assert_eq!(c.newest_stored("d", false).unwrap(), None, "d is no object");
 }

@@ -538,6 +538,10 @@ pub struct ServeArgs {
     /// unlimited), so that an audit cannot starve transfers.
     #[arg(long, default_value = "256M", value_name = "SIZE")]
     pub verify_rate: String,
+    /// The longest wait between two tries of a replication a `[[policy]]` of the --config
+    /// file owes (each failure doubles the wait from 1 s up to this).
+    #[arg(long, default_value = "10m", value_name = "DURATION")]
+    pub policy_retry_max: String,
     /// Read these options from a TOML file (keys as the long options, with `_` for `-`:
     /// `max_connections = 256`, `listen = ["10.0.0.1:7070"]`); options given here override it.
     /// Unknown keys are an error. The Debian package's service uses /etc/ferry/serve.toml.
@@ -551,6 +555,9 @@ pub struct ServeArgs {
     /// [`Cli::parse_noting_given`].
     #[arg(skip)]
     pub given: Vec<String>,
+    /// The `[[policy]]` and `[peers.NAME]` tables of the --config file, checked.
+    #[arg(skip)]
+    pub policies: ferry_net::Policies,
 }
 
 /// How `ferry serve` writes its log.

@@ -2,15 +2,19 @@
 //! file should not carry them. Keys are the long options with `_` for `-`; an option given on
 //! the command line overrides the file's.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use serde::Deserialize;
 
+use ferry_units::units::parse_duration;
+
 use crate::args::{LogFormat, ServeArgs};
 
 /// The file's keys: every option of `ferry serve` but `--oneshot` (a server started over ssh
-/// has no file) and `--config` itself. Unknown keys are refused, so a misspelt limit is an
+/// has no file) and `--config` itself, plus the tables no option has: `[[policy]]` and
+/// `[peers.NAME]`. Unknown keys are refused, so a misspelt limit is an
 /// error at start, not a default that silently applies.
 #[derive(Deserialize, Debug, Default)]
 #[serde(deny_unknown_fields)]
@@ -35,7 +39,33 @@ pub struct ServeFile {
     catalog_name: Option<String>,
     advertise: Option<String>,
     verify_rate: Option<String>,
+    policy_retry_max: Option<String>,
     log_format: Option<LogFormat>,
+    /// Declarative policies per path prefix (docs/DESIGN.md, "Policies").
+    policy: Option<Vec<PolicyTable>>,
+    /// The servers policies copy to, by name.
+    peers: Option<BTreeMap<String, PeerTable>>,
+}
+
+/// One `[[policy]]`: a prefix and what it wants.
+#[derive(Deserialize, Debug)]
+#[serde(deny_unknown_fields)]
+struct PolicyTable {
+    prefix: String,
+    replicas: Option<u32>,
+    #[serde(default)]
+    to: Vec<String>,
+    retain: Option<String>,
+    checksum: Option<String>,
+}
+
+/// One `[peers.NAME]`: where it is, its key, and a token that may write there.
+#[derive(Deserialize, Debug)]
+#[serde(deny_unknown_fields)]
+struct PeerTable {
+    addr: String,
+    fingerprint: String,
+    token_file: PathBuf,
 }
 
 /// Reads `args.config`, if given, into `args` wherever the command line left an option unset.
@@ -154,8 +184,66 @@ fn merge(args: &mut ServeArgs, file: ServeFile, base: &Path) -> Result<()> {
         file.verify_rate,
         unset("verify_rate"),
     );
+    set(
+        &mut args.policy_retry_max,
+        file.policy_retry_max,
+        unset("policy_retry_max"),
+    );
     set(&mut args.log_format, file.log_format, unset("log_format"));
+    args.policies = policies(file.policy.unwrap_or_default(), file.peers, base)?;
     Ok(())
+}
+
+/// The file's policies and peers, checked: each peer's token read from its file (relative
+/// to the config's directory), fingerprint and durations parsed, then the set as a whole
+/// ([`ferry_net::Policies::new`]: known peers, enough of them, clean prefixes).
+fn policies(
+    tables: Vec<PolicyTable>,
+    peers: Option<BTreeMap<String, PeerTable>>,
+    base: &Path,
+) -> Result<ferry_net::Policies> {
+    let mut checked_peers = Vec::new();
+    for (name, p) in peers.unwrap_or_default() {
+        let fingerprint = p
+            .fingerprint
+            .parse::<ferry_net::Fingerprint>()
+            .map_err(|e| anyhow::anyhow!("[peers.{name}] fingerprint: {e}"))?;
+        let token_path = base.join(&p.token_file);
+        let token = std::fs::read_to_string(&token_path)
+            .with_context(|| format!("[peers.{name}] token_file {}", token_path.display()))?
+            .trim()
+            .to_owned();
+        checked_peers.push(ferry_net::Peer {
+            name,
+            addr: p.addr,
+            fingerprint,
+            token,
+        });
+    }
+    let mut list = Vec::with_capacity(tables.len());
+    for t in tables {
+        let at = |what: &str| format!("[[policy]] `{}`: {what}", t.prefix);
+        let retain = match &t.retain {
+            Some(r) => Some(parse_duration(r).with_context(|| at("retain"))?),
+            None => None,
+        };
+        let checksum = match &t.checksum {
+            Some(c) => Some(ferry_core::digest::parse_algo(c).ok_or_else(|| {
+                anyhow::anyhow!(at(&format!(
+                    "checksum `{c}` is none of blake3, xxh3, sha256, md5"
+                )))
+            })?),
+            None => None,
+        };
+        list.push(ferry_net::Policy {
+            prefix: t.prefix,
+            replicas: t.replicas.unwrap_or(1),
+            to: t.to,
+            retain,
+            checksum,
+        });
+    }
+    Ok(ferry_net::Policies::new(checked_peers, list)?)
 }
 
 fn set<T>(field: &mut T, value: Option<T>, unset: bool) {
@@ -245,6 +333,53 @@ mod tests {
         let mut a = parsed(&["ferry", "serve", "--root", "/", "--verify-rate", "0"]);
         merge(&mut a, file(), Path::new("/x")).unwrap();
         assert_eq!(a.verify_rate, "0");
+    }
+
+    #[test]
+    fn policies_and_peers_from_the_file_and_their_mistakes_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("b.token"), "secret\n").unwrap();
+        let fp = format!("sha256:{}", "ab".repeat(32));
+        let text = |policy: &str| {
+            format!(
+                "[[policy]]\n{policy}\n\n[peers.siteB]\naddr = \"127.0.0.1:7071\"\n\
+                 fingerprint = \"{fp}\"\ntoken_file = \"b.token\"\n"
+            )
+        };
+        let merged = |policy: &str| {
+            let mut a = parsed(&["ferry", "serve", "--root", "/"]);
+            let file: ServeFile = toml::from_str(&text(policy)).unwrap();
+            merge(&mut a, file, dir.path()).map(|()| a)
+        };
+        let a = merged(
+            "prefix = \"raw/\"\nreplicas = 2\nto = [\"siteB\"]\nretain = \"30d\"\n\
+             checksum = \"sha256\"",
+        )
+        .unwrap();
+        let p = a.policies.for_path("raw/x").unwrap();
+        assert_eq!(p.prefix, "raw");
+        assert_eq!(p.replicas, 2);
+        assert_eq!(p.retain, Some(std::time::Duration::from_secs(30 * 86_400)));
+        assert_eq!(p.checksum, Some(ferry_proto::ChecksumAlgo::Sha256));
+        let peer = a.policies.peer("siteB").unwrap();
+        assert_eq!(
+            (peer.addr.as_str(), peer.token.as_str()),
+            ("127.0.0.1:7071", "secret")
+        );
+        assert_eq!(peer.fingerprint.to_string(), fp);
+        for (policy, says) in [
+            ("prefix = \"raw\"\nreplicas = 2\nto = [\"siteC\"]", "siteC"),
+            (
+                "prefix = \"raw\"\nreplicas = 3\nto = [\"siteB\"]",
+                "at most 2",
+            ),
+            ("prefix = \"../up\"\nreplicas = 1", "../up"),
+            ("prefix = \"raw\"\nchecksum = \"crc32\"", "crc32"),
+            ("prefix = \"raw\"\nretain = \"forever\"", "retain"),
+        ] {
+            let e = format!("{:#}", merged(policy).unwrap_err());
+            assert!(e.contains(says), "{policy}: {e}");
+        }
     }
 
     #[test]

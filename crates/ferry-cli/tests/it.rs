@@ -13,6 +13,7 @@ mod endpoints;
 mod filters;
 mod metrics;
 mod multipath;
+mod policies;
 mod replicas;
 mod rerun;
 mod serve_config;

@@ -31,5 +31,5 @@ pub use copy::{CopyConfig, CopyReport};
 pub use engine::{StreamReport, StripeReport};
 pub use error::SessionError;
 pub use ferry_session::Timeline;
-pub use server::{Server, ServerConfig};
+pub use server::{Peer, Policies, Policy, PolicyError, Server, ServerConfig};
 pub use tls::{Fingerprint, Identity, KnownHosts, ServerTrust};

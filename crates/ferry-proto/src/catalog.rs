@@ -16,6 +16,8 @@ pub const MAX_SERVER_NAME: usize = 256;
 pub const MAX_PHYSICAL: usize = 2 * crate::MAX_PATH;
 /// Longest server address a replica carries (`host:port`).
 pub const MAX_ADDRESS: usize = 256;
+/// Longest reason a `stat` gives for a replication a policy still owes.
+pub const MAX_POLICY_NOTE: usize = 1024;
 /// Longest digest algorithm name (`blake3`, `sha256`, ...).
 pub const MAX_ALGO: usize = 16;
 /// Most conditions one find may combine.
@@ -197,6 +199,37 @@ pub struct CatalogStat {
     pub object: CatalogObject,
     pub replicas: Vec<CatalogReplica>,
     pub metadata: Vec<MetaEntry>,
+    /// The server's policy for the object's path, sent only to a client that offered
+    /// `Capabilities::CATALOG_POLICY` (an older one would refuse the trailing bytes).
+    pub policy: Option<CatalogPolicy>,
+}
+
+/// The `[[policy]]` of a server's config that applies to an object: what it wants, and what
+/// it still owes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CatalogPolicy {
+    /// The policy's prefix, a directory under the root (empty: the whole root).
+    pub prefix: String,
+    /// Good replicas wanted in all, the server's own included.
+    pub replicas: u32,
+    /// Seconds an object is kept before it may be removed, renamed away or overwritten; 0:
+    /// no retention.
+    pub retain_s: u64,
+    /// The digest algorithm the policy registers files with; empty: the client's choice.
+    pub checksum: String,
+    /// A replication still owed, if any.
+    pub owed: Option<PolicyOwed>,
+}
+
+/// A replication a policy still owes for an object.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PolicyOwed {
+    /// Tries that failed so far.
+    pub tries: u32,
+    /// Milliseconds until the next try (0: due now).
+    pub next_in_ms: u64,
+    /// Why the last try failed (empty before the first), at most [`MAX_POLICY_NOTE`] bytes.
+    pub note: String,
 }
 
 /// What is wrong with a path a verify found.

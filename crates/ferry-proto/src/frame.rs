@@ -276,10 +276,13 @@ impl Capabilities {
     /// can open) and takes `FileDigest`, and says so in its `Welcome`; without it in the
     /// `Welcome` those blocks stay on the coordinator's connections.
     pub const STRIPE_WHOLE: u64 = 1 << 5;
+    /// The client reads a `stat` answer's trailing policy (`CatalogStat::policy`); a server
+    /// sends it only to a client that offered this, so older clients see the old layout.
+    pub const CATALOG_POLICY: u64 = 1 << 6;
 
     /// Everything this build supports.
     pub const fn ours() -> Self {
-        Self(Self::RESEND | Self::EARLY_TUNED | Self::RAMP_HELPERS)
+        Self(Self::RESEND | Self::EARLY_TUNED | Self::RAMP_HELPERS | Self::CATALOG_POLICY)
     }
 
     /// Everything this build understands: what it offers by default and what it offers on

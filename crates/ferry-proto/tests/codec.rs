@@ -557,6 +557,31 @@ fn catalog_request() -> impl Strategy<Value = CatalogRequest> {
     ]
 }
 
+fn catalog_policy() -> impl Strategy<Value = CatalogPolicy> {
+    let owed =
+        (any::<u32>(), any::<u64>(), text()).prop_map(|(tries, next_in_ms, note)| PolicyOwed {
+            tries,
+            next_in_ms,
+            note,
+        });
+    (
+        text(),
+        any::<u32>(),
+        any::<u64>(),
+        "[a-z0-9]{0,16}",
+        proptest::option::of(owed),
+    )
+        .prop_map(
+            |(prefix, replicas, retain_s, checksum, owed)| CatalogPolicy {
+                prefix,
+                replicas,
+                retain_s,
+                checksum,
+                owed,
+            },
+        )
+}
+
 fn catalog_object() -> impl Strategy<Value = CatalogObject> {
     (
         text(),
@@ -603,15 +628,17 @@ fn catalog_answer() -> impl Strategy<Value = CatalogAnswer> {
         (
             catalog_object(),
             vec(replica, 0..=MAX_REPLICAS),
-            vec(meta_entry(), 0..=16)
+            vec(meta_entry(), 0..=16),
+            proptest::option::of(catalog_policy())
         )
-            .prop_map(|(object, replicas, metadata)| CatalogAnswer::Stat(Box::new(
-                CatalogStat {
+            .prop_map(|(object, replicas, metadata, policy)| CatalogAnswer::Stat(
+                Box::new(CatalogStat {
                     object,
                     replicas,
                     metadata,
-                }
-            ))),
+                    policy,
+                })
+            )),
         vec(meta_entry(), 0..=MAX_META_ENTRIES).prop_map(|entries| CatalogAnswer::Meta { entries }),
         (vec(catalog_object(), 0..=16), any::<bool>(), any::<bool>()).prop_map(
             |(objects, last, more)| CatalogAnswer::Found {
@@ -708,7 +735,15 @@ proptest! {
         // field, and only what follows it is trailing.
         let optional = matches!(&frame, Frame::CopyRequest(c) if !c.only) && extra[0] == 1;
         let decoded = Frame::decode(ty, payload.into());
-        if optional && extra.len() == 1 {
+        // A stat without a policy may be followed by one: what follows is read as a policy,
+        // and refused as one (a tag other than 1, or too short).
+        let bare_stat = matches!(
+            &frame,
+            Frame::CatalogAnswer(CatalogAnswer::Stat(s)) if s.policy.is_none()
+        );
+        if bare_stat {
+            prop_assert!(decoded.is_err(), "{:?}", decoded);
+        } else if optional && extra.len() == 1 {
             prop_assert!(matches!(decoded, Ok(Frame::CopyRequest(c)) if c.only));
         } else {
             prop_assert_eq!(
@@ -1140,6 +1175,17 @@ fn sample_catalog_frames() -> Vec<Frame> {
                 address: String::new(),
             }],
             metadata: vec![entry.clone()],
+            policy: Some(CatalogPolicy {
+                prefix: "incoming".into(),
+                replicas: 2,
+                retain_s: 30 * 86_400,
+                checksum: "sha256".into(),
+                owed: Some(PolicyOwed {
+                    tries: 3,
+                    next_in_ms: 4_000,
+                    note: "peer siteB (dtn2:7070): connection refused".into(),
+                }),
+            }),
         })),
         CatalogAnswer::Stat(Box::new(CatalogStat {
             object: object.clone(),
@@ -1225,8 +1271,19 @@ fn every_truncation_is_an_error() {
             Frame::decode(frame.frame_type(), payload.clone()),
             Ok(frame.clone())
         );
+        // A stat cut just before its optional policy is a stat without one.
+        let bare = match &frame {
+            Frame::CatalogAnswer(CatalogAnswer::Stat(st)) if st.policy.is_some() => {
+                let mut st = st.clone();
+                st.policy = None;
+                Some(Frame::CatalogAnswer(CatalogAnswer::Stat(st)))
+            }
+            _ => None,
+        };
+        let bare_len = bare.as_ref().map(|b| payload_of(b).len());
         for len in 0..payload.len() {
             match Frame::decode(frame.frame_type(), payload.slice(..len)) {
+                Ok(f) if Some(len) == bare_len && Some(&f) == bare.as_ref() => {}
                 Err(DecodeError::Truncated { .. }) => {}
                 other => panic!("{frame:?} cut to {len} bytes: {other:?}"),
             }
@@ -2390,6 +2447,17 @@ fn pinned_catalog_frames_and_their_limits() {
         object,
         replicas: vec![replica; MAX_REPLICAS],
         metadata: vec![entry; MAX_META_ENTRIES],
+        policy: Some(CatalogPolicy {
+            prefix: "x".repeat(MAX_PATH),
+            replicas: u32::MAX,
+            retain_s: u64::MAX,
+            checksum: "c".repeat(MAX_ALGO),
+            owed: Some(PolicyOwed {
+                tries: u32::MAX,
+                next_in_ms: u64::MAX,
+                note: "n".repeat(MAX_POLICY_NOTE),
+            }),
+        }),
     })));
     assert_eq!(decode(encode(&stat)), Ok(stat));
 }
@@ -2560,4 +2628,59 @@ fn pinned_verify_frames_and_their_limits() {
         MAX_VERIFY_PROBLEMS
     ]);
     assert_eq!(decode(encode(&longest)), Ok(longest));
+}
+
+/// A stat's policy is trailing and optional: a stat without one has the old layout, and a
+/// policy's tag is 1 alone (an absent one is no bytes, so a 0 would not round-trip).
+#[test]
+fn a_stats_policy_is_trailing_and_optional() {
+    let object = CatalogObject {
+        path: "a".into(),
+        size: 1,
+        mtime_ns: 2,
+        digest: vec![3; 32],
+        algo: "blake3".into(),
+        stored_by: "t".into(),
+        stored_at: 4,
+    };
+    let bare = CatalogStat {
+        object,
+        replicas: Vec::new(),
+        metadata: Vec::new(),
+        policy: None,
+    };
+    let with = CatalogStat {
+        policy: Some(CatalogPolicy {
+            prefix: "raw".into(),
+            replicas: 2,
+            retain_s: 0,
+            checksum: String::new(),
+            owed: None,
+        }),
+        ..bare.clone()
+    };
+    let old = encode(&Frame::CatalogAnswer(CatalogAnswer::Stat(Box::new(
+        bare.clone(),
+    ))));
+    let new = encode(&Frame::CatalogAnswer(CatalogAnswer::Stat(Box::new(
+        with.clone(),
+    ))));
+    assert_eq!(
+        &new[HEADER_LEN..old.len()],
+        &old[HEADER_LEN..],
+        "the old layout, then more"
+    );
+    assert_eq!(
+        &new[old.len()..],
+        &[1, 0, 3, b'r', b'a', b'w', 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]
+    );
+    let mut zero = old.clone();
+    zero.extend_from_slice(&[0]);
+    let len = (zero.len() - HEADER_LEN) as u32;
+    zero[1..5].copy_from_slice(&len.to_be_bytes());
+    assert!(decode(zero).is_err(), "a policy tag 0 is refused");
+    assert_eq!(
+        decode(new),
+        Ok(Frame::CatalogAnswer(CatalogAnswer::Stat(Box::new(with))))
+    );
 }

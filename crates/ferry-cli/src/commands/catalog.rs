@@ -463,11 +463,70 @@ fn stat_json(s: &CatalogStat) -> Value {
         })
         .collect();
     let metadata: Vec<Value> = s.metadata.iter().map(meta_json).collect();
+    let policy = s.policy.as_ref().map_or(Value::Null, |p| {
+        json!({
+            "prefix": format!("/{}", p.prefix),
+            "replicas_wanted": p.replicas,
+            "replicas_good": good_replicas(s),
+            "retain_s": p.retain_s,
+            "checksum": p.checksum,
+            "owed": p.owed.as_ref().map_or(Value::Null, |o| json!({
+                "tries": o.tries,
+                "next_in_ms": o.next_in_ms,
+                "note": o.note,
+            })),
+        })
+    });
     if let Some(o) = v.as_object_mut() {
         o.insert("replicas".into(), Value::Array(replicas));
         o.insert("metadata".into(), Value::Array(metadata));
+        o.insert("policy".into(), policy);
     }
     v
+}
+
+fn good_replicas(s: &CatalogStat) -> usize {
+    s.replicas
+        .iter()
+        .filter(|r| r.state == ferry_proto::ReplicaHealth::Good)
+        .count()
+}
+
+/// The policy's line: what it wants and has, then what it owes ("2 wanted, 1 good; next try
+/// in 30 s: peer siteB …: connection refused").
+fn policy_line(s: &CatalogStat, p: &ferry_proto::CatalogPolicy) -> String {
+    let mut line = format!(
+        "/{}: {} wanted, {} good",
+        clean(&p.prefix),
+        p.replicas,
+        good_replicas(s)
+    );
+    if let Some(o) = &p.owed {
+        let next = o.next_in_ms.div_ceil(1000);
+        match o.tries {
+            0 => line.push_str("; replicating"),
+            _ => line.push_str(&format!(
+                "; next try in {next} s (after {} failed): {}",
+                o.tries,
+                clean(&o.note)
+            )),
+        }
+    }
+    if p.retain_s > 0 {
+        line.push_str(&format!("; retained {}", retain_words(p.retain_s)));
+    }
+    if !p.checksum.is_empty() {
+        line.push_str(&format!("; checksum {}", clean(&p.checksum)));
+    }
+    line
+}
+
+fn retain_words(s: u64) -> String {
+    match s {
+        s if s % 86_400 == 0 => format!("{}d", s / 86_400),
+        s if s % 3_600 == 0 => format!("{}h", s / 3_600),
+        s => format!("{s}s"),
+    }
 }
 
 fn print_stat(s: &CatalogStat) {
@@ -497,6 +556,9 @@ fn print_stat(s: &CatalogStat) {
     for (i, e) in s.metadata.iter().enumerate() {
         let head = if i == 0 { "metadata:" } else { "" };
         println!("{head:<10} {}", meta_line(e));
+    }
+    if let Some(p) = &s.policy {
+        println!("policy:    {}", policy_line(s, p));
     }
 }
 

@@ -62,6 +62,12 @@ pub async fn run(args: ServeArgs, quiet: bool) -> Result<ExitCode> {
         &root,
         quiet,
     )?;
+    if config.catalog.is_none() && !config.policies.is_empty() {
+        return Err(usage(anyhow::anyhow!(
+            "the --config file's policies need a catalog (they are applied to what it \
+             registers): drop `catalog = \"none\"` or the [[policy]] tables"
+        )));
+    }
     let catalog = config.catalog.clone();
     storage_from_profile(&mut config, &state, &root, quiet);
     if args.allow_plaintext {
@@ -286,6 +292,11 @@ fn limits(config: &mut ServerConfig, args: &ServeArgs) -> Result<()> {
     config.verify_rate = ferry_units::units::parse_size(&args.verify_rate)
         .with_context(|| format!("--verify-rate {}", args.verify_rate))
         .map_err(usage)?;
+    config.policy_retry_max = parse_duration(&args.policy_retry_max)
+        .with_context(|| format!("--policy-retry-max {}", args.policy_retry_max))
+        .map_err(usage)?
+        .max(Duration::from_secs(1));
+    config.policies = Arc::new(args.policies.clone());
     Ok(())
 }
 

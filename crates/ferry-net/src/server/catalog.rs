@@ -20,6 +20,8 @@ pub(super) struct CatalogHook {
     /// The token that logged in: who stored the files.
     pub(super) token: String,
     pub(super) root: PathBuf,
+    /// The server's policies: a retained object is not overwritten with other contents.
+    pub(super) policies: Arc<super::policy::Policies>,
 }
 
 impl CatalogHook {
@@ -53,6 +55,8 @@ impl CatalogHook {
 impl CommitHook for CatalogHook {
     fn before_sync(&self, files: &[Stored], syncfs: Option<u64>) -> std::io::Result<()> {
         let commits = self.commits(files);
+        self.not_retained(&commits)?;
+        self.right_checksum(&commits)?;
         let done = if syncfs.is_some() && self.catalog.device() == syncfs {
             self.catalog.intend_unsynced(&commits)
         } else {
@@ -65,6 +69,95 @@ impl CommitHook for CatalogHook {
         // The files are stored; their intents stay until the catalog's thread registers them.
         self.catalog.register_later(self.commits(files));
     }
+}
+
+impl CatalogHook {
+    /// Refuses the batch when one of its files is under a policy's digest algorithm and was
+    /// put with another: the catalog registers what the policy names or nothing.
+    fn right_checksum(&self, commits: &[Commit]) -> std::io::Result<()> {
+        for c in commits {
+            let Some(want) = self.policies.for_path(&c.path).and_then(|p| p.checksum) else {
+                continue;
+            };
+            if c.algo != algo_name(want) {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::InvalidInput,
+                    wrong_checksum_said(&self.policies, &c.path, want),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Refuses the batch when one of its files would replace, with other contents, an
+    /// object a retention policy still keeps (`put --overwrite`): the hook's error fails the
+    /// batch, so nothing retained is replaced. The same contents again are no change.
+    fn not_retained(&self, commits: &[Commit]) -> std::io::Result<()> {
+        if self.policies.is_empty() {
+            return Ok(());
+        }
+        let now = super::replicate::now_ns();
+        for c in commits {
+            if self
+                .policies
+                .for_path(&c.path)
+                .and_then(|p| p.retain)
+                .is_none()
+            {
+                continue;
+            }
+            let Some(s) = self
+                .catalog
+                .stat(&c.path)
+                .map_err(|e| std::io::Error::other(format!("catalog: {e}")))?
+            else {
+                continue;
+            };
+            let o = &s.object;
+            if (o.size, &o.digest, &o.algo) == (c.size, &c.digest, &c.algo) {
+                continue;
+            }
+            let why = super::policy::retention_refusal(
+                &self.policies,
+                &self.catalog,
+                &c.path,
+                false,
+                now,
+            )
+            .map_err(|e| std::io::Error::other(format!("catalog: {e}")))?;
+            if let Some(why) = why {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::PermissionDenied,
+                    format!("overwriting /{}: {why}", c.path),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A put under a policy's digest algorithm with another, refused with what to do.
+pub(super) fn wrong_checksum(
+    policies: &super::policy::Policies,
+    rel: &str,
+    want: ChecksumAlgo,
+) -> crate::error::SessionError {
+    crate::error::SessionError::Remote {
+        code: ferry_proto::ErrorCode::BAD_REQUEST,
+        message: wrong_checksum_said(policies, rel, want),
+    }
+}
+
+fn wrong_checksum_said(
+    policies: &super::policy::Policies,
+    rel: &str,
+    want: ChecksumAlgo,
+) -> String {
+    let prefix = policies.for_path(rel).map_or("", |p| p.prefix.as_str());
+    format!(
+        "/{rel}: the policy for /{prefix} registers {name} digests; put with --checksum {name}",
+        name = algo_name(want)
+    )
 }
 
 /// A put's receiver proves a file already here by its registered digest, not by reading it:

@@ -15,9 +15,9 @@ use ferry_core::path::{join, split_parent};
 use ferry_core::root::Kind;
 use ferry_core::FsError;
 use ferry_proto::{
-    CatalogAnswer, CatalogObject, CatalogReplica, CatalogRequest, CatalogStat, Compare, ErrorCode,
-    FindRequest, Frame, MetaEntry, ReplicaHealth, MAX_FOUND_ENTRIES, MAX_META_ENTRIES,
-    MAX_REPLICAS,
+    Capabilities, CatalogAnswer, CatalogObject, CatalogPolicy, CatalogReplica, CatalogRequest,
+    CatalogStat, Compare, ErrorCode, FindRequest, Frame, MetaEntry, PolicyOwed, ReplicaHealth,
+    MAX_FOUND_ENTRIES, MAX_META_ENTRIES, MAX_POLICY_NOTE, MAX_REPLICAS,
 };
 
 use super::access::{self, denied, Grant};
@@ -33,6 +33,7 @@ pub(super) async fn serve(
     stream: &mut Stream,
     grant: &Grant,
     request: CatalogRequest,
+    caps: Capabilities,
 ) -> Result<u64, SessionError> {
     // A third-party grant may put one tree, nothing else.
     if grant.pinned_dest().is_some() {
@@ -45,10 +46,28 @@ pub(super) async fn serve(
         CatalogRequest::Stat { path } | CatalogRequest::Locate { path } => {
             let rel = readable(shared, grant, &path)?;
             let catalog = needed(catalog)?;
-            let stat = blocking(move || catalog.stat(&rel)).await?;
+            // Only a client that reads it is told the policy (an older one would refuse it).
+            let policy = match caps.has(Capabilities::CATALOG_POLICY) {
+                true => shared.config.policies.for_path(&rel).cloned(),
+                false => None,
+            };
+            let owes = policy.as_ref().is_some_and(|p| p.replicas > 1);
+            let stat = blocking(move || {
+                let stat = catalog.stat(&rel)?;
+                let owed = match owes && stat.is_some() {
+                    true => catalog.owed(&rel)?,
+                    false => None,
+                };
+                Ok::<_, CatalogError>((stat, owed))
+            })
+            .await?;
             match stat.map_err(|e| refused(e, &path))? {
-                Some(s) => CatalogAnswer::Stat(Box::new(stat_of(s, addresses))),
-                None => return Err(not_registered(&path)),
+                (Some(s), owed) => {
+                    let mut stat = stat_of(s, addresses);
+                    stat.policy = policy.map(|p| policy_of(&p, owed));
+                    CatalogAnswer::Stat(Box::new(stat))
+                }
+                (None, _) => return Err(not_registered(&path)),
             }
         }
         CatalogRequest::MetaLs { path } => {
@@ -252,6 +271,7 @@ async fn remove(
             message: format!("rm `{raw}`: the top of a write scope (or the root) is never removed"),
         });
     }
+    retained(shared, catalog.as_ref(), &rel, recursive, "rm", raw).await?;
     let scope = match shared.root.scope(&prefix, false) {
         Ok(s) => Some(s),
         Err(e) if e.is_not_found() => None,
@@ -355,6 +375,8 @@ async fn rename(
     if to == from || to.starts_with(&format!("{from}/")) {
         return Err(refuse("a directory cannot move into itself"));
     }
+    // Renamed away is as gone from its path as removed: a retention policy refuses both.
+    retained(shared, catalog.as_ref(), &from, true, "mv", raw_from).await?;
     let (raw_from, raw_to) = (raw_from.to_owned(), raw_to.to_owned());
     blocking(move || {
         files::rename(&src, &from_inner, &dest, &to_inner)
@@ -383,6 +405,35 @@ async fn rename(
         }
     })
     .await?
+}
+
+/// Refuses `op` on `rel` (with `tree`, its tree) while a retention policy keeps an object
+/// there (`policy::retention_refusal`); a server without a catalog has no retention to keep.
+pub(super) async fn retained(
+    shared: &ServerState,
+    catalog: Option<&Arc<Catalog>>,
+    rel: &str,
+    tree: bool,
+    op: &str,
+    raw: &str,
+) -> Result<(), SessionError> {
+    let policies = shared.config.policies.clone();
+    let Some(catalog) = catalog.filter(|_| !policies.is_empty()).cloned() else {
+        return Ok(());
+    };
+    let r = rel.to_owned();
+    let now = super::replicate::now_ns();
+    let why =
+        blocking(move || super::policy::retention_refusal(&policies, &catalog, &r, tree, now))
+            .await?
+            .map_err(|e| refused(e, raw))?;
+    match why {
+        None => Ok(()),
+        Some(why) => Err(SessionError::Remote {
+            code: ErrorCode::DENIED,
+            message: format!("{op} `{raw}`: {why}"),
+        }),
+    }
 }
 
 /// The path under the root and the read scope that grants it.
@@ -530,7 +581,39 @@ fn stat_of(s: ferry_catalog::Stat, addresses: bool) -> CatalogStat {
             .take(MAX_META_ENTRIES)
             .map(entry_of)
             .collect(),
+        policy: None,
     }
+}
+
+/// A policy as `stat` shows it, with what it still owes for the object.
+fn policy_of(p: &super::policy::Policy, owed: Option<ferry_catalog::Owed>) -> CatalogPolicy {
+    let now = super::replicate::now_ns();
+    CatalogPolicy {
+        prefix: p.prefix.clone(),
+        replicas: p.replicas,
+        retain_s: p.retain.map_or(0, |d| d.as_secs()),
+        checksum: p
+            .checksum
+            .map(|a| ferry_core::digest::algo_name(a).to_owned())
+            .unwrap_or_default(),
+        owed: owed.map(|o| PolicyOwed {
+            tries: o.tries,
+            next_in_ms: u64::try_from(o.next_at.saturating_sub(now) / 1_000_000).unwrap_or(0),
+            note: cut(&o.note, MAX_POLICY_NOTE).to_owned(),
+        }),
+    }
+}
+
+/// `s` within `max` bytes, cut on a character boundary.
+fn cut(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
 }
 
 /// The wire's metadata bounds are the catalog's.

@@ -81,6 +81,13 @@ pub struct ServerConfig {
     /// Bytes a second that `ferry verify` audits may read, all of them together (`serve
     /// --verify-rate`; 0: unlimited), so that an audit cannot starve transfers.
     pub verify_rate: u64,
+    /// Declarative policies per path prefix (`[[policy]]` in `ferry serve --config`):
+    /// replicas on peers, retention, digest algorithm. Empty: none.
+    pub policies: Arc<super::policy::Policies>,
+    /// The longest wait between two tries of a replication a policy owes.
+    pub policy_retry_max: Duration,
+    /// Paths replicated at once (each a put to one peer at a time).
+    pub policy_concurrency: usize,
 }
 
 impl ServerConfig {
@@ -118,6 +125,9 @@ impl ServerConfig {
             stripe: false,
             catalog: None,
             verify_rate: 256 << 20,
+            policies: Arc::default(),
+            policy_retry_max: Duration::from_secs(600),
+            policy_concurrency: 4,
         }
     }
 

@@ -73,6 +73,11 @@ impl Server {
         let reconciled = match config.catalog.clone() {
             Some(catalog) => {
                 super::catalog::log_register_errors(&catalog);
+                // Before the intents are reconciled: a crash's files owe their replicas too.
+                if !config.policies.is_empty() {
+                    let policies = config.policies.clone();
+                    catalog.set_wanted(Arc::new(move |p: &str| policies.wanted(p)));
+                }
                 let dir = config.root.clone();
                 let done =
                     tokio::task::spawn_blocking(move || super::catalog::reconcile(&catalog, &dir))
@@ -135,6 +140,8 @@ impl Server {
         let mut scan = tokio::time::interval(self.shared.config.partial_scan_interval);
         scan.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         scan.tick().await; // the first tick is immediate; the caller scans at start
+                           // Aborted at shutdown: a replication cut off stays owed, for the next start.
+        let replicator = tokio::spawn(super::replicate::run(self.shared.clone()));
         loop {
             let accepted = tokio::select! {
                 a = accept_any(&self.listeners) => a,
@@ -165,6 +172,7 @@ impl Server {
             tasks.len()
         );
         drop(self.listeners);
+        replicator.abort();
         let _ = stop_tx.send(());
         let _ = tokio::time::timeout(Duration::from_secs(10), async {
             while tasks.join_next().await.is_some() {}

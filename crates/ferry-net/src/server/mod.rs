@@ -8,7 +8,8 @@
 //! touch, `state` is what all connections share. Third-party copies: `grants` (the
 //! destination's side) and `copy` (the source's, which runs the client's put to the other
 //! server). A striped put's other hosts: `stripe` (blocks into the coordinator's partial
-//! copies, each reported `Landed`). `catalog` registers every file a put stores and
+//! copies, each reported `Landed`). `policy` holds the server's declarative policies per
+//! prefix and `replicate` makes the replicas they owe in the background. `catalog` registers every file a put stores and
 //! reconciles a crash's leftovers; `catalog_ops` serves a user's catalog requests (stat, rm,
 //! mv, mkdir, meta, find), their file-system half in `files`, `verify` its fixity audits
 //! (`ferry verify`) and `bundle` a tree streamed as a tar (`get --tar`). `metrics`
@@ -26,8 +27,10 @@ mod grants;
 mod listener;
 mod measure;
 mod metrics;
+mod policy;
 mod registry;
 mod remove;
+mod replicate;
 mod request;
 mod session;
 mod state;
@@ -38,4 +41,5 @@ mod wire;
 pub use config::ServerConfig;
 pub use listener::Server;
 pub use metrics::MetricsView;
+pub use policy::{Peer, Policies, Policy, PolicyError};
 pub use state::IdleProbe;

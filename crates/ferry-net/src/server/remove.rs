@@ -84,6 +84,14 @@ fn remove_one(shared: &ServerState, grant: &Grant, raw: &str) -> Result<(), (Err
             format!("{raw}: is the top of a write scope (or the root), which is never removed"),
         ));
     }
+    if let Some(catalog) = shared.config.catalog.as_ref() {
+        let now = super::replicate::now_ns();
+        match super::policy::retention_refusal(&shared.config.policies, catalog, &rel, false, now) {
+            Ok(None) => {}
+            Ok(Some(why)) => return Err((ErrorCode::DENIED, format!("{raw}: {why}"))),
+            Err(e) => return Err((ErrorCode::IO, format!("{raw}: catalog: {e}"))),
+        }
+    }
     let scope: Root = match shared.root.scope(prefix, false) {
         Ok(s) => s,
         // No scope directory, nothing in it to remove.

@@ -152,7 +152,7 @@ pub(super) async fn prepare<'a>(
         }
         Frame::CatalogRequest(request) => {
             let what = request.name();
-            let files = catalog_ops::serve(shared, stream, grant, request).await?;
+            let files = catalog_ops::serve(shared, stream, grant, request, caps).await?;
             Ok(Work::Done {
                 what,
                 files,
@@ -261,6 +261,22 @@ async fn prepare_put<'a>(
         })
         .map_err(|e| as_requested(e, &asked))?;
     let mut opts = clamp(shared, opts);
+    // A policy's digest algorithm, refused before any data moves where the put's destination
+    // is under it (files that reach such a prefix from a put above it: the commit hook).
+    if let Some(want) = shared
+        .config
+        .policies
+        .for_path(&rel)
+        .and_then(|p| p.checksum)
+    {
+        if opts.checksum != want {
+            return Err(super::catalog::wrong_checksum(
+                &shared.config.policies,
+                &rel,
+                want,
+            ));
+        }
+    }
     if let Some(existing) = grant.pinned_existing() {
         // What the client asked of the copy, not what the source sends.
         opts.existing = existing;
@@ -297,6 +313,7 @@ async fn prepare_put<'a>(
             prefix: prefix.clone(),
             token: grant.name.clone(),
             root: shared.config.root.clone(),
+            policies: shared.config.policies.clone(),
         }));
     }
     let (joins, pending) = announce(&shared.registry, stream, named, &opts).await?;

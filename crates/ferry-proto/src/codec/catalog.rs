@@ -9,9 +9,10 @@ use crate::catalog::{
     CatalogAnswer, CatalogObject, CatalogReplica, CatalogRequest, CatalogStat, Compare,
     FindCondition, FindRequest, MetaEntry, Problem, ReplicaHealth, VerifyCounts, VerifyReport,
     MAX_ADDRESS, MAX_ALGO, MAX_FIND_CONDITIONS, MAX_FIND_LIMIT, MAX_FOUND_ENTRIES, MAX_META_ATTR,
-    MAX_META_ENTRIES, MAX_META_UNIT, MAX_META_VALUE, MAX_PHYSICAL, MAX_REPLICAS, MAX_SERVER_NAME,
-    MAX_TAR_PATHS, MAX_VERIFY_PROBLEMS,
+    MAX_META_ENTRIES, MAX_META_UNIT, MAX_META_VALUE, MAX_PHYSICAL, MAX_POLICY_NOTE, MAX_REPLICAS,
+    MAX_SERVER_NAME, MAX_TAR_PATHS, MAX_VERIFY_PROBLEMS,
 };
+use crate::catalog::{CatalogPolicy, PolicyOwed};
 use crate::error::DecodeError;
 use crate::frame::{Frame, MAX_DIGEST, MAX_PATH};
 
@@ -321,6 +322,9 @@ pub(super) fn put_answer(out: &mut BytesMut, answer: &CatalogAnswer) {
                 }
             }
             put_metas(out, &s.metadata);
+            if let Some(p) = &s.policy {
+                put_policy(out, p);
+            }
         }
         CatalogAnswer::Meta { entries } => {
             out.put_u8(ANSWER_META);
@@ -448,10 +452,16 @@ pub(super) fn decode_answer(r: &mut Reader<'_>) -> Result<Frame, DecodeError> {
                 return Err(invalid("tag", tag));
             }
             let metadata = decode_metas(r)?;
+            // Trailing and optional: only a client that offered CATALOG_POLICY is sent it.
+            let policy = match r.remaining() {
+                0 => None,
+                _ => Some(decode_policy(r)?),
+            };
             CatalogAnswer::Stat(Box::new(CatalogStat {
                 object,
                 replicas,
                 metadata,
+                policy,
             }))
         }
         ANSWER_META => CatalogAnswer::Meta {
@@ -474,6 +484,52 @@ pub(super) fn decode_answer(r: &mut Reader<'_>) -> Result<Frame, DecodeError> {
         other => return Err(invalid("tag", other)),
     };
     Ok(Frame::CatalogAnswer(answer))
+}
+
+/// A stat's policy: a tag 1 (the only one: an absent policy is no bytes at all), then its
+/// fields, then a flag for what it owes.
+fn put_policy(out: &mut BytesMut, p: &CatalogPolicy) {
+    out.put_u8(1);
+    put_str(out, &p.prefix);
+    out.put_u32(p.replicas);
+    out.put_u64(p.retain_s);
+    put_str(out, &p.checksum);
+    match &p.owed {
+        None => out.put_u8(0),
+        Some(o) => {
+            out.put_u8(1);
+            out.put_u32(o.tries);
+            out.put_u64(o.next_in_ms);
+            put_str(out, &o.note);
+        }
+    }
+}
+
+fn decode_policy(r: &mut Reader<'_>) -> Result<CatalogPolicy, DecodeError> {
+    match r.u8("policy")? {
+        1 => {}
+        other => return Err(invalid("policy", other)),
+    }
+    let prefix = r.str("policy prefix", MAX_PATH)?;
+    let replicas = r.u32("replicas wanted")?;
+    let retain_s = r.u64("retain")?;
+    let checksum = r.str("policy checksum", MAX_ALGO)?;
+    let owed = match r.u8("owed")? {
+        0 => None,
+        1 => Some(PolicyOwed {
+            tries: r.u32("tries")?,
+            next_in_ms: r.u64("next try")?,
+            note: r.str("owed note", MAX_POLICY_NOTE)?,
+        }),
+        other => return Err(invalid("owed", other)),
+    };
+    Ok(CatalogPolicy {
+        prefix,
+        replicas,
+        retain_s,
+        checksum,
+        owed,
+    })
 }
 
 fn decode_metas(r: &mut Reader<'_>) -> Result<Vec<MetaEntry>, DecodeError> {
