@@ -283,7 +283,7 @@ fn one(
             .collect();
         catalog.register_new(&batch)?;
         next = end;
-        if next % 1_000_000 == 0 {
+        if next.is_multiple_of(1_000_000) {
             eprintln!(
                 "ferry-bench catalog: {} {files}: {next} registered, {:.0} s",
                 backend.name(),
@@ -331,7 +331,11 @@ fn one(
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    let logs = o.out.join("logs");
+    // Each backend and size its own logs (serve-RUN.out).
+    let logs = o
+        .out
+        .join("logs")
+        .join(format!("{}-{files}", backend.name()));
     fs::create_dir_all(&logs)?;
     let state = dir.join("state");
     fs::create_dir_all(&state)?;
@@ -435,7 +439,7 @@ fn one(
             ));
         }
     }
-    let mut groups: Vec<(String, Vec<f64>, Vec<f64>, usize, bool)> = Vec::new();
+    let mut groups: Vec<FindGroup> = Vec::new();
     for (label, under, wire_cond, local_cond) in kinds {
         let t = Instant::now();
         let found = rt.block_on(cat::find(
@@ -548,6 +552,10 @@ fn one(
     ));
     Ok(())
 }
+
+/// One kind of find's samples: its label, client and in-process times (ms), objects found in
+/// all, and whether any had more past the limit.
+type FindGroup = (String, Vec<f64>, Vec<f64>, usize, bool);
 
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
