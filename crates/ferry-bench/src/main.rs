@@ -5,9 +5,11 @@
 //! third-party`, `ferry cp` between two servers against a put between them (see [`thirdparty`]);
 //! or, with `--mode multipath`, one put over K parallel links against one link (see
 //! [`multipath`]); or, with `--mode service`, `ferry service` running many jobs over three
-//! links while its API is read, and one job over a link that goes dark (see [`service`]).
+//! links while its API is read, and one job over a link that goes dark (see [`service`]); or,
+//! with `--mode catalog`, the catalog at 1 and 10 million files (see [`catalog`]).
 //! See docs/bench/NOTEBOOK.md.
 
+mod catalog;
 mod cpu;
 mod data;
 mod host;
@@ -71,8 +73,25 @@ struct Cli {
     /// default 300mbit; --rtt, three values, default 20ms,50ms,100ms); --jobs jobs (small trees
     /// and 1-4 MiB files) submitted round robin over the links through the API while it is
     /// polled, every file verified; then one --dark-size job over a link dark for --dark-secs.
-    #[arg(long, default_value = "bed", value_parser = ["bed", "host", "third-party", "multipath", "service"])]
+    /// catalog: a catalog of --files registered objects (default 1M; 1M,10M for both) on each of
+    /// --backends (default sqlite,postgres) under --work (default target/bench/work), a
+    /// loopback `ferry serve` on it, and `find --meta`, `stat`, `rm -r` of 100,000 files and the
+    /// server's start timed against issue 39's targets; --runs rm -r runs and starts (default
+    /// 3), --stats (default 500) and --finds (default 50).
+    #[arg(long, default_value = "bed", value_parser = ["bed", "host", "third-party", "multipath", "service", "catalog"])]
     mode: String,
+    /// Catalog mode: registered objects per catalog, e.g. 1M,10M.
+    #[arg(long, value_delimiter = ',')]
+    files: Option<Vec<String>>,
+    /// Catalog mode: sqlite, postgres.
+    #[arg(long, value_delimiter = ',')]
+    backends: Option<Vec<String>>,
+    /// Catalog mode: stat samples (default 500).
+    #[arg(long)]
+    stats: Option<usize>,
+    /// Catalog mode: find samples of each kind (default 50).
+    #[arg(long)]
+    finds: Option<usize>,
     /// Service mode: jobs submitted (default 1000).
     #[arg(long)]
     jobs: Option<usize>,
@@ -648,6 +667,12 @@ fn run(cli: Cli) -> Result<ExitCode> {
     }
     if cli.mode == "service" {
         return run_service(&cli);
+    }
+    if cli.mode == "catalog" {
+        return run_catalog(&cli);
+    }
+    if cli.files.is_some() || cli.backends.is_some() || cli.stats.is_some() || cli.finds.is_some() {
+        bail!("--files, --backends, --stats and --finds apply to --mode catalog only");
     }
     if cli.jobs.is_some() || cli.dark_secs.is_some() || cli.dark_size.is_some() {
         bail!("--jobs, --dark-secs and --dark-size apply to --mode service only");
@@ -1449,6 +1474,51 @@ fn service_options(cli: &Cli, work: PathBuf, out: PathBuf) -> Result<service::Sv
 }
 
 /// `--mode service`: see [`service`].
+fn run_catalog(cli: &Cli) -> Result<ExitCode> {
+    let started = now_secs();
+    let out = cli.out.clone().unwrap_or_else(|| {
+        PathBuf::from("target/bench").join(format!("catalog-{}", stamp(started)))
+    });
+    let files = match &cli.files {
+        Some(v) => v
+            .iter()
+            .map(|s| catalog::parse_count(s))
+            .collect::<Result<Vec<_>>>()?,
+        None => vec![1_000_000],
+    };
+    let backends = match &cli.backends {
+        Some(v) => v
+            .iter()
+            .map(|s| catalog::Backend::parse(s))
+            .collect::<Result<Vec<_>>>()?,
+        None => vec![catalog::Backend::Sqlite, catalog::Backend::Postgres],
+    };
+    if cli.tmpfs {
+        bail!("--mode catalog: the catalogs belong on disk (--work), not tmpfs");
+    }
+    let o = catalog::CatOptions {
+        ferry: find_ferry(cli)?,
+        work: PathBuf::new(),
+        out: out.clone(),
+        files,
+        backends,
+        runs: cli.runs.unwrap_or(3),
+        stats: cli.stats.unwrap_or(500),
+        finds: cli.finds.unwrap_or(50),
+    };
+    std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+    let (work, _) = work_dir(cli)?;
+    let o = catalog::CatOptions {
+        out: out.canonicalize()?,
+        work: work.join("catalog"),
+        ..o
+    };
+    let report = catalog::run(&o)?;
+    println!("{report}");
+    eprintln!("ferry-bench catalog: results in {}", o.out.display());
+    Ok(ExitCode::SUCCESS)
+}
+
 fn run_service(cli: &Cli) -> Result<ExitCode> {
     let mut bad = third_party_only_bad_flags(cli);
     for (set, name) in [

@@ -95,6 +95,7 @@ on_both!(
     replicas_elsewhere_are_recorded_under_a_path,
     a_policy_path_registered_owes_its_replicas_until_met,
     newest_stored_is_measured_at_a_path_or_under_it,
+    register_new_writes_what_register_writes_many_rows_at_once,
 );
 
 fn commit(path: &str, size: u64) -> Commit {
@@ -909,4 +910,35 @@ fn newest_stored_is_measured_at_a_path_or_under_it(b: &Backend) {
         Some(second.max(first))
     );
     assert_eq!(c.newest_stored("d", false).unwrap(), None, "d is no object");
+/// The bulk path writes the rows `register` writes (across several statements of
+/// `BULK_ROWS`), and refuses a path registered already without writing any of its batch.
+fn register_new_writes_what_register_writes_many_rows_at_once(b: &Backend) {
+    let one = b.catalog();
+    let bulk = b.catalog();
+    let files: Vec<Commit> = (0..1203)
+        .map(|i| commit(&format!("d{}/f{i}", i % 7), i))
+        .collect();
+    one.register(&files).unwrap();
+    bulk.register_new(&files).unwrap();
+    assert_eq!(bulk.count().unwrap(), 1203);
+    for f in [&files[0], &files[499], &files[500], &files[1202]] {
+        let (mut a, mut b) = (
+            one.stat(&f.path).unwrap().unwrap(),
+            bulk.stat(&f.path).unwrap().unwrap(),
+        );
+        a.object.stored_at = 0;
+        b.object.stored_at = 0;
+        assert_eq!(a, b, "{}", f.path);
+    }
+    let again = [commit("new", 1), files[3].clone()];
+    assert!(bulk.register_new(&again).is_err());
+    assert!(
+        bulk.stat("new").unwrap().is_none(),
+        "the batch is rolled back"
+    );
+    assert_eq!(
+        bulk.remove_prefix("d3").unwrap(),
+        one.remove_prefix("d3").unwrap()
+    );
+    assert_eq!(bulk.count().unwrap(), one.count().unwrap());
 }
