@@ -910,6 +910,8 @@ fn newest_stored_is_measured_at_a_path_or_under_it(b: &Backend) {
         Some(second.max(first))
     );
     assert_eq!(c.newest_stored("d", false).unwrap(), None, "d is no object");
+}
+
 /// The bulk path writes the rows `register` writes (across several statements of
 /// `BULK_ROWS`), and refuses a path registered already without writing any of its batch.
 fn register_new_writes_what_register_writes_many_rows_at_once(b: &Backend) {

@@ -620,10 +620,12 @@ pub struct TransferArgs {
     /// (connection i leaves from the i-th mod their number). Implies --multipath.
     #[arg(long, value_name = "IP")]
     pub bind: Vec<std::net::IpAddr>,
-    /// Put only: stripe over these other servers (HOST or HOST:PORT, comma-separated or
-    /// repeated), which share the destination's file system and run `serve --stripe`. Each
-    /// writes blocks of the large files into the partial copies the destination server opened;
-    /// that server verifies and commits. Each host's key is checked against the known hosts.
+    /// Stripe over these other servers (HOST or HOST:PORT, comma-separated or repeated),
+    /// which share the remote server's file system and run `serve --stripe`. In a put each
+    /// writes blocks of the large files into the partial copies the destination server opened,
+    /// which verifies and commits; in a get each reads blocks of the large files the source
+    /// server offers, which still reads and hashes every file. Each host's key is checked
+    /// against the known hosts.
     #[arg(long, value_name = "HOSTS", value_delimiter = ',')]
     pub stripe: Vec<String>,
     #[command(flatten)]

@@ -35,7 +35,7 @@ struct HostEntry {
 }
 
 /// `[endpoints.NAME]`: one site's hosts that share a file system (`hosts = ["dtn1", ...]`),
-/// used as `NAME:/path` in place of a host; a put stripes over all of them.
+/// used as `NAME:/path` in place of a host; a put or a get stripes over all of them.
 #[derive(Debug, Default, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 struct EndpointEntry {
@@ -65,8 +65,8 @@ fn client_file(config: Option<&Path>) -> Result<(Option<PathBuf>, Option<ClientF
 }
 
 /// When the config file names `remote.host` as an endpoint (`[endpoints.NAME]`), points the
-/// remote at the endpoint's first host and returns the others (`HOST:PORT`), for a put to
-/// stripe over. The endpoint's token, if it has one, becomes `auth`'s unless `--token` or
+/// remote at the endpoint's first host and returns the others (`HOST:PORT`), for a put or a
+/// get to stripe over. The endpoint's token, if it has one, becomes `auth`'s unless `--token` or
 /// `FERRY_TOKEN` gave one: it comes before the per-host and default tokens. A remote over ssh,
 /// or with a host no endpoint names, is left as it is.
 pub fn resolve_endpoint(auth: &mut AuthArgs, remote: &mut Remote) -> Result<Vec<String>> {
@@ -557,9 +557,14 @@ impl Transfer {
         };
         let mut remote = Remote::parse(&args.remote)
             .context("the first argument of get is the source, HOST[:PORT]:PATH")?;
-        // Gets are not striped yet: an endpoint's first host serves them.
-        resolve_endpoint(&mut args.transfer.auth, &mut remote)?;
+        // An endpoint's first host coordinates; the others serve blocks of large files.
+        let others = resolve_endpoint(&mut args.transfer.auth, &mut remote)?;
         let mut client = client_config(&args.transfer, &remote)?;
+        for h in &others {
+            if !client.stripe.iter().any(|s| &s.server == h) {
+                client.stripe.push(stripe_host(&args.transfer.conn, h)?);
+            }
+        }
         // A --readers number is the server's readers: asked of it (it caps them).
         client.opts.storage_threads = asked_threads(args.transfer.readers);
         if args.safe_links {

@@ -11,7 +11,7 @@ use ferry_core::recv::{Destination, Links, Modes, Receiver, ReceiverConfig};
 use ferry_core::send::{DigestCache, Sender, SenderConfig, Source};
 use ferry_core::{digest, FsError, Reporter, Root};
 use ferry_proto::{
-    Capabilities, Frame, ListEntry, Load, Role, SessionId, TransferOpts, TuneReport,
+    Capabilities, ErrorCode, Frame, ListEntry, Load, Role, SessionId, TransferOpts, TuneReport,
     MAX_CONTROL_PAYLOAD, PROTOCOL_VERSION,
 };
 use serde::Serialize;
@@ -94,9 +94,10 @@ pub struct ClientConfig {
     /// Local addresses the data connections leave from (`--bind`), connection `i` from
     /// `bind[i mod len]`: one per network card. Empty: the kernel chooses.
     pub bind: Vec<std::net::IpAddr>,
-    /// A striped put's other hosts (`--stripe`, or an endpoint's `hosts`): servers that share
-    /// the destination's file system with `server`, which coordinates. Each writes blocks of
-    /// the put's large files into the partial copies `server` opened. Empty: no striping.
+    /// A striped put's or get's other hosts (`--stripe`, or an endpoint's `hosts`): servers
+    /// that share the remote file system with `server`, which coordinates. In a put each
+    /// writes blocks of the large files into the partial copies `server` opened; in a get each
+    /// reads blocks of the large files `server` offers. Empty: no striping.
     pub stripe: Vec<StripeHost>,
 }
 
@@ -353,7 +354,7 @@ pub struct TransferReport {
     /// `(path, hex digest)` of every stored file.
     #[serde(skip)]
     pub manifest: Vec<(String, String)>,
-    /// What each other host of a striped put did (its last attempt).
+    /// What each other host of a striped put or get did (its last attempt).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub stripes: Vec<StripeReport>,
 }
@@ -397,6 +398,8 @@ pub(crate) struct Connected {
     addr: SocketAddr,
     session: SessionId,
     secret: [u8; 32],
+    /// The capabilities the server's `Welcome` set.
+    caps: Capabilities,
 }
 
 /// The first address of `server` (`host:port`). A name that does not resolve is a
@@ -606,9 +609,14 @@ async fn welcomed<R: tokio::io::AsyncRead + Unpin>(
     stream: &mut R,
     timeout: Duration,
     ours: (SessionId, [u8; 32]),
-) -> Result<(), SessionError> {
+) -> Result<Capabilities, SessionError> {
     let reply = read_frame_within(stream, timeout).await?;
-    ferry_session::send::check_welcome(reply, ours).map_err(crate::engine::fault_error)
+    let caps = match &reply {
+        Frame::Welcome { capabilities, .. } => *capabilities,
+        _ => Capabilities::default(),
+    };
+    ferry_session::send::check_welcome(reply, ours).map_err(crate::engine::fault_error)?;
+    Ok(caps)
 }
 
 /// A new session's identity and the secret its data connections join with. The client
@@ -638,13 +646,14 @@ pub(crate) async fn connect(
     let (mut control, tls, addr) = secure_control(cfg, reporter, |_, _| {}).await?;
     let ours = new_session();
     send(&mut control, &hello_frame(control_role(cfg, ours))).await?;
-    welcomed(&mut control, cfg.connect_timeout, ours).await?;
+    let caps = welcomed(&mut control, cfg.connect_timeout, ours).await?;
     Ok(Connected {
         control,
         tls,
         addr,
         session: ours.0,
         secret: ours.1,
+        caps,
     })
 }
 
@@ -816,7 +825,7 @@ async fn answered(
         session,
         dials,
     } = o;
-    welcomed(&mut control, cfg.connect_timeout, session).await?;
+    let caps = welcomed(&mut control, cfg.connect_timeout, session).await?;
     let opts = ready(cfg, &mut control).await?;
     let c = Connected {
         control,
@@ -824,6 +833,7 @@ async fn answered(
         addr,
         session: session.0,
         secret: session.1,
+        caps,
     };
     let joining = Joining::new(cfg, &opts, dials);
     Ok((c, opts, joining))
@@ -848,6 +858,10 @@ async fn open_paths(
         if capabilities.has(Capabilities::MULTIPATH));
     let whole = matches!(&reply, Frame::Welcome { capabilities, .. }
         if capabilities.has(Capabilities::STRIPE_WHOLE));
+    let caps = match &reply {
+        Frame::Welcome { capabilities, .. } => *capabilities,
+        _ => Capabilities::default(),
+    };
     ferry_session::send::check_welcome(reply, session).map_err(crate::engine::fault_error)?;
     let paths = if offers {
         read_paths(&mut control, cfg.connect_timeout, addr).await?
@@ -873,6 +887,7 @@ async fn open_paths(
         addr,
         session: session.0,
         secret: session.1,
+        caps,
     };
     let joining = Joining::new(cfg, &opts, dials);
     let count = u16::try_from(paths.len()).unwrap_or(u16::MAX);
@@ -1469,6 +1484,36 @@ async fn open_stripes(
     reporter: Arc<dyn Reporter>,
     dest: &str,
 ) -> Result<Vec<StripeIo>, SessionError> {
+    let request = Frame::StripeRequest {
+        dest: dest.to_owned(),
+        opts: cfg.opts.clone(),
+    };
+    open_stripe_hosts(cfg, reporter, request, 0).await
+}
+
+/// Opens a stripe read session on each of a striped get's other hosts, all at once: as
+/// [`open_stripes`], reading `src` (`StripeRead`), each host checked to take them
+/// (`STRIPE_READ` in its `Welcome`) before the request is sent.
+async fn open_stripe_reads(
+    cfg: &ClientConfig,
+    reporter: Arc<dyn Reporter>,
+    src: &str,
+) -> Result<Vec<StripeIo>, SessionError> {
+    let request = Frame::StripeRead {
+        src: src.to_owned(),
+        opts: cfg.opts.clone(),
+    };
+    open_stripe_hosts(cfg, reporter, request, Capabilities::STRIPE_READ).await
+}
+
+/// Opens `request`'s stripe session on every host of `cfg.stripe`; `needs`: capability bits
+/// each host's `Welcome` must set.
+async fn open_stripe_hosts(
+    cfg: &ClientConfig,
+    reporter: Arc<dyn Reporter>,
+    request: Frame,
+    needs: u64,
+) -> Result<Vec<StripeIo>, SessionError> {
     let mut opening = tokio::task::JoinSet::new();
     for (i, host) in cfg.stripe.iter().cloned().enumerate() {
         let host_cfg = ClientConfig {
@@ -1478,14 +1523,17 @@ async fn open_stripes(
             stripe: Vec::new(),
             ..cfg.clone()
         };
-        let request = Frame::StripeRequest {
-            dest: dest.to_owned(),
-            opts: cfg.opts.clone(),
-        };
+        let request = request.clone();
         let reporter = reporter.clone();
         let name = host.server.clone();
         let opened = async move {
             let mut c = connect(&host_cfg, reporter.as_ref()).await?;
+            if !c.caps.has(needs) {
+                return Err(SessionError::Remote {
+                    code: ErrorCode::DENIED,
+                    message: "takes no striped gets (an older ferry, or not serve --stripe)".into(),
+                });
+            }
             let (opts, data) = start(&host_cfg, &mut c, request).await?;
             Ok::<_, SessionError>(StripeIo {
                 host: name,
@@ -1656,13 +1704,23 @@ async fn get_to(
         src: src.to_owned(),
         opts: cfg.opts.clone(),
     };
-    let (c, opts, joining) = if cfg.multipath {
-        let (c, opts, joining, _, _) = open_paths(cfg, reporter.as_ref(), &request).await?;
-        (c, opts, joining)
-    } else {
-        let opening = open(cfg, reporter.as_ref(), &request).await?;
-        answered(cfg, opening).await?
+    let opened = async {
+        if cfg.multipath {
+            let (c, opts, joining, _, _) = open_paths(cfg, reporter.as_ref(), &request).await?;
+            Ok::<_, SessionError>((c, opts, joining))
+        } else {
+            let opening = open(cfg, reporter.as_ref(), &request).await?;
+            answered(cfg, opening).await
+        }
     };
+    let stripes = async {
+        match cfg.stripe.is_empty() {
+            true => Ok(Vec::new()),
+            false => open_stripe_reads(cfg, reporter.clone(), src).await,
+        }
+    };
+    let (opened, stripes) = tokio::join!(opened, stripes);
+    let ((c, opts, joining), stripes) = (opened?, stripes?);
     let joins = joining.into_joins();
     let security = security_of(&c.control, c.tls.as_ref());
     let (tx, rx) = flume::unbounded();
@@ -1684,6 +1742,11 @@ async fn get_to(
         joins,
         receiver: receiver.clone(),
         control_out: rx,
+        stripes: (
+            stripes,
+            opts.block_size,
+            ferry_core::send::EARLY_PER_STREAM * u64::from(opts.streams),
+        ),
     };
     let run = RecvRun {
         writers,
@@ -1716,7 +1779,9 @@ async fn get_to(
         security,
         timeline: out.timeline,
     };
-    Ok(report("get", cfg, &opts, t0, ended))
+    let mut report = report("get", cfg, &opts, t0, ended);
+    report.stripes = out.stripes;
+    Ok(report)
 }
 
 /// Lists a remote directory (or describes a single remote file).

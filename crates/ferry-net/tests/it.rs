@@ -15,6 +15,7 @@ mod scopes;
 mod security;
 mod speedtest;
 mod stripe;
+mod stripe_get;
 mod sync;
 mod sync_between;
 mod third_party;

@@ -122,6 +122,8 @@ impl Frame {
             Frame::CatalogAnswer(_) => FrameType::CATALOG_ANSWER,
             Frame::TarData { .. } => FrameType::TAR_DATA,
             Frame::FileDigest { .. } => FrameType::FILE_DIGEST,
+            Frame::StripeRead { .. } => FrameType::STRIPE_READ,
+            Frame::Fetch { .. } => FrameType::FETCH,
         }
     }
 
@@ -242,6 +244,11 @@ impl Frame {
             },
             FrameType::LANDED => decode_landed(&mut r)?,
             FrameType::FILE_DIGEST => decode_file_digest(&mut r)?,
+            FrameType::STRIPE_READ => Frame::StripeRead {
+                src: r.str("src", MAX_PATH)?,
+                opts: decode_opts(&mut r)?,
+            },
+            FrameType::FETCH => decode_fetch(&mut r)?,
             FrameType::REMOVE_REQUEST => remove::decode_remove_request(&mut r)?,
             FrameType::REMOVED => remove::decode_removed(&mut r)?,
             FrameType::COPY_PATHS => copy::decode_copy_paths(&mut r)?,
@@ -386,6 +393,25 @@ impl Frame {
                 out.put_u8(wire_len(digest.len(), "file digest"));
                 out.put_slice(digest);
             }
+            Frame::StripeRead { src, opts } => {
+                put_str(out, src);
+                put_opts(out, opts);
+            }
+            Frame::Fetch {
+                file,
+                path,
+                size,
+                mtime_ns,
+                offset,
+                len,
+            } => {
+                out.put_u64(file.0);
+                put_str(out, path);
+                out.put_u64(*size);
+                out.put_i64(*mtime_ns);
+                out.put_u64(*offset);
+                out.put_u32(*len);
+            }
         }
     }
 
@@ -482,7 +508,9 @@ impl Frame {
             | Frame::CatalogRequest(_)
             | Frame::CatalogAnswer(_)
             | Frame::TarData { .. }
-            | Frame::FileDigest { .. } => {}
+            | Frame::FileDigest { .. }
+            | Frame::StripeRead { .. }
+            | Frame::Fetch { .. } => {}
         }
     }
 }
@@ -672,6 +700,34 @@ fn decode_landed(r: &mut Reader<'_>) -> Result<Frame, DecodeError> {
         len,
         digest,
         cvs,
+    })
+}
+
+/// A fetched block is a block: not empty, at most the largest block, within the file's size,
+/// which is itself a possible one.
+fn decode_fetch(r: &mut Reader<'_>) -> Result<Frame, DecodeError> {
+    let file = FileId(r.u64("file")?);
+    let path = r.str("path", MAX_PATH)?;
+    let size = r.u64("size")?;
+    if size > i64::MAX as u64 {
+        return Err(invalid("size", size));
+    }
+    let mtime_ns = r.i64("mtime_ns")?;
+    let offset = r.u64("offset")?;
+    let len = r.u32("len")?;
+    if len == 0 || len > MAX_BLOCK_DATA {
+        return Err(invalid("len", len));
+    }
+    if offset.checked_add(u64::from(len)).is_none_or(|e| e > size) {
+        return Err(invalid("offset", offset));
+    }
+    Ok(Frame::Fetch {
+        file,
+        path,
+        size,
+        mtime_ns,
+        offset,
+        len,
     })
 }
 

@@ -136,6 +136,8 @@ impl FrameType {
     pub const CATALOG_ANSWER: Self = Self(0x3D);
     pub const TAR_DATA: Self = Self(0x3E);
     pub const FILE_DIGEST: Self = Self(0x3F);
+    pub const STRIPE_READ: Self = Self(0x1F);
+    pub const FETCH: Self = Self(0x25);
 
     /// The largest payload a frame of this type may declare, or `None` for an unknown type.
     /// Checked on the header alone, before any payload is read or allocated.
@@ -179,7 +181,9 @@ impl FrameType {
             | Self::CATALOG_REQUEST
             | Self::CATALOG_ANSWER
             | Self::TAR_DATA
-            | Self::FILE_DIGEST => Some(MAX_CONTROL_PAYLOAD),
+            | Self::FILE_DIGEST
+            | Self::STRIPE_READ
+            | Self::FETCH => Some(MAX_CONTROL_PAYLOAD),
             _ => None,
         }
     }
@@ -226,6 +230,8 @@ impl FrameType {
             Self::CATALOG_ANSWER => "catalog_answer",
             Self::TAR_DATA => "tar_data",
             Self::FILE_DIGEST => "file_digest",
+            Self::STRIPE_READ => "stripe_read",
+            Self::FETCH => "fetch",
             _ => "unknown",
         }
     }
@@ -279,6 +285,10 @@ impl Capabilities {
     /// The client reads a `stat` answer's trailing policy (`CatalogStat::policy`); a server
     /// sends it only to a client that offered this, so older clients see the old layout.
     pub const CATALOG_POLICY: u64 = 1 << 6;
+    /// The server takes `StripeRead`: it reads blocks a striped get's client asks for
+    /// (`Fetch`) from the shared file system. Set in a `Welcome` with [`Self::STRIPE`]
+    /// (`serve --stripe`); a client checks it before it sends a frame an older host lacks.
+    pub const STRIPE_READ: u64 = 1 << 7;
 
     /// Everything this build supports.
     pub const fn ours() -> Self {
@@ -726,6 +736,26 @@ pub enum Frame {
     StripeRequest {
         dest: String,
         opts: TransferOpts,
+    },
+    /// Client to a stripe host of a striped get (control): join as a reader of `src` (checked
+    /// against the token's read scopes as a get's is) on the file system the get's
+    /// coordinator reads. Answered with `Ready`; data connections join as for a get, and
+    /// carry the blocks the client asks for with `Fetch`.
+    StripeRead {
+        src: String,
+        opts: TransferOpts,
+    },
+    /// Client to a stripe host of a striped get (control): read `len` bytes at `offset` of
+    /// the file the coordinator offered as `file` at `path` (beneath `src`, named as in the
+    /// offer), if it still has `size` and `mtime_ns`, and send them as a `Block` on a data
+    /// connection; `Resend` on control when it cannot.
+    Fetch {
+        file: FileId,
+        path: String,
+        size: u64,
+        mtime_ns: i64,
+        offset: u64,
+        len: u32,
     },
     /// A block is durable in its file's partial copy: a stripe host to the client (control),
     /// once it has written and synced it, and the client to the coordinator (control), which

@@ -450,6 +450,26 @@ fn frame() -> impl Strategy<Value = Frame> {
                 digest: digest.into(),
             })
             .boxed(),
+        (text(), opts())
+            .prop_map(|(src, opts)| Frame::StripeRead { src, opts })
+            .boxed(),
+        (
+            any::<u64>(),
+            text(),
+            0u64..1 << 50,
+            any::<i64>(),
+            0u64..1 << 50,
+            1..=MAX_BLOCK_DATA
+        )
+            .prop_map(|(file, path, offset, mtime_ns, extra, len)| Frame::Fetch {
+                file: FileId(file),
+                path,
+                size: offset + u64::from(len) + extra,
+                mtime_ns,
+                offset,
+                len,
+            })
+            .boxed(),
         (vec(text(), 0..=MAX_REMOVE_PATHS), any::<bool>())
             .prop_map(|(paths, more)| Frame::RemoveRequest { paths, more })
             .boxed(),
@@ -1076,6 +1096,18 @@ fn sample_frames() -> Vec<Frame> {
         file: FileId(7),
         digest: vec![0x3c; 32].into(),
     });
+    frames.push(Frame::StripeRead {
+        src: "/data/run42".into(),
+        opts: sample_opts(),
+    });
+    frames.push(Frame::Fetch {
+        file: FileId(7),
+        path: "run42/big.dat".into(),
+        size: 40 << 20,
+        mtime_ns: 1_700_000_000_000_000_000,
+        offset: 8 << 20,
+        len: 8 << 20,
+    });
     frames
 }
 
@@ -1204,6 +1236,7 @@ fn sample_catalog_frames() -> Vec<Frame> {
                 },
             ],
             metadata: vec![entry.clone()],
+            policy: None,
         })),
         CatalogAnswer::Meta {
             entries: vec![entry],
@@ -1253,7 +1286,7 @@ fn sample_copy_request() -> CopyRequest {
 fn samples_cover_every_frame_type() {
     let mut types: Vec<u8> = sample_frames().iter().map(|f| f.frame_type().0).collect();
     types.dedup();
-    assert_eq!(types.len(), 39);
+    assert_eq!(types.len(), 41);
     for ty in 0..=u8::MAX {
         assert_eq!(
             FrameType(ty).max_payload().is_some(),
@@ -2187,6 +2220,62 @@ fn pinned_stripe_request() {
 }
 
 #[test]
+fn pinned_stripe_read_and_fetch_and_their_limits() {
+    let read = Frame::StripeRead {
+        src: "d".into(),
+        opts: sample_opts(),
+    };
+    let get = Frame::GetRequest {
+        src: "d".into(),
+        opts: sample_opts(),
+    };
+    // A get's layout under another type.
+    let (read_bytes, get_bytes) = (encode(&read), encode(&get));
+    assert_eq!(read_bytes[0], 0x1F);
+    assert_eq!(&read_bytes[1..], &get_bytes[1..]);
+    assert_eq!(decode(read_bytes), Ok(read));
+    let frame = Frame::Fetch {
+        file: FileId(2),
+        path: "a".into(),
+        size: 10,
+        mtime_ns: -1,
+        offset: 4,
+        len: 6,
+    };
+    #[rustfmt::skip]
+    let expected: &[u8] = &[
+        0x25, 0, 0, 0, 39,                      // type, payload length
+        0, 0, 0, 0, 0, 0, 0, 2,                 // file
+        0, 1, b'a',                             // path
+        0, 0, 0, 0, 0, 0, 0, 10,                // size
+        0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, // mtime_ns
+        0, 0, 0, 0, 0, 0, 0, 4,                 // offset
+        0, 0, 0, 6,                             // len
+    ];
+    assert_eq!(&encode(&frame)[..], expected);
+    assert_eq!(decode(encode(&frame)), Ok(frame));
+    // Empty, past the file's end, or larger than any block: refused.
+    for (offset, len, size) in [
+        (0, 0, 10),
+        (5, 6, 10),
+        (0, MAX_BLOCK_DATA + 1, u64::MAX >> 1),
+    ] {
+        let bad = Frame::Fetch {
+            file: FileId(2),
+            path: "a".into(),
+            size,
+            mtime_ns: 0,
+            offset,
+            len,
+        };
+        assert!(
+            matches!(decode(encode(&bad)), Err(DecodeError::InvalidValue { .. })),
+            "{offset} {len} {size}"
+        );
+    }
+}
+
+#[test]
 fn pinned_remove_frames_and_their_limits() {
     let frame = Frame::RemoveRequest {
         paths: vec!["a/b".into()],
@@ -2518,6 +2607,7 @@ fn pinned_replica_address_frames() {
                 address: address.into(),
             }],
             metadata: Vec::new(),
+            policy: None,
         })))
     };
     let without = encode(&stat(""));

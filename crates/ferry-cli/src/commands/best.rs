@@ -392,6 +392,7 @@ mod tests {
                 })
                 .collect(),
             metadata: Vec::new(),
+            policy: None,
         }
     }
 

@@ -31,9 +31,6 @@ pub async fn run(t: Transfer, quiet: bool) -> Result<ExitCode> {
         auth: _,
     } = t;
     warn_fixed_window(&cfg, quiet);
-    if matches!(job, Job::Get(_)) && !cfg.stripe.is_empty() {
-        anyhow::bail!("--stripe stripes a put; a get is not striped yet");
-    }
     let profile = profile_for(&mut cfg, &remote);
     ramp_helpers_for(&mut cfg, &remote, &profile);
     let local = match &job {

@@ -18,6 +18,7 @@
 //! - `state`: the settings and the state the walker, the readers and the resend worker share;
 //! - `reading`: reading a file in blocks, early or as its decision asks, and reading one again;
 //! - `segments`: one large file read by several readers, its BLAKE3 merged from subtrees;
+//! - `stripe`: a striped get's stripe host reading the blocks its client asks for;
 //! - `walk`: walking the sources, offering files in batches, handing them to the readers;
 //! - `sender`: the [`Sender`], which starts those threads, and its public API.
 
@@ -26,6 +27,7 @@ mod reading;
 mod segments;
 mod sender;
 mod state;
+mod stripe;
 mod walk;
 
 #[cfg(test)]
@@ -34,3 +36,4 @@ mod tests;
 pub use cut::{MIN_CUT_BLOCK, TAIL_SPLIT};
 pub use sender::Sender;
 pub use state::{DigestCache, SenderConfig, Source, WalkTotals, EARLY_PER_STREAM};
+pub use stripe::{ReadError, StripeReader, Wanted};

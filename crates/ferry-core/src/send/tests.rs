@@ -84,3 +84,61 @@ fn a_file_given_up_counts_as_passed() {
     }
     assert_eq!(counter.load(Ordering::Relaxed), 10 * MIB);
 }
+
+/// A striped get's stripe host reads what the client names beneath its source, as the
+/// coordinator's walk named it, and only while the file is the one offered.
+#[test]
+fn a_stripe_reader_reads_offered_ranges_beneath_its_source_only() {
+    use super::{ReadError, Source, StripeReader, Wanted};
+    let dir = tempfile::tempdir().unwrap();
+    let data: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+    std::fs::create_dir_all(dir.path().join("top/sub")).unwrap();
+    std::fs::write(dir.path().join("top/sub/f"), &data).unwrap();
+    std::fs::write(dir.path().join("other"), b"secret").unwrap();
+    let st = crate::root::Root::open(dir.path())
+        .unwrap()
+        .lstat("top/sub/f")
+        .unwrap();
+    let source = Source {
+        root: crate::root::Root::open(dir.path()).unwrap(),
+        rel: "top".into(),
+        name: "top".into(),
+    };
+    let reader = StripeReader::new(source, 128 << 10);
+    let want = |path: &str, size: u64, offset: u64, len: u32| Wanted {
+        file: FileId(3),
+        path: path.into(),
+        size,
+        mtime_ns: st.mtime_ns,
+        offset,
+        len,
+    };
+    let block = reader
+        .read(&want("top/sub/f", data.len() as u64, 100_000, 50_000))
+        .unwrap();
+    assert_eq!(&block.data[..], &data[100_000..150_000]);
+    assert_eq!(
+        block.digest,
+        crate::digest::block_digest(&data[100_000..150_000])
+    );
+    assert_eq!((block.file.id, block.offset), (FileId(3), 100_000));
+    assert!(!block.early && block.file_digest.is_none());
+    // Not beneath the source's name, or climbing out of it: refused, not a refusal to hand
+    // back.
+    for path in ["other", "top/../other", "topsub/f", "/top/sub/f"] {
+        let e = reader.read(&want(path, 6, 0, 6)).unwrap_err();
+        assert!(matches!(e, ReadError::Outside { .. }), "{path}: {e}");
+        assert!(!e.is_refusal());
+    }
+    // Another size than offered: handed back (the coordinator will fail the file).
+    let e = reader.read(&want("top/sub/f", 10, 0, 5)).unwrap_err();
+    assert!(
+        matches!(e, ReadError::Changed { .. }) && e.is_refusal(),
+        "{e}"
+    );
+    // More than the session's block size.
+    let e = reader
+        .read(&want("top/sub/f", data.len() as u64, 0, 200_000))
+        .unwrap_err();
+    assert!(matches!(e, ReadError::TooLarge { .. }), "{e}");
+}

@@ -40,6 +40,7 @@ use crate::tcp::TcpInfo;
 mod recv;
 mod send;
 mod stripe;
+mod stripe_get;
 
 pub(crate) use crate::autotune::StreamPlan;
 pub(crate) use recv::{drive_receiver, ReceiverIo, RecvRun, Writers};

@@ -18,7 +18,10 @@ use tokio::io::{AsyncWriteExt, BufReader, WriteHalf};
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
-use super::{fault_error, spawn_control_reader, watchdog, Activity, Joins, Limits, StreamReport};
+use super::stripe_get::StripeReads;
+use super::{
+    fault_error, spawn_control_reader, watchdog, Activity, Joins, Limits, StreamReport, StripeIo,
+};
 use crate::autotune::{LoadMeter, ThreadReport, SAMPLE_EVERY};
 use crate::conn::{read_frame, send};
 use crate::error::SessionError;
@@ -52,6 +55,9 @@ pub(crate) struct ReceiverIo {
     pub(crate) receiver: Arc<Receiver>,
     /// The file side's frames for the control connection (decisions, failures).
     pub(crate) control_out: flume::Receiver<Frame>,
+    /// A striped get's other hosts, with the session's block size and the bytes of a file's
+    /// head the coordinator may send early (empty: no striping).
+    pub(crate) stripes: (Vec<StripeIo>, u32, u64),
 }
 
 /// How the receiving end runs. `leave_early`: once `Complete` is sent and the sender's
@@ -79,6 +85,12 @@ pub(crate) async fn drive_receiver(
     let result = d.run().await;
     // The connections' tasks take no new frames from here.
     d.stream_tx = None;
+    // Every entry is resolved (or the session failed): nothing more is needed of the stripe
+    // hosts, whose connections hold the writers' queue open.
+    let stripes = match d.stripes.take() {
+        Some(s) => s.finish().await,
+        None => Vec::new(),
+    };
     let outcome = match result {
         Ok(()) => d.complete().await,
         Err(e) => {
@@ -103,6 +115,7 @@ pub(crate) async fn drive_receiver(
         tuned,
         writers,
         timeline,
+        stripes,
     })
 }
 
@@ -132,6 +145,14 @@ struct RecvDriver {
     reports: Vec<(usize, StreamReport)>,
     meter: LoadMeter,
     activity: Activity,
+    /// A striped get's other hosts, while they run.
+    stripes: Option<StripeReads>,
+    /// The session's block size, by which striped files are cut, and the head of each file
+    /// left to the coordinator.
+    block_size: u32,
+    early: u64,
+    /// What the stripe hosts cannot bring, for the coordinator (`Resend`).
+    stripe_out: mpsc::UnboundedReceiver<Frame>,
 }
 
 impl RecvDriver {
@@ -141,6 +162,7 @@ impl RecvDriver {
             joins,
             receiver,
             control_out,
+            stripes: (hosts, block_size, early),
         } = io;
         let activity = Activity::new();
         let (ctrl_r, ctrl_w) = tokio::io::split(control);
@@ -171,6 +193,9 @@ impl RecvDriver {
             deciding,
             limit: run.limits.idle,
         };
+        let (stripe_tx, stripe_out) = mpsc::unbounded_channel();
+        let stripes =
+            (!hosts.is_empty()).then(|| StripeReads::start(hosts, to_writers.clone(), stripe_tx));
         Ok(Self {
             session,
             receiver,
@@ -191,6 +216,10 @@ impl RecvDriver {
             reports: Vec::new(),
             meter: LoadMeter::start(),
             activity,
+            stripes,
+            block_size,
+            early,
+            stripe_out,
         })
     }
 
@@ -242,11 +271,24 @@ impl RecvDriver {
                     self.activity.touch();
                 }
                 f = self.ctrl_rx.recv() => match f {
-                    Some(Ok(frame)) => self.session.handle_control(frame),
+                    Some(Ok(frame)) => {
+                        if let (Some(s), Frame::Offer { entries }) = (&self.stripes, &frame) {
+                            s.offered(entries);
+                        }
+                        self.session.handle_control(frame)
+                    }
                     Some(Err(e)) => return Err(e),
                     None => return Err(SessionError::Closed("control")),
                 },
                 Ok(frame) = self.control_out.recv_async() => {
+                    let frame = match &self.stripes {
+                        Some(s) => s.decide(frame, self.block_size, self.early),
+                        None => frame,
+                    };
+                    send(&mut self.ctrl_w, &frame).await?;
+                    self.activity.touch();
+                }
+                Some(frame) = self.stripe_out.recv() => {
                     send(&mut self.ctrl_w, &frame).await?;
                     self.activity.touch();
                 }
@@ -427,6 +469,8 @@ pub(crate) struct ReceiverOutcome {
     pub(crate) writers: ThreadReport,
     /// Bytes written, per interval.
     pub(crate) timeline: Timeline,
+    /// What each other host of a striped get did.
+    pub(crate) stripes: Vec<super::StripeReport>,
 }
 
 /// Aborts the receiver (removing its temporary files) if dropped while still armed.

@@ -45,14 +45,15 @@ pub(crate) struct StripeIo {
     pub(crate) block_size: u32,
 }
 
-/// What one stripe host did in a put.
+/// What one stripe host did in a put or a get.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct StripeReport {
     pub host: String,
-    /// Blocks and their bytes the host wrote and the coordinator was told of.
+    /// Blocks and their bytes the host wrote and the coordinator was told of (a put), or read
+    /// and sent here (a get).
     pub blocks: u64,
     pub bytes: u64,
-    /// Blocks the host handed back or still owed when it failed, sent again elsewhere.
+    /// Blocks the host handed back or still owed when it failed, moved elsewhere.
     pub bounced: u64,
     /// Why the host dropped out of the put, if it did.
     pub failed: Option<String>,

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use ferry_core::recv::{Destination, Links, Receiver, ReceiverConfig, StripeWriter};
 use ferry_core::root::Kind;
-use ferry_core::send::{DigestCache, Sender, SenderConfig, Source};
+use ferry_core::send::{DigestCache, Sender, SenderConfig, Source, StripeReader};
 use ferry_core::{path, FsError, Root};
 use ferry_proto::{
     Capabilities, ErrorCode, Frame, ListEntry, SessionId, TransferOpts, MAX_CONTROL_PAYLOAD,
@@ -66,6 +66,13 @@ pub(super) enum Work<'a> {
         permits: Vec<Permit>,
         pending: Unregister<'a>,
     },
+    /// A stripe host's part of a striped get: reads what the client fetches.
+    StripeRead {
+        reader: Arc<StripeReader>,
+        data: Vec<Stream>,
+        permits: Vec<Permit>,
+        pending: Unregister<'a>,
+    },
 }
 
 impl Work<'_> {
@@ -93,7 +100,7 @@ pub(super) async fn prepare<'a>(
         ours = Capabilities(ours.0 | Capabilities::MULTIPATH);
     }
     if shared.config.stripe {
-        ours = Capabilities(ours.0 | Capabilities::STRIPE);
+        ours = Capabilities(ours.0 | Capabilities::STRIPE | Capabilities::STRIPE_READ);
     }
     // A striped put's coordinator shares every partial copy; any server can be one.
     let whole = caps.has(Capabilities::STRIPE_WHOLE);
@@ -141,6 +148,9 @@ pub(super) async fn prepare<'a>(
         }
         Frame::StripeRequest { dest, opts } => {
             prepare_stripe(shared, stream, grant, named, &dest, opts).await
+        }
+        Frame::StripeRead { src, opts } => {
+            prepare_stripe_read(shared, stream, grant, named, &src, opts).await
         }
         Frame::RemoveRequest { paths, more } => {
             let files = remove::serve(shared, stream, grant, (paths, more)).await?;
@@ -371,6 +381,36 @@ async fn prepare_stripe<'a>(
     Ok(Work::Stripe {
         writer,
         block_size: opts.block_size,
+        data,
+        permits,
+        pending,
+    })
+}
+
+/// Checks a stripe read session (a striped get's other hosts) against the server's setting
+/// and the token's read scopes, as a get of `src` is, then gathers its data connections.
+/// Nothing is walked or offered here: the client names each block it wants (`Fetch`) by the
+/// path the coordinator offered, mapped beneath `src` as the coordinator's walk named it.
+async fn prepare_stripe_read<'a>(
+    shared: &'a ServerState,
+    stream: &mut Stream,
+    grant: &Grant,
+    named: Named,
+    src: &str,
+    opts: TransferOpts,
+) -> Result<Work<'a>, SessionError> {
+    if !shared.config.stripe {
+        return Err(SessionError::Remote {
+            code: ErrorCode::DENIED,
+            message: "this server takes no stripe sessions (serve --stripe)".into(),
+        });
+    }
+    let (source, _) = source_of(shared, grant, src)?;
+    let opts = clamp(shared, opts);
+    let reader = Arc::new(StripeReader::new(source, opts.block_size));
+    let (data, permits, pending) = gather(&shared.registry, stream, named, &opts, None).await?;
+    Ok(Work::StripeRead {
+        reader,
         data,
         permits,
         pending,

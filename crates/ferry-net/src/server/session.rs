@@ -480,6 +480,7 @@ async fn run_request(
                     joins,
                     receiver,
                     control_out: control,
+                    stripes: (Vec::new(), 0, 0),
                 },
                 RecvRun {
                     writers,
@@ -558,6 +559,19 @@ async fn run_request(
                 what: "stripe",
                 files: landed.blocks,
                 bytes: landed.bytes,
+            })
+        }
+        Work::StripeRead {
+            reader,
+            data,
+            permits: _permits,
+            pending: _pending,
+        } => {
+            let sent = stripe::serve_reads(stream, reader, data, idle).await?;
+            Ok(Served {
+                what: "stripe read",
+                files: sent.blocks,
+                bytes: sent.bytes,
             })
         }
     }
