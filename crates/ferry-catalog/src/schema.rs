@@ -12,8 +12,7 @@ use crate::error::CatalogError;
 
 /// Each migration's version and statements; a version is never edited once released, only
 /// followed by another.
-pub(crate) const MIGRATIONS: &[(i64, &str)] =
-    &[(1, V1), (2, V2), (3, V3), (4, V4), (5, V5)];
+pub(crate) const MIGRATIONS: &[(i64, &str)] = &[(1, V1), (2, V2), (3, V3), (4, V4), (5, V5)];
 
 /// Longest attribute name, value and unit of a metadata entry, in bytes (SECURITY.md).
 pub const MAX_ATTR: usize = 256;
