@@ -1236,7 +1236,15 @@ fn sample_catalog_frames() -> Vec<Frame> {
                 },
             ],
             metadata: vec![entry.clone()],
-            policy: None,
+            // A policy here too: bytes after a stat without one are read as its policy, so a
+            // bare stat cannot show a trailing byte refused (`a_stats_policy_is_trailing_...`).
+            policy: Some(CatalogPolicy {
+                prefix: "run42".into(),
+                replicas: 3,
+                retain_s: 0,
+                checksum: String::new(),
+                owed: None,
+            }),
         })),
         CatalogAnswer::Meta {
             entries: vec![entry],
