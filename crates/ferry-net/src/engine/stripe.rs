@@ -72,17 +72,17 @@ type Owed = Arc<Mutex<HashMap<(FileId, u64), Frame>>>;
 /// before it is dropped as a failed one is and its blocks go to the others: a stopped
 /// process or a black-holed link never fails a connection. A host writes a block and syncs
 /// it in well under this on any working file system.
-const SILENCE: std::time::Duration = std::time::Duration::from_secs(10);
+pub(super) const SILENCE: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// How often a host's silence is looked at.
-const SILENCE_CHECK: std::time::Duration = std::time::Duration::from_millis(250);
+pub(super) const SILENCE_CHECK: std::time::Duration = std::time::Duration::from_millis(250);
 
 /// When a host last showed progress: an answer, or a block given to it while it owed none.
 type Heard = Arc<Mutex<std::time::Instant>>;
 
-/// How long the end of a put waits for the stripe hosts' sessions to close cleanly (a TLS
-/// close on the control connection, so that the host logs a finished session, not a failed
-/// one) before it drops them.
+/// How long the end of a put or a get waits for the stripe hosts' sessions to close cleanly
+/// (a TLS close on the control connection, so that the host logs a finished session, not a
+/// failed one) before it drops them.
 const CLOSE_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// The stripe hosts while the put runs.
@@ -149,17 +149,27 @@ impl StripeHosts {
     /// Ends every host's session (the put is over), closing each cleanly if it can within
     /// `CLOSE_WAIT`, and reports what each did.
     pub(crate) async fn finish(mut self) -> Vec<StripeReport> {
-        let _ = self.over.send(true);
-        let closed = tokio::time::timeout(CLOSE_WAIT, async {
-            while self.tasks.join_next().await.is_some() {}
-        })
-        .await;
-        if closed.is_err() {
-            self.tasks.abort_all();
-            while self.tasks.join_next().await.is_some() {}
-        }
-        self.reports.iter().map(|r| lock(r).clone()).collect()
+        end_sessions(&self.over, &mut self.tasks, &self.reports).await
     }
+}
+
+/// Ends the stripe hosts' sessions of a put or a get: tells them it is over, waits
+/// `CLOSE_WAIT` for them to close cleanly, drops those still open, and reports what each did.
+pub(super) async fn end_sessions(
+    over: &tokio::sync::watch::Sender<bool>,
+    tasks: &mut JoinSet<()>,
+    reports: &[Arc<Mutex<StripeReport>>],
+) -> Vec<StripeReport> {
+    let _ = over.send(true);
+    let closed = tokio::time::timeout(CLOSE_WAIT, async {
+        while tasks.join_next().await.is_some() {}
+    })
+    .await;
+    if closed.is_err() {
+        tasks.abort_all();
+        while tasks.join_next().await.is_some() {}
+    }
+    reports.iter().map(|r| lock(r).clone()).collect()
 }
 
 /// One stripe host: what it owes and where things go.

@@ -30,17 +30,11 @@ use tokio::io::{AsyncWriteExt, ReadHalf, WriteHalf};
 use tokio::sync::{mpsc, watch, Notify};
 use tokio::task::JoinSet;
 
+use super::stripe::{SILENCE, SILENCE_CHECK};
 use super::{Limits, StripeIo, StripeReport};
 use crate::conn::{read_frame, write_frame};
 use crate::error::SessionError;
 use crate::stream::Stream;
-
-/// How long a stripe host that owes blocks may send nothing before it is dropped as a
-/// failed one is: a stopped process or a black-holed link never fails a connection.
-const SILENCE: Duration = Duration::from_secs(10);
-
-/// How often a host's silence is looked at.
-const SILENCE_CHECK: Duration = Duration::from_millis(250);
 
 /// Blocks asked of a host and not yet arrived, per data connection: enough to keep each
 /// connection busy while the next is read, few enough that a host's pace decides its share.
@@ -51,9 +45,6 @@ const IN_FLIGHT_PER_STREAM: usize = 2;
 /// a whole file's queue (the CLI's endpoint test: 13 blocks, one host took all). Eight blocks
 /// of 8 MiB cover 10 Gbit/s at 50 ms.
 const IN_FLIGHT_MAX: usize = 8;
-
-/// How long the end of a get waits for the stripe hosts' sessions to close cleanly.
-const CLOSE_WAIT: Duration = Duration::from_secs(5);
 
 /// One block to fetch.
 #[derive(Clone, Debug)]
@@ -205,16 +196,7 @@ impl StripeReads {
 
     /// Ends every host's session (the get is over) and reports what each did.
     pub(crate) async fn finish(mut self) -> Vec<StripeReport> {
-        let _ = self.over.send(true);
-        let closed = tokio::time::timeout(CLOSE_WAIT, async {
-            while self.tasks.join_next().await.is_some() {}
-        })
-        .await;
-        if closed.is_err() {
-            self.tasks.abort_all();
-            while self.tasks.join_next().await.is_some() {}
-        }
-        self.reports.iter().map(|r| lock(r).clone()).collect()
+        super::stripe::end_sessions(&self.over, &mut self.tasks, &self.reports).await
     }
 }
 
