@@ -624,8 +624,9 @@ pub struct TransferArgs {
     /// which share the remote server's file system and run `serve --stripe`. In a put each
     /// writes blocks of the large files into the partial copies the destination server opened,
     /// which verifies and commits; in a get each reads blocks of the large files the source
-    /// server offers, which still reads and hashes every file. Each host's key is checked
-    /// against the known hosts.
+    /// server offers, which still reads and hashes every file. In a cp, the destination's
+    /// other hosts (`serve --stripe --third-party`): the source sends to all of them. Each
+    /// host's key is checked against the known hosts.
     #[arg(long, value_name = "HOSTS", value_delimiter = ',')]
     pub stripe: Vec<String>,
     #[command(flatten)]

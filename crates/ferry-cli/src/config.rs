@@ -479,6 +479,7 @@ fn stripe_host(conn: &ConnArgs, host: &str) -> Result<StripeHost> {
     Ok(StripeHost {
         security: security(&unpinned, &server)?,
         server,
+        token: None,
     })
 }
 
@@ -772,6 +773,12 @@ pub fn copy_config(
         servers.dest_fingerprint.as_deref(),
     );
     let (mut source, dest) = (source?, dest?);
+    // Only a copy's destination stripes (its hosts write the blocks the source sends); a
+    // source's hosts would read them, which a copy does not do yet.
+    source.stripe.clear();
+    if !dest.stripe.is_empty() && cmd != "cp" {
+        bail!("{cmd} between two servers is not striped yet; drop --stripe");
+    }
     // A --writers number is the destination's writers, as on a put; the source tunes its own
     // readers.
     source.opts.storage_threads = t.writers.map_or(0, |n| n.clamp(1, 256) as u16);
@@ -780,6 +787,54 @@ pub fn copy_config(
         dest,
         dest_addr: servers.dest_addr.clone(),
     })
+}
+
+/// `cp`'s configuration: [`copy_config`], with an `[endpoints]` name on either side resolved
+/// to its first host (its token, if it has one, that side's unless one was given). The
+/// destination endpoint's other hosts, and `--stripe`, are the copy's stripe hosts; a source
+/// endpoint of several hosts is refused (a copy does not stripe its source yet).
+pub fn cp_config(
+    t: &TransferArgs,
+    servers: &ServerPairArgs,
+    (src, dst): (&mut Remote, &mut Remote),
+) -> Result<CopyConfig> {
+    let endpoint = |remote: &mut Remote, token: &Option<String>| {
+        let mut auth = t.auth.clone();
+        let named = remote.host.clone();
+        let others = resolve_endpoint(&mut auth, remote)?;
+        let token = match (token, auth.token != t.auth.token) {
+            (Some(given), _) => Some(given.clone()),
+            (None, true) => auth.token,
+            (None, false) => None,
+        };
+        anyhow::Ok((named, others, token))
+    };
+    let (named, others, source_token) = endpoint(src, &servers.source_token)?;
+    if !others.is_empty() {
+        bail!(
+            "endpoint `{named}` has {} hosts: cp stripes into a destination endpoint, not from \
+             a source one yet; name one of its hosts as the source",
+            others.len() + 1
+        );
+    }
+    let (_, others, dest_token) = endpoint(dst, &servers.dest_token)?;
+    let pair = ServerPairArgs {
+        dest_addr: servers.dest_addr.clone(),
+        source_token,
+        dest_token,
+        source_fingerprint: servers.source_fingerprint.clone(),
+        dest_fingerprint: servers.dest_fingerprint.clone(),
+    };
+    let mut cfg = copy_config(t, &pair, (src, dst), "cp")?;
+    for h in &others {
+        if !cfg.dest.stripe.iter().any(|s| &s.server == h) {
+            cfg.dest.stripe.push(stripe_host(&t.conn, h)?);
+        }
+    }
+    if !cfg.dest.stripe.is_empty() && cfg.dest_addr.is_some() {
+        bail!("--dest-addr names one host: a striped copy's source reaches every host by its name");
+    }
+    Ok(cfg)
 }
 
 /// An `ls` resolved from its arguments.

@@ -128,3 +128,82 @@ fn a_bad_endpoint_is_a_usage_error_that_names_it() {
         );
     }
 }
+
+#[test]
+fn a_copy_into_an_endpoint_or_with_stripe_stripes_over_its_hosts() {
+    let sb = Sandbox::new();
+    let a = Server::start(
+        &sb,
+        &sb.mkdir("a"),
+        Some(&sb.path("token-a")),
+        &["--third-party"],
+    );
+    let root = sb.mkdir("shared-fs");
+    let token_file = sb.path("token");
+    let first = Server::start(&sb, &root, Some(&token_file), &["--third-party"]);
+    let others: Vec<Server> = (0..2)
+        .map(|_| {
+            let flags = ["--third-party", "--stripe"];
+            Server::start(&sb, &root, Some(&token_file), &flags)
+        })
+        .collect();
+    let hosts: Vec<String> = std::iter::once(&first)
+        .chain(&others)
+        .map(|s| format!("127.0.0.1:{}", s.port))
+        .collect();
+    endpoint_config(&sb, &hosts, Some(&first.token));
+    let src = a.root.join("big.bin");
+    write_pattern(&src, 24 << 20, 12);
+    let check = |out: &Out, dest: &str| {
+        assert_code(out, 0);
+        let report = one_json(&out.stdout);
+        let stripes = report["source_report"]["stripes"]
+            .as_array()
+            .expect("the source's stripes in the report");
+        assert_eq!(stripes.len(), 2, "{report}");
+        for (s, host) in stripes.iter().zip(&hosts[1..]) {
+            assert_eq!(s["host"].as_str(), Some(host.as_str()), "{s}");
+            assert!(u64_field(s, "blocks") > 0 && s["failed"].is_null(), "{s}");
+        }
+        assert_eq!(
+            std::fs::read(root.join(dest).join("big.bin")).unwrap(),
+            std::fs::read(&src).unwrap()
+        );
+    };
+    let cp = || {
+        let mut cmd = sb.ferry();
+        cmd.args(["cp", "--json", "--retry-for", "0", "--block-size", "1M"])
+            .args(["--source-token", &a.token]);
+        cmd
+    };
+    // The endpoint as the destination: its token, its first host coordinates.
+    let out = run(
+        cp().arg(a.remote("/big.bin")).arg("site:/in/"),
+        Duration::from_secs(120),
+    );
+    check(&out, "in");
+    // The same with --stripe and the coordinator named.
+    let out = run(
+        cp().args([
+            "--dest-token",
+            &first.token,
+            "--stripe",
+            &hosts[1..].join(","),
+        ])
+        .arg(a.remote("/big.bin"))
+        .arg(first.remote("/again/")),
+        Duration::from_secs(120),
+    );
+    check(&out, "again");
+    // A source endpoint of several hosts: refused, not copied from one of them silently.
+    let out = run(
+        cp().arg("site:/in/big.bin").arg(first.remote("/third/")),
+        Duration::from_secs(30),
+    );
+    assert_code(&out, 2);
+    assert!(
+        out.stderr.contains("not from a source one yet"),
+        "{}",
+        out.stderr
+    );
+}

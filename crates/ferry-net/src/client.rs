@@ -106,6 +106,9 @@ pub struct ClientConfig {
 pub struct StripeHost {
     pub server: String,
     pub security: Security,
+    /// What the host is logged in to with: the stripe grant it minted, in a striped copy's
+    /// put from its source; `None`: the put's own token.
+    pub token: Option<String>,
 }
 
 /// Where an auto-tuned transfer's first stream count came from.
@@ -399,7 +402,7 @@ pub(crate) struct Connected {
     session: SessionId,
     secret: [u8; 32],
     /// The capabilities the server's `Welcome` set.
-    caps: Capabilities,
+    pub(crate) caps: Capabilities,
 }
 
 /// The first address of `server` (`host:port`). A name that does not resolve is a
@@ -1519,6 +1522,7 @@ async fn open_stripe_hosts(
         let host_cfg = ClientConfig {
             server: host.server.clone(),
             security: host.security.clone(),
+            token: host.token.clone().unwrap_or_else(|| cfg.token.clone()),
             multipath: false,
             stripe: Vec::new(),
             ..cfg.clone()

@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use ferry_core::Reporter;
 use ferry_proto::{
-    CompleteSummary, CopyProgress, CopyRequest, ErrorCode, Frame, MAX_CONTROL_PAYLOAD,
-    MAX_COPY_PATHS, MAX_COPY_SET,
+    Capabilities, CompleteSummary, CopyProgress, CopyRequest, CopyStripe, ErrorCode, Frame,
+    MAX_CONTROL_PAYLOAD, MAX_COPY_PATHS, MAX_COPY_SET, MAX_COPY_STRIPES,
 };
 use serde::Serialize;
 
@@ -122,9 +122,21 @@ async fn copy_once(
 ) -> Result<CopyReport, SessionError> {
     let t0 = Instant::now();
     let (granted, grant, fingerprint) = ask_grant(cfg, dest, reporter.as_ref()).await?;
+    // Held until the copy ends: closing a stripe host's minting session revokes its grant.
+    let (_minting, stripes) = ask_stripe_grants(cfg, dest, reporter.clone()).await?;
     let mut source = connect(&cfg.source, reporter.as_ref())
         .await
         .map_err(|e| at("source", &cfg.source.server, e))?;
+    if !stripes.is_empty() && !source.caps.has(Capabilities::STRIPE_COPY) {
+        return Err(SessionError::Remote {
+            code: ErrorCode::DENIED,
+            message: format!(
+                "source {} cannot run a striped copy (an older ferry); copy to one host of \
+                 the destination",
+                cfg.source.server
+            ),
+        });
+    }
     let request = CopyRequest {
         src: src.to_owned(),
         dest: dest.to_owned(),
@@ -136,6 +148,7 @@ async fn copy_once(
         grant,
         opts: cfg.source.opts.clone(),
         only: only.is_some(),
+        stripes,
     };
     send(&mut source.control, &Frame::CopyRequest(Box::new(request))).await?;
     if let Some(paths) = only {
@@ -250,6 +263,92 @@ async fn ask_grant(
     match reply.map_err(|e| at("destination", server, e))? {
         Frame::Granted { grant, .. } => Ok((c, grant, fingerprint)),
         other => Err(unexpected("destination", server, other)),
+    }
+}
+
+/// Logs in to each of the destination's other hosts (`cfg.dest.stripe`, all at once) and asks
+/// each for a stripe grant for `dest`. Returns the sessions that hold the grants (closing one
+/// revokes its grant) and the hosts as the source is to reach them. A host that cannot take
+/// part (not `serve --stripe`, no third-party copies, an older ferry) fails the copy here,
+/// named, before any data moves: the user asked for striping.
+async fn ask_stripe_grants(
+    cfg: &CopyConfig,
+    dest: &str,
+    reporter: Arc<dyn Reporter>,
+) -> Result<(Vec<Connected>, Vec<CopyStripe>), SessionError> {
+    if cfg.dest.stripe.len() > MAX_COPY_STRIPES {
+        return Err(SessionError::Protocol(format!(
+            "a copy stripes over at most {MAX_COPY_STRIPES} other hosts, not {}",
+            cfg.dest.stripe.len()
+        )));
+    }
+    let mut asking = tokio::task::JoinSet::new();
+    for (i, host) in cfg.dest.stripe.iter().cloned().enumerate() {
+        let host_cfg = ClientConfig {
+            server: host.server.clone(),
+            security: host.security.clone(),
+            token: host.token.clone().unwrap_or_else(|| cfg.dest.token.clone()),
+            stripe: Vec::new(),
+            multipath: false,
+            ..cfg.dest.clone()
+        };
+        let (dest, reporter) = (dest.to_owned(), reporter.clone());
+        asking.spawn(async move {
+            let asked = ask_stripe_grant(&host_cfg, &dest, reporter.as_ref()).await;
+            (i, asked.map_err(|e| at("stripe host", &host.server, e)))
+        });
+    }
+    let mut hosts = Vec::with_capacity(asking.len());
+    while let Some(joined) = asking.join_next().await {
+        let (i, host) = joined.map_err(|e| SessionError::Protocol(format!("stripe task: {e}")))?;
+        hosts.push((i, host?));
+    }
+    hosts.sort_by_key(|(i, _)| *i);
+    Ok(hosts.into_iter().map(|(_, h)| h).unzip())
+}
+
+/// One stripe host's grant: checked to take striped copies before it is asked.
+async fn ask_stripe_grant(
+    cfg: &ClientConfig,
+    dest: &str,
+    reporter: &dyn Reporter,
+) -> Result<(Connected, CopyStripe), SessionError> {
+    let mut c = connect(cfg, reporter).await?;
+    let Some(fingerprint) = c.tls.as_ref().and_then(|t| t.pin()) else {
+        return Err(SessionError::Tls(
+            "a third-party copy needs TLS to every server: the source pins each one's key".into(),
+        ));
+    };
+    if !c.caps.has(Capabilities::STRIPE | Capabilities::STRIPE_COPY) {
+        return Err(SessionError::Remote {
+            code: ErrorCode::DENIED,
+            message: "takes no striped copies (an older ferry, or not serve --stripe)".into(),
+        });
+    }
+    let ask = Frame::StripeGrantRequest {
+        dest: dest.to_owned(),
+    };
+    send(&mut c.control, &ask).await?;
+    let reply = tokio::time::timeout(
+        cfg.connect_timeout,
+        expect_frame(&mut c.control, MAX_CONTROL_PAYLOAD, "control"),
+    )
+    .await
+    .map_err(|_| SessionError::Timeout("waiting for a stripe host's grant"))??;
+    match reply {
+        Frame::Granted { grant, .. } => {
+            let stripe = CopyStripe {
+                addr: cfg.server.clone(),
+                fingerprint: fingerprint.0,
+                grant,
+            };
+            Ok((c, stripe))
+        }
+        Frame::Error { code, message } => Err(SessionError::Remote { code, message }),
+        other => Err(SessionError::Protocol(format!(
+            "expected a grant, got {}",
+            other.frame_type().name()
+        ))),
     }
 }
 

@@ -20,6 +20,7 @@ mod sync;
 mod sync_between;
 mod third_party;
 mod third_party_review;
+mod third_party_stripe;
 mod tls;
 mod transfer;
 mod trees;

@@ -42,6 +42,7 @@ fn striped(servers: &[TestServer]) -> ferry_net::ClientConfig {
         .map(|s| StripeHost {
             server: s.addr.to_string(),
             security: Security::Tls(ServerTrust::Pinned(s.fingerprint.unwrap())),
+            token: None,
         })
         .collect();
     cfg
@@ -148,6 +149,7 @@ async fn a_stripe_session_is_refused_without_the_setting_or_outside_the_scope() 
     cfg.stripe.push(StripeHost {
         server: servers[0].addr.to_string(),
         security: Security::Tls(ServerTrust::Pinned(servers[0].fingerprint.unwrap())),
+        token: None,
     });
     let e = ferry_net::client::put(&cfg, &[src.path().join("f")], "/", reporter())
         .await

@@ -41,6 +41,7 @@ fn striped(servers: &[TestServer]) -> ferry_net::ClientConfig {
         .map(|s| StripeHost {
             server: s.addr.to_string(),
             security: Security::Tls(ServerTrust::Pinned(s.fingerprint.unwrap())),
+            token: None,
         })
         .collect();
     cfg
@@ -163,6 +164,7 @@ async fn a_stripe_read_session_is_refused_without_the_setting_or_outside_the_sco
     cfg.stripe.push(StripeHost {
         server: servers[0].addr.to_string(),
         security: Security::Tls(ServerTrust::Pinned(servers[0].fingerprint.unwrap())),
+        token: None,
     });
     let e = ferry_net::client::get(&cfg, "/f", local.path(), reporter())
         .await

@@ -409,6 +409,7 @@ async fn bogus_grants_sent_through_a_source_do_not_lock_it_out_of_the_destinatio
             grant: forged.clone(),
             opts: raw_opts(ExistingPolicy::Fail),
             only: false,
+            stripes: Vec::new(),
         })))
         .await
         .unwrap();

@@ -124,6 +124,7 @@ impl Frame {
             Frame::FileDigest { .. } => FrameType::FILE_DIGEST,
             Frame::StripeRead { .. } => FrameType::STRIPE_READ,
             Frame::Fetch { .. } => FrameType::FETCH,
+            Frame::StripeGrantRequest { .. } => FrameType::STRIPE_GRANT_REQUEST,
         }
     }
 
@@ -249,6 +250,9 @@ impl Frame {
                 opts: decode_opts(&mut r)?,
             },
             FrameType::FETCH => decode_fetch(&mut r)?,
+            FrameType::STRIPE_GRANT_REQUEST => Frame::StripeGrantRequest {
+                dest: r.str("dest", MAX_PATH)?,
+            },
             FrameType::REMOVE_REQUEST => remove::decode_remove_request(&mut r)?,
             FrameType::REMOVED => remove::decode_removed(&mut r)?,
             FrameType::COPY_PATHS => copy::decode_copy_paths(&mut r)?,
@@ -354,6 +358,7 @@ impl Frame {
                 out.put_u8(*existing as u8);
             }
             Frame::Granted { grant, ttl_ms } => copy::put_granted(out, grant, *ttl_ms),
+            Frame::StripeGrantRequest { dest } => put_str(out, dest),
             Frame::CopyRequest(c) => copy::put_copy_request(out, c),
             Frame::Paths { addrs } => copy::put_paths(out, addrs),
             Frame::CopyProgress(p) => copy::put_copy_progress(out, p),
@@ -510,7 +515,8 @@ impl Frame {
             | Frame::TarData { .. }
             | Frame::FileDigest { .. }
             | Frame::StripeRead { .. }
-            | Frame::Fetch { .. } => {}
+            | Frame::Fetch { .. }
+            | Frame::StripeGrantRequest { .. } => {}
         }
     }
 }

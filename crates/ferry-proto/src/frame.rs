@@ -138,6 +138,7 @@ impl FrameType {
     pub const FILE_DIGEST: Self = Self(0x3F);
     pub const STRIPE_READ: Self = Self(0x1F);
     pub const FETCH: Self = Self(0x25);
+    pub const STRIPE_GRANT_REQUEST: Self = Self(0x26);
 
     /// The largest payload a frame of this type may declare, or `None` for an unknown type.
     /// Checked on the header alone, before any payload is read or allocated.
@@ -183,7 +184,8 @@ impl FrameType {
             | Self::TAR_DATA
             | Self::FILE_DIGEST
             | Self::STRIPE_READ
-            | Self::FETCH => Some(MAX_CONTROL_PAYLOAD),
+            | Self::FETCH
+            | Self::STRIPE_GRANT_REQUEST => Some(MAX_CONTROL_PAYLOAD),
             _ => None,
         }
     }
@@ -232,6 +234,7 @@ impl FrameType {
             Self::FILE_DIGEST => "file_digest",
             Self::STRIPE_READ => "stripe_read",
             Self::FETCH => "fetch",
+            Self::STRIPE_GRANT_REQUEST => "stripe_grant_request",
             _ => "unknown",
         }
     }
@@ -289,10 +292,21 @@ impl Capabilities {
     /// (`Fetch`) from the shared file system. Set in a `Welcome` with [`Self::STRIPE`]
     /// (`serve --stripe`); a client checks it before it sends a frame an older host lacks.
     pub const STRIPE_READ: u64 = 1 << 7;
+    /// The server takes part in a striped third-party copy: as its source it takes a
+    /// `CopyRequest` that names stripe hosts and runs a striped put to them; as a stripe host
+    /// (with [`Self::STRIPE`]) it mints stripe grants (`StripeGrantRequest`). A client checks
+    /// it on every server of the copy before it asks anything an older server lacks.
+    pub const STRIPE_COPY: u64 = 1 << 8;
 
     /// Everything this build supports.
     pub const fn ours() -> Self {
-        Self(Self::RESEND | Self::EARLY_TUNED | Self::RAMP_HELPERS | Self::CATALOG_POLICY)
+        Self(
+            Self::RESEND
+                | Self::EARLY_TUNED
+                | Self::RAMP_HELPERS
+                | Self::CATALOG_POLICY
+                | Self::STRIPE_COPY,
+        )
     }
 
     /// Everything this build understands: what it offers by default and what it offers on
@@ -722,6 +736,13 @@ pub enum Frame {
     /// Client to the source of a third-party copy (control): put `src` into `dest` on the
     /// server at `peer`, pinned by `fingerprint`, logging in with `grant`.
     CopyRequest(Box<CopyRequest>),
+    /// Client to a stripe host of a striped copy's destination (control): mint a stripe grant,
+    /// which lets another server (the copy's source) open one stripe session (`StripeRequest`)
+    /// into exactly `dest`, within this token's write scope, and nothing else. Answered with
+    /// `Granted`.
+    StripeGrantRequest {
+        dest: String,
+    },
     /// Source to client (control), while a copy runs: what the walk found and what is sent.
     CopyProgress(CopyProgress),
     /// Source to client (control): the copy ended; the destination's `Complete` as the source
@@ -845,6 +866,24 @@ pub struct CopyRequest {
     /// directory (a sync between two servers). On the wire only when set, so a plain copy's
     /// request is the one older servers know.
     pub only: bool,
+    /// A striped copy: the destination's other hosts, which share its file system, each with
+    /// the stripe grant it minted. The source runs a striped put with `peer` coordinating.
+    /// On the wire only when not empty (a flag bit beside `only`, then the hosts).
+    pub stripes: Vec<CopyStripe>,
+}
+
+/// Most stripe hosts one `CopyRequest` may name.
+pub const MAX_COPY_STRIPES: usize = 64;
+
+/// One stripe host of a striped copy, as the source reaches and trusts it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CopyStripe {
+    /// `host:port` as the source reaches it.
+    pub addr: String,
+    /// SHA-256 of its certificate: the key the client trusts it by.
+    pub fingerprint: [u8; 32],
+    /// The stripe grant it minted (`Granted.grant` to a `StripeGrantRequest`).
+    pub grant: String,
 }
 
 /// Progress of a third-party copy as its source sees it (`Frame::CopyProgress`).

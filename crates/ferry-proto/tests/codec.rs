@@ -384,19 +384,33 @@ fn frame() -> impl Strategy<Value = Frame> {
             any::<[u8; 32]>(),
             text(),
             opts(),
-            any::<bool>()
+            any::<bool>(),
+            vec((text(), any::<[u8; 32]>(), text()), 0..4)
         )
-            .prop_map(|((src, dest, peer), fingerprint, grant, opts, only)| {
-                Frame::CopyRequest(Box::new(CopyRequest {
-                    src,
-                    dest,
-                    peer,
-                    fingerprint,
-                    grant,
-                    opts,
-                    only,
-                }))
-            })
+            .prop_map(
+                |((src, dest, peer), fingerprint, grant, opts, only, stripes)| {
+                    Frame::CopyRequest(Box::new(CopyRequest {
+                        src,
+                        dest,
+                        peer,
+                        fingerprint,
+                        grant,
+                        opts,
+                        only,
+                        stripes: stripes
+                            .into_iter()
+                            .map(|(addr, fingerprint, grant)| CopyStripe {
+                                addr,
+                                fingerprint,
+                                grant,
+                            })
+                            .collect(),
+                    }))
+                }
+            )
+            .boxed(),
+        text()
+            .prop_map(|dest| Frame::StripeGrantRequest { dest })
             .boxed(),
         (any::<[u64; 4]>(), any::<bool>())
             .prop_map(|([found_files, found_bytes, files, bytes], walk_done)| {
@@ -751,9 +765,12 @@ proptest! {
         let mut payload = payload_of(&frame).to_vec();
         payload.extend_from_slice(&extra);
         let ty = frame.frame_type();
-        // A plain copy's request may end with its optional `only` byte: a 1 there is that
-        // field, and only what follows it is trailing.
-        let optional = matches!(&frame, Frame::CopyRequest(c) if !c.only) && extra[0] == 1;
+        // A plain copy's request may end with its optional flags byte: a 1 there is `only`,
+        // and only what follows it is trailing; a 2 or 3 says stripe hosts follow, and what
+        // follows is read as them.
+        let flagless = matches!(&frame, Frame::CopyRequest(c) if !c.only && c.stripes.is_empty());
+        let optional = flagless && extra[0] == 1;
+        let striped = flagless && matches!(extra[0], 2 | 3);
         let decoded = Frame::decode(ty, payload.into());
         // A stat without a policy may be followed by one: what follows is read as a policy,
         // and refused as one (a tag other than 1, or too short).
@@ -761,7 +778,7 @@ proptest! {
             &frame,
             Frame::CatalogAnswer(CatalogAnswer::Stat(s)) if s.policy.is_none()
         );
-        if bare_stat {
+        if bare_stat || striped {
             prop_assert!(decoded.is_err(), "{:?}", decoded);
         } else if optional && extra.len() == 1 {
             prop_assert!(matches!(decoded, Ok(Frame::CopyRequest(c)) if c.only));
@@ -1108,7 +1125,22 @@ fn sample_frames() -> Vec<Frame> {
         offset: 8 << 20,
         len: 8 << 20,
     });
+    frames.push(Frame::StripeGrantRequest {
+        dest: "/incoming/run42/".into(),
+    });
+    frames.push(Frame::CopyRequest(Box::new(CopyRequest {
+        stripes: vec![sample_copy_stripe()],
+        ..sample_copy_request()
+    })));
     frames
+}
+
+fn sample_copy_stripe() -> CopyStripe {
+    CopyStripe {
+        addr: "dtn3:7070".into(),
+        fingerprint: [0x3c; 32],
+        grant: "s".into(),
+    }
 }
 
 /// One catalog request of each op and one answer of each kind.
@@ -1287,14 +1319,16 @@ fn sample_copy_request() -> CopyRequest {
         grant: "g".into(),
         opts: sample_opts(),
         only: false,
+        stripes: Vec::new(),
     }
 }
 
 #[test]
 fn samples_cover_every_frame_type() {
     let mut types: Vec<u8> = sample_frames().iter().map(|f| f.frame_type().0).collect();
+    types.sort_unstable();
     types.dedup();
-    assert_eq!(types.len(), 41);
+    assert_eq!(types.len(), 42);
     for ty in 0..=u8::MAX {
         assert_eq!(
             FrameType(ty).max_payload().is_some(),
@@ -1318,6 +1352,14 @@ fn every_truncation_is_an_error() {
                 let mut st = st.clone();
                 st.policy = None;
                 Some(Frame::CatalogAnswer(CatalogAnswer::Stat(st)))
+            }
+            // A copy request cut just before its flags byte is a plain copy's.
+            Frame::CopyRequest(c) if c.only || !c.stripes.is_empty() => {
+                Some(Frame::CopyRequest(Box::new(CopyRequest {
+                    only: false,
+                    stripes: Vec::new(),
+                    ..(**c).clone()
+                })))
             }
             _ => None,
         };
@@ -2380,12 +2422,15 @@ fn pinned_copy_paths_and_the_only_flag_of_a_copy_request() {
     assert_eq!(&with_only[5..plain.len()], &plain[5..]);
     assert_eq!(with_only[with_only.len() - 1], 1);
     assert_eq!(decode(with_only), Ok(Frame::CopyRequest(Box::new(only))));
-    let mut p = payload_of(&Frame::CopyRequest(Box::new(sample_copy_request()))).to_vec();
-    p.push(2);
-    assert!(matches!(
-        Frame::decode(FrameType::COPY_REQUEST, Bytes::from(p)),
-        Err(DecodeError::TrailingBytes { extra: 1, .. })
-    ));
+    // A byte of unknown flags, or 0, is trailing: never read as a plain copy.
+    for flags in [0, 4] {
+        let mut p = payload_of(&Frame::CopyRequest(Box::new(sample_copy_request()))).to_vec();
+        p.push(flags);
+        assert!(matches!(
+            Frame::decode(FrameType::COPY_REQUEST, Bytes::from(p)),
+            Err(DecodeError::TrailingBytes { extra: 1, .. })
+        ));
+    }
     // More paths than a frame may hold, a bad flag: refused, named.
     let many = Frame::CopyPaths {
         paths: vec![String::new(); MAX_COPY_PATHS + 1],
@@ -2398,6 +2443,49 @@ fn pinned_copy_paths_and_the_only_flag_of_a_copy_request() {
     assert!(matches!(
         Frame::decode(FrameType::COPY_PATHS, Bytes::from_static(&[2, 0, 0])),
         Err(DecodeError::InvalidValue { field: "more", .. })
+    ));
+}
+
+#[test]
+fn pinned_stripe_grant_request_and_a_striped_copy_request() {
+    let frame = Frame::StripeGrantRequest { dest: "a/".into() };
+    assert_eq!(&encode(&frame)[..], &[0x26, 0, 0, 0, 4, 0, 2, b'a', b'/']);
+    // The stripe hosts follow the flags byte (bit 1), after `only`'s bit: count, then each
+    // host's address, key and grant.
+    let plain = encode(&Frame::CopyRequest(Box::new(sample_copy_request())));
+    let striped = CopyRequest {
+        only: true,
+        stripes: vec![sample_copy_stripe()],
+        ..sample_copy_request()
+    };
+    let bytes = encode(&Frame::CopyRequest(Box::new(striped.clone())));
+    assert_eq!(&bytes[5..plain.len()], &plain[5..]);
+    let mut tail = vec![3u8, 0, 1, 0, 9];
+    tail.extend_from_slice(b"dtn3:7070");
+    tail.extend_from_slice(&[0x3c; 32]);
+    tail.extend_from_slice(&[0, 1, b's']);
+    assert_eq!(&bytes[plain.len()..], &tail[..]);
+    assert_eq!(decode(bytes), Ok(Frame::CopyRequest(Box::new(striped))));
+    // The striped bit with no hosts, or more hosts than a request may name: refused, named.
+    let mut p = payload_of(&Frame::CopyRequest(Box::new(sample_copy_request()))).to_vec();
+    p.extend_from_slice(&[2, 0, 0]);
+    assert!(matches!(
+        Frame::decode(FrameType::COPY_REQUEST, Bytes::from(p)),
+        Err(DecodeError::InvalidValue {
+            field: "stripes",
+            ..
+        })
+    ));
+    let many = CopyRequest {
+        stripes: vec![sample_copy_stripe(); MAX_COPY_STRIPES + 1],
+        ..sample_copy_request()
+    };
+    assert!(matches!(
+        decode(encode(&Frame::CopyRequest(Box::new(many)))),
+        Err(DecodeError::TooLong {
+            field: "stripes",
+            ..
+        })
     ));
 }
 

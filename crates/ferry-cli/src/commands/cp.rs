@@ -11,7 +11,7 @@ use ferry_units::units::format_bytes_2dp as human_bytes;
 
 use super::transfer::{failure, start_oneshot};
 use crate::args::CpArgs;
-use crate::config::copy_config;
+use crate::config::cp_config;
 use crate::error::usage;
 use crate::progress::Progress;
 use crate::remote::Remote;
@@ -130,11 +130,14 @@ fn resolve(args: &CpArgs) -> Result<(Remote, Remote, CopyConfig)> {
     if args.transfer.manifest.is_some() {
         bail!("--manifest is for put and get: the files of a copy are read on the source");
     }
-    let src = Remote::parse(&args.source)
+    let mut src = Remote::parse(&args.source)
         .context("the first argument of cp is the source, HOST[:PORT]:PATH")?;
-    let dst = Remote::parse(&args.dest)
+    let mut dst = Remote::parse(&args.dest)
         .context("the second argument of cp is the destination, HOST[:PORT]:PATH")?;
-    let cfg = copy_config(&args.transfer, &args.servers, (&src, &dst), "cp")?;
+    let cfg = cp_config(&args.transfer, &args.servers, (&mut src, &mut dst))?;
+    if args.via_client && !cfg.dest.stripe.is_empty() {
+        bail!("--via-client puts into one host; a striped copy goes from server to servers");
+    }
     Ok((src, dst, cfg))
 }
 

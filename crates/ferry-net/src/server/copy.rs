@@ -23,7 +23,7 @@ use tracing::info;
 use super::access::Grant;
 use super::grants::Outcome;
 use super::state::ServerState;
-use crate::client::{self, ClientConfig, Security, StartFrom, TransferReport};
+use crate::client::{self, ClientConfig, Security, StartFrom, StripeHost, TransferReport};
 use crate::error::SessionError;
 use crate::tls::{Fingerprint, ServerTrust};
 use crate::transport::conn::{expect_frame, send};
@@ -124,7 +124,13 @@ where
 {
     let cfg = client_config(shared, &request);
     let progress = Arc::new(Progress::default());
-    info!(peer = %request.peer, dest = %request.dest, only = request.only, "third-party copy");
+    info!(
+        peer = %request.peer,
+        dest = %request.dest,
+        only = request.only,
+        stripes = request.stripes.len(),
+        "third-party copy"
+    );
     // A chosen set of paths lands in `dest` as a directory, whatever exists there yet.
     let dest = match request.only {
         true => format!("{}/", request.dest.trim_end_matches('/')),
@@ -285,7 +291,17 @@ fn client_config(shared: &ServerState, request: &CopyRequest) -> ClientConfig {
         links: Links::Any,
         multipath: false,
         bind: Vec::new(),
-        stripe: Vec::new(),
+        // A striped copy: the destination's other hosts, each pinned by the key the client
+        // trusts it by and logged in to with the stripe grant it minted.
+        stripe: request
+            .stripes
+            .iter()
+            .map(|s| StripeHost {
+                server: s.addr.clone(),
+                security: Security::Tls(ServerTrust::Pinned(Fingerprint(s.fingerprint))),
+                token: Some(s.grant.clone()),
+            })
+            .collect(),
     }
 }
 

@@ -136,6 +136,11 @@ pub(super) async fn prepare<'a>(
             sources,
             opts,
         } => {
+            // A stripe grant writes blocks into partial copies another server opened; it
+            // never opens, decides or commits a file itself.
+            if grant.stripe_only() {
+                return Err(denied(grant, "put with a stripe grant into", &dest));
+            }
             let put = prepare_put(shared, stream, grant, named, &dest, sources, opts);
             put.await.inspect(|w| {
                 if let (true, Work::Put { receiver, .. }) = (whole, w) {
@@ -185,6 +190,19 @@ pub(super) async fn prepare<'a>(
             copy::mint(shared, stream, scope).await?;
             Ok(Work::done("grant"))
         }
+        Frame::StripeGrantRequest { dest } => {
+            copy::allowed(shared)?;
+            stripes_allowed(shared)?;
+            if grant.pinned_dest().is_some() {
+                return Err(denied(grant, "mint a grant with a grant for", &dest));
+            }
+            let rel = resolve(shared, &dest)?;
+            let scope = grant
+                .stripe_grant(&rel)
+                .ok_or_else(|| denied(grant, "write to", &dest))?;
+            copy::mint(shared, stream, scope).await?;
+            Ok(Work::done("stripe grant"))
+        }
         Frame::CopyRequest(request) => {
             copy::allowed(shared)?;
             let src = request.src.clone();
@@ -221,6 +239,18 @@ pub(super) async fn prepare<'a>(
             other.frame_type()
         ))),
     }
+}
+
+/// Refuses a stripe session, or a stripe grant, on a server whose operator did not allow
+/// striping.
+fn stripes_allowed(shared: &ServerState) -> Result<(), SessionError> {
+    if shared.config.stripe {
+        return Ok(());
+    }
+    Err(SessionError::Remote {
+        code: ErrorCode::DENIED,
+        message: "this server takes no stripe sessions (serve --stripe)".into(),
+    })
 }
 
 /// The data addresses a multipath client dials: the configured ones, else the address its
@@ -349,17 +379,13 @@ async fn prepare_stripe<'a>(
     dest: &str,
     opts: TransferOpts,
 ) -> Result<Work<'a>, SessionError> {
-    if !shared.config.stripe {
-        return Err(SessionError::Remote {
-            code: ErrorCode::DENIED,
-            message: "this server takes no stripe sessions (serve --stripe)".into(),
-        });
-    }
+    stripes_allowed(shared)?;
     let rel = resolve(shared, dest)?;
-    // A grant is for one put by another server, not for striping.
-    let prefix = match grant.pinned_dest() {
-        None => grant.write_scope(&rel),
-        Some(_) => None,
+    // A third-party grant is for one put by another server, not for striping; a stripe grant
+    // is for a stripe session into exactly its path (`write_scope` checks that).
+    let prefix = match (grant.pinned_dest(), grant.stripe_only()) {
+        (None, _) | (Some(_), true) => grant.write_scope(&rel),
+        (Some(_), false) => None,
     };
     let Some(prefix) = prefix else {
         return Err(denied(grant, "write to", dest));
@@ -399,12 +425,7 @@ async fn prepare_stripe_read<'a>(
     src: &str,
     opts: TransferOpts,
 ) -> Result<Work<'a>, SessionError> {
-    if !shared.config.stripe {
-        return Err(SessionError::Remote {
-            code: ErrorCode::DENIED,
-            message: "this server takes no stripe sessions (serve --stripe)".into(),
-        });
-    }
+    stripes_allowed(shared)?;
     let (source, _) = source_of(shared, grant, src)?;
     let opts = clamp(shared, opts);
     let reader = Arc::new(StripeReader::new(source, opts.block_size));

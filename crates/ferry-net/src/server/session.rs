@@ -554,7 +554,19 @@ async fn run_request(
             permits: _permits,
             pending: _pending,
         } => {
-            let landed = stripe::serve(stream, writer, data, block_size, idle).await?;
+            let serving = stripe::serve(stream, writer, data, block_size, idle);
+            // A striped copy's stripe session ends when its grant is revoked (its client
+            // closed the minting session), as a granted put does.
+            let landed = match &lease {
+                None => serving.await?,
+                Some(l) => tokio::select! {
+                    o = serving => o?,
+                    () = l.revoked() => return Err(SessionError::Remote {
+                        code: ErrorCode::AUTH,
+                        message: "the stripe grant was revoked by its client".into(),
+                    }),
+                },
+            };
             Ok(Served {
                 what: "stripe",
                 files: landed.blocks,

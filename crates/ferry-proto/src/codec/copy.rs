@@ -8,8 +8,8 @@ use super::{
 };
 use crate::error::DecodeError;
 use crate::frame::{
-    CompleteSummary, CopyProgress, CopyRequest, Frame, MAX_ADDR, MAX_COPY_PATHS, MAX_PATH,
-    MAX_PATHS, MAX_REPORT, MAX_TOKEN,
+    CompleteSummary, CopyProgress, CopyRequest, CopyStripe, Frame, MAX_ADDR, MAX_COPY_PATHS,
+    MAX_COPY_STRIPES, MAX_PATH, MAX_PATHS, MAX_REPORT, MAX_TOKEN,
 };
 
 pub(super) fn put_copy_request(out: &mut BytesMut, c: &CopyRequest) {
@@ -19,22 +19,60 @@ pub(super) fn put_copy_request(out: &mut BytesMut, c: &CopyRequest) {
     out.put_slice(&c.fingerprint);
     put_str(out, &c.grant);
     put_opts(out, &c.opts);
-    if c.only {
-        out.put_u8(1);
+    let flags = u8::from(c.only) | if c.stripes.is_empty() { 0 } else { STRIPED };
+    if flags != 0 {
+        out.put_u8(flags);
+    }
+    if !c.stripes.is_empty() {
+        out.put_u16(super::wire_len(c.stripes.len(), "copy stripes"));
+        for s in &c.stripes {
+            put_str(out, &s.addr);
+            out.put_slice(&s.fingerprint);
+            put_str(out, &s.grant);
+        }
     }
 }
 
+/// A `CopyRequest`'s trailing flags: bit 0 `only`, bit 1 stripe hosts follow.
+const ONLY: u8 = 1;
+const STRIPED: u8 = 2;
+
 pub(super) fn decode_copy_request(r: &mut Reader<'_>) -> Result<Frame, DecodeError> {
+    let src = r.str("src", MAX_PATH)?;
+    let dest = r.str("dest", MAX_PATH)?;
+    let peer = r.str("peer", MAX_ADDR)?;
+    let fingerprint = r.array("fingerprint")?;
+    let grant = r.str("grant", MAX_TOKEN)?;
+    let opts = decode_opts(r)?;
+    // One trailing flags byte, absent from a plain copy's request (the layout older servers
+    // know); any other byte is left for `finish` to refuse as trailing.
+    let flags = match r.buf.get(r.pos) {
+        Some(&f) if f != 0 && f & !(ONLY | STRIPED) == 0 => r.u8("flags")?,
+        _ => 0,
+    };
+    let mut stripes = Vec::new();
+    if flags & STRIPED != 0 {
+        let n = count(r, "stripes", MAX_COPY_STRIPES)?;
+        if n == 0 {
+            return Err(invalid("stripes", 0u8));
+        }
+        for _ in 0..n {
+            stripes.push(CopyStripe {
+                addr: r.str("stripe addr", MAX_ADDR)?,
+                fingerprint: r.array("stripe fingerprint")?,
+                grant: r.str("stripe grant", MAX_TOKEN)?,
+            });
+        }
+    }
     Ok(Frame::CopyRequest(Box::new(CopyRequest {
-        src: r.str("src", MAX_PATH)?,
-        dest: r.str("dest", MAX_PATH)?,
-        peer: r.str("peer", MAX_ADDR)?,
-        fingerprint: r.array("fingerprint")?,
-        grant: r.str("grant", MAX_TOKEN)?,
-        opts: decode_opts(r)?,
-        // One trailing byte 1, absent from a plain copy's request; any other byte is left
-        // for `finish` to refuse as trailing.
-        only: r.buf.get(r.pos) == Some(&1) && r.u8("only")? == 1,
+        src,
+        dest,
+        peer,
+        fingerprint,
+        grant,
+        opts,
+        only: flags & ONLY != 0,
+        stripes,
     })))
 }
 

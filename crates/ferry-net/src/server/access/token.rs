@@ -62,6 +62,9 @@ pub struct Grant {
     dest: Option<String>,
     /// A third-party grant's policy for existing files: what its client asked, never more.
     existing: Option<ferry_proto::ExistingPolicy>,
+    /// A stripe grant: good for one stripe session into `dest` (a striped copy's stripe
+    /// host), never for a put.
+    stripe: bool,
 }
 
 impl Grant {
@@ -73,6 +76,7 @@ impl Grant {
             write: vec![String::new()],
             dest: None,
             existing: None,
+            stripe: false,
         }
     }
 
@@ -91,7 +95,24 @@ impl Grant {
             write: vec![prefix.to_owned()],
             dest: Some(dest.to_owned()),
             existing: Some(existing),
+            stripe: false,
         })
+    }
+
+    /// What a stripe grant minted by this token for `dest` allows: one stripe session at a
+    /// time (`StripeRequest`) writing blocks into the partial copies beneath exactly `dest`
+    /// (covered by one of this token's write scopes) that another server opened; no put, no
+    /// reads, no further grants (`None` when this is itself a grant).
+    pub fn stripe_grant(&self, dest: &str) -> Option<Self> {
+        let mut g = self.third_party(dest, ferry_proto::ExistingPolicy::Fail)?;
+        g.existing = None;
+        g.stripe = true;
+        Some(g)
+    }
+
+    /// Whether this is a stripe grant, good for a stripe session only.
+    pub fn stripe_only(&self) -> bool {
+        self.stripe
     }
 
     /// The one destination of a third-party grant.
@@ -124,6 +145,7 @@ impl Grant {
             },
             dest: None,
             existing: None,
+            stripe: false,
         })
     }
 
