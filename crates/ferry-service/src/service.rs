@@ -151,6 +151,7 @@ impl Service {
             access: Access::file(tokens),
             admins: cfg.admins.clone(),
             slow_fraction: crate::history::SLOW_FRACTION,
+            timing: Default::default(),
         });
         let listener = tokio::net::TcpListener::bind(cfg.listen)
             .await
@@ -186,6 +187,17 @@ impl Service {
     /// Serves the API and runs the queue until `shutdown` resolves; running jobs are then
     /// stopped and queued again for the next start.
     pub async fn run(self, shutdown: impl std::future::Future<Output = ()>) {
+        // The transfers on threads of a lower priority, before the API's threads start.
+        let bulk = match bulk_runtime() {
+            Ok(rt) => {
+                self.scheduler.run_transfers_on(rt.handle().clone());
+                Some(rt)
+            }
+            Err(e) => {
+                tracing::warn!("the transfers' runtime: {e}; they share the service's");
+                None
+            }
+        };
         let (tx, rx) = tokio::sync::watch::channel(false);
         let stopped = move |mut rx: tokio::sync::watch::Receiver<bool>| async move {
             let _ = rx.wait_for(|s| *s).await;
@@ -221,6 +233,37 @@ impl Service {
         if let Some(p) = probes {
             let _ = p.await;
         }
+        // Its transfers were aborted with their jobs; a runtime is not dropped on a worker.
+        if let Some(rt) = bulk {
+            rt.shutdown_background();
+        }
+    }
+}
+
+/// How much lower than the service's own the CPU priority of the transfers' threads is (a
+/// nice value added, per thread). Bulk work (TLS records of blocks, digests) then yields the
+/// cores to the API's requests on a loaded host, rather than sharing them equally: a request
+/// woken behind it waited for a whole slice (docs/bench/NOTEBOOK.md, "Issue 40: the API's
+/// tail"). Lowering a thread's own priority needs no privilege.
+pub const BULK_NICE: i32 = 10;
+
+/// The runtime the jobs' transfers run on, each of its threads (workers and blocking pool,
+/// and the threads they start, which inherit it) at [`BULK_NICE`] below the caller's.
+fn bulk_runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .thread_name("ferry-bulk")
+        .on_thread_start(|| lower_priority(BULK_NICE))
+        .enable_all()
+        .build()
+}
+
+/// Adds `by` to the calling thread's nice value (at most 19). On Linux a nice value is the
+/// thread's, not the process's.
+pub fn lower_priority(by: i32) {
+    let me = Some(rustix::thread::gettid());
+    let now = rustix::process::getpriority_process(me).unwrap_or(0);
+    if let Err(e) = rustix::process::setpriority_process(me, (now + by).min(19)) {
+        tracing::debug!("lowering a transfer thread's priority: {e}");
     }
 }
 
@@ -283,4 +326,40 @@ fn service_name(state_dir: &std::path::Path) -> Result<String, ServiceError> {
     let name = format!("{host}-{:06x}", tag & 0xff_ffff);
     std::fs::write(&path, format!("{name}\n")).map_err(io)?;
     Ok(name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn my_nice() -> i32 {
+        rustix::process::getpriority_process(Some(rustix::thread::gettid())).unwrap()
+    }
+
+    #[test]
+    fn a_thread_lowers_its_own_priority_only() {
+        let before = my_nice();
+        let (theirs, mine) = std::thread::spawn(move || {
+            lower_priority(3);
+            (my_nice(), std::thread::spawn(my_nice).join().unwrap())
+        })
+        .join()
+        .unwrap();
+        assert_eq!(theirs, (before + 3).min(19));
+        // A thread it starts inherits it; the caller's own is untouched.
+        assert_eq!(mine, theirs);
+        assert_eq!(my_nice(), before);
+    }
+
+    #[test]
+    fn the_transfers_runtime_runs_below_the_caller() {
+        let before = my_nice();
+        let rt = bulk_runtime().unwrap();
+        let worker = rt.block_on(async { tokio::spawn(async { my_nice() }).await.unwrap() });
+        let blocking = rt.block_on(async { tokio::task::spawn_blocking(my_nice).await.unwrap() });
+        assert_eq!(worker, (before + BULK_NICE).min(19));
+        assert_eq!(blocking, (before + BULK_NICE).min(19));
+        assert_eq!(my_nice(), before);
+        rt.shutdown_background();
+    }
 }
