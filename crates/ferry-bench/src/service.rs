@@ -404,6 +404,9 @@ struct PhaseOut {
     rss: Vec<RssSample>,
     /// The service's RSS `IDLE_READ_AFTER` after the last job ended.
     rss_idle_kib: Option<u64>,
+    /// The service's `/metrics` once every job ended: its own timing of the API's requests
+    /// and of the store's lock, beside the client's.
+    metrics_end: Option<String>,
 }
 
 /// What the poller and the sampler share with the phase.
@@ -480,6 +483,12 @@ impl SvcRunner<'_> {
         r.latencies = out.lat;
         r.rss = out.rss;
         r.rss_idle_kib = out.rss_idle_kib;
+        if let Some(m) = &out.metrics_end {
+            let path = self.logs.join("service-metrics.txt");
+            if let Err(e) = fs::write(&path, m) {
+                r.notes.push(format!("{}: {e}", path.display()));
+            }
+        }
         for (j, p) in plan.iter().enumerate() {
             let (ds, _, want) = &sets[p.set];
             let mut row = JobRow {
@@ -626,6 +635,11 @@ async fn run_jobs(
     // flight when the last one ends).
     tokio::time::sleep(IDLE_READ_AFTER).await;
     let rss_idle_kib = rss_kib(pid);
+    let metrics_end = client
+        .request(Method::GET, "/metrics", Vec::new(), false)
+        .await
+        .ok()
+        .map(|a| String::from_utf8_lossy(&a.body).into_owned());
     let mut jobs = Vec::with_capacity(ids.len());
     for id in &ids {
         jobs.push(match id {
@@ -645,6 +659,7 @@ async fn run_jobs(
         lat,
         rss,
         rss_idle_kib,
+        metrics_end,
     })
 }
 

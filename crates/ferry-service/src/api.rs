@@ -24,6 +24,7 @@ use crate::job::{Job, NewJob, SyncMode};
 use crate::location::Location;
 use crate::runner::classify;
 use crate::scheduler::Scheduler;
+use crate::timing::{self, Histogram};
 
 /// The largest request body taken: a job naming many long paths fits, a flood does not.
 pub const MAX_BODY: usize = 256 * 1024;
@@ -42,6 +43,44 @@ pub struct App {
     pub admins: Vec<String>,
     /// A link is flagged when its latest rate is below this fraction of its recent median.
     pub slow_fraction: f64,
+    /// Where requests' time went, for `/metrics`.
+    pub timing: ApiTiming,
+}
+
+/// The endpoints timed apart (method, route); every other request is timed as `other`.
+const TIMED: [(&str, &str); 4] = [
+    ("POST", "/api/jobs"),
+    ("GET", "/api/jobs"),
+    ("GET", "/api/jobs/{id}"),
+    ("GET", "/metrics"),
+];
+
+/// Per endpoint ([`TIMED`], then the rest): each request's time in the handler, and in its
+/// store calls (waiting for the store's lock included). The time a request waited for a
+/// thread, and its TLS, are neither: a client's time less the handler's is that.
+#[derive(Debug, Default)]
+pub struct ApiTiming {
+    handler: [Histogram; TIMED.len() + 1],
+    store: [Histogram; TIMED.len() + 1],
+}
+
+tokio::task_local! {
+    // Which of `ApiTiming`'s slots the request being handled counts in.
+    static ENDPOINT: usize;
+}
+
+/// `req`'s slot in [`ApiTiming`].
+fn endpoint_of(req: &Request) -> usize {
+    let path = req.uri().path();
+    let route = match path.strip_prefix("/api/jobs/") {
+        Some(id) if !id.is_empty() && id.bytes().all(|b| b.is_ascii_digit()) => "/api/jobs/{id}",
+        _ => path,
+    };
+    let method = req.method().as_str();
+    TIMED
+        .iter()
+        .position(|&(m, r)| m == method && r == route)
+        .unwrap_or(TIMED.len())
 }
 
 /// The router, with its limits.
@@ -57,7 +96,7 @@ pub fn router(app: Arc<App>) -> Router {
         .merge(crate::dashboard::routes())
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "no such endpoint") })
         .layer(DefaultBodyLimit::max(MAX_BODY))
-        .layer(middleware::from_fn(time_limit))
+        .layer(middleware::from_fn_with_state(app.clone(), time_limit))
         .with_state(app)
 }
 
@@ -73,21 +112,75 @@ async fn blocking<T: Send + 'static>(
 ) -> Result<T, ApiError> {
     let multi = tokio::runtime::Handle::try_current()
         .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
-    if multi {
-        return tokio::task::block_in_place(|| f(app));
+    let t = std::time::Instant::now();
+    let r = if multi {
+        tokio::task::block_in_place(|| f(app))
+    } else {
+        let app = app.clone();
+        tokio::task::spawn_blocking(move || f(&app))
+            .await
+            .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
+    };
+    if let Ok(i) = ENDPOINT.try_with(|i| *i) {
+        app.timing.store[i].observe(t.elapsed());
     }
-    let app = app.clone();
-    tokio::task::spawn_blocking(move || f(&app))
-        .await
-        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
+    r
 }
 
-async fn time_limit(req: Request, next: Next) -> Response {
-    match tokio::time::timeout(REQUEST_TIMEOUT, next.run(req)).await {
+/// Bounds each request's time, and times it for `/metrics`.
+async fn time_limit(State(app): State<Arc<App>>, req: Request, next: Next) -> Response {
+    let i = endpoint_of(&req);
+    let t = std::time::Instant::now();
+    let r = ENDPOINT
+        .scope(i, tokio::time::timeout(REQUEST_TIMEOUT, next.run(req)))
+        .await;
+    app.timing.handler[i].observe(t.elapsed());
+    match r {
         Ok(r) => r,
         Err(_) => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the request took too long")
             .into_response(),
     }
+}
+
+/// The API's and the store's histograms in Prometheus' text format.
+fn timing_metrics(app: &App, out: &mut String) {
+    let names = TIMED
+        .iter()
+        .map(|&(m, r)| format!("{m} {r}"))
+        .chain(std::iter::once("other".to_owned()));
+    let handler = "ferry_service_api_handler_seconds";
+    let store = "ferry_service_api_store_seconds";
+    timing::header(
+        out,
+        handler,
+        "Time from a request's routing to its answer, by endpoint (TLS and queueing for a thread not included).",
+    );
+    for (i, n) in names.clone().enumerate() {
+        app.timing.handler[i].render(out, handler, &format!("endpoint=\"{}\"", label(&n)));
+    }
+    timing::header(
+        out,
+        store,
+        "Time a request spent in the job store's calls (waiting for its lock included), by endpoint.",
+    );
+    for (i, n) in names.enumerate() {
+        app.timing.store[i].render(out, store, &format!("endpoint=\"{}\"", label(&n)));
+    }
+    let (wait, hold) = app.scheduler.store().lock_times();
+    let wait_name = "ferry_service_store_lock_wait_seconds";
+    timing::header(
+        out,
+        wait_name,
+        "Time a job store call (the API's or the scheduler's) waited for the store's lock.",
+    );
+    wait.render(out, wait_name, "");
+    let hold_name = "ferry_service_store_lock_hold_seconds";
+    timing::header(
+        out,
+        hold_name,
+        "Time a job store call held the store's lock.",
+    );
+    hold.render(out, hold_name, "");
 }
 
 /// An error answer: a status and `{"error": "..."}`.
@@ -511,5 +604,6 @@ fn render_metrics(app: &App) -> Result<String, ApiError> {
         s.moved()
     ));
     link_metrics(app, &mut out)?;
+    timing_metrics(app, &mut out);
     Ok(out)
 }

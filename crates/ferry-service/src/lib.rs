@@ -20,6 +20,7 @@ pub mod scheduler;
 pub mod service;
 mod sizesync;
 pub mod store;
+pub mod timing;
 pub mod tls;
 
 pub use endpoints::{Endpoint, Endpoints};

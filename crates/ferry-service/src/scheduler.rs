@@ -110,6 +110,19 @@ pub struct Scheduler {
     notifier: Option<Arc<Notifier>>,
     /// How many jobs share each link, and their streams. Locked after `running`.
     optimizer: Mutex<Optimizer>,
+    /// Where the jobs' transfers run, if not on the runtime that drives them: the service
+    /// gives them threads of a lower CPU priority than the API's ([`crate::service`]).
+    bulk: std::sync::OnceLock<tokio::runtime::Handle>,
+}
+
+/// Aborts a task when dropped: a transfer on the bulk runtime ends with the job's driver
+/// (a cancel aborts the driver).
+struct AbortOnDrop(AbortHandle);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 impl Scheduler {
@@ -146,6 +159,34 @@ impl Scheduler {
             wake: Notify::new(),
             moved: Arc::default(),
             notifier,
+            bulk: std::sync::OnceLock::new(),
+        })
+    }
+
+    /// Runs the jobs' transfers on `bulk` from now on (the drivers, and their store writes,
+    /// stay where the scheduler runs). Set once; a second call is ignored.
+    pub fn run_transfers_on(&self, bulk: tokio::runtime::Handle) {
+        let _ = self.bulk.set(bulk);
+    }
+
+    /// One attempt of `job`'s transfer: on the bulk runtime when there is one, here otherwise.
+    async fn attempt(
+        self: &Arc<Self>,
+        job: &Job,
+        reporter: Arc<JobReporter>,
+        streams: Option<u32>,
+    ) -> Result<Outcome, Failure> {
+        let Some(bulk) = self.bulk.get() else {
+            return self.runner.run(job, reporter, streams).await;
+        };
+        let (me, job) = (self.clone(), job.clone());
+        let task = bulk.spawn(async move { me.runner.run(&job, reporter, streams).await });
+        let _abort = AbortOnDrop(task.abort_handle());
+        task.await.unwrap_or_else(|e| {
+            Err(Failure {
+                message: format!("the transfer's task ended: {e}"),
+                retryable: true,
+            })
         })
     }
 
@@ -367,7 +408,7 @@ impl Scheduler {
         let (mut last, mut at) = (0u64, Instant::now());
         let started = Instant::now();
         let mut sampled = (0u64, started);
-        let attempt = self.runner.run(&job, reporter.clone(), streams);
+        let attempt = self.attempt(&job, reporter.clone(), streams);
         tokio::pin!(attempt);
         let result = loop {
             tokio::select! {

@@ -151,6 +151,7 @@ impl Service {
             access: Access::file(tokens),
             admins: cfg.admins.clone(),
             slow_fraction: crate::history::SLOW_FRACTION,
+            timing: Default::default(),
         });
         let listener = tokio::net::TcpListener::bind(cfg.listen)
             .await
@@ -186,6 +187,17 @@ impl Service {
     /// Serves the API and runs the queue until `shutdown` resolves; running jobs are then
     /// stopped and queued again for the next start.
     pub async fn run(self, shutdown: impl std::future::Future<Output = ()>) {
+        // The transfers on threads of a lower priority, before the API's threads start.
+        let bulk = match bulk_runtime() {
+            Ok(rt) => {
+                self.scheduler.run_transfers_on(rt.handle().clone());
+                Some(rt)
+            }
+            Err(e) => {
+                tracing::warn!("the transfers' runtime: {e}; they share the service's");
+                None
+            }
+        };
         let (tx, rx) = tokio::sync::watch::channel(false);
         let stopped = move |mut rx: tokio::sync::watch::Receiver<bool>| async move {
             let _ = rx.wait_for(|s| *s).await;
@@ -221,6 +233,44 @@ impl Service {
         if let Some(p) = probes {
             let _ = p.await;
         }
+        // Its transfers were aborted with their jobs; a runtime is not dropped on a worker.
+        if let Some(rt) = bulk {
+            rt.shutdown_background();
+        }
+    }
+}
+
+/// How much lower than the service's own the CPU priority of the transfers' threads is (a
+/// nice value added, per thread). Bulk work (TLS records of blocks, digests) then yields the
+/// cores to the API's requests on a loaded host, rather than sharing them equally: a request
+/// woken behind it waited for a whole slice (docs/bench/NOTEBOOK.md, "Issue 40: the API's
+/// tail"). Lowering a thread's own priority needs no privilege.
+pub const BULK_NICE: i32 = 10;
+
+/// The runtime the jobs' transfers run on, each of its threads (workers and blocking pool,
+/// and the threads they start, which inherit it) at [`BULK_NICE`] above the caller's nice
+/// value. Set, not added at each thread's start: a blocking thread is started by a worker
+/// already lowered, and adding again took it to 19 (measured, docs/bench/NOTEBOOK.md).
+fn bulk_runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    let nice = (nice_now() + BULK_NICE).min(19);
+    tokio::runtime::Builder::new_multi_thread()
+        .thread_name("ferry-bulk")
+        .on_thread_start(move || set_nice(nice))
+        .enable_all()
+        .build()
+}
+
+/// The calling thread's nice value.
+fn nice_now() -> i32 {
+    rustix::process::getpriority_process(Some(rustix::thread::gettid())).unwrap_or(0)
+}
+
+/// Sets the calling thread's nice value (on Linux a nice value is the thread's, not the
+/// process's); raising it needs no privilege, lowering it below the thread's own may fail.
+pub fn set_nice(nice: i32) {
+    let me = Some(rustix::thread::gettid());
+    if let Err(e) = rustix::process::setpriority_process(me, nice) {
+        tracing::debug!("setting a transfer thread's nice value to {nice}: {e}");
     }
 }
 
@@ -283,4 +333,43 @@ fn service_name(state_dir: &std::path::Path) -> Result<String, ServiceError> {
     let name = format!("{host}-{:06x}", tag & 0xff_ffff);
     std::fs::write(&path, format!("{name}\n")).map_err(io)?;
     Ok(name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_thread_sets_its_own_nice_only_and_its_threads_inherit_it() {
+        let before = nice_now();
+        let want = (before + 3).min(19);
+        let (theirs, child) = std::thread::spawn(move || {
+            set_nice(want);
+            (nice_now(), std::thread::spawn(nice_now).join().unwrap())
+        })
+        .join()
+        .unwrap();
+        assert_eq!(theirs, want);
+        assert_eq!(child, want);
+        assert_eq!(nice_now(), before);
+    }
+
+    #[test]
+    fn the_transfers_runtime_runs_below_the_caller_and_no_lower() {
+        let before = nice_now();
+        let want = (before + BULK_NICE).min(19);
+        let rt = bulk_runtime().unwrap();
+        // A blocking thread is started by a worker (already lowered): it gets the same.
+        let (worker, blocking) = rt.block_on(async {
+            tokio::spawn(async {
+                let blocking = tokio::task::spawn_blocking(nice_now).await.unwrap();
+                (nice_now(), blocking)
+            })
+            .await
+            .unwrap()
+        });
+        assert_eq!((worker, blocking), (want, want));
+        assert_eq!(nice_now(), before);
+        rt.shutdown_background();
+    }
 }

@@ -10,8 +10,10 @@
 //! being this service. A job whose runner stopped beating for longer than a bound is queued
 //! again by any service ([`Store::requeue_stale`]).
 
+use std::ops::{Deref, DerefMut};
 use std::path::Path;
 use std::sync::{Mutex, MutexGuard};
+use std::time::Instant;
 
 use ferry_catalog::sql::{Arg, Database, Row};
 use ferry_catalog::{CatalogError, Location};
@@ -20,6 +22,7 @@ use crate::error::ServiceError;
 use crate::history::{LinkSample, RateSample, Source, MAX_JOB_SAMPLES, MAX_LINK_SAMPLES};
 use crate::job::{now_ms, Job, Kind, NewJob, Progress, State, SyncMode};
 use crate::optimizer::LinkTuning;
+use crate::timing::Histogram;
 
 /// Each migration's version and statements; a released version is never edited, only followed.
 pub(crate) const MIGRATIONS: &[(i64, &str)] = &[(1, V1), (2, V2), (3, V3), (4, V4)];
@@ -135,6 +138,36 @@ pub struct Store {
     name: String,
     /// Samples kept per link ([`MAX_LINK_SAMPLES`]; smaller in unit tests).
     link_bound: usize,
+    /// How long each call waited for the lock, and held it (`/metrics`): an API call's
+    /// wait is the holds of the scheduler's writes before it.
+    lock_wait: Histogram,
+    lock_hold: Histogram,
+}
+
+/// The store's connection while held: the hold's length goes to [`Store::lock_hold`].
+struct Held<'a> {
+    db: MutexGuard<'a, Database>,
+    since: Instant,
+    hold: &'a Histogram,
+}
+
+impl Deref for Held<'_> {
+    type Target = Database;
+    fn deref(&self) -> &Database {
+        &self.db
+    }
+}
+
+impl DerefMut for Held<'_> {
+    fn deref_mut(&mut self) -> &mut Database {
+        &mut self.db
+    }
+}
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        self.hold.observe(self.since.elapsed());
+    }
 }
 
 impl std::fmt::Debug for Store {
@@ -190,6 +223,8 @@ impl Store {
             db: Mutex::new(db),
             name: name.to_owned(),
             link_bound: MAX_LINK_SAMPLES,
+            lock_wait: Histogram::default(),
+            lock_hold: Histogram::default(),
         })
     }
 
@@ -203,8 +238,21 @@ impl Store {
         self.lock().is_shared()
     }
 
-    fn lock(&self) -> MutexGuard<'_, Database> {
-        self.db.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock(&self) -> Held<'_> {
+        let asked = Instant::now();
+        let db = self.db.lock().unwrap_or_else(|e| e.into_inner());
+        let since = Instant::now();
+        self.lock_wait.observe(since - asked);
+        Held {
+            db,
+            since,
+            hold: &self.lock_hold,
+        }
+    }
+
+    /// How long the store's calls waited for its lock, and held it.
+    pub fn lock_times(&self) -> (&Histogram, &Histogram) {
+        (&self.lock_wait, &self.lock_hold)
     }
 
     /// Records a new queued job and returns it.
@@ -249,7 +297,33 @@ impl Store {
             }
             Ok(id)
         })?;
-        self.get(id)?.ok_or(ServiceError::NotFound(id))
+        // The row as inserted, not read back: a second hold of the lock, behind whatever
+        // the scheduler writes meanwhile, was part of the submit's tail.
+        Ok(Job {
+            id,
+            kind: job.kind,
+            sources: job.sources.clone(),
+            dest: job.dest.clone(),
+            sync: job.sync,
+            priority: job.priority,
+            deadline: job.deadline,
+            label: job.label.clone(),
+            owner: job.owner.clone(),
+            server: job.server.clone(),
+            state: State::Queued,
+            attempts: 0,
+            files_done: 0,
+            files_total: 0,
+            bytes_done: 0,
+            bytes_total: 0,
+            rate: 0.0,
+            last_error: None,
+            created_ms: now,
+            started_ms: None,
+            finished_ms: None,
+            not_before_ms: now,
+            runner: None,
+        })
     }
 
     pub fn get(&self, id: i64) -> Result<Option<Job>, ServiceError> {

@@ -237,6 +237,33 @@ async fn metrics_follow_prometheus_conventions() {
         .parse()
         .unwrap();
     assert!(bytes >= 100_000, "{text}");
+    // Where the requests' time went: the one submit timed in its handler and in its store
+    // call, the reads beside it; the store's lock taken by them and the scheduler.
+    for line in [
+        "# TYPE ferry_service_api_handler_seconds histogram",
+        "ferry_service_api_handler_seconds_count{endpoint=\"POST /api/jobs\"} 1",
+        "ferry_service_api_store_seconds_count{endpoint=\"POST /api/jobs\"} 1",
+        "# TYPE ferry_service_store_lock_wait_seconds histogram",
+    ] {
+        assert!(text.lines().any(|l| l == line), "{line:?} in\n{text}");
+    }
+    let count = |prefix: &str| -> u64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(prefix))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("{prefix:?} in\n{text}"))
+    };
+    assert!(
+        count("ferry_service_api_handler_seconds_count{endpoint=\"GET /api/jobs/{id}\"} ") >= 1
+    );
+    let all =
+        count("ferry_service_api_handler_seconds_bucket{endpoint=\"POST /api/jobs\",le=\"+Inf\"} ");
+    assert_eq!(all, 1, "{text}");
+    // The submit, the reads and the scheduler's writes each took the lock.
+    assert!(
+        count("ferry_service_store_lock_hold_seconds_count ") > 3,
+        "{text}"
+    );
     svc.stop().await;
     server.stop().await;
 }
