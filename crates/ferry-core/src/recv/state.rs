@@ -303,6 +303,8 @@ pub(super) fn cannot_create(path: &str, dir_rel: &str, e: std::io::Error) -> (Er
 /// the file durable finds little of it dirty: a file that arrives over seconds is then written
 /// out as it arrives rather than all at once after its last block. A failure costs nothing but
 /// that: the sync before the rename still writes whatever is dirty, and reports its errors.
+/// Only for files of at least `writing::WRITEBACK_MIN_SIZE`: a small file's own writeback
+/// costs more than the batch's sync saves by it.
 pub(super) fn start_writeback(file: &File, offset: u64, len: u64) {
     #[cfg(target_os = "linux")]
     {
