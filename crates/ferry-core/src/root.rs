@@ -399,6 +399,39 @@ pub fn rename_in(dir: &OwnedFd, from: &str, to: &str, replace: bool) -> std::io:
     rfs::renameat_with(dir, from, dir, to, flags).map_err(Into::into)
 }
 
+/// Creates an unnamed file in `dir` (`O_TMPFILE`), for [`link_unnamed`] to give it its name
+/// once complete and durable: no hidden name to create, rename away or leave behind after a
+/// crash (an unlinked inode vanishes). Refused where the file system or kernel lacks it
+/// (`EOPNOTSUPP`, `EISDIR`, `EINVAL`) and where `/proc` is missing, which the link needs.
+pub fn open_unnamed(dir: &OwnedFd, mode: u32) -> std::io::Result<OwnedFd> {
+    if !proc_fd_links() {
+        return Err(std::io::Error::from(std::io::ErrorKind::Unsupported));
+    }
+    rfs::openat(
+        dir,
+        ".",
+        OFlags::RDWR | OFlags::TMPFILE | OFlags::CLOEXEC,
+        Mode::from_raw_mode(mode),
+    )
+    .map_err(Into::into)
+}
+
+/// Gives the unnamed file `file` (from [`open_unnamed`]) the name `name` in `dir`. An existing
+/// `name` is kept and `EEXIST` returned, as [`rename_in`] does without `replace`. Through
+/// `/proc/self/fd`: `linkat(AT_EMPTY_PATH)` would need `CAP_DAC_READ_SEARCH`.
+pub fn link_unnamed(file: BorrowedFd<'_>, dir: &OwnedFd, name: &str) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    debug_assert!(!name.contains('/') && name != ".." && name != ".");
+    let proc = format!("/proc/self/fd/{}", file.as_raw_fd());
+    rfs::linkat(rfs::CWD, proc.as_str(), dir, name, AtFlags::SYMLINK_FOLLOW).map_err(Into::into)
+}
+
+/// Whether this process can name its descriptors through `/proc/self/fd` (checked once).
+fn proc_fd_links() -> bool {
+    static OK: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *OK.get_or_init(|| Path::new("/proc/self/fd").is_dir())
+}
+
 /// A reference to whatever `name` in `dir` is now, to be held across a rename that replaces it.
 ///
 /// Replacing a file frees its blocks inside the `rename` when that drops its last link: 0.16–0.21 s
@@ -486,6 +519,8 @@ pub fn fsync(fd: impl AsFd) -> std::io::Result<()> {
 
 #[cfg(test)]
 mod tests {
+    use std::os::unix::fs::FileExt;
+
     use super::*;
 
     #[test]
@@ -507,6 +542,35 @@ mod tests {
         assert_eq!((st.st_nlink, st.st_size), (0, 100_000));
         close_later(vec![old, link]);
         close_later(Vec::new());
+    }
+
+    #[test]
+    fn an_unnamed_file_gets_its_name_only_where_none_is() {
+        let t = tempfile::tempdir().unwrap();
+        let dir: OwnedFd = File::open(t.path()).unwrap().into();
+        let names = || -> Vec<String> {
+            let mut v: Vec<String> = std::fs::read_dir(t.path())
+                .unwrap()
+                .map(|e| e.unwrap().file_name().into_string().unwrap())
+                .collect();
+            v.sort();
+            v
+        };
+        let Ok(fd) = open_unnamed(&dir, 0o600) else {
+            // A file system without O_TMPFILE: the receiver falls back to a temporary name.
+            return;
+        };
+        File::from(rustix::io::dup(&fd).unwrap())
+            .write_all_at(b"new", 0)
+            .unwrap();
+        assert!(names().is_empty(), "an unnamed file has no entry");
+        std::fs::write(t.path().join("taken"), b"old").unwrap();
+        let e = link_unnamed(fd.as_fd(), &dir, "taken").unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::AlreadyExists, "{e}");
+        assert_eq!(std::fs::read(t.path().join("taken")).unwrap(), b"old");
+        link_unnamed(fd.as_fd(), &dir, "free").unwrap();
+        assert_eq!(std::fs::read(t.path().join("free")).unwrap(), b"new");
+        assert_eq!(names(), ["free", "taken"]);
     }
 
     #[test]

@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 use std::fs::File;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -12,7 +12,7 @@ use ferry_proto::{ErrorCode, ExistingPolicy, Frame};
 
 use super::commit::{CommitHook, Stored};
 use super::receiver::Receiver;
-use super::state::{lock, remove_temp, FileEntry, FinalizeJob, Slot, Writing};
+use super::state::{lock, remove_temp, FileEntry, FinalizeJob, Naming, Slot, Writing};
 use crate::digest::{Blake3Tree, FileHasher};
 use crate::error::FsError;
 use crate::path::join;
@@ -64,6 +64,7 @@ impl Receiver {
             dir: w.dir,
             dir_rel: w.dir_rel,
             temp: w.temp,
+            naming: w.naming,
             name: w.name,
             meta: entry.meta.clone(),
             digest,
@@ -76,7 +77,7 @@ impl Receiver {
             }
             // Already aborted: a journaled copy stays for a re-run; any other is removed.
             None if job.journal.is_some() => {}
-            None => remove_temp(&job.dir, &job.temp, None),
+            None => remove_temp(&job.dir, job.naming.temp(&job.temp), None),
         }
     }
 }
@@ -203,8 +204,8 @@ impl Receiver {
         }
     }
 
-    /// Renames each durable file of a batch into place, then fsyncs each parent directory
-    /// once; returns the jobs renamed.
+    /// Renames (or, unnamed, links) each durable file of a batch into place, then fsyncs each
+    /// parent directory once; returns the jobs placed.
     fn rename_batch(&self, ok: Vec<FinalizeJob>) -> Vec<FinalizeJob> {
         let replace = self.config.existing == ExistingPolicy::Overwrite;
         let mut dirs: HashMap<String, Arc<OwnedFd>> = HashMap::new();
@@ -217,7 +218,12 @@ impl Receiver {
             } else {
                 None
             };
-            match root::rename_in(&job.dir, &job.temp, &job.name, replace) {
+            let placed = match job.naming {
+                // Never with `replace` (see `Naming::TryUnnamed`): a link keeps what is there.
+                Naming::Unnamed => root::link_unnamed(job.file.as_fd(), &job.dir, &job.name),
+                _ => root::rename_in(&job.dir, &job.temp, &job.name, replace),
+            };
+            match placed {
                 Ok(()) => {
                     replaced.extend(old);
                     // Its journal goes with the same directory sync.
@@ -234,7 +240,7 @@ impl Receiver {
                 }
                 Err(e) => {
                     let msg = format!(
-                        "{}: cannot rename into place: {e}",
+                        "{}: cannot move into place: {e}",
                         join(&job.dir_rel, &job.name)
                     );
                     self.finalize_failed(&job, msg, e);
@@ -265,7 +271,7 @@ impl Receiver {
     }
 
     pub(super) fn finalize_failed(&self, job: &FinalizeJob, msg: String, e: std::io::Error) {
-        remove_temp(&job.dir, &job.temp, job.journal.as_ref());
+        remove_temp(&job.dir, job.naming.temp(&job.temp), job.journal.as_ref());
         if let Some(entry) = lock(&self.files).get(&job.meta.id) {
             *lock(&entry.slot) = Slot::Failed;
         }

@@ -14,8 +14,11 @@
 //!    Finalizing ── (batched: syncfs, rename, fsync dir) ──▶ Done ──▶ resolved
 //! ```
 //!
-//! Data lands in a hidden temporary file `.ferry-<session>-<id>.part` next to the final name;
-//! a file of one block gets it from the writer of that block, not with its decision. The file
+//! Data lands in a hidden temporary file `.ferry-<session>-<id>.part` next to the final name,
+//! or, for a file of one block where the file system allows and nothing is being replaced, in
+//! an unnamed one (`O_TMPFILE`) that the finalizer links into place instead of renaming: one
+//! directory operation instead of two, and nothing left by a crash. A file of one block gets
+//! its file from the writer of that block, not with its decision. The file
 //! digest of a file written from nothing, larger than 64 KiB, with BLAKE3 (the
 //! default) and a block size that is a multiple of 1 KiB, is a tree: each writer hashes the
 //! block it writes from memory, in any order, and the chaining values merge into the digest of
@@ -25,8 +28,8 @@
 //! from the page cache because it was just written.
 //!
 //! Durability is grouped: the finalizer takes every file that is ready, makes the batch durable
-//! with one `syncfs` (or one `fsync` for a lone file), renames each with `RENAME_NOREPLACE`
-//! unless overwriting, then fsyncs each parent directory once. Many small files therefore share
+//! with one `syncfs` (or one `fsync` for a lone file), renames (or links) each with
+//! `RENAME_NOREPLACE` unless overwriting, then fsyncs each parent directory once. Many small files therefore share
 //! one sync latency instead of paying one each in series. A [`CommitHook`] (a server's catalog)
 //! is told of the batch before its sync (a batch's `syncfs` makes the hook's records on the
 //! same file system durable too) and after the directory syncs; the files resolve only after

@@ -8,10 +8,10 @@ use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 
 use ferry_proto::journal::{decode_journal, JournalHeader, JournalRecord};
-use ferry_proto::{ChecksumAlgo, ErrorCode, FileMeta};
+use ferry_proto::{ChecksumAlgo, ErrorCode, ExistingPolicy, FileMeta};
 
 use super::receiver::Receiver;
-use super::state::{cannot_create, JournalFile, Ranges, Writing};
+use super::state::{cannot_create, JournalFile, Naming, Ranges, Writing};
 use super::writing::hash_back;
 use crate::digest::{block_digest, Blake3Tree, FileHasher};
 use crate::error::FsError;
@@ -45,6 +45,7 @@ impl Receiver {
             dir: dir.clone(),
             dir_rel: dir_rel.to_owned(),
             temp,
+            naming: Naming::Temp,
             name: name.to_owned(),
             written: Ranges::default(),
             cursor: 0,
@@ -57,7 +58,11 @@ impl Receiver {
         if !self.journaled(meta.size) {
             // Created with its first block (`Writing::file`).
             let temp = format!(".ferry-{:016x}-{}.part", self.config.tag, meta.id.0);
-            return Ok(self.fresh_digest(writing(None, temp, None), meta.size));
+            let mut w = writing(None, temp, None);
+            if self.config.existing != ExistingPolicy::Overwrite {
+                w.naming = Naming::TryUnnamed;
+            }
+            return Ok(self.fresh_digest(w, meta.size));
         }
         let temp = journaled_temp(name);
         let jname = journal_name(name);

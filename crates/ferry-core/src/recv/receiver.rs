@@ -325,7 +325,7 @@ impl Receiver {
                 // Journaled partial copies stay for the next attempt to resume; one-block
                 // files are cheaper to send again than to keep.
                 if w.journal.is_none() && w.file.is_some() {
-                    remove_temp(&w.dir, &w.temp, None);
+                    remove_temp(&w.dir, w.temp_name(), None);
                 }
             }
         }

@@ -19,7 +19,7 @@ impl Receiver {
             Slot::Writing(w) => {
                 // A failed file's partial copy is not worth resuming (bad digest, I/O error).
                 if w.file.is_some() {
-                    remove_temp(&w.dir, &w.temp, w.journal.as_ref());
+                    remove_temp(&w.dir, w.temp_name(), w.journal.as_ref());
                 }
                 self.mark_failed(entry.meta.id, code, msg, tell);
             }

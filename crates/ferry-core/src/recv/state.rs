@@ -108,6 +108,8 @@ pub(super) struct Writing {
     pub(super) dir: Arc<OwnedFd>,
     pub(super) dir_rel: String,
     pub(super) temp: String,
+    /// Whether the file has (or is to get) its temporary name, or none at all.
+    pub(super) naming: Naming,
     pub(super) name: String,
     pub(super) written: Ranges,
     /// The in-order digest (every file not in tree mode); `None` while a writer reads back
@@ -165,19 +167,57 @@ pub(super) fn free_parts(
 }
 
 impl Writing {
-    /// The temporary file, created (exclusively: the name is this session's) on first use.
-    /// A file that fails or is aborted before any of it arrived has nothing to remove, and
-    /// `fail` and `abort` remove only a file that was made.
+    /// The temporary file, created on first use: unnamed where [`Naming::TryUnnamed`] allows
+    /// it and the file system takes it, else under its temporary name (exclusively: the name
+    /// is this session's). A file that fails or is aborted before any of it arrived has
+    /// nothing to remove, and `fail` and `abort` remove only a file that was made.
     pub(super) fn file(&mut self) -> std::io::Result<Arc<File>> {
         if let Some(f) = &self.file {
             return Ok(f.clone());
         }
-        let flags = root::OFlags::RDWR | root::OFlags::CREATE | root::OFlags::EXCL;
-        let f = Arc::new(File::from(root::open_in(
-            &self.dir, &self.temp, flags, 0o600,
-        )?));
+        let unnamed = match self.naming {
+            Naming::TryUnnamed => root::open_unnamed(&self.dir, 0o600).ok(),
+            _ => None,
+        };
+        let fd = match unnamed {
+            Some(fd) => {
+                self.naming = Naming::Unnamed;
+                fd
+            }
+            None => {
+                self.naming = Naming::Temp;
+                let flags = root::OFlags::RDWR | root::OFlags::CREATE | root::OFlags::EXCL;
+                root::open_in(&self.dir, &self.temp, flags, 0o600)?
+            }
+        };
+        let f = Arc::new(File::from(fd));
         self.file = Some(f.clone());
         Ok(f)
+    }
+
+    /// The name its data is under until it is renamed into place, if it has one.
+    pub(super) fn temp_name(&self) -> Option<&str> {
+        self.naming.temp(&self.temp)
+    }
+}
+
+/// How a file's data is named before it gets its final name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Naming {
+    /// A hidden temporary name, renamed into place.
+    Temp,
+    /// Not made yet; to be made unnamed (`O_TMPFILE`) if the file system takes it: a file of
+    /// one block, not replacing one (a link cannot replace a name).
+    TryUnnamed,
+    /// No name: linked into place once complete and durable, so a failure or a crash leaves
+    /// nothing behind, and the commit costs a link instead of a create and a rename.
+    Unnamed,
+}
+
+impl Naming {
+    /// `temp`, unless the file has no name.
+    pub(super) fn temp(self, temp: &str) -> Option<&str> {
+        (self != Naming::Unnamed).then_some(temp)
     }
 }
 
@@ -223,6 +263,7 @@ pub(super) struct FinalizeJob {
     pub(super) dir: Arc<OwnedFd>,
     pub(super) dir_rel: String,
     pub(super) temp: String,
+    pub(super) naming: Naming,
     pub(super) name: String,
     pub(super) meta: FileMeta,
     pub(super) digest: Vec<u8>,
@@ -262,6 +303,8 @@ pub(super) fn cannot_create(path: &str, dir_rel: &str, e: std::io::Error) -> (Er
 /// the file durable finds little of it dirty: a file that arrives over seconds is then written
 /// out as it arrives rather than all at once after its last block. A failure costs nothing but
 /// that: the sync before the rename still writes whatever is dirty, and reports its errors.
+/// Only for files of at least `writing::WRITEBACK_MIN_SIZE`: a small file's own writeback
+/// costs more than the batch's sync saves by it.
 pub(super) fn start_writeback(file: &File, offset: u64, len: u64) {
     #[cfg(target_os = "linux")]
     {
@@ -278,9 +321,11 @@ pub(super) fn start_writeback(file: &File, offset: u64, len: u64) {
     let _ = (file, offset, len);
 }
 
-/// Removes a temporary file and its journal.
-pub(super) fn remove_temp(dir: &OwnedFd, temp: &str, journal: Option<&JournalFile>) {
-    let _ = rustix::fs::unlinkat(dir, temp, rustix::fs::AtFlags::empty());
+/// Removes a temporary file (if it has a name) and its journal.
+pub(super) fn remove_temp(dir: &OwnedFd, temp: Option<&str>, journal: Option<&JournalFile>) {
+    if let Some(temp) = temp {
+        let _ = rustix::fs::unlinkat(dir, temp, rustix::fs::AtFlags::empty());
+    }
     if let Some(j) = journal {
         let _ = rustix::fs::unlinkat(dir, j.name.as_str(), rustix::fs::AtFlags::empty());
     }

@@ -1084,3 +1084,109 @@ fn a_commit_hook_that_cannot_record_fails_the_file_and_stores_nothing() {
         "no after_rename for a failed batch"
     );
 }
+
+/// Sees what the destination directory holds when a batch is about to be synced, and may put a
+/// file under the final name first (another writer that got there meanwhile).
+#[derive(Default)]
+struct Peek {
+    dir: std::path::PathBuf,
+    squat: bool,
+    seen: Mutex<Vec<String>>,
+}
+
+impl CommitHook for Peek {
+    fn before_sync(&self, _files: &[Stored], _syncfs: Option<u64>) -> std::io::Result<()> {
+        let mut names: Vec<String> = std::fs::read_dir(self.dir.join("in"))?
+            .map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned()))
+            .collect::<std::io::Result<_>>()?;
+        names.sort();
+        *lock(&self.seen) = names;
+        if self.squat {
+            std::fs::write(self.dir.join("in/f.bin"), b"theirs")?;
+        }
+        Ok(())
+    }
+
+    fn after_rename(&self, _files: &[Stored]) {}
+}
+
+/// Whether the file system under `dir` makes unnamed files (`O_TMPFILE`); where it does not,
+/// the receiver names them as before.
+fn makes_unnamed(dir: &std::path::Path) -> bool {
+    let fd: std::os::fd::OwnedFd = std::fs::File::open(dir).unwrap().into();
+    crate::root::open_unnamed(&fd, 0o600).is_ok()
+}
+
+/// A file of one block is written unnamed where the file system allows it: complete,
+/// verified and about to be made durable, it still has no entry in its directory, and it
+/// appears under its final name only after the sync. Where it does not, it has its hidden
+/// temporary name until then.
+#[test]
+fn a_one_block_file_has_no_name_until_it_is_placed() {
+    let dir = tempfile::tempdir().unwrap();
+    let size = 3000u64;
+    let (data, whole) = contents(size, 17);
+    let hook = Arc::new(Peek {
+        dir: dir.path().to_owned(),
+        ..Peek::default()
+    });
+    let pair = receiver(dir.path());
+    pair.0.set_commit_hook(hook.clone());
+    let r = sending(pair, size);
+    r.handle(block(size, &data, 0, size as usize, Some(whole)))
+        .unwrap();
+    stored_once(&r, dir.path(), &data, 0);
+    let seen = lock(&hook.seen).clone();
+    if makes_unnamed(dir.path()) {
+        assert!(seen.is_empty(), "no name before the sync: {seen:?}");
+    } else {
+        assert!(
+            seen.len() == 1 && seen[0].starts_with(".ferry-") && seen[0].ends_with(".part"),
+            "{seen:?}"
+        );
+    }
+    let names: Vec<_> = std::fs::read_dir(dir.path().join("in"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(names, ["f.bin"], "nothing else left behind");
+}
+
+/// A name taken between the file's offer and its commit is kept: the one-block file fails,
+/// saying so, and leaves nothing behind, whether it was to be linked or renamed into place.
+#[test]
+fn a_name_taken_before_the_commit_is_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let size = 3000u64;
+    let (data, whole) = contents(size, 19);
+    let hook = Arc::new(Peek {
+        dir: dir.path().to_owned(),
+        squat: true,
+        ..Peek::default()
+    });
+    let (r, rx) = receiver(dir.path());
+    r.set_commit_hook(hook);
+    let r = sending((r, rx.clone()), size);
+    r.handle(block(size, &data, 0, size as usize, Some(whole)))
+        .unwrap();
+    match rx.recv_timeout(std::time::Duration::from_secs(5)).unwrap() {
+        Frame::FileFailed { message, .. } => {
+            assert!(message.contains("f.bin"), "{message}");
+        }
+        other => panic!("expected FileFailed, got {other:?}"),
+    }
+    r.done()
+        .recv_timeout(std::time::Duration::from_secs(5))
+        .expect("the file resolves");
+    let summary = r.finish();
+    assert_eq!((summary.files, summary.failed), (0, 1), "{summary:?}");
+    assert_eq!(
+        std::fs::read(dir.path().join("in/f.bin")).unwrap(),
+        b"theirs"
+    );
+    let names: Vec<_> = std::fs::read_dir(dir.path().join("in"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(names, ["f.bin"], "nothing else left behind");
+}

@@ -471,6 +471,12 @@ struct WriteOutcome {
     pieces: Vec<Piece>,
 }
 
+/// Files smaller than this are left to their batch's sync to write back. Started per file, the
+/// writeback of a small file is an allocation and an I/O of its own (about 60 µs of CPU each on
+/// ext4 here, 40 % of a small file's commit syscalls); the batch's `syncfs` writes them all in
+/// one pass, and a small file is committed right after its block lands anyway.
+const WRITEBACK_MIN_SIZE: u64 = 1 << 20;
+
 impl Claim {
     fn write(&self, block: &Block, size: u64) -> WriteOutcome {
         let mut pieces = Vec::new();
@@ -483,7 +489,9 @@ impl Claim {
                         pieces,
                     };
                 }
-                start_writeback(&self.file, s, e - s);
+                if size >= WRITEBACK_MIN_SIZE {
+                    start_writeback(&self.file, s, e - s);
+                }
             }
             if self.tree {
                 pieces.extend(Blake3Tree::pieces(size, s, data));
