@@ -343,26 +343,19 @@ impl Catalog {
     /// Forgets `path`; whether it was registered.
     pub fn remove(&self, path: &str) -> Result<bool, CatalogError> {
         self.settled();
-        let n = self
-            .lock()
-            .run("DELETE FROM objects WHERE path = ?1", args![path])?;
-        Ok(n > 0)
+        transaction(&mut *self.lock(), |tx| {
+            Ok(forget(tx, "path = ?1", args![path])? > 0)
+        })
     }
 
     /// Forgets every object under the directory `prefix` (and `prefix` itself, were it a
-    /// file); how many.
+    /// file); how many. A few statements over the path index's range, whatever the count.
     pub fn remove_prefix(&self, prefix: &str) -> Result<u64, CatalogError> {
         self.settled();
         let (lo, hi) = under(prefix);
         transaction(&mut *self.lock(), |tx| {
-            let n = tx.run(
-                "DELETE FROM objects WHERE path >= ?1 AND path < ?2",
-                args![&lo, &hi],
-            )?;
-            Ok(n + tx.run(
-                "DELETE FROM objects WHERE path = ?1",
-                args![prefix.trim_end_matches('/')],
-            )?)
+            let n = forget(tx, "path >= ?1 AND path < ?2", args![&lo, &hi])?;
+            Ok(n + forget(tx, "path = ?1", args![prefix.trim_end_matches('/')])?)
         })
     }
 
@@ -629,6 +622,20 @@ fn register_in(tx: &mut Conn, server: &str, f: &Commit, at: i64) -> Result<i64, 
     upsert_replica(tx, id, server, &f.physical)?;
     clear_intent(tx, server, f)?;
     Ok(id)
+}
+
+/// Deletes the objects whose path matches `which` (a fixed condition on `path` with its
+/// parameters), their replicas and their metadata, each table in one statement (the schema
+/// has no cascade since version 6); how many objects. Within the caller's transaction, so
+/// that no replica or metadata row outlives its object.
+fn forget(tx: &mut Conn, which: &str, params: &[crate::db::Arg<'_>]) -> Result<u64, CatalogError> {
+    for table in ["replicas", "metadata"] {
+        tx.run(
+            &format!("DELETE FROM {table} WHERE object IN (SELECT id FROM objects WHERE {which})"),
+            params,
+        )?;
+    }
+    tx.run(&format!("DELETE FROM objects WHERE {which}"), params)
 }
 
 /// `server`'s replica of object `id` at `physical`, good.
