@@ -203,6 +203,12 @@ pub(crate) trait Db {
     fn run(&mut self, sql: &str, args: &[Arg<'_>]) -> Result<u64, CatalogError>;
     /// Runs one query; its rows.
     fn rows(&mut self, sql: &str, args: &[Arg<'_>]) -> Result<Vec<Row>, CatalogError>;
+    /// Runs one query planned for these very values, never from a cached generic plan: for a
+    /// `find`, whose best plan depends on them. PostgreSQL's generic plan guesses a path range
+    /// at 0.5 % of the table and walked all of it (1.3 s at a million objects, not 1 ms).
+    fn rows_planned(&mut self, sql: &str, args: &[Arg<'_>]) -> Result<Vec<Row>, CatalogError> {
+        self.rows(sql, args)
+    }
     /// Runs statements separated by `;`, without parameters (a migration's text).
     fn batch(&mut self, sql: &str) -> Result<(), CatalogError>;
 
@@ -333,6 +339,13 @@ impl Db for Conn {
         match self {
             Self::Sqlite(c) => c.rows(sql, args),
             Self::Postgres(c) => c.rows(sql, args),
+        }
+    }
+
+    fn rows_planned(&mut self, sql: &str, args: &[Arg<'_>]) -> Result<Vec<Row>, CatalogError> {
+        match self {
+            Self::Sqlite(c) => c.rows(sql, args),
+            Self::Postgres(c) => c.rows_planned(sql, args),
         }
     }
 

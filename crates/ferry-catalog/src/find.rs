@@ -75,7 +75,7 @@ impl Catalog {
         let (sql, params) = compose(query);
         let args: Vec<_> = params.iter().map(Val::as_arg).collect();
         self.settled();
-        let rows = self.lock().rows(&sql, &args)?;
+        let rows = self.lock().rows_planned(&sql, &args)?;
         let mut found = Vec::new();
         for mut row in rows {
             let o = object_at(&mut row, 0)?;

@@ -222,6 +222,18 @@ impl Session {
         rows.iter().map(read_row).collect()
     }
 
+    /// As [`Self::query`] with a statement of its own, prepared and closed again: a new
+    /// statement is planned for its parameters (PostgreSQL turns to a generic plan only after
+    /// five executions of one statement).
+    fn query_planned(&mut self, sql: &str, args: &[Val]) -> Result<Vec<Row>, CatalogError> {
+        let params: Vec<&(dyn ToSql + Sync)> =
+            args.iter().map(|a| a as &(dyn ToSql + Sync)).collect();
+        let text = statement(sql);
+        let r = self.client()?.query(text.as_str(), &params);
+        let rows = r.map_err(|e| self.failed(e))?;
+        rows.iter().map(read_row).collect()
+    }
+
     fn execute(&mut self, sql: &str, args: &[Val]) -> Result<u64, CatalogError> {
         let st = self.prepared(sql)?;
         let params: Vec<&(dyn ToSql + Sync)> =
@@ -349,6 +361,11 @@ impl Db for Pg {
     fn rows(&mut self, sql: &str, args: &[Arg<'_>]) -> Result<Vec<Row>, CatalogError> {
         let (sql, args) = owned(sql, args);
         self.call(move |s| s.query(&sql, &args))
+    }
+
+    fn rows_planned(&mut self, sql: &str, args: &[Arg<'_>]) -> Result<Vec<Row>, CatalogError> {
+        let (sql, args) = owned(sql, args);
+        self.call(move |s| s.query_planned(&sql, &args))
     }
 
     fn batch(&mut self, sql: &str) -> Result<(), CatalogError> {

@@ -96,6 +96,8 @@ on_both!(
     a_policy_path_registered_owes_its_replicas_until_met,
     newest_stored_is_measured_at_a_path_or_under_it,
     register_new_writes_what_register_writes_many_rows_at_once,
+    removing_a_subtree_leaves_no_replica_or_metadata_of_it,
+    a_numeric_find_under_a_prefix_answers_the_same_every_time,
 );
 
 fn commit(path: &str, size: u64) -> Commit {
@@ -147,7 +149,7 @@ fn an_audit_pages_this_servers_objects_and_marks_its_replicas(b: &Backend) {
 
 fn register_then_stat_shows_the_object_and_its_replica(b: &Backend) {
     let c = b.catalog();
-    assert_eq!(c.schema_version().unwrap(), 5);
+    assert_eq!(c.schema_version().unwrap(), 6);
     c.register_commit(&commit("a/b.txt", 7)).unwrap();
     let s = c.stat("a/b.txt").unwrap().unwrap();
     assert_eq!(s.object.size, 7);
@@ -177,7 +179,7 @@ fn reopening_keeps_what_was_registered_and_migrates_once(b: &Backend) {
         .register_commit(&commit("x", 1))
         .unwrap();
     let c = Catalog::open(&loc, "here").unwrap();
-    assert_eq!(c.schema_version().unwrap(), 5);
+    assert_eq!(c.schema_version().unwrap(), 6);
     assert_eq!(c.count().unwrap(), 1);
     let migrations = c
         .lock()
@@ -185,7 +187,7 @@ fn reopening_keeps_what_was_registered_and_migrates_once(b: &Backend) {
         .unwrap()
         .int(0)
         .unwrap();
-    assert_eq!(migrations, 5);
+    assert_eq!(migrations, 6);
     let conn = c.lock();
     if let Conn::Sqlite(conn) = &*conn {
         let mode: String = conn
@@ -295,7 +297,7 @@ fn a_newer_schema_is_refused(b: &Backend) {
             e,
             CatalogError::TooNew {
                 found: 99,
-                known: 5
+                known: 6
             }
         ),
         "{e}"
@@ -943,4 +945,145 @@ fn register_new_writes_what_register_writes_many_rows_at_once(b: &Backend) {
         one.remove_prefix("d3").unwrap()
     );
     assert_eq!(bulk.count().unwrap(), one.count().unwrap());
+}
+
+/// How many rows of `table` belong to no object (the schema has no foreign keys since
+/// version 6: the catalog deletes them itself).
+fn orphans(c: &Catalog, table: &str) -> i64 {
+    c.lock()
+        .one(
+            &format!("SELECT COUNT(*) FROM {table} WHERE object NOT IN (SELECT id FROM objects)"),
+            &[],
+        )
+        .unwrap()
+        .int(0)
+        .unwrap()
+}
+
+fn rows_of(c: &Catalog, table: &str) -> i64 {
+    c.lock()
+        .one(&format!("SELECT COUNT(*) FROM {table}"), &[])
+        .unwrap()
+        .int(0)
+        .unwrap()
+}
+
+/// `rm -r`'s catalog half: a subtree's objects go with their replicas (this server's and
+/// another's) and their metadata, in one transaction; what is beside it keeps all of its.
+fn removing_a_subtree_leaves_no_replica_or_metadata_of_it(b: &Backend) {
+    let loc = b.fresh();
+    let c = Catalog::open(&loc, "here").unwrap();
+    let other = Catalog::open(&loc, "there").unwrap();
+    let tree: Vec<Commit> = (0..300)
+        .map(|i| commit(&format!("t/d{}/f{i}", i % 3), 7))
+        .collect();
+    c.register_new(&tree).unwrap();
+    for p in ["t", "t0/x", "u/y"] {
+        c.register_commit(&commit(p, 7)).unwrap();
+    }
+    for (i, f) in tree.iter().enumerate().step_by(10) {
+        c.meta_set(&f.path, &avu("n", &i.to_string(), "")).unwrap();
+        other.register_commit(f).unwrap();
+    }
+    c.meta_set("t0/x", &avu("n", "1", "")).unwrap();
+    other.register_commit(&commit("u/y", 7)).unwrap();
+    assert_eq!(rows_of(&c, "replicas"), 303 + 30 + 1);
+    assert_eq!(rows_of(&c, "metadata"), 31);
+
+    assert!(c.remove("t/d0/f0").unwrap());
+    assert_eq!(rows_of(&c, "replicas"), 303 + 30 + 1 - 2);
+    assert_eq!(c.remove_prefix("t").unwrap(), 300);
+    assert_eq!(orphans(&c, "replicas"), 0);
+    assert_eq!(orphans(&c, "metadata"), 0);
+    assert_eq!(rows_of(&c, "replicas"), 3);
+    assert_eq!(c.meta_ls("t0/x").unwrap(), [avu("n", "1", "")]);
+    assert_eq!(c.stat("u/y").unwrap().unwrap().replicas.len(), 2);
+    assert_eq!(paths(c.find(&Query::default()).unwrap()), ["t0/x", "u/y"]);
+    // A path registered again after its removal starts with no metadata of the old one.
+    c.register_commit(&tree[5]).unwrap();
+    let s = c.stat(&tree[5].path).unwrap().unwrap();
+    assert!(s.metadata.is_empty());
+    assert_eq!(s.replicas.len(), 1);
+}
+
+/// `find --meta 'ATTR>N'` under a prefix, many times over (PostgreSQL would plan the sixth
+/// run of one prepared statement generically): always the objects under the prefix whose
+/// number is larger, and never one outside it.
+fn a_numeric_find_under_a_prefix_answers_the_same_every_time(b: &Backend) {
+    let c = b.catalog();
+    let files: Vec<Commit> = (0..2_000)
+        .map(|i| commit(&format!("{}/d{}/f{i}", ["a", "b"][(i / 3) % 2], i % 7), 3))
+        .collect();
+    c.register_new(&files).unwrap();
+    for (i, f) in files.iter().enumerate().filter(|(i, _)| i % 20 == 0) {
+        c.meta_set(&f.path, &avu("exposure", &(i / 20).to_string(), "s"))
+            .unwrap();
+    }
+    for round in 0..8 {
+        let n = 40 + round;
+        let q = Query {
+            under: Some("a".into()),
+            conditions: vec![Condition::Gt {
+                attr: "exposure".into(),
+                n: n as f64,
+            }],
+            limit: 1_001,
+            ..Query::default()
+        };
+        let mut want: Vec<String> = files
+            .iter()
+            .enumerate()
+            .filter(|(i, f)| i % 20 == 0 && i / 20 > n && f.path.starts_with("a/"))
+            .map(|(_, f)| f.path.clone())
+            .collect();
+        want.sort();
+        assert!(!want.is_empty());
+        assert_eq!(paths(c.find(&q).unwrap()), want, "round {round}");
+    }
+}
+
+/// A catalog of schema 5 (replicas and metadata with foreign keys) keeps every replica and
+/// metadata entry through the migration that drops them, and its indexes.
+#[test]
+fn replicas_and_metadata_survive_the_migration_without_foreign_keys() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("c.sqlite");
+    let mut conn = rusqlite::Connection::open(&path).unwrap();
+    run_migrations(&mut conn, "catalog_migrations", &schema::MIGRATIONS[..5], 0).unwrap();
+    conn.execute_batch(
+        "INSERT INTO objects VALUES (1, 'a/x', 3, 3000, x'03', 'blake3', 'alice', 0);
+         INSERT INTO replicas VALUES (1, 'here', '/srv/a/x', 'good');
+         INSERT INTO replicas VALUES (1, 'there', '/m/a/x', 'stale');
+         INSERT INTO metadata VALUES (1, 'exposure', '30', 's', 30.0);",
+    )
+    .unwrap();
+    drop(conn);
+    let c = Catalog::open(&Location::Sqlite(path), "here").unwrap();
+    assert_eq!(c.schema_version().unwrap(), 6);
+    let s = c.stat("a/x").unwrap().unwrap();
+    assert_eq!(s.replicas.len(), 2);
+    assert_eq!(s.metadata, [avu("exposure", "30", "s")]);
+    let q = Query {
+        under: Some("a".into()),
+        conditions: vec![Condition::Gt {
+            attr: "exposure".into(),
+            n: 29.0,
+        }],
+        ..Query::default()
+    };
+    assert_eq!(paths(c.find(&q).unwrap()), ["a/x"]);
+    let indexes = c
+        .lock()
+        .rows(
+            "SELECT name FROM sqlite_master WHERE type = 'index' AND name LIKE 'metadata_%'
+             ORDER BY name",
+            &[],
+        )
+        .unwrap()
+        .into_iter()
+        .map(|mut r| r.text(0).unwrap())
+        .collect::<Vec<_>>();
+    assert_eq!(indexes, ["metadata_num", "metadata_value"]);
+    assert_eq!(c.remove_prefix("a").unwrap(), 1);
+    assert_eq!(rows_of(&c, "replicas") + rows_of(&c, "metadata"), 0);
 }
