@@ -148,39 +148,41 @@ fn timing_metrics(app: &App, out: &mut String) {
         .iter()
         .map(|&(m, r)| format!("{m} {r}"))
         .chain(std::iter::once("other".to_owned()));
-    let handler = "ferry_service_api_handler_seconds";
-    let store = "ferry_service_api_store_seconds";
-    timing::header(
-        out,
-        handler,
-        "Time from a request's routing to its answer, by endpoint (TLS and queueing for a thread not included).",
-    );
-    for (i, n) in names.clone().enumerate() {
-        app.timing.handler[i].render(out, handler, &format!("endpoint=\"{}\"", label(&n)));
-    }
-    timing::header(
-        out,
-        store,
-        "Time a request spent in the job store's calls (waiting for its lock included), by endpoint.",
-    );
-    for (i, n) in names.enumerate() {
-        app.timing.store[i].render(out, store, &format!("endpoint=\"{}\"", label(&n)));
+    let per_endpoint = [
+        (
+            "ferry_service_api_handler_seconds",
+            "Time from a request's routing to its answer, by endpoint (TLS and queueing for a thread not included).",
+            &app.timing.handler,
+        ),
+        (
+            "ferry_service_api_store_seconds",
+            "Time a request spent in the job store's calls (waiting for its lock included), by endpoint.",
+            &app.timing.store,
+        ),
+    ];
+    for (name, help, histograms) in per_endpoint {
+        timing::header(out, name, help);
+        for (h, n) in histograms.iter().zip(names.clone()) {
+            h.render(out, name, &format!("endpoint=\"{}\"", label(&n)));
+        }
     }
     let (wait, hold) = app.scheduler.store().lock_times();
-    let wait_name = "ferry_service_store_lock_wait_seconds";
-    timing::header(
-        out,
-        wait_name,
-        "Time a job store call (the API's or the scheduler's) waited for the store's lock.",
-    );
-    wait.render(out, wait_name, "");
-    let hold_name = "ferry_service_store_lock_hold_seconds";
-    timing::header(
-        out,
-        hold_name,
-        "Time a job store call held the store's lock.",
-    );
-    hold.render(out, hold_name, "");
+    let whole = [
+        (
+            "ferry_service_store_lock_wait_seconds",
+            "Time a job store call (the API's or the scheduler's) waited for the store's lock.",
+            wait,
+        ),
+        (
+            "ferry_service_store_lock_hold_seconds",
+            "Time a job store call held the store's lock.",
+            hold,
+        ),
+    ];
+    for (name, help, h) in whole {
+        timing::header(out, name, help);
+        h.render(out, name, "");
+    }
 }
 
 /// An error answer: a status and `{"error": "..."}`.

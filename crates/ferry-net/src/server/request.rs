@@ -179,28 +179,16 @@ pub(super) async fn prepare<'a>(
             Ok(Work::done("probe"))
         }
         Frame::GrantRequest { dest, existing } => {
-            copy::allowed(shared)?;
-            if grant.pinned_dest().is_some() {
-                return Err(denied(grant, "mint a grant with a grant for", &dest));
-            }
-            let rel = resolve(shared, &dest)?;
-            let scope = grant
-                .third_party(&rel, existing)
-                .ok_or_else(|| denied(grant, "write to", &dest))?;
-            copy::mint(shared, stream, scope).await?;
+            mint_for(shared, stream, grant, &dest, |g, rel| {
+                g.third_party(rel, existing)
+            })
+            .await?;
             Ok(Work::done("grant"))
         }
         Frame::StripeGrantRequest { dest } => {
             copy::allowed(shared)?;
             stripes_allowed(shared)?;
-            if grant.pinned_dest().is_some() {
-                return Err(denied(grant, "mint a grant with a grant for", &dest));
-            }
-            let rel = resolve(shared, &dest)?;
-            let scope = grant
-                .stripe_grant(&rel)
-                .ok_or_else(|| denied(grant, "write to", &dest))?;
-            copy::mint(shared, stream, scope).await?;
+            mint_for(shared, stream, grant, &dest, |g, rel| g.stripe_grant(rel)).await?;
             Ok(Work::done("stripe grant"))
         }
         Frame::CopyRequest(request) => {
@@ -239,6 +227,24 @@ pub(super) async fn prepare<'a>(
             other.frame_type()
         ))),
     }
+}
+
+/// Mints the grant `scope` makes of this session's for `dest` (a third-party copy's, or a
+/// stripe host's): only where copies are allowed, never with a grant, only within its scopes.
+async fn mint_for(
+    shared: &ServerState,
+    stream: &mut Stream,
+    grant: &Grant,
+    dest: &str,
+    scope: impl FnOnce(&Grant, &str) -> Option<Grant>,
+) -> Result<(), SessionError> {
+    copy::allowed(shared)?;
+    if grant.pinned_dest().is_some() {
+        return Err(denied(grant, "mint a grant with a grant for", dest));
+    }
+    let rel = resolve(shared, dest)?;
+    let scope = scope(grant, &rel).ok_or_else(|| denied(grant, "write to", dest))?;
+    copy::mint(shared, stream, scope).await
 }
 
 /// Refuses a stripe session, or a stripe grant, on a server whose operator did not allow
