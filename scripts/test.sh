@@ -43,7 +43,9 @@ chmod 711 "$work" "$work/tmp"
 export TMPDIR="$work/tmp" FERRY_TEST_NEEDS_DIR="$work/needs"
 
 cargo fmt --all -- --check
-cargo clippy --workspace --all-targets -- -D warnings
+# Under the test profile, as nextest builds: otherwise the C libraries' build scripts (aws-lc,
+# SQLite) ran twice per CI, once for each profile.
+cargo clippy --workspace --all-targets --profile test -- -D warnings
 # The WAN-emulator tests measure rates and delays, so they run alone, after everything else,
 # not next to CPU-heavy transfer tests on a 2-core machine.
 rc=0
