@@ -27,12 +27,25 @@ pub struct TestCluster {
     owner: Option<(u32, u32)>,
     server: Option<Child>,
     next: AtomicU32,
+    /// The TCP port on loopback where the server also speaks TLS, if it was started so.
+    tls_port: Option<u16>,
 }
 
 impl TestCluster {
     /// Makes and starts a cluster; why not, when this machine cannot (no PostgreSQL
     /// installed, no `postgres` user, a temporary directory that user cannot reach).
     pub fn start() -> Result<Self, String> {
+        Self::start_with(None)
+    }
+
+    /// As [`Self::start`], the server also listening on a port of 127.0.0.1 and speaking TLS
+    /// there with this certificate chain and key (PEM), as a catalog's database across a
+    /// network would ([`Self::tls_port`]).
+    pub fn start_tls(cert_pem: &str, key_pem: &str) -> Result<Self, String> {
+        Self::start_with(Some((cert_pem, key_pem)))
+    }
+
+    fn start_with(tls: Option<(&str, &str)>) -> Result<Self, String> {
         let bin = binaries()?;
         static N: AtomicU32 = AtomicU32::new(0);
         let dir = std::env::temp_dir().join(format!(
@@ -47,12 +60,13 @@ impl TestCluster {
             owner: None,
             server: None,
             next: AtomicU32::new(0),
+            tls_port: None,
         };
-        cluster.init()?;
+        cluster.init(tls)?;
         Ok(cluster)
     }
 
-    fn init(&mut self) -> Result<(), String> {
+    fn init(&mut self, tls: Option<(&str, &str)>) -> Result<(), String> {
         let socket = self.dir.join(".s.PGSQL.5432");
         if socket.as_os_str().len() > 100 {
             return Err(format!("{}: too long for a unix socket", socket.display()));
@@ -88,6 +102,21 @@ impl TestCluster {
                 String::from_utf8_lossy(&out.stderr).trim()
             ));
         }
+        if let Some((cert, key)) = tls {
+            // PostgreSQL refuses a key that others may read, or that its user does not own.
+            for (name, pem, mode) in [("server.crt", cert, 0o644), ("server.key", key, 0o600)] {
+                let path = self.dir.join(name);
+                std::fs::write(&path, pem).map_err(|e| format!("{}: {e}", path.display()))?;
+                std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode))
+                    .map_err(|e| e.to_string())?;
+                if let Some((uid, gid)) = self.owner {
+                    std::os::unix::fs::chown(&path, Some(uid), Some(gid))
+                        .map_err(|e| e.to_string())?;
+                }
+            }
+            let probe = std::net::TcpListener::bind(("127.0.0.1", 0)).map_err(|e| e.to_string())?;
+            self.tls_port = Some(probe.local_addr().map_err(|e| e.to_string())?.port());
+        }
         self.run()
     }
 
@@ -109,7 +138,8 @@ impl TestCluster {
             .arg(&data)
             .arg("-k")
             .arg(&self.dir)
-            .args(["-c", "listen_addresses=", "-c", "fsync=off"])
+            .args(self.listen_args())
+            .args(["-c", "fsync=off"])
             .args(["-c", "synchronous_commit=off", "-c", "full_page_writes=off"])
             .stdin(Stdio::null())
             .stdout(log.try_clone().map_err(|e| e.to_string())?)
@@ -118,6 +148,29 @@ impl TestCluster {
             .map_err(|e| format!("postgres: {e}"))?;
         self.server = Some(server);
         self.wait_ready()
+    }
+
+    /// Only the socket; or also TLS on loopback (the socket's name follows the port).
+    fn listen_args(&self) -> Vec<String> {
+        let Some(port) = self.tls_port else {
+            return vec!["-c".into(), "listen_addresses=".into()];
+        };
+        let file = |name: &str| self.dir.join(name).display().to_string();
+        [
+            "listen_addresses=127.0.0.1".to_owned(),
+            format!("port={port}"),
+            "ssl=on".to_owned(),
+            format!("ssl_cert_file={}", file("server.crt")),
+            format!("ssl_key_file={}", file("server.key")),
+        ]
+        .into_iter()
+        .flat_map(|setting| ["-c".to_owned(), setting])
+        .collect()
+    }
+
+    /// The loopback port where the server speaks TLS, if started with [`Self::start_tls`].
+    pub fn tls_port(&self) -> Option<u16> {
+        self.tls_port
     }
 
     /// Restarts the server as an administrator would (`pg_ctl stop -m fast`: every connection
@@ -186,8 +239,9 @@ impl TestCluster {
     /// The location of database `db` of this cluster, as `--catalog` takes it.
     pub fn url(&self, db: &str) -> String {
         format!(
-            "host={} user=postgres dbname={db} connect_timeout=5",
-            self.dir.display()
+            "host={} port={} user=postgres dbname={db} connect_timeout=5",
+            self.dir.display(),
+            self.tls_port.unwrap_or(5432)
         )
     }
 

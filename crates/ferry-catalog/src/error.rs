@@ -9,7 +9,7 @@ pub enum CatalogError {
     /// What PostgreSQL said; its text never holds the location's password.
     #[error("catalog database (PostgreSQL): {}", said(.0))]
     Pg(#[from] postgres::Error),
-    #[error("cannot connect to the catalog {location}: {source}")]
+    #[error("cannot connect to the catalog {location}: {}", said(.source))]
     Connect {
         /// The location, its password hidden.
         location: String,
@@ -55,9 +55,19 @@ pub enum CatalogError {
 
 /// What PostgreSQL said in words: the server's own message (and its code) where there is one,
 /// where the client's error alone reads "db error".
+/// What PostgreSQL said, or what failed on the way to it with each cause after it (a TLS
+/// handshake's own reason: another CA's certificate, another name's).
 fn said(e: &postgres::Error) -> String {
     match e.as_db_error() {
         Some(db) => format!("{} ({})", db.message(), db.code().code()),
-        None => e.to_string(),
+        None => {
+            let mut text = e.to_string();
+            let mut cause = std::error::Error::source(e);
+            while let Some(c) = cause {
+                text = format!("{text}: {c}");
+                cause = c.source();
+            }
+            text
+        }
     }
 }

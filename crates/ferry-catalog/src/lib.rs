@@ -213,3 +213,5 @@ pub use cluster::TestCluster;
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tls_tests;

@@ -8,12 +8,17 @@
 use std::collections::HashMap;
 use std::error::Error;
 use std::fmt;
-use std::sync::mpsc;
+use std::net::IpAddr;
+use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use postgres::config::{Host, SslMode};
 use postgres::types::{IsNull, ToSql, Type};
 use postgres::{Client, Config, NoTls, Statement};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::CertificateDer;
+use tokio_postgres_rustls::MakeRustlsConnect;
 
 use crate::db::{Arg, Db, Row, Val};
 use crate::error::CatalogError;
@@ -51,12 +56,14 @@ impl PgUrl {
     }
 
     /// The client's settings, with a bounded connect time and the login user as the
-    /// default user (as `psql` has it).
-    pub(crate) fn config(&self) -> Result<Config, CatalogError> {
-        let mut config: Config = self.0.parse().map_err(|e| CatalogError::Location {
+    /// default user (as `psql` has it), and how the connection is secured.
+    pub(crate) fn config(&self) -> Result<(Config, Tls), CatalogError> {
+        let bad = |why: String| CatalogError::Location {
             location: self.to_string(),
-            why: format!("{e}"),
-        })?;
+            why,
+        };
+        let (rest, mode, root) = split_tls(&self.0).map_err(bad)?;
+        let mut config: Config = rest.parse().map_err(|e| bad(format!("{e}")))?;
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(CONNECT_TIMEOUT);
         }
@@ -68,8 +75,229 @@ impl PgUrl {
         if config.get_application_name().is_none() {
             config.application_name("ferry");
         }
-        Ok(config)
+        let tls = tls_for(&config, mode.as_deref(), root.as_deref()).map_err(bad)?;
+        config.ssl_mode(match tls {
+            Tls::Off => SslMode::Disable,
+            Tls::Verified(_) => SslMode::Require,
+        });
+        Ok((config, tls))
     }
+}
+
+/// How the connection to the database is secured.
+#[derive(Clone)]
+pub(crate) enum Tls {
+    /// Clear text: a Unix socket or loopback, or `sslmode=disable` said so.
+    Off,
+    /// TLS, the server's certificate checked against the CAs of `sslrootcert` and its name
+    /// against the host the location names (libpq's `verify-full`).
+    Verified(MakeRustlsConnect),
+}
+
+impl Tls {
+    fn connect(&self, config: &Config) -> Result<Client, postgres::Error> {
+        match self {
+            Self::Off => config.connect(NoTls),
+            Self::Verified(tls) => config.connect(tls.clone()),
+        }
+    }
+}
+
+/// The security a location asks for, or why it cannot have it. A database reached over a
+/// network is never spoken to in clear text unless the location says `sslmode=disable`, and
+/// never over TLS without checking whose certificate it is: a catalog's statements carry its
+/// password's proof and every path and digest it holds.
+fn tls_for(config: &Config, mode: Option<&str>, root: Option<&str>) -> Result<Tls, String> {
+    let verified = |root: Option<&str>| match root {
+        Some(file) => verifier(file).map(Tls::Verified),
+        None => Err(
+            "TLS to the catalog's database needs sslrootcert=FILE: the CA (PEM) that \
+                     signed its certificate"
+                .to_owned(),
+        ),
+    };
+    match mode {
+        Some("disable") => Ok(Tls::Off),
+        Some("require" | "verify-full") => verified(root),
+        Some("verify-ca") => Err("sslmode=verify-ca: ferry checks the server's name as well \
+                                  as its CA; use sslmode=verify-full"
+            .to_owned()),
+        Some("prefer" | "allow") | None if root.is_some() => verified(root),
+        Some("prefer" | "allow") | None => match remote_host(config) {
+            None => Ok(Tls::Off),
+            Some(host) => Err(format!(
+                "the catalog's database is reached over the network ({host}): give \
+                 sslmode=verify-full and sslrootcert=FILE (the CA that signed its \
+                 certificate), or sslmode=disable on a network you trust"
+            )),
+        },
+        Some(other) => Err(format!(
+            "sslmode={other}: expected disable, require or verify-full"
+        )),
+    }
+}
+
+/// The first host of `config` that is neither a Unix socket nor loopback.
+fn remote_host(config: &Config) -> Option<String> {
+    let loopback = |h: &str| {
+        h.eq_ignore_ascii_case("localhost")
+            || h.trim_matches(['[', ']'])
+                .parse::<IpAddr>()
+                .is_ok_and(|ip| ip.is_loopback())
+    };
+    let hosts = config.get_hosts().iter().filter_map(|h| match h {
+        Host::Tcp(name) if !loopback(name) => Some(name.clone()),
+        _ => None,
+    });
+    let addrs = config
+        .get_hostaddrs()
+        .iter()
+        .filter(|ip| !ip.is_loopback())
+        .map(ToString::to_string);
+    hosts.chain(addrs).next()
+}
+
+/// A TLS client that trusts the CAs of one PEM file (ferry's own crypto provider, aws-lc).
+fn verifier(file: &str) -> Result<MakeRustlsConnect, String> {
+    let mut roots = rustls::RootCertStore::empty();
+    let certs =
+        CertificateDer::pem_file_iter(file).map_err(|e| format!("sslrootcert {file}: {e}"))?;
+    for cert in certs {
+        let cert = cert.map_err(|e| format!("sslrootcert {file}: {e}"))?;
+        roots
+            .add(cert)
+            .map_err(|e| format!("sslrootcert {file}: {e}"))?;
+    }
+    if roots.is_empty() {
+        return Err(format!("sslrootcert {file}: no certificate in it"));
+    }
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let client = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    Ok(MakeRustlsConnect::new(client))
+}
+
+/// `s` without its `sslmode` and `sslrootcert` settings (which the client library reads
+/// only in part: it knows neither `verify-full` nor a root certificate), and their values.
+fn split_tls(s: &str) -> Result<(String, Option<String>, Option<String>), String> {
+    let mut mode = None;
+    let mut root = None;
+    let mut take = |key: &str, value: String| match key {
+        "sslmode" => {
+            mode = Some(value);
+            true
+        }
+        "sslrootcert" => {
+            root = Some(value);
+            true
+        }
+        _ => false,
+    };
+    let rest = if s.starts_with("postgres://") || s.starts_with("postgresql://") {
+        let Some((base, query)) = s.split_once('?') else {
+            return Ok((s.to_owned(), None, None));
+        };
+        let mut kept = Vec::new();
+        for pair in query.split('&') {
+            let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+            if !take(key, percent_decoded(value)?) {
+                kept.push(pair);
+            }
+        }
+        if kept.is_empty() {
+            base.to_owned()
+        } else {
+            format!("{base}?{}", kept.join("&"))
+        }
+    } else {
+        let mut kept = String::new();
+        for (key, value, text) in words(s)? {
+            if !take(key, value) {
+                if !kept.is_empty() {
+                    kept.push(' ');
+                }
+                kept.push_str(text);
+            }
+        }
+        kept
+    };
+    Ok((rest, mode, root))
+}
+
+/// A URL query value with its `%XX` escapes decoded.
+fn percent_decoded(v: &str) -> Result<String, String> {
+    let mut out = Vec::with_capacity(v.len());
+    let b = v.as_bytes();
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' {
+            let hex = v
+                .get(i + 1..i + 3)
+                .and_then(|h| u8::from_str_radix(h, 16).ok())
+                .ok_or_else(|| format!("a bad %-escape in {v:?}"))?;
+            out.push(hex);
+            i += 3;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).map_err(|_| format!("{v:?} is not UTF-8 once decoded"))
+}
+
+/// The `key=value` words of a libpq connection string: each key, its value (quotes and
+/// backslash escapes removed) and the word's own text.
+fn words(s: &str) -> Result<Vec<(&str, String, &str)>, String> {
+    let mut out = Vec::new();
+    let mut rest = s.trim_start();
+    while !rest.is_empty() {
+        let start = rest;
+        let eq = rest.find('=').ok_or_else(|| {
+            format!(
+                "{:?}: expected key=value",
+                rest.split(' ').next().unwrap_or("")
+            )
+        })?;
+        let key = rest[..eq].trim();
+        rest = rest[eq + 1..].trim_start();
+        let mut value = String::new();
+        let mut chars = rest.char_indices();
+        let end = if rest.starts_with('\'') {
+            chars.next();
+            let mut end = None;
+            while let Some((i, c)) = chars.next() {
+                match c {
+                    '\\' => value.extend(chars.next().map(|(_, c)| c)),
+                    '\'' => {
+                        end = Some(i + 1);
+                        break;
+                    }
+                    c => value.push(c),
+                }
+            }
+            end.ok_or_else(|| format!("{key}: an unterminated quote"))?
+        } else {
+            let mut end = rest.len();
+            while let Some((i, c)) = chars.next() {
+                match c {
+                    c if c.is_whitespace() => {
+                        end = i;
+                        break;
+                    }
+                    '\\' => value.extend(chars.next().map(|(_, c)| c)),
+                    c => value.push(c),
+                }
+            }
+            end
+        };
+        let used = start.len() - rest.len() + end;
+        out.push((key, value, &start[..used]));
+        rest = start[used..].trim_start();
+    }
+    Ok(out)
 }
 
 impl fmt::Display for PgUrl {
@@ -154,6 +382,7 @@ pub(crate) fn schema(sql: &str) -> String {
 /// retried, since a statement cut off may or may not have run.
 struct Session {
     config: Config,
+    tls: Tls,
     client: Option<Client>,
     prepared: HashMap<String, Statement>,
     /// A transaction is open: `BEGIN` ran, its `COMMIT` or `ROLLBACK` not yet.
@@ -176,8 +405,8 @@ impl Session {
             self.client = None;
             self.prepared.clear();
             self.client = Some(
-                self.config
-                    .connect(NoTls)
+                self.tls
+                    .connect(&self.config)
                     .map_err(CatalogError::Reconnect)?,
             );
         }
@@ -285,13 +514,13 @@ pub(crate) struct Pg {
 impl Pg {
     /// Connects; a server that cannot be reached, or refuses the login, is an error here.
     pub(crate) fn connect(url: &PgUrl) -> Result<Self, CatalogError> {
-        let config = url.config()?;
+        let (config, tls) = url.config()?;
         let (jobs, queue) = mpsc::channel::<Job>();
         let (ready, connected) = mpsc::sync_channel(1);
         let thread = std::thread::Builder::new()
             .name("ferry-catalog-pg".into())
             .spawn(move || {
-                let client = match config.connect(NoTls) {
+                let client = match tls.connect(&config) {
                     Ok(c) => c,
                     Err(e) => {
                         let _ = ready.send(Err(e));
@@ -301,6 +530,7 @@ impl Pg {
                 let _ = ready.send(Ok(()));
                 let mut session = Session {
                     config,
+                    tls,
                     client: Some(client),
                     prepared: HashMap::new(),
                     in_tx: false,
@@ -468,6 +698,64 @@ mod tests {
             let url = PgUrl(given.to_owned());
             assert_eq!(url.to_string(), shown);
             assert!(!format!("{url:?}").contains("s3cret"));
+        }
+    }
+
+    #[test]
+    fn tls_settings_are_read_from_either_form_and_the_rest_left_to_the_client() {
+        let (rest, mode, root) =
+            split_tls("host=db port=5 sslmode=verify-full sslrootcert='/etc/a b.pem' dbname=c")
+                .unwrap();
+        assert_eq!(rest, "host=db port=5 dbname=c");
+        assert_eq!(mode.as_deref(), Some("verify-full"));
+        assert_eq!(root.as_deref(), Some("/etc/a b.pem"));
+        let (rest, mode, root) = split_tls(
+            "postgres://u@db/c?sslmode=require&connect_timeout=3&sslrootcert=%2Fetc%2Fca.pem",
+        )
+        .unwrap();
+        assert_eq!(rest, "postgres://u@db/c?connect_timeout=3");
+        assert_eq!(mode.as_deref(), Some("require"));
+        assert_eq!(root.as_deref(), Some("/etc/ca.pem"));
+        let (rest, mode, _) = split_tls("postgres://u@db/c?sslmode=disable").unwrap();
+        assert_eq!(
+            (rest.as_str(), mode.as_deref()),
+            ("postgres://u@db/c", Some("disable"))
+        );
+        let (rest, mode, root) = split_tls("host=/run/pg password='a \\' b' dbname=c").unwrap();
+        assert_eq!(rest, "host=/run/pg password='a \\' b' dbname=c");
+        assert_eq!((mode, root), (None, None));
+        assert!(split_tls("host=db sslrootcert='/x").is_err());
+        assert!(split_tls("host=db dbname").is_err());
+        assert!(split_tls("postgres://u@db/c?sslrootcert=%zz").is_err());
+    }
+
+    #[test]
+    fn a_database_across_a_network_needs_tls_or_a_location_that_declines_it() {
+        let err = |s: &str| {
+            PgUrl::parse(s)
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default()
+        };
+        assert!(err("host=db.example.org dbname=cat").contains("sslmode=verify-full"));
+        assert!(err("postgres://ferry@10.1.2.3/cat").contains("over the network (10.1.2.3)"));
+        assert!(err("host=db sslmode=verify-full dbname=c").contains("sslrootcert=FILE"));
+        assert!(err("host=db sslmode=verify-ca sslrootcert=/x").contains("verify-full"));
+        assert!(err("host=db sslmode=bogus").contains("sslmode=bogus"));
+        assert!(
+            err("host=db sslmode=require sslrootcert=/nonexistent/ca.pem")
+                .contains("/nonexistent/ca.pem")
+        );
+        for ok in [
+            "host=/run/postgresql dbname=c",
+            "host=localhost dbname=c",
+            "host=127.0.0.1 dbname=c",
+            "postgres://u@[::1]/c",
+            "host=db.example.org sslmode=disable dbname=c",
+        ] {
+            let (config, tls) = PgUrl::parse(ok).unwrap().config().unwrap();
+            assert!(matches!(tls, Tls::Off), "{ok}");
+            assert_eq!(config.get_ssl_mode(), SslMode::Disable, "{ok}");
         }
     }
 

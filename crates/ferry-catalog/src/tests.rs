@@ -307,7 +307,7 @@ fn a_newer_schema_is_refused(b: &Backend) {
 #[test]
 fn locations_are_a_postgresql_url_or_words_or_a_sqlite_path() {
     for pg in [
-        "postgres://ferry@db/ferry",
+        "postgres://ferry@localhost/ferry",
         "postgresql://ferry:pw@db:5433/ferry?sslmode=disable",
         "host=/run/postgresql dbname=ferry",
     ] {
@@ -320,6 +320,10 @@ fn locations_are_a_postgresql_url_or_words_or_a_sqlite_path() {
         Err(CatalogError::Unsupported(_))
     ));
     let e = Location::parse("postgres://u:secret@db:notaport/x").unwrap_err();
+    assert!(!e.to_string().contains("secret"), "{e}");
+    // Across a network: TLS to a trusted CA, or clear text said out loud.
+    let e = Location::parse("postgres://u:secret@db.example/x").unwrap_err();
+    assert!(e.to_string().contains("sslmode=verify-full"), "{e}");
     assert!(!e.to_string().contains("secret"), "{e}");
     assert_eq!(
         Location::parse("/var/lib/ferry/catalog.sqlite").unwrap(),

@@ -520,7 +520,9 @@ pub struct ServeArgs {
     /// Where every stored file is registered (size, mtime, digest, replicas, metadata): a
     /// SQLite file, created if missing, `state` (the default: catalog.sqlite in the state
     /// directory), `none`, or a PostgreSQL database that several servers share
-    /// (`postgres://USER@HOST/DB`, `postgresql://…`, or `host=/run/postgresql dbname=DB`). A
+    /// (`postgres://USER@HOST/DB?sslmode=verify-full&sslrootcert=CA.pem`, `postgresql://…`, or
+    /// `host=/run/postgresql dbname=DB`; across a network TLS to that CA, or clear text only
+    /// with `sslmode=disable`). A
     /// catalog serves one root per server; the default one kept for another root is left alone
     /// (with a warning) and this server runs without.
     #[arg(long, value_name = "PATH|URL|none", conflicts_with = "oneshot")]

@@ -21,7 +21,9 @@ pub struct ServiceArgs {
     #[arg(long, value_name = "DIR")]
     pub state: Option<PathBuf>,
     /// Where the job queue is: a PostgreSQL location (`postgres://USER:PASSWORD@HOST/DB`,
-    /// `postgresql://…` or `host=… dbname=…` words), a queue several services share, each
+    /// `postgresql://…` or `host=… dbname=…` words; across a network TLS with
+    /// `sslmode=verify-full&sslrootcert=CA.pem`, or `sslmode=disable`), a queue several
+    /// services share, each
     /// running a job only one of them claimed; or a SQLite file. Default: jobs.db in --state.
     #[arg(long, value_name = "LOCATION")]
     pub store: Option<String>,
