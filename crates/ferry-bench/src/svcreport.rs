@@ -415,8 +415,9 @@ fn api_section(s: &mut String, r: &SvcReport) {
         s,
         "## API latency under the load\n\nFrom the service's host while the jobs ran: the \
          submits and a poller (every 50 ms: the list, the newest job, `/metrics`) each over one \
-         TLS connection kept open, as a script or a dashboard would; beside them, every 250 ms, \
-         one of the three on a new TLS connection, as the CLI makes (\"(new connection)\").\n"
+         TLS connection kept open, as a script or a dashboard would; beside them, every 100 ms, \
+         one of the three on a new TLS connection from a client of its own, as the CLI makes \
+         (\"(new connection)\").\n"
     );
     let _ = writeln!(
         s,

@@ -56,12 +56,15 @@ const TIMED: [(&str, &str); 4] = [
 ];
 
 /// Per endpoint ([`TIMED`], then the rest): each request's time in the handler, and in its
-/// store calls (waiting for the store's lock included). The time a request waited for a
-/// thread, and its TLS, are neither: a client's time less the handler's is that.
+/// store calls (waiting for the store's lock included); and each new connection's TLS
+/// handshake, from its accept. The time a request waited for a thread is none of them: a
+/// client's time less the handler's (and on a new connection, the handshake's) is that.
 #[derive(Debug, Default)]
 pub struct ApiTiming {
     handler: [Histogram; TIMED.len() + 1],
     store: [Histogram; TIMED.len() + 1],
+    /// Shared with the listener ([`crate::http::Tls`]).
+    pub handshake: Arc<Histogram>,
 }
 
 tokio::task_local! {
@@ -183,6 +186,13 @@ fn timing_metrics(app: &App, out: &mut String) {
         timing::header(out, name, help);
         h.render(out, name, "");
     }
+    let name = "ferry_service_api_tls_handshake_seconds";
+    timing::header(
+        out,
+        name,
+        "Time from a connection's accept to its completed TLS handshake (the client's round trip included).",
+    );
+    app.timing.handshake.render(out, name, "");
 }
 
 /// An error answer: a status and `{"error": "..."}`.

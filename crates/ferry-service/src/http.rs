@@ -15,9 +15,13 @@ use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinSet;
 use tokio_rustls::TlsAcceptor;
 
+use crate::timing::Histogram;
+
 /// Connections served at once; one more is closed at accept.
 pub const MAX_CONNECTIONS: usize = 256;
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a new connection may take to complete its TLS handshake: one that sends nothing,
+/// or stalls partway, is closed then rather than holding one of the slots.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long shutdown waits for requests in flight.
 const DRAIN: Duration = Duration::from_secs(5);
@@ -30,7 +34,35 @@ pub async fn serve(
     app: Router,
     shutdown: impl std::future::Future<Output = ()>,
 ) {
-    let acceptor = tls.map(TlsAcceptor::from);
+    let tls = tls.map(|config| Tls {
+        config,
+        handshake_timeout: HANDSHAKE_TIMEOUT,
+        handshakes: None,
+    });
+    serve_with(listener, tls, app, shutdown).await;
+}
+
+/// TLS on a listener's connections: its configuration, the bound on a handshake's time, and
+/// where each completed handshake's time is counted (the API's `/metrics`: a new connection's
+/// time less its request's).
+#[derive(Clone)]
+pub struct Tls {
+    pub config: Arc<rustls::ServerConfig>,
+    pub handshake_timeout: Duration,
+    pub handshakes: Option<Arc<Histogram>>,
+}
+
+/// [`serve`], with TLS as `tls` says.
+pub async fn serve_with(
+    listener: TcpListener,
+    tls: Option<Tls>,
+    app: Router,
+    shutdown: impl std::future::Future<Output = ()>,
+) {
+    let acceptor = tls.map(|t| {
+        let acceptor = TlsAcceptor::from(t.config);
+        (acceptor, t.handshake_timeout, t.handshakes)
+    });
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut conns = JoinSet::new();
@@ -61,10 +93,17 @@ pub async fn serve(
         conns.spawn(async move {
             let _permit = permit;
             match acceptor {
-                Some(acceptor) => {
-                    let accepting = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp));
-                    if let Ok(Ok(tls)) = accepting.await {
-                        connection(tls, app, stop, peer).await;
+                Some((acceptor, bound, times)) => {
+                    let t = std::time::Instant::now();
+                    match tokio::time::timeout(bound, acceptor.accept(tcp)).await {
+                        Ok(Ok(tls)) => {
+                            if let Some(h) = &times {
+                                h.observe(t.elapsed());
+                            }
+                            connection(tls, app, stop, peer).await;
+                        }
+                        Ok(Err(e)) => tracing::debug!("{peer}: TLS handshake: {e}"),
+                        Err(_) => tracing::debug!("{peer}: no TLS handshake within {bound:?}"),
                     }
                 }
                 None => connection(tcp, app, stop, peer).await,
@@ -133,4 +172,60 @@ pub async fn serve_metrics(
             )
         });
     serve(listener, None, app, shutdown).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// A connection that sends nothing, or stalls partway through its handshake, is closed at
+    /// the bound instead of holding a slot; one that completes its handshake is served, and
+    /// only its handshake is counted.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_handshake_not_finished_within_the_bound_is_closed() {
+        let dir = tempfile::tempdir().unwrap();
+        let (config, fingerprint) = crate::tls::server_config(dir.path()).unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let handshakes = Arc::new(Histogram::default());
+        let tls = Tls {
+            config,
+            handshake_timeout: Duration::from_millis(300),
+            handshakes: Some(handshakes.clone()),
+        };
+        let app = Router::new().route("/", axum::routing::get(|| async { "here" }));
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(serve_with(listener, Some(tls), app, async {
+            let _ = stopped.await;
+        }));
+        let mut silent = tokio::net::TcpStream::connect(addr).await.unwrap();
+        // A TLS record header's first bytes, then nothing.
+        let mut partial = tokio::net::TcpStream::connect(addr).await.unwrap();
+        partial.write_all(&[0x16, 0x03, 0x01]).await.unwrap();
+        for s in [&mut silent, &mut partial] {
+            let mut buf = [0u8; 64];
+            // The guard only keeps a server without the bound from hanging the test.
+            let r = tokio::time::timeout(Duration::from_secs(120), s.read(&mut buf))
+                .await
+                .expect("the server closes the connection");
+            assert!(matches!(r, Ok(0) | Err(_)), "{r:?}");
+        }
+        assert_eq!(handshakes.count(), 0);
+        let client = crate::client::Client {
+            addr: addr.to_string(),
+            token: String::new(),
+            trust: crate::tls::Trust::Pinned(fingerprint),
+            timeout: Duration::from_secs(30),
+            kept: None,
+        };
+        let a = client
+            .request(hyper::Method::GET, "/", Vec::new(), false)
+            .await
+            .unwrap();
+        assert_eq!((a.status, a.body.as_slice()), (200, &b"here"[..]));
+        assert_eq!(handshakes.count(), 1);
+        let _ = stop.send(());
+        server.await.unwrap();
+    }
 }

@@ -1,9 +1,10 @@
 //! The scheduler: starts queued jobs side by side, higher priority first then older first,
 //! as many at once against one server as the link optimizer allows (at most `per_server`),
-//! each starting from its share of the streams the link settled on; writes each running job's progress
-//! to the store (a few times a second, not per block); retries a failed attempt with
-//! exponential backoff up to `max_attempts`; stops a job that is cancelled. A retry, or the
-//! run after a restart, is the same transfer again, which resumes from ferry's partial files.
+//! each starting from its share of the streams the link settled on; writes the running jobs'
+//! progress to the store (a few times a second, not per block, all of them in one transaction);
+//! retries a failed attempt with exponential backoff up to `max_attempts`; stops a job that is
+//! cancelled. A retry, or the run after a restart, is the same transfer again, which resumes
+//! from ferry's partial files.
 
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
@@ -19,7 +20,7 @@ use crate::job::{now_ms, Job, Kind, State};
 use crate::notify::Notifier;
 use crate::optimizer::{LinkTuning, Optimizer, OptimizerConfig};
 use crate::runner::{Failure, JobReporter, Outcome, Runner};
-use crate::store::Store;
+use crate::store::{Store, TickWrite};
 
 /// How many jobs run at once, and how failed attempts are retried.
 #[derive(Clone, Debug)]
@@ -73,6 +74,36 @@ const PASS: usize = 256;
 struct Running {
     server: String,
     task: AbortHandle,
+    /// What each progress tick reads of the job; its driver holds it too.
+    meter: Arc<Mutex<Meter>>,
+}
+
+/// A running job's counters as the progress ticks last wrote them.
+struct Meter {
+    reporter: Arc<JobReporter>,
+    /// The bytes the optimizer was told of, and when: the progress rate's interval.
+    told: (u64, Instant),
+    /// The last rate sample's bytes and time.
+    sampled: (u64, Instant),
+    /// The attempt ended: its last writes are its driver's, not a tick's.
+    ended: bool,
+}
+
+impl Meter {
+    fn new(reporter: Arc<JobReporter>) -> Self {
+        let now = Instant::now();
+        Self {
+            reporter,
+            told: (0, now),
+            sampled: (0, now),
+            ended: false,
+        }
+    }
+}
+
+/// Locks a mutex that a panic elsewhere may have poisoned (what it guards stays usable).
+fn locked<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// A link reserved for a probe (see [`Scheduler::claim_link`]); dropping it frees the link
@@ -113,6 +144,9 @@ pub struct Scheduler {
     /// Where the jobs' transfers run, if not on the runtime that drives them: the service
     /// gives them threads of a lower CPU priority than the API's ([`crate::service`]).
     bulk: std::sync::OnceLock<tokio::runtime::Handle>,
+    /// Held by a progress tick from reading the jobs' counters to their write, and by a job's
+    /// end while it takes its last counters: a tick's older counters never land after them.
+    flushing: Mutex<()>,
 }
 
 /// Aborts a task when dropped: a transfer on the bulk runtime ends with the job's driver
@@ -160,6 +194,7 @@ impl Scheduler {
             moved: Arc::default(),
             notifier,
             bulk: std::sync::OnceLock::new(),
+            flushing: Mutex::new(()),
         })
     }
 
@@ -210,11 +245,11 @@ impl Scheduler {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<i64, Running>> {
-        self.running.lock().unwrap_or_else(|e| e.into_inner())
+        locked(&self.running)
     }
 
     fn optimizer(&self) -> std::sync::MutexGuard<'_, Optimizer> {
-        self.optimizer.lock().unwrap_or_else(|e| e.into_inner())
+        locked(&self.optimizer)
     }
 
     /// What the optimizer knows of `link`, if a job ran on it.
@@ -252,7 +287,7 @@ impl Scheduler {
     }
 
     fn probing(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
-        self.probing.lock().unwrap_or_else(|e| e.into_inner())
+        locked(&self.probing)
     }
 
     /// Reserves `link` for a probe, or `None` while a job runs on it (or another probe does):
@@ -305,33 +340,42 @@ impl Scheduler {
         tokio::pin!(shutdown);
         let beat_every = self.limits.stale_after / 4;
         let mut beaten: Option<Instant> = None;
+        let mut read: Option<Instant> = None;
+        let ticker = tokio::spawn(self.clone().tick_progress());
         loop {
             // The store's calls on the blocking pool, here and in `drive`: a runtime worker
             // waiting on the store's lock or on its database holds up the API's requests
             // queued behind it (docs/bench/NOTEBOOK.md, "Issue 40: the service's p99 and memory").
             let me = self.clone();
             let beat = beaten.is_none_or(|t| t.elapsed() >= beat_every);
+            let recent = read.is_some_and(|t| t.elapsed() < TICK);
+            let started = Instant::now();
             let passed = tokio::task::spawn_blocking(move || {
                 if beat {
                     if let Err(e) = me.beat() {
                         tracing::warn!("scheduler: the queue's heartbeat: {e}");
                     }
                 }
-                if let Err(e) = me.pass() {
+                let read = me.pass(recent).unwrap_or_else(|e| {
                     tracing::warn!("scheduler: {e}");
-                }
+                    true
+                });
                 me.optimize();
+                read
             });
             if beat {
                 beaten = Some(Instant::now());
             }
-            let _ = passed.await;
+            if passed.await.unwrap_or(true) {
+                read = Some(started);
+            }
             tokio::select! {
                 _ = &mut shutdown => break,
                 _ = self.wake.notified() => {}
                 _ = tokio::time::sleep(TICK) => {}
             }
         }
+        ticker.abort();
         let stopped: Vec<(i64, Running)> = self.lock().drain().collect();
         for (id, r) in stopped {
             r.task.abort();
@@ -360,7 +404,13 @@ impl Scheduler {
     }
 
     /// Starts what the limits allow, in queue order; fails queued jobs whose deadline passed.
-    fn pass(self: &Arc<Self>) -> Result<(), crate::ServiceError> {
+    /// With every slot taken and the queue read less than [`TICK`] ago (`recent`), reads
+    /// nothing and says so (false): each submit wakes a pass, and under a burst of them each
+    /// read a page of the queue under the store's lock to start nothing.
+    fn pass(self: &Arc<Self>, recent: bool) -> Result<bool, crate::ServiceError> {
+        if recent && self.lock().len() >= self.limits.total {
+            return Ok(false);
+        }
         let now = now_ms();
         for job in self.store.runnable(now, PASS)? {
             if job.deadline.is_some_and(|d| d.saturating_mul(1000) < now) {
@@ -393,70 +443,125 @@ impl Scheduler {
             }
             let server = job.server.clone();
             let id = job.id;
-            let task = tokio::spawn(self.clone().drive(job, streams)).abort_handle();
-            running.insert(id, Running { server, task });
+            let reporter = Arc::new(JobReporter::new(self.moved.clone(), self.runner.pace));
+            let meter = Arc::new(Mutex::new(Meter::new(reporter)));
+            let task = tokio::spawn(self.clone().drive(job, streams, meter.clone())).abort_handle();
+            running.insert(
+                id,
+                Running {
+                    server,
+                    task,
+                    meter,
+                },
+            );
         }
-        Ok(())
+        Ok(true)
+    }
+
+    /// Every `progress_every` until aborted: the running jobs' counters and rate samples,
+    /// written together ([`Scheduler::write_progress`]) on the blocking pool.
+    async fn tick_progress(self: Arc<Self>) {
+        let mut tick = tokio::time::interval(self.limits.progress_every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let me = self.clone();
+            let _ = tokio::task::spawn_blocking(move || me.write_progress()).await;
+        }
+    }
+
+    /// One progress tick: every running job's counters and rate since the last tick, a rate
+    /// sample for each whose last is [`SAMPLE_EVERY`] old, all in one store call (one take
+    /// of its lock, one transaction). A job no longer this service's is skipped there; the
+    /// beat stops it.
+    fn write_progress(&self) {
+        let _flushing = locked(&self.flushing);
+        let meters: Vec<(i64, String, Arc<Mutex<Meter>>)> = self
+            .lock()
+            .iter()
+            .map(|(&id, r)| (id, r.server.clone(), r.meter.clone()))
+            .collect();
+        let (now, t_ms) = (Instant::now(), now_ms());
+        let mut writes = Vec::with_capacity(meters.len());
+        let mut moved = Vec::with_capacity(meters.len());
+        for (id, server, meter) in meters {
+            let mut m = locked(&meter);
+            if m.ended {
+                continue;
+            }
+            let mut p = m.reporter.snapshot();
+            let delta = p.bytes_done.saturating_sub(m.told.0);
+            p.rate = delta as f64 / now.duration_since(m.told.1).as_secs_f64().max(1e-3);
+            m.told = (p.bytes_done, now);
+            let sample = (now.duration_since(m.sampled.1) >= SAMPLE_EVERY).then(|| {
+                let s = rate_sample(p.bytes_done, m.sampled, now, t_ms);
+                m.sampled = (p.bytes_done, now);
+                s
+            });
+            moved.push((server, delta));
+            writes.push(TickWrite {
+                id,
+                progress: p,
+                sample,
+            });
+        }
+        {
+            let mut o = self.optimizer();
+            for (server, delta) in &moved {
+                o.moved(server, *delta);
+            }
+        }
+        match self.store.progress_many(&writes) {
+            Ok(skipped) if !skipped.is_empty() => {
+                tracing::debug!("jobs {skipped:?} no longer run here: their progress not written");
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!("recording the running jobs' progress: {e}"),
+        }
     }
 
     /// One attempt of `job`, its transfers starting from `streams` when the optimizer gives
-    /// a start, its progress written as it goes, then its end recorded: done, failed, or
-    /// queued again after a backoff.
-    async fn drive(self: Arc<Self>, job: Job, streams: Option<u32>) {
-        let reporter = Arc::new(JobReporter::new(self.moved.clone(), self.runner.pace));
-        let mut tick = tokio::time::interval(self.limits.progress_every);
-        let (mut last, mut at) = (0u64, Instant::now());
+    /// a start, counted in `meter` (the progress ticks write it), then its end recorded: done,
+    /// failed, or queued again after a backoff.
+    async fn drive(self: Arc<Self>, job: Job, streams: Option<u32>, meter: Arc<Mutex<Meter>>) {
         let started = Instant::now();
-        let mut sampled = (0u64, started);
-        let attempt = self.attempt(&job, reporter.clone(), streams);
-        tokio::pin!(attempt);
-        let result = loop {
-            tokio::select! {
-                r = &mut attempt => break r,
-                _ = tick.tick() => {
-                    let mut p = reporter.snapshot();
-                    let dt = at.elapsed().as_secs_f64().max(1e-3);
-                    let delta = p.bytes_done.saturating_sub(last);
-                    p.rate = delta as f64 / dt;
-                    self.optimizer().moved(&job.server, delta);
-                    (last, at) = (p.bytes_done, Instant::now());
-                    let me = self.clone();
-                    let id = job.id;
-                    let write = tokio::task::spawn_blocking(move || {
-                        if let Err(e) = me.store.progress(id, &p) {
-                            tracing::warn!("job {id}: recording progress: {e}");
-                        }
-                        if sampled.1.elapsed() >= SAMPLE_EVERY {
-                            me.sample(id, p.bytes_done, sampled)
-                        } else {
-                            sampled
-                        }
-                    });
-                    sampled = write.await.unwrap_or(sampled);
-                }
-            }
-        };
-        let end = reporter.snapshot();
-        let job = job.clone();
+        let reporter = locked(&meter).reporter.clone();
+        let result = self.attempt(&job, reporter, streams).await;
         let me = self.clone();
-        let ended = move || me.conclude(job, result, end, (last, sampled), started);
+        let ended = move || me.conclude(job, result, &meter, started);
         let _ = tokio::task::spawn_blocking(ended).await;
     }
 
-    /// The end of one attempt of `job`: its last counters `end` (`last`: the bytes the
-    /// optimizer was told of, `sampled`: the last rate sample), its rate, its state, and, when
-    /// no other job runs, the memory its transfers held given back.
+    /// The end of one attempt of `job`: its last counters and rate sample (one store call),
+    /// the optimizer told of its last bytes, its state, and, when no other job runs, the
+    /// memory its transfers held given back.
     fn conclude(
         &self,
         job: Job,
         result: Result<Outcome, Failure>,
-        end: crate::job::Progress,
-        (last, sampled): (u64, (u64, Instant)),
+        meter: &Mutex<Meter>,
         started: Instant,
     ) {
-        let _ = self.store.progress(job.id, &end);
-        self.tell_optimizer(&job, &result, end.bytes_done.saturating_sub(last));
-        self.sample(job.id, end.bytes_done, sampled);
+        let (end, told, sampled) = {
+            let _flushing = locked(&self.flushing);
+            let mut m = locked(meter);
+            m.ended = true;
+            (m.reporter.snapshot(), m.told, m.sampled)
+        };
+        let last = TickWrite {
+            id: job.id,
+            progress: end,
+            sample: Some(rate_sample(
+                end.bytes_done,
+                sampled,
+                Instant::now(),
+                now_ms(),
+            )),
+        };
+        if let Err(e) = self.store.progress_many(&[last]) {
+            tracing::warn!("job {}: recording its last progress: {e}", job.id);
+        }
+        self.tell_optimizer(&job, &result, end.bytes_done.saturating_sub(told.0));
         let done = matches!(&result, Ok(o) if o.errors.is_empty());
         if let Err(e) = self.record(&job, result) {
             tracing::warn!("job {}: recording its end: {e}", job.id);
@@ -502,22 +607,6 @@ impl Scheduler {
         o.moved(&job.server, last);
         let streams = result.as_ref().ok().and_then(|r| r.streams);
         o.ended(&job.server, result.is_ok(), streams, sharing);
-    }
-
-    /// Records a rate sample of job `id` at `bytes` (the rate since `prev`, the last sample's
-    /// bytes and time) and returns it as the new last.
-    fn sample(&self, id: i64, bytes: u64, prev: (u64, Instant)) -> (u64, Instant) {
-        let now = Instant::now();
-        let dt = now.duration_since(prev.1).as_secs_f64().max(1e-3);
-        let s = RateSample {
-            t_ms: now_ms(),
-            bytes_done: bytes,
-            rate: bytes.saturating_sub(prev.0) as f64 / dt,
-        };
-        if let Err(e) = self.store.add_rate(id, &s) {
-            tracing::warn!("job {id}: recording a rate sample: {e}");
-        }
-        (bytes, now)
     }
 
     /// A done job's achieved rate, into its link's history. A copy between two servers is left
@@ -586,5 +675,16 @@ impl Scheduler {
             .first_backoff
             .saturating_mul(1 << doublings)
             .min(self.limits.most_backoff)
+    }
+}
+
+/// A rate sample at `bytes` taken `now` (`t_ms` in unix ms): the rate since `prev`, the last
+/// sample's bytes and time.
+fn rate_sample(bytes: u64, prev: (u64, Instant), now: Instant, t_ms: i64) -> RateSample {
+    let dt = now.duration_since(prev.1).as_secs_f64().max(1e-3);
+    RateSample {
+        t_ms,
+        bytes_done: bytes,
+        rate: bytes.saturating_sub(prev.0) as f64 / dt,
     }
 }

@@ -302,7 +302,12 @@ fn api_thread(
                 let stopped = async {
                     let _ = stop.await;
                 };
-                crate::http::serve(listener, Some(tls), api::router(app), stopped).await;
+                let tls = crate::http::Tls {
+                    config: tls,
+                    handshake_timeout: crate::http::HANDSHAKE_TIMEOUT,
+                    handshakes: Some(app.timing.handshake.clone()),
+                };
+                crate::http::serve_with(listener, Some(tls), api::router(app), stopped).await;
             });
         })
 }

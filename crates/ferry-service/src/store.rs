@@ -399,22 +399,37 @@ impl Store {
         Ok(n == 1)
     }
 
-    /// Writes a running job's counters (the scheduler throttles how often).
+    /// Writes a running job's counters, if it still runs here (a test's and a store's single
+    /// write; the scheduler writes all its running jobs at once, [`Store::progress_many`]).
     pub fn progress(&self, id: i64, p: &Progress) -> Result<(), ServiceError> {
-        self.lock().run(
-            "UPDATE jobs SET files_done = ?2, files_total = ?3, bytes_done = ?4, \
-             bytes_total = ?5, rate = ?6 WHERE id = ?1 AND state = 'running' AND runner = ?7",
-            args![
-                id,
-                p.files_done as i64,
-                p.files_total as i64,
-                p.bytes_done as i64,
-                p.bytes_total as i64,
-                p.rate,
-                &self.name
-            ],
-        )?;
+        progress_on(&mut self.lock(), &self.name, id, p)?;
         Ok(())
+    }
+
+    /// One scheduler tick's writes for every job it runs, under one hold of the lock and in one
+    /// transaction: a take and a statement per job and per sample were most of the lock's takes
+    /// under a thousand jobs, and an API call queued behind each (docs/bench/NOTEBOOK.md,
+    /// "Issue 40: the API's tail, placed"). As every write of a running job's progress, each is
+    /// conditional on the job still running here; a job no longer this service's (cancelled,
+    /// taken over) is skipped, its sample with it. Returns the ids skipped.
+    pub fn progress_many(&self, writes: &[TickWrite]) -> Result<Vec<i64>, ServiceError> {
+        if writes.is_empty() {
+            return Ok(Vec::new());
+        }
+        let name = self.name.as_str();
+        self.lock().transaction(|tx| -> Result<_, ServiceError> {
+            let mut skipped = Vec::new();
+            for w in writes {
+                if progress_on(tx, name, w.id, &w.progress)? == 0 {
+                    skipped.push(w.id);
+                    continue;
+                }
+                if let Some(s) = &w.sample {
+                    add_rate_on(tx, w.id, s)?;
+                }
+            }
+            Ok(skipped)
+        })
     }
 
     /// Ends a running job as `state` (done or failed); false if it was no longer running
@@ -547,34 +562,7 @@ impl Store {
     /// Adds a rate sample to job `id`; above [`MAX_JOB_SAMPLES`] every other one is dropped
     /// (the newest kept), so the older part of a long job thins out as it goes on.
     pub fn add_rate(&self, id: i64, s: &RateSample) -> Result<(), ServiceError> {
-        self.lock().transaction(|tx| -> Result<(), ServiceError> {
-            tx.run(
-                "INSERT INTO job_rates (job, t_ms, bytes_done, rate) VALUES (?1, ?2, ?3, ?4) \
-                 ON CONFLICT DO NOTHING",
-                args![id, s.t_ms, s.bytes_done as i64, s.rate],
-            )?;
-            let n = tx
-                .one("SELECT COUNT(*) FROM job_rates WHERE job = ?1", args![id])?
-                .int(0)?;
-            if n as usize > MAX_JOB_SAMPLES {
-                let times: Vec<i64> = tx
-                    .rows(
-                        "SELECT t_ms FROM job_rates WHERE job = ?1 ORDER BY t_ms",
-                        args![id],
-                    )?
-                    .into_iter()
-                    .map(|mut r| r.int(0))
-                    .collect::<Result<_, _>>()?;
-                // From the second oldest, every other one; the newest always stays.
-                for &t in times[..times.len() - 1].iter().skip(1).step_by(2) {
-                    tx.run(
-                        "DELETE FROM job_rates WHERE job = ?1 AND t_ms = ?2",
-                        args![id, t],
-                    )?;
-                }
-            }
-            Ok(())
-        })
+        self.lock().transaction(|tx| add_rate_on(tx, id, s))
     }
 
     /// Job `id`'s rate samples, oldest first.
@@ -713,6 +701,67 @@ impl Store {
         }
         Ok(out)
     }
+}
+
+/// One running job's writes of a scheduler tick ([`Store::progress_many`]): its counters, and
+/// a rate sample when one is due.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct TickWrite {
+    pub id: i64,
+    pub progress: Progress,
+    pub sample: Option<RateSample>,
+}
+
+/// Writes job `id`'s counters if it runs as `runner`; how many rows changed (0 or 1).
+fn progress_on(
+    db: &mut Database,
+    runner: &str,
+    id: i64,
+    p: &Progress,
+) -> Result<u64, ServiceError> {
+    Ok(db.run(
+        "UPDATE jobs SET files_done = ?2, files_total = ?3, bytes_done = ?4, \
+         bytes_total = ?5, rate = ?6 WHERE id = ?1 AND state = 'running' AND runner = ?7",
+        args![
+            id,
+            p.files_done as i64,
+            p.files_total as i64,
+            p.bytes_done as i64,
+            p.bytes_total as i64,
+            p.rate,
+            runner
+        ],
+    )?)
+}
+
+/// [`Store::add_rate`] on a connection the caller holds (in its transaction).
+fn add_rate_on(tx: &mut Database, id: i64, s: &RateSample) -> Result<(), ServiceError> {
+    tx.run(
+        "INSERT INTO job_rates (job, t_ms, bytes_done, rate) VALUES (?1, ?2, ?3, ?4) \
+         ON CONFLICT DO NOTHING",
+        args![id, s.t_ms, s.bytes_done as i64, s.rate],
+    )?;
+    let n = tx
+        .one("SELECT COUNT(*) FROM job_rates WHERE job = ?1", args![id])?
+        .int(0)?;
+    if n as usize > MAX_JOB_SAMPLES {
+        let times: Vec<i64> = tx
+            .rows(
+                "SELECT t_ms FROM job_rates WHERE job = ?1 ORDER BY t_ms",
+                args![id],
+            )?
+            .into_iter()
+            .map(|mut r| r.int(0))
+            .collect::<Result<_, _>>()?;
+        // From the second oldest, every other one; the newest always stays.
+        for &t in times[..times.len() - 1].iter().skip(1).step_by(2) {
+            tx.run(
+                "DELETE FROM job_rates WHERE job = ?1 AND t_ms = ?2",
+                args![id, t],
+            )?;
+        }
+    }
+    Ok(())
 }
 
 /// Job `id` with its sources, on a connection the caller holds.

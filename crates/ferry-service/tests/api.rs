@@ -264,6 +264,16 @@ async fn metrics_follow_prometheus_conventions() {
         count("ferry_service_store_lock_hold_seconds_count ") > 3,
         "{text}"
     );
+    // Each of the client's requests came on a new connection: its handshakes are counted.
+    assert!(
+        text.lines()
+            .any(|l| l == "# TYPE ferry_service_api_tls_handshake_seconds histogram"),
+        "{text}"
+    );
+    assert!(
+        count("ferry_service_api_tls_handshake_seconds_count ") >= 2,
+        "{text}"
+    );
     svc.stop().await;
     server.stop().await;
 }

@@ -91,6 +91,7 @@ on_both!(
         a_link_keeps_at_most_its_bound_of_samples,
         link_tunings_are_kept_replaced_and_survive_a_reopen,
         a_job_records_its_runner_and_only_a_stale_one_is_taken_over,
+        a_tick_writes_its_running_jobs_at_one_take_and_skips_the_others,
     ],
     [
         of_services_sharing_a_queue_one_claims_a_job,
@@ -190,6 +191,71 @@ fn progress_and_finish_are_recorded_and_only_while_running(b: &Backend) {
     assert_eq!(got.state, State::Done);
     assert!(got.finished_ms.is_some());
     assert!(!s.finish(j.id, State::Failed, Some("late")).unwrap());
+}
+
+/// A scheduler tick's writes: every job still running here gets its counters and sample, one
+/// that is not (cancelled, ended, never started) is skipped with its sample, at one take of
+/// the lock for them all.
+fn a_tick_writes_its_running_jobs_at_one_take_and_skips_the_others(b: &Backend) {
+    let s = b.store();
+    let id = || s.submit(&new_job("a", 0)).unwrap().id;
+    let (run, also, cancelled, done, queued) = (id(), id(), id(), id(), id());
+    for j in [run, also, cancelled, done] {
+        assert!(s.start(j).unwrap());
+    }
+    s.cancel(cancelled).unwrap();
+    assert!(s.finish(done, State::Done, None).unwrap());
+    let p = |n: u64| Progress {
+        files_done: n,
+        files_total: 9,
+        bytes_done: n * 10,
+        bytes_total: 90,
+        rate: n as f64,
+    };
+    let sample = |t_ms: i64| RateSample {
+        t_ms,
+        bytes_done: 30,
+        rate: 2.5,
+    };
+    let tick = |n: u64, with_sample: bool| -> Vec<TickWrite> {
+        [run, also, cancelled, done, queued]
+            .into_iter()
+            .map(|id| TickWrite {
+                id,
+                progress: p(n),
+                sample: with_sample.then(|| sample(n as i64)),
+            })
+            .collect()
+    };
+    let takes = || s.lock_times().1.count();
+    let before = takes();
+    let skipped = s.progress_many(&tick(3, true)).unwrap();
+    assert_eq!(takes(), before + 1, "one take of the lock for the tick");
+    assert_eq!(skipped, vec![cancelled, done, queued]);
+    for j in [run, also] {
+        let got = s.get(j).unwrap().unwrap();
+        assert_eq!(
+            (got.files_done, got.bytes_done, got.bytes_total, got.rate),
+            (3, 30, 90, 3.0)
+        );
+        assert_eq!(s.rates(j).unwrap(), vec![sample(3)]);
+    }
+    for j in [cancelled, done, queued] {
+        let got = s.get(j).unwrap().unwrap();
+        assert_eq!((got.files_done, got.bytes_done), (0, 0), "job {j}");
+        assert!(s.rates(j).unwrap().is_empty(), "job {j}");
+    }
+    // A tick without samples writes the counters only.
+    assert_eq!(
+        s.progress_many(&tick(5, false)).unwrap(),
+        vec![cancelled, done, queued]
+    );
+    assert_eq!(s.get(run).unwrap().unwrap().files_done, 5);
+    assert_eq!(s.rates(run).unwrap().len(), 1);
+    // Nothing to write takes nothing.
+    let before = takes();
+    assert!(s.progress_many(&[]).unwrap().is_empty());
+    assert_eq!(takes(), before);
 }
 
 fn cancel_ends_queued_and_running_jobs_but_not_ended_ones(b: &Backend) {
@@ -526,4 +592,28 @@ fn a_restart_requeues_only_its_own_running_jobs(b: &Backend) {
         0,
         "a lost job's old runner writes nothing"
     );
+    let tick = TickWrite {
+        id: j2,
+        progress: Progress {
+            files_done: 9,
+            ..Progress::default()
+        },
+        sample: Some(RateSample {
+            t_ms: 1,
+            bytes_done: 1,
+            rate: 1.0,
+        }),
+    };
+    assert_eq!(
+        two.progress_many(&[tick]).unwrap(),
+        vec![j2],
+        "nor in a tick"
+    );
+    assert_eq!(one.get(j2).unwrap().unwrap().files_done, 0);
+    assert!(one.rates(j2).unwrap().is_empty());
+    assert!(
+        one.progress_many(&[tick]).unwrap().is_empty(),
+        "its new runner's"
+    );
+    assert_eq!(one.get(j2).unwrap().unwrap().files_done, 9);
 }
