@@ -240,14 +240,22 @@ impl Root {
 
     /// Creates `rel` and any missing parents, like `mkdir -p`, each step confined.
     pub fn create_dir_all(&self, rel: &str) -> Result<(), FsError> {
+        self.make_dir_all(rel).map(|_| ())
+    }
+
+    /// [`Self::create_dir_all`], and whether this call made `rel` itself (its `mkdir`
+    /// succeeded here, so it was empty then): a receiver need not look for a file in the way
+    /// in a directory it made.
+    pub fn make_dir_all(&self, rel: &str) -> Result<bool, FsError> {
         validate_rel(rel)?;
         if rel.is_empty() {
-            return Ok(());
+            return Ok(false);
         }
         // Fast path: most calls find the directory already there.
         if self.open_dir(rel).is_ok() {
-            return Ok(());
+            return Ok(false);
         }
+        let mut made = false;
         let mut done = 0;
         for (i, _) in rel
             .match_indices('/')
@@ -256,8 +264,9 @@ impl Root {
             let prefix = &rel[..i];
             let (dir, name) = self.parent(prefix)?;
             match rfs::mkdirat(&dir, name, Mode::from_raw_mode(0o755)) {
-                Ok(()) => {}
+                Ok(()) => made = true,
                 Err(rustix::io::Errno::EXIST) => {
+                    made = false;
                     // Must be a directory (or a link to one inside the root).
                     self.open_dir(prefix)?;
                 }
@@ -266,7 +275,7 @@ impl Root {
             done = i;
         }
         debug_assert_eq!(done, rel.len());
-        Ok(())
+        Ok(made)
     }
 
     /// Creates a new file `name` in directory `dir_rel` with `O_EXCL`, readable only by the
@@ -417,11 +426,24 @@ pub fn open_unnamed(dir: &OwnedFd, mode: u32) -> std::io::Result<OwnedFd> {
 }
 
 /// Gives the unnamed file `file` (from [`open_unnamed`]) the name `name` in `dir`. An existing
-/// `name` is kept and `EEXIST` returned, as [`rename_in`] does without `replace`. Through
-/// `/proc/self/fd`: `linkat(AT_EMPTY_PATH)` would need `CAP_DAC_READ_SEARCH`.
+/// `name` is kept and `EEXIST` returned, as [`rename_in`] does without `replace`.
+///
+/// By the descriptor itself (`linkat(AT_EMPTY_PATH)`) where the kernel lets this process
+/// (`CAP_DAC_READ_SEARCH`, or since Linux 6.10 the file's opener), else through
+/// `/proc/self/fd`, whose path walk costs a few microseconds per file; which one works is
+/// learnt on the first link.
 pub fn link_unnamed(file: BorrowedFd<'_>, dir: &OwnedFd, name: &str) -> std::io::Result<()> {
     use std::os::fd::AsRawFd;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    /// Cleared once the kernel refused `AT_EMPTY_PATH` (`ENOENT`, its answer without the right).
+    static EMPTY_PATH: AtomicBool = AtomicBool::new(true);
     debug_assert!(!name.contains('/') && name != ".." && name != ".");
+    if EMPTY_PATH.load(Ordering::Relaxed) {
+        match rfs::linkat(file, "", dir, name, AtFlags::EMPTY_PATH) {
+            Err(rustix::io::Errno::NOENT) => EMPTY_PATH.store(false, Ordering::Relaxed),
+            r => return r.map_err(Into::into),
+        }
+    }
     let proc = format!("/proc/self/fd/{}", file.as_raw_fd());
     rfs::linkat(rfs::CWD, proc.as_str(), dir, name, AtFlags::SYMLINK_FOLLOW).map_err(Into::into)
 }
@@ -500,9 +522,21 @@ pub fn set_link_mtime(dir: &OwnedFd, name: &str, mtime_ns: i64) -> std::io::Resu
     rfs::utimensat(dir, name, &timestamps(mtime_ns), AtFlags::SYMLINK_NOFOLLOW).map_err(Into::into)
 }
 
-/// Sets mode and mtime on an open file.
-pub fn set_file_meta(file: &File, mode: u32, mtime_ns: i64) -> std::io::Result<()> {
-    rfs::fchmod(file, Mode::from_raw_mode(mode & 0o7777))?;
+/// Sets mode and mtime on an open file. `may_have_mode`: it was created with the mode's
+/// permission bits, so it may have the mode already (unless the umask or a default ACL took
+/// some): looked at first, as a `fstat` changes nothing and costs far less than a `fchmod`,
+/// which dirties the inode (on ext4 a journal handle of its own).
+pub fn set_file_meta(
+    file: &File,
+    mode: u32,
+    mtime_ns: i64,
+    may_have_mode: bool,
+) -> std::io::Result<()> {
+    let mode = mode & 0o7777;
+    let has = may_have_mode && rfs::fstat(file)?.st_mode & 0o7777 == mode;
+    if !has {
+        rfs::fchmod(file, Mode::from_raw_mode(mode))?;
+    }
     rfs::futimens(file, &timestamps(mtime_ns))?;
     Ok(())
 }
@@ -625,8 +659,14 @@ mod tests {
         assert!(root.create_dir_all("dotdot/x").is_err());
         assert!(root.create_dir_all("abs/x").is_err());
         assert!(!outer.path().join("x").exists());
-        root.create_dir_all("a/b/c").unwrap();
+        assert!(root.make_dir_all("a/b/c").unwrap(), "made here");
         assert!(root_dir.join("a/b/c").is_dir());
+        assert!(!root.make_dir_all("a/b/c").unwrap(), "there already");
+        assert!(
+            !root.make_dir_all("a/b").unwrap(),
+            "made as a parent, not asked for"
+        );
+        assert!(root.make_dir_all("a/b/d").unwrap());
         assert_eq!(root.lstat("up").unwrap().kind, Kind::Symlink);
     }
 }

@@ -150,11 +150,21 @@ impl Receiver {
             Err(e) => return fail(e.code(), format!("{}: {e}", meta.path)),
         };
         let (dir_rel, name) = split_parent(&rel);
-        let dir = match self.dir(dir_rel) {
+        let (dir, made) = match self.dir_made(dir_rel) {
             Ok(d) => d,
             Err(e) => return fail(e.code(), format!("{}: {e}", meta.path)),
         };
-        match root::lstat_in(&dir, name) {
+        // In a directory this session made there is nothing to find but what another process
+        // put there since, and the commit refuses to replace that (`RENAME_NOREPLACE`, the
+        // link) unless overwriting, so the lookup is spared: one `lstat` per file on the path
+        // every decision waits on. Not with `--skip-existing`, which skips such a file rather
+        // than failing it.
+        let existing = if made && self.config.existing != ExistingPolicy::Skip {
+            Err(std::io::ErrorKind::NotFound.into())
+        } else {
+            root::lstat_in(&dir, name)
+        };
+        match existing {
             Ok(m) if m.kind == root::Kind::Dir => {
                 return fail(
                     ErrorCode::EXISTS,

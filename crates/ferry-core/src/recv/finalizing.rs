@@ -1,5 +1,5 @@
-//! Finalizing: verify a written file's digest, then, in batches, set its metadata, make it
-//! durable and rename it into place.
+//! Finalizing: verify a written file's digest and set its metadata (on the writer's thread),
+//! then, in batches, make it durable and rename it into place.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -57,6 +57,22 @@ impl Receiver {
                 ),
                 true,
             );
+            return;
+        }
+        // On the writer's thread, not the finalizer's: the finalizer serves every file of the
+        // session in turn. No write of it is under way any more (`advance` hands a file on
+        // only then), so none can reset the mtime after this.
+        let mode = w.mode;
+        if let Err(e) = root::set_file_meta(
+            &file,
+            mode,
+            entry.meta.mtime_ns,
+            w.naming == Naming::Unnamed,
+        ) {
+            let msg = format!("{}: setting mode/mtime: {e}", entry.meta.path);
+            let code = FsError::io(&entry.meta.path, e).code();
+            *lock(&entry.slot) = Slot::Writing(Box::new(w));
+            self.fail(entry, code, msg, true);
             return;
         }
         let job = FinalizeJob {
@@ -130,19 +146,9 @@ impl Receiver {
         }
     }
 
-    pub(super) fn finalize_batch(&self, batch: Vec<FinalizeJob>) {
-        let mut ok = Vec::with_capacity(batch.len());
-        for job in batch {
-            let mode = self.config.modes.apply(job.meta.mode);
-            match root::set_file_meta(&job.file, mode, job.meta.mtime_ns) {
-                Ok(()) => ok.push(job),
-                Err(e) => self.finalize_failed(
-                    &job,
-                    format!("{}: setting mode/mtime: {e}", job.meta.path),
-                    e,
-                ),
-            }
-        }
+    /// Makes a batch of verified files, their mode and mtime set, durable and gives each its
+    /// final name.
+    pub(super) fn finalize_batch(&self, ok: Vec<FinalizeJob>) {
         let hook = self.commit_hook.get().filter(|_| !ok.is_empty());
         if let Some(hook) = hook {
             if let Err(e) = self.tell_before_sync(hook.as_ref(), &ok) {

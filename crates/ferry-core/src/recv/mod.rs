@@ -9,9 +9,10 @@
 //!        │ exists & policy=fail ──▶ Failed ──┤
 //!        ▼                                   │
 //!     Writing ── write error / sender gave up ──▶ Failed (temp removed)
-//!        │ all bytes written, digest matches     │
+//!        │ all bytes written, digest matches,    │
+//!        │ mode and mtime set                    │
 //!        ▼                                       │
-//!    Finalizing ── (batched: syncfs, rename, fsync dir) ──▶ Done ──▶ resolved
+//!    Finalizing ── (batched: syncfs, rename or link, fsync dir) ──▶ Done ──▶ resolved
 //! ```
 //!
 //! Data lands in a hidden temporary file `.ferry-<session>-<id>.part` next to the final name,
@@ -27,7 +28,9 @@
 //! that arrives ahead of the cursor is written and hashed later by reading it back, which comes
 //! from the page cache because it was just written.
 //!
-//! Durability is grouped: the finalizer takes every file that is ready, makes the batch durable
+//! The writer that completes a file verifies it and sets its mode and mtime on its descriptor
+//! (an unnamed file is made with its permission bits, so most need no `fchmod`). Durability is
+//! grouped: the finalizer takes every file that is ready, makes the batch durable
 //! with one `syncfs` (or one `fsync` for a lone file), renames (or links) each with
 //! `RENAME_NOREPLACE` unless overwriting, then fsyncs each parent directory once. Many small files therefore share
 //! one sync latency instead of paying one each in series. A [`CommitHook`] (a server's catalog)

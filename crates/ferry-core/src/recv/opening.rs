@@ -47,6 +47,7 @@ impl Receiver {
             temp,
             naming: Naming::Temp,
             name: name.to_owned(),
+            mode: self.config.modes.apply(meta.mode),
             written: Ranges::default(),
             cursor: 0,
             tree: None,

@@ -28,7 +28,8 @@ pub struct Receiver {
     pub(super) files: Mutex<HashMap<FileId, Arc<FileEntry>>>,
     /// Destination directories already created and opened: per file, creating the temporary
     /// file is then one `openat` of a single name instead of a confined walk of the whole path.
-    pub(super) dirs: Mutex<HashMap<String, Arc<OwnedFd>>>,
+    /// With each, whether this session made it (see [`Receiver::dir_made`]).
+    pub(super) dirs: Mutex<HashMap<String, (Arc<OwnedFd>, bool)>>,
     pub(super) dir_meta: Mutex<Vec<(String, u32, i64)>>,
     pub(super) finalize_tx: Mutex<Option<flume::Sender<FinalizeJob>>>,
     pub(super) finalizer: Mutex<Option<JoinHandle<()>>>,
@@ -263,13 +264,23 @@ impl Receiver {
 
     /// Creates (`mkdir -p`, confined) and opens a destination directory, once per directory.
     pub(super) fn dir(&self, dir_rel: &str) -> Result<Arc<OwnedFd>, FsError> {
+        self.dir_made(dir_rel).map(|(fd, _)| fd)
+    }
+
+    /// [`Self::dir`], and whether this session made the directory: it was empty then, so what
+    /// is in it came from this session, or from another process since (which a link or a
+    /// rename without `--overwrite` still refuses to replace).
+    pub(super) fn dir_made(&self, dir_rel: &str) -> Result<(Arc<OwnedFd>, bool), FsError> {
         if let Some(d) = lock(&self.dirs).get(dir_rel) {
             return Ok(d.clone());
         }
-        self.dest.root.create_dir_all(dir_rel)?;
+        let made = self.dest.root.make_dir_all(dir_rel)?;
         let fd = Arc::new(self.dest.root.open_dir(dir_rel)?);
-        lock(&self.dirs).insert(dir_rel.to_owned(), fd.clone());
-        Ok(fd)
+        let mut dirs = lock(&self.dirs);
+        // Two writers may race here: the one whose mkdir made it says so, whichever is first.
+        let d = dirs.entry(dir_rel.to_owned()).or_insert((fd, made));
+        d.1 |= made;
+        Ok(d.clone())
     }
 
     /// After completion: stops the finalizer, applies directory metadata (deepest first, since

@@ -111,6 +111,9 @@ pub(super) struct Writing {
     /// Whether the file has (or is to get) its temporary name, or none at all.
     pub(super) naming: Naming,
     pub(super) name: String,
+    /// The mode the file is to have (the session's policy applied); an unnamed file is
+    /// created with its permission bits, so that most need no `fchmod` once written.
+    pub(super) mode: u32,
     pub(super) written: Ranges,
     /// The in-order digest (every file not in tree mode); `None` while a writer reads back
     /// outside the lock, and in tree mode.
@@ -175,8 +178,11 @@ impl Writing {
         if let Some(f) = &self.file {
             return Ok(f.clone());
         }
+        // Unnamed, it can be opened by no one else (`/proc/<pid>/fd` asks ptrace rights), so
+        // it may have its final permission bits from the start; a named one stays 0600 until
+        // it is finished.
         let unnamed = match self.naming {
-            Naming::TryUnnamed => root::open_unnamed(&self.dir, 0o600).ok(),
+            Naming::TryUnnamed => root::open_unnamed(&self.dir, self.mode & 0o777).ok(),
             _ => None,
         };
         let fd = match unnamed {

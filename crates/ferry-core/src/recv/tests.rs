@@ -1190,3 +1190,130 @@ fn a_name_taken_before_the_commit_is_kept() {
         .collect();
     assert_eq!(names, ["f.bin"], "nothing else left behind");
 }
+
+/// A one-block frame of `data` for file `id` at `path`, whole, with its file digest.
+fn whole_block(id: u64, path: &str, mode: u32, mtime_ns: i64, data: &Bytes) -> Frame {
+    let mut h = FileHasher::new(ChecksumAlgo::Blake3);
+    h.update(data);
+    Frame::Block(Block {
+        file: FileMeta {
+            id: FileId(id),
+            path: path.into(),
+            size: data.len() as u64,
+            mode,
+            mtime_ns,
+        },
+        offset: 0,
+        digest: block_digest(data),
+        file_digest: Some(Bytes::from(h.finalize())),
+        early: false,
+        data: data.clone(),
+    })
+}
+
+/// In a directory the session made, an offer is answered without looking for the file there
+/// (it was empty when made). A file another process put there since is still never replaced:
+/// the commit refuses the name, the file fails and theirs stays, nothing of ours left beside
+/// it. In a directory that was there before, the lookup still answers first.
+#[test]
+fn a_file_in_a_directory_the_session_made_never_replaces_one_put_there_since() {
+    let dir = tempfile::tempdir().unwrap();
+    let (data, _) = contents(3000, 23);
+    let (r, rx) = receiver(dir.path());
+    // `in` was there before the offers (the receiver makes its base when it starts).
+    std::fs::write(dir.path().join("in/old.bin"), b"old").unwrap();
+    r.handle(offer(1, "old.bin", 3000)).unwrap();
+    match decision(&rx) {
+        Decision::Fail { code, .. } => assert_eq!(code, ErrorCode::EXISTS),
+        other => panic!("expected Fail, got {other:?}"),
+    }
+    r.handle(Frame::Dir {
+        path: "sub".into(),
+        mode: 0o755,
+        mtime_ns: 0,
+    })
+    .unwrap();
+    std::fs::write(dir.path().join("in/sub/g.bin"), b"theirs").unwrap();
+    let mut o = offer(2, "sub/g.bin", 3000);
+    if let Frame::Offer { entries } = &mut o {
+        entries[0].mode = 0o644;
+    }
+    r.handle(o).unwrap();
+    assert_eq!(
+        decision(&rx),
+        Decision::Send,
+        "not looked for in a directory made here"
+    );
+    r.expect(2, 1, 0);
+    r.handle(whole_block(2, "sub/g.bin", 0o644, 0, &data))
+        .unwrap();
+    match rx.recv_timeout(std::time::Duration::from_secs(5)).unwrap() {
+        Frame::FileFailed { file, message, .. } => {
+            assert_eq!(file, FileId(2));
+            assert!(message.contains("sub/g.bin"), "{message}");
+        }
+        other => panic!("expected FileFailed, got {other:?}"),
+    }
+    r.done()
+        .recv_timeout(std::time::Duration::from_secs(5))
+        .expect("every entry resolves");
+    let summary = r.finish();
+    assert_eq!((summary.files, summary.failed), (0, 2), "{summary:?}");
+    assert_eq!(
+        std::fs::read(dir.path().join("in/sub/g.bin")).unwrap(),
+        b"theirs"
+    );
+    let names: Vec<_> = std::fs::read_dir(dir.path().join("in/sub"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(names, ["g.bin"], "nothing else left behind");
+}
+
+/// Each stored file has the sender's mode (the policy applied) and mtime, whether or not it
+/// was created with its permission bits (an unnamed one is, and the umask may take some of
+/// them, which the receiver must then put back) and whatever the bits ask.
+#[test]
+fn one_block_files_get_their_mode_and_mtime_whatever_the_umask_took() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let dir = tempfile::tempdir().unwrap();
+    let (data, _) = contents(3000, 29);
+    let (r, rx) = receiver(dir.path());
+    let files = [
+        (1u64, "a.bin", 0o644u32, 1_600_000_000_123_456_789i64),
+        (2, "b.bin", 0o666, 1_500_000_000_000_000_007),
+        (3, "c.bin", 0o640, 7),
+        (4, "d.bin", 0o4755, -1_000_000_001),
+        (5, "e.bin", 0o000, 0),
+    ];
+    for &(id, path, mode, mtime_ns) in &files {
+        r.handle(Frame::Offer {
+            entries: vec![OfferEntry {
+                file: FileId(id),
+                path: path.into(),
+                size: data.len() as u64,
+                mode,
+                mtime_ns,
+            }],
+        })
+        .unwrap();
+        assert_eq!(decision(&rx), Decision::Send);
+    }
+    r.expect(files.len() as u64, 0, 0);
+    for &(id, path, mode, mtime_ns) in &files {
+        r.handle(whole_block(id, path, mode, mtime_ns, &data))
+            .unwrap();
+    }
+    r.done()
+        .recv_timeout(std::time::Duration::from_secs(5))
+        .expect("every file resolves");
+    let summary = r.finish();
+    assert_eq!((summary.files, summary.failed), (5, 0), "{summary:?}");
+    for &(_, path, mode, mtime_ns) in &files {
+        let m = std::fs::symlink_metadata(dir.path().join("in").join(path)).unwrap();
+        let want = Modes::default().apply(mode);
+        assert_eq!(m.permissions().mode() & 0o7777, want, "{path}: mode");
+        let got = m.mtime() * 1_000_000_000 + m.mtime_nsec();
+        assert_eq!(got, mtime_ns, "{path}: mtime");
+    }
+}
