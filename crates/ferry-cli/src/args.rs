@@ -764,6 +764,11 @@ pub struct CpArgs {
     /// rerun resumes both legs; the spool is removed once the copy is stored.
     #[arg(long, conflicts_with = "dest_addr")]
     pub via_client: bool,
+    /// Let the destination fetch from the source (a get with the source's read grant) instead
+    /// of the source sending to it: for a destination behind a firewall that lets it connect
+    /// out only. A source endpoint of several hosts is always pulled, striped over them.
+    #[arg(long, conflicts_with_all = ["dest_addr", "via_client"])]
+    pub pull: bool,
     #[command(flatten)]
     pub transfer: TransferArgs,
 }

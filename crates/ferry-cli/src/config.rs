@@ -773,8 +773,8 @@ pub fn copy_config(
         servers.dest_fingerprint.as_deref(),
     );
     let (mut source, dest) = (source?, dest?);
-    // Only a copy's destination stripes (its hosts write the blocks the source sends); a
-    // source's hosts would read them, which a copy does not do yet.
+    // `--stripe` names the destination's other hosts (they write the blocks the source
+    // sends); a source endpoint's hosts are added by `cp_config` (the destination pulls).
     source.stripe.clear();
     if !dest.stripe.is_empty() && cmd != "cp" {
         bail!("{cmd} between two servers is not striped yet; drop --stripe");
@@ -792,7 +792,8 @@ pub fn copy_config(
 /// `cp`'s configuration: [`copy_config`], with an `[endpoints]` name on either side resolved
 /// to its first host (its token, if it has one, that side's unless one was given). The
 /// destination endpoint's other hosts, and `--stripe`, are the copy's stripe hosts; a source
-/// endpoint of several hosts is refused (a copy does not stripe its source yet).
+/// endpoint's other hosts are the source's (the destination then pulls, `copy::copy`). Both
+/// is refused: a copy stripes one side.
 pub fn cp_config(
     t: &TransferArgs,
     servers: &ServerPairArgs,
@@ -809,15 +810,17 @@ pub fn cp_config(
         };
         anyhow::Ok((named, others, token))
     };
-    let (named, others, source_token) = endpoint(src, &servers.source_token)?;
-    if !others.is_empty() {
+    let (named, source_others, source_token) = endpoint(src, &servers.source_token)?;
+    let (_, others, dest_token) = endpoint(dst, &servers.dest_token)?;
+    let dest_striped = !others.is_empty() || !t.stripe.is_empty();
+    if !source_others.is_empty() && dest_striped {
         bail!(
-            "endpoint `{named}` has {} hosts: cp stripes into a destination endpoint, not from \
-             a source one yet; name one of its hosts as the source",
-            others.len() + 1
+            "endpoint `{named}` has {} hosts and the destination is striped too: cp stripes \
+             its source (the destination pulls) or its destination (the source pushes), not \
+             both yet; name one host of either",
+            source_others.len() + 1
         );
     }
-    let (_, others, dest_token) = endpoint(dst, &servers.dest_token)?;
     let pair = ServerPairArgs {
         dest_addr: servers.dest_addr.clone(),
         source_token,
@@ -833,6 +836,15 @@ pub fn cp_config(
     }
     if !cfg.dest.stripe.is_empty() && cfg.dest_addr.is_some() {
         bail!("--dest-addr names one host: a striped copy's source reaches every host by its name");
+    }
+    for h in &source_others {
+        cfg.source.stripe.push(stripe_host(&t.conn, h)?);
+    }
+    if !cfg.source.stripe.is_empty() && cfg.dest_addr.is_some() {
+        bail!(
+            "--dest-addr is for a copy the source pushes; from endpoint `{named}` the \
+             destination pulls, reaching each source host by its name"
+        );
     }
     Ok(cfg)
 }

@@ -1675,7 +1675,31 @@ pub async fn get_into(
         });
         let reporter = reporter.clone();
         let filter = &filter;
-        async move { get_to(cfg, (src, filter), destination?, reporter).await }
+        async move { get_to(cfg, (src, filter), (destination?, None), reporter).await }
+    })
+    .await
+}
+
+/// Sets up a get's receiver before it answers any offer (a pulled copy's destination server:
+/// its catalog's digests and commit hook).
+pub(crate) type ReceiverSetup<'a> = dyn Fn(&Arc<Receiver>) + Send + Sync + 'a;
+
+/// [`get`] into the `Destination` that `into` opens for each attempt, its receiver set up by
+/// `setup`: a pulled copy's destination server, which confines what it stores beneath its
+/// client's write scope and records it as a put would.
+pub(crate) async fn get_to_destination(
+    cfg: &ClientConfig,
+    src: &str,
+    into: impl Fn() -> Result<Destination, SessionError>,
+    setup: &ReceiverSetup<'_>,
+    reporter: Arc<dyn Reporter>,
+) -> Result<TransferReport, SessionError> {
+    let filter = Filter::default();
+    with_retries(cfg, &reporter, || {
+        let destination = into();
+        let reporter = reporter.clone();
+        let filter = &filter;
+        async move { get_to(cfg, (src, filter), (destination?, Some(setup)), reporter).await }
     })
     .await
 }
@@ -1693,14 +1717,14 @@ async fn get_once(
     } else {
         local_destination(dest)?
     };
-    get_to(cfg, (src, filter), destination, reporter).await
+    get_to(cfg, (src, filter), (destination, None), reporter).await
 }
 
-/// One attempt of a get of `src` into `destination`.
+/// One attempt of a get of `src` into `destination`, its receiver set up by `setup` first.
 async fn get_to(
     cfg: &ClientConfig,
     (src, filter): (&str, &Filter),
-    destination: Destination,
+    (destination, setup): (Destination, Option<&ReceiverSetup<'_>>),
     reporter: Arc<dyn Reporter>,
 ) -> Result<TransferReport, SessionError> {
     let t0 = Instant::now();
@@ -1738,6 +1762,9 @@ async fn get_to(
     };
     let receiver = Receiver::new(destination, config, tx, reporter)?;
     receiver.set_filter(filter.clone());
+    if let Some(setup) = setup {
+        setup(&receiver);
+    }
     let same_host = c.addr.ip().is_loopback();
     let connections = usize::from(opts.streams);
     let writers = Writers::new(cfg.writers, cfg.tune_storage, CLIENT_MOST);

@@ -1,7 +1,8 @@
 //! The client of a third-party copy: server A puts into server B while this client only
 //! holds a control session to each. B mints a grant for this one transfer; A presents it,
-//! pinning B by the key this client trusts B by; the data flows from A to B directly.
-//! docs/PROTOCOL.md, "Third-party copies".
+//! pinning B by the key this client trusts B by; the data flows from A to B directly. A
+//! pulled copy turns the roles around: A (and each other host of a source endpoint) mints a
+//! read grant, and B gets with it. docs/PROTOCOL.md, "Third-party copies", "Pulled copies".
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -52,8 +53,8 @@ pub struct CopyReport {
     pub destination: String,
     /// The destination's key, as this client pinned it and handed it to the source.
     pub destination_fingerprint: String,
-    /// The source's report of its put to the destination (streams, tuning, bottleneck), as
-    /// it sent it.
+    /// The report of the transfer the running server ran, as it sent it (streams, tuning,
+    /// bottleneck, stripe hosts): the source's put, or a pulled copy's destination's get.
     pub source_report: serde_json::Value,
     pub errors: Vec<String>,
 }
@@ -65,14 +66,42 @@ impl CopyReport {
 }
 
 /// Copies `src` on the source server into `dest` on the destination, retrying (and resuming:
-/// the destination keeps what is verified) on failures that a retry can fix.
+/// the destination keeps what is verified) on failures that a retry can fix. A source of
+/// several hosts (`cfg.source.stripe`) is pulled, as [`pull`] does.
 pub async fn copy(
     cfg: &CopyConfig,
     src: &str,
     dest: &str,
     reporter: Arc<dyn Reporter>,
 ) -> Result<CopyReport, SessionError> {
-    copy_chosen(cfg, (src, None), dest, reporter).await
+    let how = match cfg.source.stripe.is_empty() {
+        true => How::Push,
+        false => How::Pull,
+    };
+    copy_chosen(cfg, (src, None), dest, how, reporter).await
+}
+
+/// [`copy`] that the destination runs as a get from the source, the source's other hosts
+/// (`cfg.source.stripe`) sending blocks too: the client asks the source for a read grant, each
+/// other host for a stripe read grant, and the destination to pull with them. It serves a
+/// source that cannot reach the destination (a firewall that lets the destination connect
+/// out only) and a source of several hosts.
+pub async fn pull(
+    cfg: &CopyConfig,
+    src: &str,
+    dest: &str,
+    reporter: Arc<dyn Reporter>,
+) -> Result<CopyReport, SessionError> {
+    copy_chosen(cfg, (src, None), dest, How::Pull, reporter).await
+}
+
+/// Which server runs a copy's transfer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum How {
+    /// The source puts into the destination with the destination's grant.
+    Push,
+    /// The destination gets from the source with the source's read grant.
+    Pull,
 }
 
 /// [`copy`] of only `paths` below the directory `src` (each `/`-separated below it: the files
@@ -94,18 +123,26 @@ pub async fn copy_only(
             MAX_COPY_SET >> 20
         )));
     }
-    copy_chosen(cfg, (src, Some(paths)), dest, reporter).await
+    copy_chosen(cfg, (src, Some(paths)), dest, How::Push, reporter).await
 }
 
 async fn copy_chosen(
     cfg: &CopyConfig,
     (src, only): (&str, Option<&[String]>),
     dest: &str,
+    how: How,
     reporter: Arc<dyn Reporter>,
 ) -> Result<CopyReport, SessionError> {
+    refuse_unsupported(cfg, only.is_some(), how)?;
     let t0 = Instant::now();
     let (mut report, attempts) = retrying(cfg.source.retry_for, reporter.as_ref(), || {
-        copy_once(cfg, (src, only), dest, reporter.clone())
+        let reporter = reporter.clone();
+        async move {
+            match how {
+                How::Push => push_once(cfg, (src, only), dest, reporter).await,
+                How::Pull => pull_once(cfg, src, dest, reporter).await,
+            }
+        }
     })
     .await?;
     report.attempts = attempts;
@@ -114,7 +151,31 @@ async fn copy_chosen(
     Ok(report)
 }
 
-async fn copy_once(
+/// Refuses, before anything is asked of a server, a copy this client cannot run as asked:
+/// a pushed copy's source stripes nothing (its hosts would have to read for it), a pulled
+/// copy's destination stripes nothing (its get writes on one host), and a copy of chosen
+/// paths is pushed.
+fn refuse_unsupported(cfg: &CopyConfig, only: bool, how: How) -> Result<(), SessionError> {
+    let why = match how {
+        How::Push if !cfg.source.stripe.is_empty() => {
+            "a copy pushed by its source (a sync between servers) stripes only its destination; \
+             name one host of the source"
+        }
+        How::Pull if only => {
+            "a copy of chosen paths (a sync between servers) is pushed by its source, not pulled"
+        }
+        How::Pull if !cfg.dest.stripe.is_empty() => {
+            "a copy stripes its source (pulled by the destination) or its destination (pushed \
+             by the source), not both yet: name one host of either endpoint"
+        }
+        _ => return Ok(()),
+    };
+    Err(SessionError::Protocol(why.into()))
+}
+
+/// One attempt of a pushed copy: the destination mints a grant (its other hosts each a stripe
+/// grant), the source puts with it.
+async fn push_once(
     cfg: &CopyConfig,
     (src, only): (&str, Option<&[String]>),
     dest: &str,
@@ -123,7 +184,14 @@ async fn copy_once(
     let t0 = Instant::now();
     let (granted, grant, fingerprint) = ask_grant(cfg, dest, reporter.as_ref()).await?;
     // Held until the copy ends: closing a stripe host's minting session revokes its grant.
-    let (_minting, stripes) = ask_stripe_grants(cfg, dest, reporter.clone()).await?;
+    let ask = Frame::StripeGrantRequest {
+        dest: dest.to_owned(),
+    };
+    let needs = (
+        Capabilities::STRIPE | Capabilities::STRIPE_COPY,
+        "striped copies (an older ferry, or not serve --stripe)",
+    );
+    let (_minting, stripes) = ask_stripe_grants(&cfg.dest, ask, needs, reporter.clone()).await?;
     let mut source = connect(&cfg.source, reporter.as_ref())
         .await
         .map_err(|e| at("source", &cfg.source.server, e))?;
@@ -149,6 +217,7 @@ async fn copy_once(
         opts: cfg.source.opts.clone(),
         only: only.is_some(),
         stripes,
+        pull: false,
     };
     send(&mut source.control, &Frame::CopyRequest(Box::new(request))).await?;
     if let Some(paths) = only {
@@ -156,8 +225,79 @@ async fn copy_once(
             .await
             .map_err(|e| at("source", &cfg.source.server, e))?;
     }
-    let (done, confirmed) = watch(cfg, source.control, granted.control, reporter.as_ref()).await?;
-    let (summary, json) = done;
+    let runner = (Side::Source, source.control);
+    let ended = watch(cfg, runner, Some(granted.control), reporter.as_ref()).await?;
+    Ok(copy_report(cfg, ended, fingerprint, t0))
+}
+
+/// One attempt of a pulled copy: the source mints a read grant (its other hosts each a
+/// stripe read grant), the destination gets with it. The destination is asked first, so that
+/// one that cannot pull is refused before any grant is minted.
+async fn pull_once(
+    cfg: &CopyConfig,
+    src: &str,
+    dest: &str,
+    reporter: Arc<dyn Reporter>,
+) -> Result<CopyReport, SessionError> {
+    let t0 = Instant::now();
+    let server = &cfg.dest.server;
+    let mut runner = connect(&cfg.dest, reporter.as_ref())
+        .await
+        .map_err(|e| at("destination", server, e))?;
+    // The report names the destination's key, as this client pinned it.
+    let Some(dest_key) = runner.tls.as_ref().and_then(|t| t.pin()) else {
+        return Err(SessionError::Tls(
+            "a third-party copy needs TLS to every server".into(),
+        ));
+    };
+    if !runner.caps.has(Capabilities::PULL_COPY) {
+        return Err(SessionError::Remote {
+            code: ErrorCode::DENIED,
+            message: format!("destination {server} cannot pull a copy (an older ferry)"),
+        });
+    }
+    let ask = Frame::ReadGrantRequest {
+        src: src.to_owned(),
+        stripe: false,
+    };
+    let needs = (Capabilities::PULL_COPY, "pulled copies (an older ferry)");
+    // Held until the copy ends: closing a minting session revokes its grant.
+    let (_minting, grant, fingerprint) = minted(&cfg.source, ask, needs, reporter.as_ref())
+        .await
+        .map_err(|e| at("source", &cfg.source.server, e))?;
+    let ask = Frame::ReadGrantRequest {
+        src: src.to_owned(),
+        stripe: true,
+    };
+    let needs = (
+        Capabilities::STRIPE | Capabilities::STRIPE_READ | Capabilities::PULL_COPY,
+        "striped pulled copies (an older ferry, or not serve --stripe)",
+    );
+    let (_stripe_minting, stripes) =
+        ask_stripe_grants(&cfg.source, ask, needs, reporter.clone()).await?;
+    let request = CopyRequest {
+        src: src.to_owned(),
+        dest: dest.to_owned(),
+        peer: cfg.source.server.clone(),
+        fingerprint: fingerprint.0,
+        grant,
+        opts: cfg.source.opts.clone(),
+        only: false,
+        stripes,
+        pull: true,
+    };
+    send(&mut runner.control, &Frame::CopyRequest(Box::new(request))).await?;
+    let ended = watch(cfg, (Side::Dest, runner.control), None, reporter.as_ref()).await?;
+    Ok(copy_report(cfg, ended, dest_key, t0))
+}
+
+/// What a copy did: the destination's own summary, the running server's report and errors.
+fn copy_report(
+    cfg: &CopyConfig,
+    ((summary, json), confirmed): Ended,
+    fingerprint: crate::tls::Fingerprint,
+    t0: Instant,
+) -> CopyReport {
     let source_report: serde_json::Value =
         serde_json::from_str(&json).unwrap_or(serde_json::Value::Null);
     let mut errors: Vec<String> = source_report
@@ -176,7 +316,7 @@ async fn copy_once(
         ));
     }
     let seconds = t0.elapsed().as_secs_f64();
-    Ok(CopyReport {
+    CopyReport {
         direction: "copy",
         files: confirmed.files,
         bytes: confirmed.bytes,
@@ -191,7 +331,7 @@ async fn copy_once(
         destination_fingerprint: fingerprint.to_string(),
         source_report,
         errors,
-    })
+    }
 }
 
 /// Sends the paths of a copy of chosen paths, each `CopyPaths` within a control frame. A
@@ -238,64 +378,60 @@ async fn ask_grant(
     dest: &str,
     reporter: &dyn Reporter,
 ) -> Result<(Connected, String, crate::tls::Fingerprint), SessionError> {
-    let server = &cfg.dest.server;
-    let mut c = connect(&cfg.dest, reporter)
-        .await
-        .map_err(|e| at("destination", server, e))?;
-    let Some(fingerprint) = c.tls.as_ref().and_then(|t| t.pin()) else {
-        return Err(SessionError::Tls(
-            "a third-party copy needs TLS to both servers: the source pins the destination's \
-             key"
-            .into(),
-        ));
-    };
     let ask = Frame::GrantRequest {
         dest: dest.to_owned(),
         existing: cfg.source.opts.existing,
     };
-    send(&mut c.control, &ask).await?;
-    let reply = tokio::time::timeout(
-        cfg.dest.connect_timeout,
-        expect_frame(&mut c.control, MAX_CONTROL_PAYLOAD, "control"),
-    )
-    .await
-    .map_err(|_| SessionError::Timeout("waiting for the destination's grant"))?;
-    match reply.map_err(|e| at("destination", server, e))? {
-        Frame::Granted { grant, .. } => Ok((c, grant, fingerprint)),
-        other => Err(unexpected("destination", server, other)),
-    }
+    minted(&cfg.dest, ask, (0, "third-party copies"), reporter)
+        .await
+        .map_err(|e| at("destination", &cfg.dest.server, e))
 }
 
-/// Logs in to each of the destination's other hosts (`cfg.dest.stripe`, all at once) and asks
-/// each for a stripe grant for `dest`. Returns the sessions that hold the grants (closing one
-/// revokes its grant) and the hosts as the source is to reach them. A host that cannot take
-/// part (not `serve --stripe`, no third-party copies, an older ferry) fails the copy here,
-/// named, before any data moves: the user asked for striping.
+/// Logs in to each of `side`'s other hosts (`side.stripe`, all at once) and asks each for a
+/// stripe grant with `ask` (a push's destination hosts write, a pull's source hosts read).
+/// Returns the sessions that hold the grants (closing one revokes its grant) and the hosts as
+/// the server running the copy is to reach them. A host that cannot take part (`needs`: the
+/// capability bits it must set, and what it then takes; not `serve --stripe` or
+/// `--third-party`, an older ferry) fails the copy here, named, before any data moves: the
+/// user asked for striping.
 async fn ask_stripe_grants(
-    cfg: &CopyConfig,
-    dest: &str,
+    side: &ClientConfig,
+    ask: Frame,
+    needs: (u64, &'static str),
     reporter: Arc<dyn Reporter>,
 ) -> Result<(Vec<Connected>, Vec<CopyStripe>), SessionError> {
-    if cfg.dest.stripe.len() > MAX_COPY_STRIPES {
+    if side.stripe.len() > MAX_COPY_STRIPES {
         return Err(SessionError::Protocol(format!(
             "a copy stripes over at most {MAX_COPY_STRIPES} other hosts, not {}",
-            cfg.dest.stripe.len()
+            side.stripe.len()
         )));
     }
     let mut asking = tokio::task::JoinSet::new();
-    for (i, host) in cfg.dest.stripe.iter().cloned().enumerate() {
+    for (i, host) in side.stripe.iter().cloned().enumerate() {
         let host_cfg = ClientConfig {
             server: host.server.clone(),
             security: host.security.clone(),
-            token: host.token.clone().unwrap_or_else(|| cfg.dest.token.clone()),
+            token: host.token.clone().unwrap_or_else(|| side.token.clone()),
             stripe: Vec::new(),
             multipath: false,
-            ..cfg.dest.clone()
+            ..side.clone()
         };
-        let (dest, reporter) = (dest.to_owned(), reporter.clone());
+        let (ask, reporter) = (ask.clone(), reporter.clone());
         asking.spawn(async move {
-            let asked = ask_stripe_grant(&host_cfg, &dest, reporter.as_ref()).await;
-            (i, asked.map_err(|e| at("stripe host", &host.server, e)))
+            let asked = minted(&host_cfg, ask, needs, reporter.as_ref()).await;
+            let stripe = asked.map(|(c, grant, fingerprint)| {
+                let addr = host_cfg.server.clone();
+                let fingerprint = fingerprint.0;
+                (
+                    c,
+                    CopyStripe {
+                        addr,
+                        fingerprint,
+                        grant,
+                    },
+                )
+            });
+            (i, stripe.map_err(|e| at("stripe host", &host.server, e)))
         });
     }
     let mut hosts = Vec::with_capacity(asking.len());
@@ -307,44 +443,39 @@ async fn ask_stripe_grants(
     Ok(hosts.into_iter().map(|(_, h)| h).unzip())
 }
 
-/// One stripe host's grant: checked to take striped copies before it is asked.
-async fn ask_stripe_grant(
+/// Logs in to `cfg.server`, checks that it sets the capability bits `needs.0` (else it takes
+/// no `needs.1`), and asks it for a grant with `ask`. Returns the session that holds the grant
+/// (closing it revokes the grant), the grant, and the server's key, which the server the
+/// grant is handed to pins.
+async fn minted(
     cfg: &ClientConfig,
-    dest: &str,
+    ask: Frame,
+    (needs, what): (u64, &str),
     reporter: &dyn Reporter,
-) -> Result<(Connected, CopyStripe), SessionError> {
+) -> Result<(Connected, String, crate::tls::Fingerprint), SessionError> {
     let mut c = connect(cfg, reporter).await?;
     let Some(fingerprint) = c.tls.as_ref().and_then(|t| t.pin()) else {
         return Err(SessionError::Tls(
-            "a third-party copy needs TLS to every server: the source pins each one's key".into(),
+            "a third-party copy needs TLS to every server: each server pins the key of the \
+             other it reaches"
+                .into(),
         ));
     };
-    if !c.caps.has(Capabilities::STRIPE | Capabilities::STRIPE_COPY) {
+    if !c.caps.has(needs) {
         return Err(SessionError::Remote {
             code: ErrorCode::DENIED,
-            message: "takes no striped copies (an older ferry, or not serve --stripe)".into(),
+            message: format!("takes no {what}"),
         });
     }
-    let ask = Frame::StripeGrantRequest {
-        dest: dest.to_owned(),
-    };
     send(&mut c.control, &ask).await?;
     let reply = tokio::time::timeout(
         cfg.connect_timeout,
         expect_frame(&mut c.control, MAX_CONTROL_PAYLOAD, "control"),
     )
     .await
-    .map_err(|_| SessionError::Timeout("waiting for a stripe host's grant"))??;
+    .map_err(|_| SessionError::Timeout("waiting for a grant"))??;
     match reply {
-        Frame::Granted { grant, .. } => {
-            let stripe = CopyStripe {
-                addr: cfg.server.clone(),
-                fingerprint: fingerprint.0,
-                grant,
-            };
-            Ok((c, stripe))
-        }
-        Frame::Error { code, message } => Err(SessionError::Remote { code, message }),
+        Frame::Granted { grant, .. } => Ok((c, grant, fingerprint)),
         other => Err(SessionError::Protocol(format!(
             "expected a grant, got {}",
             other.frame_type().name()
@@ -356,27 +487,33 @@ async fn ask_stripe_grant(
 /// report) and what the destination said itself.
 type Ended = ((CompleteSummary, String), CompleteSummary);
 
-/// Follows both control sessions to the end of the copy: the source's progress and
-/// `CopyDone`, the destination's `Complete`. Either one's error ends the copy.
+/// Follows the control session of the server that runs the copy (`runner`: the source of a
+/// push, the destination of a pull) to its end: its progress and `CopyDone`; and, for a push,
+/// the destination's own `Complete` on `confirming`. A pull's `CopyDone` is the destination's
+/// own word. Either one's error ends the copy.
 async fn watch(
     cfg: &CopyConfig,
-    source: Stream,
-    dest: Stream,
+    (runner, stream): (Side, Stream),
+    confirming: Option<Stream>,
     reporter: &dyn Reporter,
 ) -> Result<Ended, SessionError> {
     // Each control connection is read by a task of its own: reading a frame is not cancel
     // safe, so two reads cannot race in one select.
     let (tx, mut rx) = tokio::sync::mpsc::channel(16);
     let mut readers = tokio::task::JoinSet::new();
-    readers.spawn(read_all(source, Side::Source, tx.clone()));
-    readers.spawn(read_all(dest, Side::Dest, tx));
+    readers.spawn(read_all(stream, runner, tx.clone()));
+    if let Some(dest) = confirming {
+        readers.spawn(read_all(dest, Side::Dest, tx));
+    } else {
+        drop(tx);
+    }
     let mut seen = CopyProgress::default();
     let mut done = None;
     let mut confirmed = None;
     let mut deadline = None;
-    // The source reports every 500 ms: silence for the idle timeout is a lost source. One
-    // that reports but moves nothing (retrying a destination that is gone) is given the
-    // client's own time to retry.
+    // The runner reports every 500 ms: silence for the idle timeout is a lost server. One
+    // that reports but moves nothing (retrying a peer that is gone) is given the client's own
+    // time to retry.
     let (silent, stalled) = (
         cfg.source.idle_timeout,
         cfg.source.retry_for.max(cfg.source.idle_timeout),
@@ -396,7 +533,7 @@ async fn watch(
             .map_err(|_| {
                 SessionError::Timeout(match deadline {
                     Some(_) => "the destination to confirm the copy",
-                    None => "the source of the copy, which went silent or stopped moving data",
+                    None => "the server running the copy, which went silent or stopped moving data",
                 })
             })?;
         let Some((side, frame)) = next else {
@@ -404,25 +541,30 @@ async fn watch(
         };
         let frame = frame.map_err(|e| at(side.name(), side.server(cfg), e))?;
         match (side, frame) {
-            (Side::Source, Frame::CopyProgress(p)) => {
+            (side, Frame::CopyProgress(p)) if side == runner => {
                 if p != last {
                     moved = tokio::time::Instant::now();
                     last = p;
                 }
                 seen = advance(reporter, seen, p);
             }
-            (Side::Source, Frame::CopyDone { summary, report }) => {
+            (side, Frame::CopyDone { summary, report }) if side == runner => {
+                if runner == Side::Dest {
+                    confirmed = Some(summary.clone());
+                }
                 done = Some((summary, report));
                 deadline = Some(tokio::time::Instant::now() + CONFIRM_WITHIN);
             }
-            (Side::Dest, Frame::Complete(summary)) => confirmed = Some(summary),
+            (Side::Dest, Frame::Complete(summary)) if runner == Side::Source => {
+                confirmed = Some(summary)
+            }
             (side, other) => return Err(unexpected(side.name(), side.server(cfg), other)),
         }
     }
     Ok((done.unwrap_or_default(), confirmed.unwrap_or_default()))
 }
 
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Side {
     Source,
     Dest,

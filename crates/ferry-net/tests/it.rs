@@ -19,6 +19,7 @@ mod stripe_get;
 mod sync;
 mod sync_between;
 mod third_party;
+mod third_party_pull;
 mod third_party_review;
 mod third_party_stripe;
 mod tls;

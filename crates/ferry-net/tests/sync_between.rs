@@ -307,6 +307,7 @@ async fn a_source_refuses_chosen_paths_that_are_not_plainly_below_it() {
             opts: raw_opts(ExistingPolicy::Overwrite),
             only: true,
             stripes: Vec::new(),
+            pull: false,
         }));
         let paths = Frame::CopyPaths {
             paths: paths.iter().map(|p| p.to_string()).collect(),

@@ -410,6 +410,7 @@ async fn bogus_grants_sent_through_a_source_do_not_lock_it_out_of_the_destinatio
             opts: raw_opts(ExistingPolicy::Fail),
             only: false,
             stripes: Vec::new(),
+            pull: false,
         })))
         .await
         .unwrap();

@@ -125,6 +125,7 @@ impl Frame {
             Frame::StripeRead { .. } => FrameType::STRIPE_READ,
             Frame::Fetch { .. } => FrameType::FETCH,
             Frame::StripeGrantRequest { .. } => FrameType::STRIPE_GRANT_REQUEST,
+            Frame::ReadGrantRequest { .. } => FrameType::READ_GRANT_REQUEST,
         }
     }
 
@@ -253,6 +254,14 @@ impl Frame {
             FrameType::STRIPE_GRANT_REQUEST => Frame::StripeGrantRequest {
                 dest: r.str("dest", MAX_PATH)?,
             },
+            FrameType::READ_GRANT_REQUEST => Frame::ReadGrantRequest {
+                src: r.str("src", MAX_PATH)?,
+                stripe: match r.u8("stripe")? {
+                    0 => false,
+                    1 => true,
+                    other => return Err(invalid("stripe", other)),
+                },
+            },
             FrameType::REMOVE_REQUEST => remove::decode_remove_request(&mut r)?,
             FrameType::REMOVED => remove::decode_removed(&mut r)?,
             FrameType::COPY_PATHS => copy::decode_copy_paths(&mut r)?,
@@ -359,6 +368,10 @@ impl Frame {
             }
             Frame::Granted { grant, ttl_ms } => copy::put_granted(out, grant, *ttl_ms),
             Frame::StripeGrantRequest { dest } => put_str(out, dest),
+            Frame::ReadGrantRequest { src, stripe } => {
+                put_str(out, src);
+                out.put_u8(u8::from(*stripe));
+            }
             Frame::CopyRequest(c) => copy::put_copy_request(out, c),
             Frame::Paths { addrs } => copy::put_paths(out, addrs),
             Frame::CopyProgress(p) => copy::put_copy_progress(out, p),
@@ -516,7 +529,8 @@ impl Frame {
             | Frame::FileDigest { .. }
             | Frame::StripeRead { .. }
             | Frame::Fetch { .. }
-            | Frame::StripeGrantRequest { .. } => {}
+            | Frame::StripeGrantRequest { .. }
+            | Frame::ReadGrantRequest { .. } => {}
         }
     }
 }

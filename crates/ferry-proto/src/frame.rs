@@ -139,6 +139,7 @@ impl FrameType {
     pub const STRIPE_READ: Self = Self(0x1F);
     pub const FETCH: Self = Self(0x25);
     pub const STRIPE_GRANT_REQUEST: Self = Self(0x26);
+    pub const READ_GRANT_REQUEST: Self = Self(0x27);
 
     /// The largest payload a frame of this type may declare, or `None` for an unknown type.
     /// Checked on the header alone, before any payload is read or allocated.
@@ -185,7 +186,8 @@ impl FrameType {
             | Self::FILE_DIGEST
             | Self::STRIPE_READ
             | Self::FETCH
-            | Self::STRIPE_GRANT_REQUEST => Some(MAX_CONTROL_PAYLOAD),
+            | Self::STRIPE_GRANT_REQUEST
+            | Self::READ_GRANT_REQUEST => Some(MAX_CONTROL_PAYLOAD),
             _ => None,
         }
     }
@@ -235,6 +237,7 @@ impl FrameType {
             Self::STRIPE_READ => "stripe_read",
             Self::FETCH => "fetch",
             Self::STRIPE_GRANT_REQUEST => "stripe_grant_request",
+            Self::READ_GRANT_REQUEST => "read_grant_request",
             _ => "unknown",
         }
     }
@@ -297,6 +300,11 @@ impl Capabilities {
     /// (with [`Self::STRIPE`]) it mints stripe grants (`StripeGrantRequest`). A client checks
     /// it on every server of the copy before it asks anything an older server lacks.
     pub const STRIPE_COPY: u64 = 1 << 8;
+    /// The server takes part in a pulled copy: as its source (or a source's stripe host, with
+    /// [`Self::STRIPE_READ`]) it mints read grants (`ReadGrantRequest`); as its destination
+    /// it takes a `CopyRequest` with `pull` and runs a get from the source. A client checks
+    /// it on every server of the copy before it asks anything an older server lacks.
+    pub const PULL_COPY: u64 = 1 << 9;
 
     /// Everything this build supports.
     pub const fn ours() -> Self {
@@ -305,7 +313,8 @@ impl Capabilities {
                 | Self::EARLY_TUNED
                 | Self::RAMP_HELPERS
                 | Self::CATALOG_POLICY
-                | Self::STRIPE_COPY,
+                | Self::STRIPE_COPY
+                | Self::PULL_COPY,
         )
     }
 
@@ -743,6 +752,14 @@ pub enum Frame {
     StripeGrantRequest {
         dest: String,
     },
+    /// Client to the source of a pulled copy (control): mint a read grant, which lets another
+    /// server (the copy's destination) read exactly `src`, within this token's read scope,
+    /// with one get at a time (`stripe`: one stripe read session, `StripeRead`, on a source's
+    /// other host) and nothing else. Answered with `Granted`.
+    ReadGrantRequest {
+        src: String,
+        stripe: bool,
+    },
     /// Source to client (control), while a copy runs: what the walk found and what is sent.
     CopyProgress(CopyProgress),
     /// Source to client (control): the copy ended; the destination's `Complete` as the source
@@ -870,6 +887,12 @@ pub struct CopyRequest {
     /// the stripe grant it minted. The source runs a striped put with `peer` coordinating.
     /// On the wire only when not empty (a flag bit beside `only`, then the hosts).
     pub stripes: Vec<CopyStripe>,
+    /// A pulled copy, sent to the destination instead of the source: the destination gets
+    /// `src` from the server at `peer` (pinned by `fingerprint`, logged in to with the read
+    /// grant it minted, `grant`) into `dest`, under this client's write scope; `stripes` are
+    /// then the source's other hosts, each with its stripe read grant. A flag bit beside
+    /// `only`.
+    pub pull: bool,
 }
 
 /// Most stripe hosts one `CopyRequest` may name.

@@ -384,11 +384,11 @@ fn frame() -> impl Strategy<Value = Frame> {
             any::<[u8; 32]>(),
             text(),
             opts(),
-            any::<bool>(),
+            (any::<bool>(), any::<bool>()),
             vec((text(), any::<[u8; 32]>(), text()), 0..4)
         )
             .prop_map(
-                |((src, dest, peer), fingerprint, grant, opts, only, stripes)| {
+                |((src, dest, peer), fingerprint, grant, opts, (only, pull), stripes)| {
                     Frame::CopyRequest(Box::new(CopyRequest {
                         src,
                         dest,
@@ -405,12 +405,16 @@ fn frame() -> impl Strategy<Value = Frame> {
                                 grant,
                             })
                             .collect(),
+                        pull,
                     }))
                 }
             )
             .boxed(),
         text()
             .prop_map(|dest| Frame::StripeGrantRequest { dest })
+            .boxed(),
+        (text(), any::<bool>())
+            .prop_map(|(src, stripe)| Frame::ReadGrantRequest { src, stripe })
             .boxed(),
         (any::<[u64; 4]>(), any::<bool>())
             .prop_map(|([found_files, found_bytes, files, bytes], walk_done)| {
@@ -1132,6 +1136,15 @@ fn sample_frames() -> Vec<Frame> {
         stripes: vec![sample_copy_stripe()],
         ..sample_copy_request()
     })));
+    frames.push(Frame::ReadGrantRequest {
+        src: "/data/run42".into(),
+        stripe: true,
+    });
+    frames.push(Frame::CopyRequest(Box::new(CopyRequest {
+        stripes: vec![sample_copy_stripe()],
+        pull: true,
+        ..sample_copy_request()
+    })));
     frames
 }
 
@@ -1320,6 +1333,7 @@ fn sample_copy_request() -> CopyRequest {
         opts: sample_opts(),
         only: false,
         stripes: Vec::new(),
+        pull: false,
     }
 }
 
@@ -1328,7 +1342,7 @@ fn samples_cover_every_frame_type() {
     let mut types: Vec<u8> = sample_frames().iter().map(|f| f.frame_type().0).collect();
     types.sort_unstable();
     types.dedup();
-    assert_eq!(types.len(), 42);
+    assert_eq!(types.len(), 43);
     for ty in 0..=u8::MAX {
         assert_eq!(
             FrameType(ty).max_payload().is_some(),
@@ -1354,9 +1368,10 @@ fn every_truncation_is_an_error() {
                 Some(Frame::CatalogAnswer(CatalogAnswer::Stat(st)))
             }
             // A copy request cut just before its flags byte is a plain copy's.
-            Frame::CopyRequest(c) if c.only || !c.stripes.is_empty() => {
+            Frame::CopyRequest(c) if c.only || c.pull || !c.stripes.is_empty() => {
                 Some(Frame::CopyRequest(Box::new(CopyRequest {
                     only: false,
+                    pull: false,
                     stripes: Vec::new(),
                     ..(**c).clone()
                 })))
@@ -2423,7 +2438,7 @@ fn pinned_copy_paths_and_the_only_flag_of_a_copy_request() {
     assert_eq!(with_only[with_only.len() - 1], 1);
     assert_eq!(decode(with_only), Ok(Frame::CopyRequest(Box::new(only))));
     // A byte of unknown flags, or 0, is trailing: never read as a plain copy.
-    for flags in [0, 4] {
+    for flags in [0, 8] {
         let mut p = payload_of(&Frame::CopyRequest(Box::new(sample_copy_request()))).to_vec();
         p.push(flags);
         assert!(matches!(
@@ -2487,6 +2502,44 @@ fn pinned_stripe_grant_request_and_a_striped_copy_request() {
             ..
         })
     ));
+}
+
+#[test]
+fn pinned_read_grant_request_and_a_pulled_copy_request() {
+    let frame = Frame::ReadGrantRequest {
+        src: "a".into(),
+        stripe: true,
+    };
+    assert_eq!(&encode(&frame)[..], &[0x27, 0, 0, 0, 4, 0, 1, b'a', 1]);
+    assert_eq!(decode(encode(&frame)), Ok(frame));
+    assert!(matches!(
+        Frame::decode(
+            FrameType::READ_GRANT_REQUEST,
+            Bytes::from_static(&[0, 1, b'a', 2])
+        ),
+        Err(DecodeError::InvalidValue {
+            field: "stripe",
+            ..
+        })
+    ));
+    // `pull` is bit 2 of the flags byte; the source's stripe hosts follow as a push's do.
+    let plain = encode(&Frame::CopyRequest(Box::new(sample_copy_request())));
+    let pulled = CopyRequest {
+        pull: true,
+        ..sample_copy_request()
+    };
+    let bytes = encode(&Frame::CopyRequest(Box::new(pulled.clone())));
+    assert_eq!(bytes.len(), plain.len() + 1);
+    assert_eq!(bytes[bytes.len() - 1], 4);
+    assert_eq!(decode(bytes), Ok(Frame::CopyRequest(Box::new(pulled))));
+    let striped = CopyRequest {
+        pull: true,
+        stripes: vec![sample_copy_stripe()],
+        ..sample_copy_request()
+    };
+    let bytes = encode(&Frame::CopyRequest(Box::new(striped.clone())));
+    assert_eq!(bytes[plain.len()], 6);
+    assert_eq!(decode(bytes), Ok(Frame::CopyRequest(Box::new(striped))));
 }
 
 #[test]

@@ -1,6 +1,7 @@
 //! `ferry cp HOST1:SRC HOST2:DST`: a third-party copy. This host logs in to both servers
-//! (or starts both over ssh), asks the destination for a grant and the source to put with it;
-//! the data goes from one server to the other.
+//! (or starts both over ssh), asks the destination for a grant and the source to put with it
+//! (or, pulled, the source for a read grant and the destination to get with it); the data goes
+//! from one server to the other.
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -30,7 +31,10 @@ pub async fn run(args: CpArgs, quiet: bool) -> Result<ExitCode> {
         return result;
     }
     let progress = Arc::new(Progress::new(quiet || json));
-    let result = ferry_net::copy::copy(&cfg, &src.path, &dst.path, progress.clone()).await;
+    let result = match args.pull {
+        true => ferry_net::copy::pull(&cfg, &src.path, &dst.path, progress.clone()).await,
+        false => ferry_net::copy::copy(&cfg, &src.path, &dst.path, progress.clone()).await,
+    };
     progress.finish();
     for o in [source_ssh, dest_ssh].into_iter().flatten() {
         o.finish().await;
@@ -137,6 +141,11 @@ fn resolve(args: &CpArgs) -> Result<(Remote, Remote, CopyConfig)> {
     let cfg = cp_config(&args.transfer, &args.servers, (&mut src, &mut dst))?;
     if args.via_client && !cfg.dest.stripe.is_empty() {
         bail!("--via-client puts into one host; a striped copy goes from server to servers");
+    }
+    if args.pull && !cfg.dest.stripe.is_empty() {
+        bail!(
+            "--pull runs a get on the destination's one host; a striped destination is pushed to"
+        );
     }
     Ok((src, dst, cfg))
 }

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ferry_core::filter::Filter;
-use ferry_core::recv::{Links, Modes};
+use ferry_core::recv::{Destination, Links, Modes};
 use ferry_core::root::Kind;
 use ferry_core::send::Source;
 use ferry_core::{path, Reporter};
@@ -23,7 +23,9 @@ use tracing::info;
 use super::access::Grant;
 use super::grants::Outcome;
 use super::state::ServerState;
-use crate::client::{self, ClientConfig, Security, StartFrom, StripeHost, TransferReport};
+use crate::client::{
+    self, ClientConfig, ReceiverSetup, Security, StartFrom, StripeHost, TransferReport,
+};
 use crate::error::SessionError;
 use crate::tls::{Fingerprint, ServerTrust};
 use crate::transport::conn::{expect_frame, send};
@@ -122,7 +124,7 @@ pub(super) async fn copy<F>(
 where
     F: Fn() -> Result<Vec<Source>, SessionError>,
 {
-    let cfg = client_config(shared, &request);
+    let cfg = client_config(shared, &request, &request.peer);
     let progress = Arc::new(Progress::default());
     info!(
         peer = %request.peer,
@@ -137,16 +139,68 @@ where
         false => request.dest.clone(),
     };
     let put = client::put_sources_filtered(&cfg, sources, filter, &dest, progress.clone());
-    tokio::pin!(put);
+    let result = reporting(shared, stream, put, &progress).await?;
+    let report = result.map_err(|e| to_peer("copying to", &request.peer, e))?;
+    remember(shared, &request.peer, &report);
+    done(stream, report).await
+}
+
+/// The destination's side of a pulled copy: gets `request.src` from the source at
+/// `request.peer` (pinned by the key the client trusts, logged in to with the read grant it
+/// minted; striped over `request.stripes`, each with its stripe read grant) into what `into`
+/// opens, as a client's get would (parallel streams, tuning, verification, journaled resume,
+/// retries until the source says the grant lapsed), while the client hears its progress.
+/// `links`: which symlinks it makes (the source chooses their targets). Ends with `CopyDone`.
+pub(super) async fn pull<F>(
+    shared: &ServerState,
+    stream: &mut Stream,
+    request: CopyRequest,
+    (into, setup, links): (F, &ReceiverSetup<'_>, Links),
+) -> Result<(u64, u64), SessionError>
+where
+    F: Fn() -> Result<Destination, SessionError>,
+{
+    // Remembered apart from pushes to the same server: the path's other direction.
+    let key = format!("pull:{}", request.peer);
+    let mut cfg = client_config(shared, &request, &key);
+    let (writers, tune_storage, _) = shared
+        .config
+        .storage_pool(shared.config.writers, request.opts.storage_threads);
+    // The source chooses its own readers; a number the client gave is this server's writers.
+    cfg.opts.storage_threads = 0;
+    (cfg.writers, cfg.tune_storage, cfg.links) = (writers, tune_storage, links);
+    cfg.modes = shared.config.modes;
+    let progress = Arc::new(Progress::default());
+    info!(
+        peer = %request.peer,
+        src = %request.src,
+        stripes = request.stripes.len(),
+        "pulled third-party copy"
+    );
+    let get = client::get_to_destination(&cfg, &request.src, into, setup, progress.clone());
+    let result = reporting(shared, stream, get, &progress).await?;
+    let report = result.map_err(|e| to_peer("copying from", &request.peer, e))?;
+    remember(shared, &key, &report);
+    done(stream, report).await
+}
+
+/// Runs `transfer` while telling the client how it goes every [`PROGRESS_EVERY`]; a client
+/// that left ends it (dropping the transfer closes its connections; the destination keeps
+/// what is verified for the client's rerun).
+async fn reporting(
+    shared: &ServerState,
+    stream: &mut Stream,
+    transfer: impl std::future::Future<Output = Result<TransferReport, SessionError>>,
+    progress: &Progress,
+) -> Result<Result<TransferReport, SessionError>, SessionError> {
+    tokio::pin!(transfer);
     let mut tick = tokio::time::interval(PROGRESS_EVERY);
     let idle = shared.config.idle_timeout;
-    let result = loop {
+    loop {
         tokio::select! {
-            r = &mut put => break r,
+            r = &mut transfer => return Ok(r),
             _ = tick.tick() => {
                 if peer_closed(stream.tcp()) {
-                    // Dropping the put closes its connections; the destination keeps what
-                    // is verified for the client's rerun.
                     return Err(SessionError::Closed("control"));
                 }
                 let frame = Frame::CopyProgress(progress.snapshot());
@@ -155,9 +209,12 @@ where
                     .map_err(|_| SessionError::Timeout("the client to read progress"))??;
             }
         }
-    };
-    let report = result.map_err(|e| to_destination(&request.peer, e))?;
-    remember(shared, &request.peer, &report);
+    }
+}
+
+/// Ends a copy's session with `CopyDone`: the summary and the report of the transfer this
+/// server ran. Returns the files and bytes stored.
+async fn done(stream: &mut Stream, report: TransferReport) -> Result<(u64, u64), SessionError> {
     let summary = CompleteSummary {
         files: report.files,
         bytes: report.bytes,
@@ -241,7 +298,7 @@ fn bad_request(message: String) -> SessionError {
 /// The source's put to the destination: the client's options (already within this server's
 /// limits), this server's reader pool, the destination pinned by the key the client trusts,
 /// and a start from what the last copy there settled on.
-fn client_config(shared: &ServerState, request: &CopyRequest) -> ClientConfig {
+fn client_config(shared: &ServerState, request: &CopyRequest, key: &str) -> ClientConfig {
     let config = &shared.config;
     let mut opts = request.opts.clone();
     let mut start_from = StartFrom::Default;
@@ -249,7 +306,7 @@ fn client_config(shared: &ServerState, request: &CopyRequest) -> ClientConfig {
         .paths
         .lock()
         .unwrap_or_else(|e| e.into_inner())
-        .get(&request.peer)
+        .get(key)
         .copied();
     let remembered = remembered.unwrap_or_default();
     let mut helpers = 0;
@@ -291,8 +348,9 @@ fn client_config(shared: &ServerState, request: &CopyRequest) -> ClientConfig {
         links: Links::Any,
         multipath: false,
         bind: Vec::new(),
-        // A striped copy: the destination's other hosts, each pinned by the key the client
-        // trusts it by and logged in to with the stripe grant it minted.
+        // A striped copy: the other hosts of the destination (a push) or of the source (a
+        // pull), each pinned by the key the client trusts it by and logged in to with the
+        // stripe grant it minted.
         stripe: request
             .stripes
             .iter()
@@ -326,15 +384,15 @@ fn remember(shared: &ServerState, peer: &str, report: &TransferReport) {
     entry.path = path.or(entry.path);
 }
 
-/// A failed put to the destination, as the client is told: the code it failed with (so that
-/// `busy` and `timeout` stay retryable), and where.
-fn to_destination(peer: &str, e: SessionError) -> SessionError {
+/// A failed put to the destination (or get from the source), as the client is told: the code
+/// it failed with (so that `busy` and `timeout` stay retryable), and where.
+fn to_peer(doing: &str, peer: &str, e: SessionError) -> SessionError {
     let Frame::Error { code, message } = e.to_frame() else {
         unreachable!("to_frame makes an Error frame")
     };
     SessionError::Remote {
         code,
-        message: format!("copying to {peer}: {message}"),
+        message: format!("{doing} {peer}: {message}"),
     }
 }
 

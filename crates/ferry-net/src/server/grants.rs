@@ -318,4 +318,36 @@ mod tests {
             "a grant mints no grants"
         );
     }
+
+    #[test]
+    fn a_read_grant_reads_its_one_path_and_lapses_with_its_token_scope() {
+        let owner = Grant::full("alice");
+        let g = owner.read_grant("data/run", false).unwrap();
+        assert!(g.reads_only() && !g.stripe_only());
+        assert!(g.may_read("data/run"));
+        assert!(
+            !g.may_read("data/run/x"),
+            "a get names exactly the granted path"
+        );
+        assert!(!g.may_read("data/other"));
+        assert!(!g.may_write("data/run"));
+        assert!(!g.may_read_something(), "no probes");
+        assert!(
+            g.read_grant("data/run", true).is_none(),
+            "a grant mints no grants"
+        );
+        assert!(g
+            .third_party("data/run", ferry_proto::ExistingPolicy::Fail)
+            .is_none());
+        assert!(g.still_covered_by(&owner));
+        let stripe = owner.read_grant("data/run", true).unwrap();
+        assert!(stripe.reads_only() && stripe.stripe_only());
+        // The minting token later lost the read scope (or never wrote there).
+        let writer_only = scope();
+        assert!(!g.still_covered_by(&writer_only));
+        assert!(
+            writer_only.read_grant("in/x", false).is_none(),
+            "a grant mints no read grant"
+        );
+    }
 }

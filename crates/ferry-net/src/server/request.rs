@@ -118,6 +118,9 @@ pub(super) async fn prepare<'a>(
     .await
     .map_err(|_| SessionError::Timeout("waiting for a request"))??;
     let named = Named { session, secret };
+    if grant.reads_only() {
+        read_grant_allows(grant, &request)?;
+    }
     match request {
         Frame::ListRequest { path } => {
             let rel = resolve(shared, &path)?;
@@ -179,7 +182,7 @@ pub(super) async fn prepare<'a>(
             Ok(Work::done("probe"))
         }
         Frame::GrantRequest { dest, existing } => {
-            mint_for(shared, stream, grant, &dest, |g, rel| {
+            mint_for(shared, stream, grant, (&dest, "write to"), |g, rel| {
                 g.third_party(rel, existing)
             })
             .await?;
@@ -188,8 +191,29 @@ pub(super) async fn prepare<'a>(
         Frame::StripeGrantRequest { dest } => {
             copy::allowed(shared)?;
             stripes_allowed(shared)?;
-            mint_for(shared, stream, grant, &dest, |g, rel| g.stripe_grant(rel)).await?;
+            let asked = (dest.as_str(), "write to");
+            mint_for(shared, stream, grant, asked, |g, rel| g.stripe_grant(rel)).await?;
             Ok(Work::done("stripe grant"))
+        }
+        Frame::ReadGrantRequest { src, stripe } => {
+            if stripe {
+                stripes_allowed(shared)?;
+            }
+            let asked = (src.as_str(), "read");
+            mint_for(shared, stream, grant, asked, |g, rel| {
+                g.read_grant(rel, stripe)
+            })
+            .await?;
+            Ok(Work::done("read grant"))
+        }
+        Frame::CopyRequest(request) if request.pull => {
+            copy::allowed(shared)?;
+            let (files, bytes) = pull(shared, stream, grant, *request).await?;
+            Ok(Work::Done {
+                what: "copy",
+                files,
+                bytes,
+            })
         }
         Frame::CopyRequest(request) => {
             copy::allowed(shared)?;
@@ -229,21 +253,129 @@ pub(super) async fn prepare<'a>(
     }
 }
 
-/// Mints the grant `scope` makes of this session's for `dest` (a third-party copy's, or a
-/// stripe host's): only where copies are allowed, never with a grant, only within its scopes.
+/// Refuses what a read grant does not allow: it is good for one get of its path (a stripe
+/// read grant: one stripe read session of it), and nothing else. The path itself is checked
+/// as any get's is, against the grant's one read scope.
+fn read_grant_allows(grant: &Grant, request: &Frame) -> Result<(), SessionError> {
+    let allowed = match request {
+        Frame::GetRequest { .. } => !grant.stripe_only(),
+        Frame::StripeRead { .. } => grant.stripe_only(),
+        _ => false,
+    };
+    if allowed {
+        return Ok(());
+    }
+    let what = format!(
+        "send a {} with a read grant for",
+        request.frame_type().name()
+    );
+    Err(denied(
+        grant,
+        &what,
+        grant.pinned_dest().unwrap_or_default(),
+    ))
+}
+
+/// The destination's side of a pulled copy: `dest` checked against this session's write scope
+/// and the path's checksum policy as a put's is (with the client's token: a grant pulls
+/// nothing), the place it lands resolved once (a rerun resolves it again, as a put does), then
+/// a get from the source into it (`copy::pull`) that records what it stores in the catalog as
+/// a put would.
+async fn pull(
+    shared: &ServerState,
+    stream: &mut Stream,
+    grant: &Grant,
+    mut request: ferry_proto::CopyRequest,
+) -> Result<(u64, u64), SessionError> {
+    if grant.pinned_dest().is_some() {
+        return Err(denied(
+            grant,
+            "pull a copy with a grant into",
+            &request.dest,
+        ));
+    }
+    if request.only {
+        return Err(SessionError::Remote {
+            code: ErrorCode::BAD_REQUEST,
+            message: "a pulled copy takes no chosen set of paths".into(),
+        });
+    }
+    let raw = request.dest.clone();
+    let rel = resolve(shared, &raw)?;
+    let Some(prefix) = grant.write_scope(&rel).map(str::to_owned) else {
+        return Err(denied(grant, "write to", &raw));
+    };
+    request.opts = clamp(shared, request.opts);
+    if let Some(want) = shared
+        .config
+        .policies
+        .for_path(&rel)
+        .and_then(|p| p.checksum)
+    {
+        if request.opts.checksum != want {
+            return Err(super::catalog::wrong_checksum(
+                &shared.config.policies,
+                &rel,
+                want,
+            ));
+        }
+    }
+    let scope_prefix = prefix.clone();
+    let open = || -> Result<Root, SessionError> {
+        shared
+            .root
+            .scope(&prefix, true)
+            .map_err(|e| as_requested(e.into(), &raw))
+    };
+    // Where it lands, found before anything is dialled (a bad destination is refused now).
+    let shape = resolve_dest(&open()?, &raw, access::inside(&rel, &prefix).to_owned(), 1)
+        .map_err(|e| as_requested(e, &raw))?;
+    let (base, rename_top) = (shape.base, shape.rename_top);
+    // The source chooses what its links point to: none may point out of the tree this copy
+    // makes (its one top entry), as with a push's grant.
+    let links = Links::InTree;
+    let into = || -> Result<Destination, SessionError> {
+        Ok(Destination {
+            root: open()?.subroot("")?,
+            base: base.clone(),
+            rename_top: rename_top.clone(),
+        })
+    };
+    let catalog = shared.config.catalog.clone();
+    let setup = move |receiver: &Arc<Receiver>| {
+        if let Some(catalog) = &catalog {
+            receiver.set_known_digests(Arc::new(ScopeDigests {
+                catalog: catalog.clone(),
+                prefix: scope_prefix.clone(),
+            }));
+            receiver.set_commit_hook(Arc::new(CatalogHook {
+                catalog: catalog.clone(),
+                prefix: scope_prefix.clone(),
+                token: grant.name.clone(),
+                root: shared.config.root.clone(),
+                policies: shared.config.policies.clone(),
+            }));
+        }
+    };
+    copy::pull(shared, stream, request, (into, &setup, links)).await
+}
+
+/// Mints the grant `scope` makes of this session's for `path` (a third-party copy's, a stripe
+/// host's, or a pulled copy's read grant; `what` the grant does there, for a refusal): only
+/// where copies are allowed, never with a grant, only within its scopes.
 async fn mint_for(
     shared: &ServerState,
     stream: &mut Stream,
     grant: &Grant,
-    dest: &str,
+    (path, what): (&str, &str),
     scope: impl FnOnce(&Grant, &str) -> Option<Grant>,
 ) -> Result<(), SessionError> {
     copy::allowed(shared)?;
     if grant.pinned_dest().is_some() {
-        return Err(denied(grant, "mint a grant with a grant for", dest));
+        return Err(denied(grant, "mint a grant with a grant for", path));
     }
-    let rel = resolve(shared, dest)?;
-    let scope = scope(grant, &rel).ok_or_else(|| denied(grant, "write to", dest))?;
+    let rel = resolve(shared, path)?;
+    let scope = scope(grant, &rel).ok_or_else(|| denied(grant, what, path))?;
     copy::mint(shared, stream, scope).await
 }
 

@@ -160,10 +160,7 @@ async fn grant_login(
     token: &str,
 ) -> Result<(Grant, Option<Lease>), Frame> {
     let redeemed = shared.grants.redeem(token).and_then(|(g, lease)| {
-        let owner = list.named(&g.name);
-        let covered = g
-            .pinned_dest()
-            .is_some_and(|d| owner.is_some_and(|o| o.may_write(d)));
+        let covered = list.named(&g.name).is_some_and(|o| g.still_covered_by(o));
         if covered {
             Ok((g, lease))
         } else {
@@ -538,14 +535,30 @@ async fn run_request(
                 awaiting: None,
                 stripe_whole: false,
             };
-            let result = drive_sender(io, run).await?;
+            // A pulled copy's get (a read grant) ends when its grant is revoked, and spends it
+            // when it completes, as a granted put does.
+            let sending = drive_sender(io, run);
+            let result = match &lease {
+                None => sending.await?,
+                Some(l) => tokio::select! {
+                    o = sending => o?,
+                    () = l.revoked() => return Err(SessionError::Remote {
+                        code: ErrorCode::AUTH,
+                        message: "the read grant was revoked by its client".into(),
+                    }),
+                },
+            };
             let (summary, sender) = (result.summary, result.sender);
             let _ = tokio::task::spawn_blocking(move || sender.finish()).await;
-            Ok(Served {
+            let served = Served {
                 what: "get",
                 files: summary.files,
                 bytes: summary.bytes,
-            })
+            };
+            if let Some(lease) = lease {
+                lease.complete(summary);
+            }
+            Ok(served)
         }
         Work::Stripe {
             writer,
@@ -579,7 +592,18 @@ async fn run_request(
             permits: _permits,
             pending: _pending,
         } => {
-            let sent = stripe::serve_reads(stream, reader, data, idle).await?;
+            let serving = stripe::serve_reads(stream, reader, data, idle);
+            // A pulled copy's stripe read session ends when its grant is revoked.
+            let sent = match &lease {
+                None => serving.await?,
+                Some(l) => tokio::select! {
+                    o = serving => o?,
+                    () = l.revoked() => return Err(SessionError::Remote {
+                        code: ErrorCode::AUTH,
+                        message: "the stripe read grant was revoked by its client".into(),
+                    }),
+                },
+            };
             Ok(Served {
                 what: "stripe read",
                 files: sent.blocks,

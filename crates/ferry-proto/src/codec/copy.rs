@@ -19,7 +19,9 @@ pub(super) fn put_copy_request(out: &mut BytesMut, c: &CopyRequest) {
     out.put_slice(&c.fingerprint);
     put_str(out, &c.grant);
     put_opts(out, &c.opts);
-    let flags = u8::from(c.only) | if c.stripes.is_empty() { 0 } else { STRIPED };
+    let flags = u8::from(c.only)
+        | if c.stripes.is_empty() { 0 } else { STRIPED }
+        | if c.pull { PULLED } else { 0 };
     if flags != 0 {
         out.put_u8(flags);
     }
@@ -33,9 +35,10 @@ pub(super) fn put_copy_request(out: &mut BytesMut, c: &CopyRequest) {
     }
 }
 
-/// A `CopyRequest`'s trailing flags: bit 0 `only`, bit 1 stripe hosts follow.
+/// A `CopyRequest`'s trailing flags: bit 0 `only`, bit 1 stripe hosts follow, bit 2 `pull`.
 const ONLY: u8 = 1;
 const STRIPED: u8 = 2;
+const PULLED: u8 = 4;
 
 pub(super) fn decode_copy_request(r: &mut Reader<'_>) -> Result<Frame, DecodeError> {
     let src = r.str("src", MAX_PATH)?;
@@ -47,7 +50,7 @@ pub(super) fn decode_copy_request(r: &mut Reader<'_>) -> Result<Frame, DecodeErr
     // One trailing flags byte, absent from a plain copy's request (the layout older servers
     // know); any other byte is left for `finish` to refuse as trailing.
     let flags = match r.buf.get(r.pos) {
-        Some(&f) if f != 0 && f & !(ONLY | STRIPED) == 0 => r.u8("flags")?,
+        Some(&f) if f != 0 && f & !(ONLY | STRIPED | PULLED) == 0 => r.u8("flags")?,
         _ => 0,
     };
     let mut stripes = Vec::new();
@@ -73,6 +76,7 @@ pub(super) fn decode_copy_request(r: &mut Reader<'_>) -> Result<Frame, DecodeErr
         opts,
         only: flags & ONLY != 0,
         stripes,
+        pull: flags & PULLED != 0,
     })))
 }
 

@@ -63,8 +63,11 @@ pub struct Grant {
     /// A third-party grant's policy for existing files: what its client asked, never more.
     existing: Option<ferry_proto::ExistingPolicy>,
     /// A stripe grant: good for one stripe session into `dest` (a striped copy's stripe
-    /// host), never for a put.
+    /// host), never for a put; with `reads`, one stripe read session of `dest`.
     stripe: bool,
+    /// A read grant: `dest` is the one path a get (or, with `stripe`, a stripe read session)
+    /// may read, for a pulled copy's destination.
+    reads: bool,
 }
 
 impl Grant {
@@ -77,6 +80,7 @@ impl Grant {
             dest: None,
             existing: None,
             stripe: false,
+            reads: false,
         }
     }
 
@@ -96,6 +100,7 @@ impl Grant {
             dest: Some(dest.to_owned()),
             existing: Some(existing),
             stripe: false,
+            reads: false,
         })
     }
 
@@ -110,9 +115,45 @@ impl Grant {
         Some(g)
     }
 
+    /// What a read grant minted by this token for `src` allows: one get at a time of exactly
+    /// `src` (normalised, covered by one of this token's read scopes), confined beneath that
+    /// scope as the token's own get would be; no writes, no listings, no probes, no further
+    /// grants (`None` when this is itself a grant). `stripe`: one stripe read session
+    /// (`StripeRead`) of `src` instead, a pulled copy's source's other hosts.
+    pub fn read_grant(&self, src: &str, stripe: bool) -> Option<Self> {
+        if self.dest.is_some() {
+            return None;
+        }
+        let prefix = self.read_scope(src)?;
+        Some(Self {
+            name: self.name.clone(),
+            read: vec![prefix.to_owned()],
+            write: Vec::new(),
+            dest: Some(src.to_owned()),
+            existing: None,
+            stripe,
+            reads: true,
+        })
+    }
+
     /// Whether this is a stripe grant, good for a stripe session only.
     pub fn stripe_only(&self) -> bool {
         self.stripe
+    }
+
+    /// Whether this is a read grant (see [`Grant::read_grant`]).
+    pub fn reads_only(&self) -> bool {
+        self.reads
+    }
+
+    /// Whether a grant minted by `owner` is still within what `owner` allows now (its token
+    /// may have lost the scope since).
+    pub fn still_covered_by(&self, owner: &Grant) -> bool {
+        match (self.dest.as_deref(), self.reads) {
+            (Some(path), true) => owner.may_read(path),
+            (Some(path), false) => owner.may_write(path),
+            (None, _) => false,
+        }
     }
 
     /// The one destination of a third-party grant.
@@ -146,17 +187,19 @@ impl Grant {
             dest: None,
             existing: None,
             stripe: false,
+            reads: false,
         })
     }
 
     /// `rel` is a normalised path (no leading `/`, no `..`).
     pub fn may_read(&self, rel: &str) -> bool {
-        self.read.iter().any(|p| under(rel, p))
+        self.read_scope(rel).is_some()
     }
 
     /// Whether any read scope is granted (what a network probe needs: it touches no path).
     pub fn may_read_something(&self) -> bool {
-        !self.read.is_empty()
+        // A read grant reads its one path with one get, nothing else.
+        self.dest.is_none() && !self.read.is_empty()
     }
 
     pub fn may_write(&self, rel: &str) -> bool {
@@ -166,6 +209,9 @@ impl Grant {
     /// The read prefix that covers `rel` (the widest, when several do): the directory its
     /// operation is confined beneath.
     pub fn read_scope(&self, rel: &str) -> Option<&str> {
+        if self.dest.as_deref().is_some_and(|d| d != rel) {
+            return None;
+        }
         widest(&self.read, rel)
     }
 
