@@ -7,10 +7,12 @@
 //! answered), and the catalog's own share of each operation, timed in-process on the same
 //! database. The bench records and reports; it asserts no timing.
 //!
-//! The fill is the catalog's bulk path, [`ferry_catalog::Catalog::register_new`] (the rows
-//! `register` writes, many to a statement), in transactions of [`FILL_TX`]; the metadata is
-//! set with `meta_set` itself. PostgreSQL is a throwaway cluster (`TestCluster`: fsync and
+//! The fill is generated in the database ([`bulk_fill`]: the rows `Catalog::register_new`
+//! writes, a million to a statement; a test compares the two), the metadata set with
+//! `meta_set` itself. PostgreSQL is a throwaway cluster (`TestCluster`: fsync and
 //! synchronous commits off) under `--work`, analyzed after the fill as autovacuum would.
+//! `stat` is timed three ways: through the client (a new TCP and TLS connection each, as the
+//! CLI makes), the TCP and TLS handshake alone, and `ferry stat` itself, a process each.
 
 use std::fmt::Write as _;
 use std::fs;
@@ -21,7 +23,9 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
+use ferry_catalog::sql::{Arg, Database};
 use ferry_catalog::{Avu, Catalog, Commit, Condition, Location, Query, TestCluster};
+use ferry_net::tls::ClientTls;
 use ferry_net::{catalog as cat, ClientConfig, Fingerprint, Security, ServerTrust};
 use ferry_proto::{
     ChecksumAlgo, Compare, ExistingPolicy, FindCondition, FindRequest, TransferOpts,
@@ -29,8 +33,6 @@ use ferry_proto::{
 
 use crate::runner::Server;
 
-/// Objects registered per fill transaction.
-const FILL_TX: usize = 100_000;
 /// Files in one directory of the tree (and of the `rm -r` tree).
 const PER_DIR: u64 = 1_000;
 /// Directories of a top-level directory (`cat/aNN/bNNN/`): a million files each.
@@ -43,6 +45,10 @@ const CAMPAIGNS: u64 = 10;
 const RM_DIRS: u64 = 100;
 /// This server's name in the catalog (`--catalog-name`).
 const SERVER: &str = "bench";
+/// `ferry stat` processes timed (each a fork, an exec and a TLS client's set-up).
+const CLI_STATS: usize = 100;
+/// The ALPN id ferry's control connections speak (ferry-net's `tls::ALPN`).
+const FERRY_ALPN: &[u8] = b"ferry/1";
 /// The find limit: `ferry find`'s default.
 const FIND_LIMIT: u32 = 1_000;
 
@@ -142,7 +148,7 @@ fn object_path(i: u64) -> String {
     )
 }
 
-/// A cheap, fixed pseudo-random number of `i` (splitmix64).
+/// A cheap, fixed pseudo-random number of `i` (splitmix64): which paths to stat.
 fn mix(i: u64) -> u64 {
     let mut z = i.wrapping_add(0x9E37_79B9_7F4A_7C15);
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
@@ -150,23 +156,125 @@ fn mix(i: u64) -> u64 {
     z ^ (z >> 31)
 }
 
-/// What a put of `path` would have registered: a size up to 16 MiB, an mtime within a year,
-/// a 32-byte digest.
+/// Multipliers of the object number for its size and digest: each a product with `i` that
+/// stays far inside an `i64` for any catalog this bench makes (under 10^9 objects), so that
+/// SQL computes the same numbers as Rust ([`bulk_fill`]).
+const SIZE_MUL: u64 = 2_654_435_761;
+const DIGEST_MUL: [u64; 4] = [2_654_435_761, 2_246_822_519, 3_266_489_917, 668_265_263];
+/// Seconds of a year, and the mtimes' start (2025-01-01).
+const YEAR_S: u64 = 31_536_000;
+const MTIME_BASE_NS: i64 = 1_735_689_600_000_000_000;
+
+/// What a put of object `i` at `path` would have registered: a size up to 16 MiB, an mtime
+/// within a year, a 32-byte digest, each a fixed function of `i` that [`bulk_fill`]'s SQL
+/// computes alike.
 fn commit_of(root: &Path, path: String, i: u64) -> Commit {
-    let r = mix(i);
     let mut digest = Vec::with_capacity(32);
-    for k in 0..4 {
-        digest.extend_from_slice(&mix(r ^ k).to_le_bytes());
+    for (k, m) in DIGEST_MUL.iter().enumerate() {
+        digest.extend_from_slice(&(i * m + k as u64).to_be_bytes());
     }
     Commit {
         physical: root.join(&path).display().to_string(),
         path,
-        size: r % (16 << 20),
-        mtime_ns: 1_735_689_600_000_000_000 + (r % 31_536_000) as i64 * 1_000_000_000,
+        size: (i * SIZE_MUL) % (16 << 20),
+        mtime_ns: MTIME_BASE_NS + ((i * 40_503) % YEAR_S) as i64 * 1_000_000_000,
         digest,
         algo: "blake3".into(),
         stored_by: "bench".into(),
     }
+}
+
+/// Objects one statement of [`bulk_fill`] generates (each its own transaction).
+const BULK_TX: u64 = 1_000_000;
+
+/// The objects' two secondary indexes, as the schema's first migration makes them: dropped
+/// before a bulk fill of an empty catalog and made again after, one sort each instead of 10
+/// million inserts at random places.
+const SECONDARY_INDEXES: &str = "CREATE INDEX objects_mtime ON objects (mtime_ns);
+CREATE INDEX objects_size ON objects (size)";
+
+/// Registers objects `from..to` (their paths [`object_path`], their rows [`commit_of`]'s,
+/// this server's replica of each good, under `root`) into an empty catalog, generated in the
+/// database: the rows `Catalog::register_new` writes for the same commits (the test
+/// `bulk_fill_writes_what_register_new_writes` compares them), a million to a statement,
+/// where `register_new` binds 3,500 parameters a statement and ran at 7,000 objects/s.
+/// The bench's fill only: the registrations it measures go through the catalog.
+fn bulk_fill(
+    location: &Location,
+    root: &Path,
+    from: u64,
+    to: u64,
+    mut progress: impl FnMut(u64),
+) -> Result<()> {
+    let mut db = Database::open(location)?;
+    let pg = db.is_shared();
+    let empty = db.one("SELECT COUNT(*) FROM objects", &[])?.int(0)? == 0;
+    if !pg {
+        // A gigabyte of page cache for the load (this connection only).
+        db.batch("PRAGMA cache_size = -1000000")?;
+    }
+    if empty {
+        db.batch("DROP INDEX objects_mtime; DROP INDEX objects_size")?;
+    }
+    // Every number below is an `i64` product of the object number: the same in both
+    // dialects, and the same as `commit_of`.
+    let objects = if pg {
+        "INSERT INTO objects (path, size, mtime_ns, digest, algo, stored_by, stored_at)
+         SELECT format('cat/a%s/b%s/f%s', lpad((i / 1000000)::text, 2, '0'),
+                       lpad(((i / 1000) % 1000)::text, 3, '0'), lpad((i % 1000)::text, 3, '0')),
+                (i * 2654435761) % 16777216,
+                1735689600000000000 + ((i * 40503) % 31536000) * 1000000000,
+                decode(lpad(to_hex(i * 2654435761), 16, '0')
+                       || lpad(to_hex(i * 2246822519 + 1), 16, '0')
+                       || lpad(to_hex(i * 3266489917 + 2), 16, '0')
+                       || lpad(to_hex(i * 668265263 + 3), 16, '0'), 'hex'),
+                'blake3', 'bench', CAST(?3 AS BIGINT)
+         FROM generate_series(CAST(?1 AS BIGINT), CAST(?2 AS BIGINT) - 1) AS g (i)"
+    } else {
+        "WITH RECURSIVE n (i) AS (SELECT ?1 UNION ALL SELECT i + 1 FROM n WHERE i + 1 < ?2)
+         INSERT INTO objects (path, size, mtime_ns, digest, algo, stored_by, stored_at)
+         SELECT printf('cat/a%02d/b%03d/f%03d', i / 1000000, (i / 1000) % 1000, i % 1000),
+                (i * 2654435761) % 16777216,
+                1735689600000000000 + ((i * 40503) % 31536000) * 1000000000,
+                unhex(printf('%016x%016x%016x%016x', i * 2654435761, i * 2246822519 + 1,
+                             i * 3266489917 + 2, i * 668265263 + 3)),
+                'blake3', 'bench', ?3
+         FROM n"
+    };
+    let replicas = "INSERT INTO replicas (object, server, physical, state)
+         SELECT id, CAST(?1 AS TEXT), CAST(?2 AS TEXT) || path, 'good' FROM objects
+         WHERE id > ?3";
+    let top = format!("{}/", root.display());
+    let at = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_nanos() as i64;
+    let mut next = from;
+    while next < to {
+        let end = (next + BULK_TX).min(to);
+        db.transaction(|db| {
+            let last = db
+                .one("SELECT COALESCE(MAX(id), 0) FROM objects", &[])?
+                .int(0)?;
+            let made = db.run(
+                objects,
+                &[Arg::Int(next as i64), Arg::Int(end as i64), Arg::Int(at)],
+            )?;
+            let placed = db.run(
+                replicas,
+                &[Arg::Text(SERVER), Arg::Text(&top), Arg::Int(last)],
+            )?;
+            if made != end - next || placed != made {
+                bail!("bulk fill {next}..{end}: {made} objects, {placed} replicas");
+            }
+            Ok::<_, anyhow::Error>(())
+        })?;
+        next = end;
+        progress(next);
+    }
+    if empty {
+        db.batch(SECONDARY_INDEXES)?;
+    }
+    Ok(())
 }
 
 /// The whole run: every backend at every size.
@@ -275,22 +383,13 @@ fn one(
     // The fill.
     let t0 = Instant::now();
     let catalog = Catalog::open(location, SERVER)?;
-    let mut next = 0u64;
-    while next < files {
-        let end = (next + FILL_TX as u64).min(files);
-        let batch: Vec<Commit> = (next..end)
-            .map(|i| commit_of(&root, object_path(i), i))
-            .collect();
-        catalog.register_new(&batch)?;
-        next = end;
-        if next.is_multiple_of(1_000_000) {
-            eprintln!(
-                "ferry-bench catalog: {} {files}: {next} registered, {:.0} s",
-                backend.name(),
-                t0.elapsed().as_secs_f64()
-            );
-        }
-    }
+    bulk_fill(location, &root, 0, files, |n| {
+        eprintln!(
+            "ferry-bench catalog: {} {files}: {n} registered, {:.0} s",
+            backend.name(),
+            t0.elapsed().as_secs_f64()
+        );
+    })?;
     let registered = t0.elapsed();
     let t1 = Instant::now();
     for i in (0..files).filter(|i| i % TAG_EVERY == TAG_EVERY / 2) {
@@ -315,8 +414,8 @@ fn one(
         ferry_catalog::sql::Database::open(location)?.batch("ANALYZE")?;
     }
     notes.push(format!(
-        "{} {files}: fill {:.0} s ({:.0} objects/s, register_new in transactions of {FILL_TX}), \
-         metadata {:.1} s ({} meta_set calls)",
+        "{} {files}: fill {:.0} s ({:.0} objects/s, generated in the database, {BULK_TX} to a \
+         statement, indexes included), metadata {:.1} s ({} meta_set calls)",
         backend.name(),
         registered.as_secs_f64(),
         files as f64 / registered.as_secs_f64(),
@@ -347,7 +446,7 @@ fn one(
     for run in 0..o.runs.max(1) {
         drop(server.take());
         let t = Instant::now();
-        let (s, cfg) = serve(o, &root, &state, arg, &logs, run)?;
+        let (s, cfg, fp) = serve(o, &root, &state, arg, &logs, run)?;
         rt.block_on(async {
             loop {
                 match cat::stat(&cfg, &format!("/{probe}"), &ferry_core::NoReporter).await {
@@ -360,7 +459,7 @@ fn one(
             }
         })?;
         starts.push(ms(t.elapsed()));
-        server = Some((s, cfg));
+        server = Some((s, cfg, fp));
     }
     all.push(tag(
         "server start (spawn to first stat answered)",
@@ -368,7 +467,7 @@ fn one(
         starts,
         String::new(),
     ));
-    let (_server, cfg) = server.expect("started above");
+    let (_server, cfg, fingerprint) = server.expect("started above");
 
     // stat of random paths, through the server, then in-process.
     let picks: Vec<String> = (0..o.stats as u64)
@@ -392,6 +491,68 @@ fn one(
         wire,
         String::new(),
     ));
+    // What of that is the connection's set-up: a TCP connect and a TLS handshake alone
+    // (a new client configuration each, as each CLI process makes), no request.
+    let fp: Fingerprint = fingerprint
+        .parse()
+        .map_err(|e| anyhow::anyhow!("the server's key {fingerprint}: {e:?}"))?;
+    let mut setup = Vec::new();
+    rt.block_on(async {
+        for _ in &picks {
+            let t = Instant::now();
+            let tcp = tokio::net::TcpStream::connect(&cfg.server).await?;
+            tcp.set_nodelay(true)?;
+            let tls = ClientTls::with_alpn(Some(fp), FERRY_ALPN)?;
+            let conn = tls
+                .connector()
+                .connect(ClientTls::server_name(), tcp)
+                .await?;
+            setup.push(ms(t.elapsed()));
+            drop(conn);
+        }
+        Ok::<_, anyhow::Error>(())
+    })?;
+    all.push(tag(
+        "TCP connect + TLS handshake alone (no request)",
+        None,
+        setup,
+        String::new(),
+    ));
+    // `ferry stat` itself: a process each, what a user or a shell script sees.
+    let mut cli = Vec::new();
+    let client_state = state.join("client");
+    for p in picks.iter().take(CLI_STATS) {
+        let t = Instant::now();
+        let out = Command::new(&o.ferry)
+            .env("FERRY_STATE_DIR", &client_state)
+            .env("XDG_CONFIG_HOME", state.join("config"))
+            .env("FERRY_KNOWN_HOSTS", state.join("config/known_hosts"))
+            .env("FERRY_TOKEN", &cfg.token)
+            .arg("-q")
+            .arg("stat")
+            .arg("--server-fingerprint")
+            .arg(&fingerprint)
+            .arg(format!("{}:/{p}", cfg.server))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .output()
+            .context("running ferry stat")?;
+        cli.push(ms(t.elapsed()));
+        if !out.status.success() {
+            bail!(
+                "ferry stat {p}: {}: {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+    }
+    all.push(tag(
+        "ferry stat (the CLI, a new process each)",
+        Some(STAT_TARGET_MS),
+        cli,
+        String::new(),
+    ));
     let mut local = Vec::new();
     for p in &picks {
         let t = Instant::now();
@@ -401,7 +562,12 @@ fn one(
             bail!("stat {p}: not registered");
         }
     }
-    all.push(tag("stat (catalog in-process)", None, local, String::new()));
+    all.push(tag(
+        "stat (catalog in-process: the server's own share)",
+        None,
+        local,
+        String::new(),
+    ));
 
     // find: one attribute, by text value and by number, under the root and under `cat`.
     let mut kinds: Vec<(String, String, FindCondition, Condition)> = Vec::new();
@@ -586,7 +752,7 @@ fn serve(
     arg: &str,
     logs: &Path,
     run: u32,
-) -> Result<(Server, ClientConfig)> {
+) -> Result<(Server, ClientConfig, String)> {
     let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
     let token_file = state.join("token");
     let log = logs.join(format!("serve-{run}.out"));
@@ -641,6 +807,7 @@ fn serve(
     Ok((
         server,
         client(SocketAddr::from(([127, 0, 0, 1], port)), token, fp),
+        fingerprint,
     ))
 }
 
@@ -746,5 +913,102 @@ mod tests {
         assert_eq!(object_path(0), "cat/a00/b000/f000");
         assert_eq!(object_path(9_999_999), "cat/a09/b999/f999");
         assert_eq!(object_path(1_234_567), "cat/a01/b234/f567");
+    }
+
+    /// Everything a fill left that a reader sees, with the row ids and `stored_at` (a
+    /// clock's) left out: the objects, each replica by its object's path, the indexes.
+    fn rows(location: &Location) -> Vec<Vec<String>> {
+        let mut db = Database::open(location).unwrap();
+        let indexes = if db.is_shared() {
+            "SELECT indexname, replace(indexdef, current_schema() || '.', '') FROM pg_indexes
+             WHERE schemaname = current_schema() ORDER BY indexname"
+        } else {
+            "SELECT name, COALESCE(sql, '') FROM sqlite_master WHERE type = 'index'
+             ORDER BY name"
+        };
+        let mut out = Vec::new();
+        for mut r in db
+            .rows(
+                "SELECT path, size, mtime_ns, digest, algo, stored_by FROM objects ORDER BY path",
+                &[],
+            )
+            .unwrap()
+        {
+            out.push(vec![
+                r.text(0).unwrap(),
+                r.int(1).unwrap().to_string(),
+                r.int(2).unwrap().to_string(),
+                format!("{:?}", r.blob(3).unwrap()),
+                r.text(4).unwrap(),
+                r.text(5).unwrap(),
+            ]);
+        }
+        for mut r in db
+            .rows(
+                "SELECT o.path, r.server, r.physical, r.state FROM replicas r
+                 JOIN objects o ON o.id = r.object ORDER BY o.path, r.server",
+                &[],
+            )
+            .unwrap()
+        {
+            out.push((0..4).map(|i| r.text(i).unwrap()).collect());
+        }
+        let n = db
+            .one("SELECT COUNT(*) FROM replicas", &[])
+            .unwrap()
+            .int(0)
+            .unwrap();
+        out.push(vec![format!("{n} replicas")]);
+        for mut r in db.rows(indexes, &[]).unwrap() {
+            out.push(vec![r.text(0).unwrap(), r.text(1).unwrap()]);
+        }
+        out
+    }
+
+    /// The same objects filled by `bulk_fill` and by `register_new` (two batches, across a
+    /// top directory's boundary, the second onto a catalog that holds the first): the same
+    /// rows and the same indexes.
+    fn bulk_fill_matches_register_new(bulk: &Location, one: &Location) {
+        let root = Path::new("/srv/bench root");
+        let (a, b, c) = (998_700, 999_950, 1_001_234);
+        Catalog::open(bulk, SERVER).unwrap();
+        let mut seen = Vec::new();
+        bulk_fill(bulk, root, a, b, |n| seen.push(n)).unwrap();
+        bulk_fill(bulk, root, b, c, |n| seen.push(n)).unwrap();
+        assert_eq!(seen, [b, c]);
+        let cat = Catalog::open(one, SERVER).unwrap();
+        for (from, to) in [(a, b), (b, c)] {
+            let files: Vec<Commit> = (from..to)
+                .map(|i| commit_of(root, object_path(i), i))
+                .collect();
+            cat.register_new(&files).unwrap();
+        }
+        let (x, y) = (rows(bulk), rows(one));
+        assert_eq!(x.len(), y.len());
+        for (p, q) in x.iter().zip(&y) {
+            assert_eq!(p, q);
+        }
+        assert!(x.iter().any(|r| r[0] == "objects_size"), "{:?}", x.last());
+        assert!(x.iter().any(|r| r == &[format!("{} replicas", c - a)]));
+    }
+
+    #[test]
+    fn bulk_fill_writes_what_register_new_writes_on_sqlite() {
+        let dir = tempfile::tempdir().unwrap();
+        bulk_fill_matches_register_new(
+            &Location::Sqlite(dir.path().join("bulk.sqlite")),
+            &Location::Sqlite(dir.path().join("one.sqlite")),
+        );
+    }
+
+    #[test]
+    fn bulk_fill_writes_what_register_new_writes_on_postgresql() {
+        let Some(cluster) = ferry_netem::needs(
+            "ferry_bench::catalog::tests::bulk_fill_writes_what_register_new_writes_on_postgresql",
+            TestCluster::start(),
+        ) else {
+            return;
+        };
+        bulk_fill_matches_register_new(&cluster.database(), &cluster.database());
     }
 }

@@ -410,18 +410,25 @@ impl Catalog {
         self.settled();
         check_avu(avu)?;
         let mut conn = self.lock();
-        let id = object_id(&mut conn, path)?;
         let num = avu
             .value
             .trim()
             .parse::<f64>()
             .ok()
             .filter(|n| n.is_finite());
-        conn.run(
-            "INSERT INTO metadata (object, attr, value, unit, num) VALUES (?1, ?2, ?3, ?4, ?5)
+        // The object is looked up in the insert itself, under a lock a delete waits for
+        // (`forget`): an entry is never written for an object another server is removing.
+        let sql = format!(
+            "INSERT INTO metadata (object, attr, value, unit, num)
+             SELECT id, ?2, ?3, ?4, CAST(?5 AS DOUBLE PRECISION) FROM objects
+             WHERE path = ?1{}
              ON CONFLICT (object, attr, value) DO UPDATE SET unit = excluded.unit",
-            args![id, &avu.attr, &avu.value, &avu.unit, num],
-        )?;
+            key_share(&conn)
+        );
+        let n = conn.run(&sql, args![path, &avu.attr, &avu.value, &avu.unit, num])?;
+        if n == 0 {
+            return Err(CatalogError::NotFound(path.to_owned()));
+        }
         Ok(())
     }
 
@@ -588,9 +595,14 @@ fn write_intents(conn: &mut Conn, server: &str, files: &[Commit]) -> Result<(), 
 /// other contents replace the object and make the other servers' replicas stale. Returns the
 /// object's id.
 fn register_in(tx: &mut Conn, server: &str, f: &Commit, at: i64) -> Result<i64, CatalogError> {
+    // Locked until the transaction ends, so that another server's delete of the object
+    // waits for this replica (and then removes it) or wins first (and this finds no row).
     let same = tx.row(
-        "SELECT id FROM objects WHERE path = ?1 AND size = ?2 AND mtime_ns = ?3
-             AND digest = ?4 AND algo = ?5",
+        &format!(
+            "SELECT id FROM objects WHERE path = ?1 AND size = ?2 AND mtime_ns = ?3
+                 AND digest = ?4 AND algo = ?5{}",
+            key_share(tx)
+        ),
         args![&f.path, size_i64(f.size), f.mtime_ns, &f.digest, &f.algo],
     )?;
     if let Some(mut row) = same {
@@ -628,30 +640,72 @@ fn register_in(tx: &mut Conn, server: &str, f: &Commit, at: i64) -> Result<i64, 
     Ok(id)
 }
 
+/// ` FOR KEY SHARE` on PostgreSQL, for a read of the object a replica or metadata row is
+/// about to name: the lock that [`forget`]'s delete of the object waits for. SQLite has one
+/// writer at a time and no such clause.
+fn key_share(conn: &Conn) -> &'static str {
+    match conn {
+        Conn::Postgres(_) => " FOR KEY SHARE",
+        Conn::Sqlite(_) => "",
+    }
+}
+
 /// Deletes the objects whose path matches `which` (a fixed condition on `path` with its
 /// parameters), their replicas and their metadata, each table in one statement (the schema
 /// has no cascade since version 6); how many objects. Within the caller's transaction, so
 /// that no replica or metadata row outlives its object.
 fn forget(tx: &mut Conn, which: &str, params: &[crate::db::Arg<'_>]) -> Result<u64, CatalogError> {
-    let pg = matches!(tx, Conn::Postgres(_));
-    // Every object has a replica or more: PostgreSQL's planner takes a subtree of a tenth of
-    // the catalog for a hash join over all of `replicas` (2.9 s at 1M against 1.1 s for the
-    // probes of its primary key, EXPLAIN ANALYZE), which grows with the catalog, not the tree.
-    if pg {
-        tx.batch("SET LOCAL enable_hashjoin = off; SET LOCAL enable_mergejoin = off")?;
+    if matches!(tx, Conn::Postgres(_)) {
+        return forget_shared(tx, which, params);
     }
     tx.run(
         &format!("DELETE FROM replicas WHERE object IN (SELECT id FROM objects WHERE {which})"),
         params,
     )?;
-    if pg {
-        tx.batch("SET LOCAL enable_hashjoin TO DEFAULT; SET LOCAL enable_mergejoin TO DEFAULT")?;
-    }
     tx.run(
         &format!("DELETE FROM metadata WHERE object IN (SELECT id FROM objects WHERE {which})"),
         params,
     )?;
     tx.run(&format!("DELETE FROM objects WHERE {which}"), params)
+}
+
+/// [`forget`] on a catalog other servers write at the same time. The objects go first: the
+/// delete locks each row, so a server adding a replica or metadata entry to one (its read
+/// of the object holds [`key_share`]) either finished before, and the deletes below (each
+/// a statement of its own, seeing what committed since) take its row too, or waits and then
+/// finds no object. The children are deleted by the ids deleted, kept in a temporary table
+/// of this connection, never by the path range again: an object put in the range meanwhile
+/// keeps its rows.
+fn forget_shared(
+    tx: &mut Conn,
+    which: &str,
+    params: &[crate::db::Arg<'_>],
+) -> Result<u64, CatalogError> {
+    tx.batch(
+        "CREATE TEMPORARY TABLE IF NOT EXISTS forgotten (id BIGINT NOT NULL);
+         TRUNCATE forgotten",
+    )?;
+    let n = tx.run(
+        &format!(
+            "WITH gone AS (DELETE FROM objects WHERE {which} RETURNING id)
+             INSERT INTO forgotten (id) SELECT id FROM gone"
+        ),
+        params,
+    )?;
+    // Every object has a replica or more: PostgreSQL's planner takes a subtree of a tenth of
+    // the catalog for a hash join over all of `replicas` (2.9 s at 1M against 1.1 s for the
+    // probes of its primary key, EXPLAIN ANALYZE), which grows with the catalog, not the tree.
+    tx.batch("SET LOCAL enable_hashjoin = off; SET LOCAL enable_mergejoin = off")?;
+    tx.run(
+        "DELETE FROM replicas WHERE object IN (SELECT id FROM forgotten)",
+        &[],
+    )?;
+    tx.run(
+        "DELETE FROM metadata WHERE object IN (SELECT id FROM forgotten)",
+        &[],
+    )?;
+    tx.batch("SET LOCAL enable_hashjoin TO DEFAULT; SET LOCAL enable_mergejoin TO DEFAULT")?;
+    Ok(n)
 }
 
 /// `server`'s replica of object `id` at `physical`, good.

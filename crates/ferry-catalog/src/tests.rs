@@ -791,6 +791,64 @@ fn a_postgresql_catalog_connects_again_after_the_database_restarts() {
     }
 }
 
+/// Two servers of one PostgreSQL catalog at once: one removes a subtree while the other adds
+/// its replica of each object and a metadata entry to it. Whichever wins each object, no
+/// replica or metadata row outlives its object (the schema has no foreign key to keep them
+/// apart; `forget`'s lock order does).
+#[test]
+fn a_shared_catalog_keeps_no_row_of_an_object_removed_while_another_server_writes_to_it() {
+    let Some(cluster) = ferry_netem::needs(
+        "ferry_catalog::tests::a_shared_catalog_keeps_no_row_of_an_object_removed_while_another_server_writes_to_it",
+        TestCluster::start(),
+    ) else {
+        return;
+    };
+    let loc = cluster.database();
+    let one = Catalog::open(&loc, "one").unwrap();
+    let two = Catalog::open(&loc, "two").unwrap();
+    for round in 0..12 {
+        let tree: Vec<Commit> = (0..150)
+            .map(|i| commit(&format!("r{round}/d{}/f{i}", i % 3), 7))
+            .collect();
+        one.register_new(&tree).unwrap();
+        let start = std::sync::Barrier::new(2);
+        std::thread::scope(|s| {
+            let writer = s.spawn(|| {
+                start.wait();
+                // From the end, so that the two meet inside the tree.
+                for f in tree.iter().rev() {
+                    // The same contents: `register` adds this server's replica beside one's
+                    // (or, the object gone, registers it anew).
+                    two.register_commit(f).unwrap();
+                    match two.meta_set(&f.path, &avu("seen", "1", "")) {
+                        Ok(()) | Err(CatalogError::NotFound(_)) => {}
+                        Err(e) => panic!("meta_set {}: {e}", f.path),
+                    }
+                }
+            });
+            start.wait();
+            one.remove_prefix(&format!("r{round}")).unwrap();
+            writer.join().unwrap();
+        });
+        assert_eq!(orphans(&one, "replicas"), 0, "round {round}");
+        assert_eq!(orphans(&one, "metadata"), 0, "round {round}");
+        // What is left of the tree is what `two` registered anew after the removal: its
+        // replica alone.
+        for o in one
+            .find(&Query {
+                under: Some(format!("r{round}")),
+                limit: 1_000,
+                ..Query::default()
+            })
+            .unwrap()
+        {
+            let s = one.stat(&o.path).unwrap().unwrap();
+            let servers: Vec<_> = s.replicas.iter().map(|r| r.server.as_str()).collect();
+            assert_eq!(servers, ["two"], "{}", o.path);
+        }
+    }
+}
+
 fn replicas_elsewhere_are_recorded_under_a_path(b: &Backend) {
     let c = b.catalog();
     if c.is_shared() {
