@@ -61,6 +61,13 @@ impl Location {
         Ok(Self::Sqlite(PathBuf::from(s)))
     }
 
+    /// Whether `s` names a database (PostgreSQL's URL or `key=value` words, or a URL of another
+    /// scheme) rather than a file: a config file's relative paths are resolved against its
+    /// directory, a database location never is, whether or not [`Self::parse`] takes it.
+    pub fn names_a_database(s: &str) -> bool {
+        PgUrl::is_one(s) || s.contains("://")
+    }
+
     /// Whether several servers may share this catalog (each names its own replicas).
     pub fn is_shared(&self) -> bool {
         matches!(self, Self::Postgres(_))

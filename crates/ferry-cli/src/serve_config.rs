@@ -163,7 +163,7 @@ fn merge(args: &mut ServeArgs, file: ServeFile, base: &Path) -> Result<()> {
     // directory.
     let catalog = file.catalog.map(|c| match c.as_str() {
         "none" | "state" => c,
-        pg if ferry_catalog::Location::parse(pg).is_ok_and(|l| l.is_shared()) => c,
+        db if ferry_catalog::Location::names_a_database(db) => c,
         path => from_file(PathBuf::from(path))
             .to_string_lossy()
             .into_owned(),
@@ -317,6 +317,14 @@ mod tests {
         .unwrap();
         assert_eq!(a.catalog.as_deref(), Some("postgres://ferry@db/cat"));
         assert_eq!(a.catalog_name.as_deref(), Some("ferry2"));
+        // Kept as written even where `serve` then refuses it (clear text across a network, a
+        // scheme it does not know), so that the refusal names what the file says.
+        for db in ["host=db.example dbname=cat", "mysql://db/cat"] {
+            let mut a = parsed(&["ferry", "serve", "--root", "/"]);
+            let file = toml::from_str(&format!("catalog = \"{db}\"\n")).unwrap();
+            merge(&mut a, file, Path::new("/x")).unwrap();
+            assert_eq!(a.catalog.as_deref(), Some(db));
+        }
         let mut a = parsed(&["ferry", "serve", "--root", "/"]);
         let file = toml::from_str("advertise = \"dtn1.example.org:7070\"\n").unwrap();
         merge(&mut a, file, Path::new("/x")).unwrap();
