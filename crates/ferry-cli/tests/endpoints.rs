@@ -40,7 +40,11 @@ fn a_put_to_and_a_get_from_an_endpoint_stripe_over_its_hosts() {
 
     let out = run(
         sb.ferry()
+            // Fixed streams: an auto-tuned session sends its early budget (256 KiB a
+            // connection, up to 64) before the file's decision, which only the coordinator
+            // takes; of 24 blocks, a loaded machine then left some stripe host none.
             .args(["put", "--json", "--retry-for", "0", "--block-size", "1M"])
+            .args(["--streams", "4"])
             .arg(&src)
             .arg("site:/in/"),
         Duration::from_secs(120),
@@ -172,8 +176,9 @@ fn a_copy_into_an_endpoint_or_with_stripe_stripes_over_its_hosts() {
     };
     let cp = || {
         let mut cmd = sb.ferry();
+        // Fixed streams, as for the put above: blocks sent early go to the coordinator only.
         cmd.args(["cp", "--json", "--retry-for", "0", "--block-size", "1M"])
-            .args(["--source-token", &a.token]);
+            .args(["--streams", "4", "--source-token", &a.token]);
         cmd
     };
     // The endpoint as the destination: its token, its first host coordinates.
