@@ -98,6 +98,7 @@ on_both!(
     register_new_writes_what_register_writes_many_rows_at_once,
     removing_a_subtree_leaves_no_replica_or_metadata_of_it,
     a_numeric_find_under_a_prefix_answers_the_same_every_time,
+    a_batch_registers_what_one_file_at_a_time_would,
 );
 
 fn commit(path: &str, size: u64) -> Commit {
@@ -609,6 +610,57 @@ fn known_digests_are_this_servers_good_ones(b: &Backend) {
 
 /// Two servers on one catalog: each registers its own replica, a new copy on one makes the
 /// other's stale, and each knows every replica.
+/// A registration of many files at once (a few statements per 500) keeps every rule of one
+/// file's: the same contents add a replica and keep the object, other contents replace it and
+/// make the other servers' copies stale, a path twice takes its later contents, and each
+/// intent of exactly the registered contents is cleared.
+fn a_batch_registers_what_one_file_at_a_time_would(b: &Backend) {
+    let loc = b.fresh();
+    let one = Catalog::open(&loc, "one").unwrap();
+    let two = Catalog::open(&loc, "two").unwrap();
+    one.register(&[commit("same", 3), commit("changed", 3)])
+        .unwrap();
+    let before = one.stat("same").unwrap().unwrap().object;
+    let mut batch = vec![commit("same", 3), commit("changed", 4)];
+    // A path twice, next to each other and across the 500-row statements.
+    batch.extend([commit("dup", 1), commit("dup", 2)]);
+    batch.extend((0..1200).map(|i| commit(&format!("n/{i:04}"), 5)));
+    batch.push(commit("dup", 6));
+    // A later put's intent of other contents for a path of the batch stays.
+    let later = commit("n/0007", 9);
+    two.intend(&batch).unwrap();
+    two.intend(std::slice::from_ref(&later)).unwrap();
+    two.register(&batch).unwrap();
+    assert_eq!(two.pending().unwrap(), [later]);
+    let states = |path: &str| -> Vec<(String, ReplicaState)> {
+        let mut r: Vec<_> = two
+            .stat(path)
+            .unwrap()
+            .unwrap()
+            .replicas
+            .into_iter()
+            .map(|r| (r.server, r.state))
+            .collect();
+        r.sort_by(|a, b| a.0.cmp(&b.0));
+        r
+    };
+    let good = ReplicaState::Good;
+    assert_eq!(two.stat("same").unwrap().unwrap().object, before);
+    assert_eq!(states("same"), [("one".into(), good), ("two".into(), good)]);
+    assert_eq!(two.stat("changed").unwrap().unwrap().object.size, 4);
+    assert_eq!(
+        states("changed"),
+        [("one".into(), ReplicaState::Stale), ("two".into(), good)]
+    );
+    assert_eq!(two.stat("dup").unwrap().unwrap().object.size, 6);
+    assert_eq!(states("dup"), [("two".into(), good)]);
+    let n = two.stat("n/1199").unwrap().unwrap();
+    assert_eq!((n.object.size, n.replicas.len()), (5, 1));
+    assert_eq!(n.replicas[0].physical, "/srv/n/1199");
+    let all = two.find(&Query::default()).unwrap();
+    assert_eq!(all.len(), 1203);
+}
+
 fn servers_sharing_a_catalog_each_name_their_replicas(b: &Backend) {
     let loc = b.fresh();
     let one = Catalog::open(&loc, "one").unwrap();
