@@ -527,22 +527,7 @@ const BULK_ROWS: usize = 500;
 /// `rows` groups of `width` numbered parameters, each followed by the fixed `tail`:
 /// `(?1, ?2, 'good'), (?3, ?4, 'good')`. Only numbers and the caller's constant, never input.
 fn values(width: usize, rows: usize, tail: &str) -> String {
-    let mut s = String::with_capacity(rows * (width * 7 + tail.len() + 4));
-    for r in 0..rows {
-        if r > 0 {
-            s.push_str(", ");
-        }
-        s.push('(');
-        for c in 0..width {
-            if c > 0 {
-                s.push_str(", ");
-            }
-            s.push_str(&format!("?{}", r * width + c + 1));
-        }
-        s.push_str(tail);
-        s.push(')');
-    }
-    s
+    numbered(0, width, rows, tail)
 }
 
 /// Opens SQLite the catalog's way. WAL: readers never wait for the writer. NORMAL: a commit
