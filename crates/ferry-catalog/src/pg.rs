@@ -373,6 +373,9 @@ pub(crate) fn schema(sql: &str) -> String {
     .replace(" TEXT", " TEXT COLLATE \"C\"")
 }
 
+/// Prepared statements kept per connection; the catalog's own texts are a few dozen.
+const MOST_PREPARED: usize = 256;
+
 /// The connection and its prepared statements, on the connection's thread.
 ///
 /// A connection the database closed (it restarted, an administrator ended it, the network
@@ -435,6 +438,11 @@ impl Session {
         self.client()?;
         if let Some(st) = self.prepared.get(sql) {
             return Ok(st.clone());
+        }
+        // Each is kept by the database for the connection's life: a statement text made
+        // from input would otherwise grow both without bound.
+        if self.prepared.len() >= MOST_PREPARED {
+            self.prepared.clear();
         }
         let r = self.client()?.prepare(&statement(sql));
         let st = r.map_err(|e| self.failed(e))?;

@@ -566,7 +566,7 @@ fn write_intents(conn: &mut Conn, server: &str, files: &[Commit]) -> Result<(), 
                     &f.physical
                 ]);
             }
-            tx.run(
+            tx.rows_planned(
                 &format!(
                     "INSERT INTO pending
                          (path, size, mtime_ns, digest, algo, stored_by, physical, since, server)
@@ -640,6 +640,9 @@ fn listed(first: usize, n: usize) -> String {
 /// contents keep their row, the others are upserted in one statement and the other servers'
 /// replicas of them made stale in one; this server's replicas are upserted in one; the
 /// intents of exactly these contents are cleared. Returns the objects' ids in `files`' order.
+/// These statements, and [`write_intents`]', run unprepared (`rows_planned`): their text
+/// varies with the count, and PostgreSQL would keep each count's prepared statement for the
+/// connection's life.
 fn register_many(
     tx: &mut Conn,
     server: &str,
@@ -651,7 +654,7 @@ fn register_many(
     for chunk in unique_runs(files) {
         let paths: Vec<crate::db::Arg<'_>> = chunk.iter().map(|f| (&f.path).into()).collect();
         let mut same: HashMap<String, i64> = HashMap::with_capacity(chunk.len());
-        let rows = tx.rows(
+        let rows = tx.rows_planned(
             &format!(
                 "SELECT id, path, size, mtime_ns, digest, algo FROM objects WHERE path IN ({}){}",
                 listed(0, chunk.len()),
@@ -700,7 +703,7 @@ fn register_many(
                  RETURNING id, path",
                 numbered(1, 6, changed.len(), ", ?1")
             );
-            for mut r in tx.rows(&sql, &a)? {
+            for mut r in tx.rows_planned(&sql, &a)? {
                 let id = r.int(0)?;
                 upserted.insert(r.text(1)?, id);
             }
@@ -709,7 +712,7 @@ fn register_many(
             let mut a = Vec::with_capacity(1 + upserted.len());
             a.push(server.into());
             a.extend(upserted.values().map(|&id| crate::db::Arg::Int(id)));
-            tx.run(
+            tx.rows_planned(
                 &format!(
                     "UPDATE replicas SET state = 'stale' WHERE server <> ?1 AND object IN ({})",
                     listed(1, upserted.len())
@@ -731,7 +734,7 @@ fn register_many(
         for (f, &id) in chunk.iter().zip(&chunk_ids) {
             a.extend_from_slice(args![id, &f.physical]);
         }
-        tx.run(
+        tx.rows_planned(
             &format!(
                 "INSERT INTO replicas (object, physical, server, state) VALUES {}
                  ON CONFLICT (object, server) DO UPDATE SET physical = excluded.physical,
@@ -753,7 +756,7 @@ fn clear_intents(tx: &mut Conn, server: &str, files: &[Commit]) -> Result<(), Ca
     let mut a = Vec::with_capacity(1 + files.len());
     a.push(server.into());
     a.extend(files.iter().map(|f| crate::db::Arg::from(&f.path)));
-    let rows = tx.rows(
+    let rows = tx.rows_planned(
         &format!(
             "SELECT server, path, size, mtime_ns, digest FROM pending
              WHERE server IN (?1, '') AND path IN ({})",
@@ -785,7 +788,7 @@ fn clear_intents(tx: &mut Conn, server: &str, files: &[Commit]) -> Result<(), Ca
         let mut a = Vec::with_capacity(1 + paths.len());
         a.push(owner.into());
         a.extend(paths.iter().map(crate::db::Arg::from));
-        tx.run(
+        tx.rows_planned(
             &format!(
                 "DELETE FROM pending WHERE server = ?1 AND path IN ({})",
                 listed(1, paths.len())
