@@ -108,6 +108,12 @@ struct Cli {
     /// stripes over them (`put --stripe`) instead of binding K addresses to one server.
     #[arg(long)]
     stripe_hosts: bool,
+    /// Multipath mode with --stripe-hosts: striped third-party copies after each K's put,
+    /// push (`ferry cp c:/X site:/`, c's server sends) and/or pull (`ferry cp --pull site:/X
+    /// c:/dst/`, c's server gets), between a `ferry serve --third-party` on the client's host
+    /// and the K servers as one endpoint.
+    #[arg(long, value_delimiter = ',')]
+    copies: Option<Vec<String>>,
     /// Host mode: ferry's transports, tls (its defaults: TLS, BLAKE3) and plain (--no-encrypt).
     #[arg(long, value_delimiter = ',')]
     transports: Option<Vec<String>>,
@@ -897,6 +903,7 @@ fn bed_only_flags(cli: &Cli) -> Vec<&'static str> {
     bad(cli.tcp_fastopen, "--tcp-fastopen");
     bad(cli.paths.is_some(), "--paths");
     bad(cli.stripe_hosts, "--stripe-hosts");
+    bad(cli.copies.is_some(), "--copies");
     v
 }
 
@@ -1109,7 +1116,32 @@ fn third_party_only_bad_flags(cli: &Cli) -> Vec<&'static str> {
     if cli.stripe_hosts {
         v.push("--stripe-hosts");
     }
+    if cli.copies.is_some() {
+        v.push("--copies");
+    }
     v
+}
+
+/// `--copies`: push and/or pull, each once, on the striped bed only.
+fn multipath_copies(cli: &Cli) -> Result<Vec<multipath::CopyCase>> {
+    let Some(list) = &cli.copies else {
+        return Ok(Vec::new());
+    };
+    if !cli.stripe_hosts {
+        bail!("--copies: the copies run on the striped bed; add --stripe-hosts");
+    }
+    let mut v = Vec::new();
+    for s in list {
+        let c = multipath::CopyCase::parse(s).map_err(anyhow::Error::msg)?;
+        if v.contains(&c) {
+            bail!("--copies: {} appears twice", c.name());
+        }
+        v.push(c);
+    }
+    if v.is_empty() {
+        bail!("--copies: name push, pull or both");
+    }
+    Ok(v)
 }
 
 /// The one value of a list flag in the third-party and multipath modes, or its default.
@@ -1328,6 +1360,7 @@ fn multipath_options(cli: &Cli, work: PathBuf, out: PathBuf) -> Result<multipath
             omit: cli.iperf3_omit,
         }),
         stripe: cli.stripe_hosts,
+        copies: multipath_copies(cli)?,
     })
 }
 
@@ -1379,6 +1412,7 @@ fn multipath_in(cli: &Cli, work: &Path, out: &Path, started: u64) -> Result<Exit
         },
         paths: o.paths.clone(),
         tools: std::iter::once("ferry")
+            .chain(o.copies.iter().map(|c| c.tool()))
             .chain(o.gridftp.then_some("gridftp"))
             .map(String::from)
             .collect(),
@@ -1770,6 +1804,40 @@ mod tests {
             Tool::PEERS.to_vec()
         );
         assert!(spec(&["--quick", "--full"]).is_err());
+    }
+
+    fn multipath(args: &[&str]) -> Result<multipath::MpOptions> {
+        let mut v = vec!["ferry-bench", "--mode", "multipath", "--ferry", "/bin/true"];
+        v.extend_from_slice(args);
+        multipath_options(&Cli::try_parse_from(v)?, "/w".into(), "/o".into())
+    }
+
+    #[test]
+    fn copies_are_parsed_in_order_on_the_striped_bed_only() {
+        use multipath::CopyCase::{Pull, Push};
+        assert!(multipath(&[]).unwrap().copies.is_empty());
+        let o = multipath(&["--stripe-hosts", "--copies", "pull,push"]).unwrap();
+        assert_eq!(o.copies, [Pull, Push]);
+        assert!(o.stripe);
+        let o = multipath(&["--stripe-hosts", "--copies", "push"]).unwrap();
+        assert_eq!(o.copies, [Push]);
+        for (args, says) in [
+            (&["--copies", "push"][..], "add --stripe-hosts"),
+            (
+                &["--stripe-hosts", "--copies", "push,sideways"],
+                "--copies sideways",
+            ),
+            (
+                &["--stripe-hosts", "--copies", "pull,pull"],
+                "pull appears twice",
+            ),
+        ] {
+            let Err(e) = multipath(args) else {
+                panic!("{args:?} was taken");
+            };
+            let e = format!("{e:#}");
+            assert!(e.contains(says), "{args:?}: {e}");
+        }
     }
 
     #[test]

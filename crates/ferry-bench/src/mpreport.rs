@@ -98,6 +98,10 @@ pub struct MpPoint {
     pub vs_links: Option<f64>,
     /// The median rate over the same tool's K = 1 on the same data set (None without one).
     pub vs_one_path: Option<f64>,
+    /// A copy's median rate over the put's (tool "ferry") at the same K on the same data set
+    /// (None for the put itself, GridFTP, or without a put figure).
+    #[serde(default)]
+    pub vs_put: Option<f64>,
     /// The median rate over iperf3's over the same K links (None without a ceiling).
     pub vs_iperf3: Option<f64>,
     /// Median IP bytes per link, in link order.
@@ -185,6 +189,12 @@ impl MpReport {
             .filter(|p| p.k == 1)
             .map(|p| (p.tool.clone(), p.dataset.clone(), p.median_mbit_s))
             .collect();
+        let puts: Vec<(String, usize, Option<f64>)> = self
+            .points
+            .iter()
+            .filter(|p| p.tool == "ferry")
+            .map(|p| (p.dataset.clone(), p.k, p.median_mbit_s))
+            .collect();
         for p in &mut self.points {
             let base = one
                 .iter()
@@ -192,6 +202,14 @@ impl MpReport {
                 .and_then(|x| x.2);
             p.vs_one_path = match (p.median_mbit_s, base) {
                 (Some(m), Some(b)) if b > 0.0 => Some(m / b),
+                _ => None,
+            };
+            let put = puts
+                .iter()
+                .find(|(d, k, _)| *d == p.dataset && *k == p.k)
+                .and_then(|x| x.2);
+            p.vs_put = match (p.median_mbit_s, put) {
+                (Some(m), Some(b)) if b > 0.0 && p.tool.starts_with("ferry-cp") => Some(m / b),
                 _ => None,
             };
             let ceiling = self.ceilings.iter().find(|c| c.k == p.k).map(|c| c.mbit_s);
@@ -246,6 +264,7 @@ impl MpReport {
                 .filter(|_| target_mbit_s > 0.0)
                 .map(|m| m / target_mbit_s),
             vs_one_path: None,
+            vs_put: None,
             vs_iperf3: None,
             link_bytes,
             link_share,
@@ -274,7 +293,7 @@ fn table_row(p: &MpPoint) -> String {
         .collect::<Vec<_>>()
         .join(" / ");
     format!(
-        "| {} | {} | {} | {}/{} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+        "| {} | {} | {} | {}/{} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
         p.tool,
         p.dataset,
         p.k,
@@ -285,6 +304,7 @@ fn table_row(p: &MpPoint) -> String {
         format_mbps(p.target_mbit_s),
         opt(p.vs_links, |v| format!("{v:.2}")),
         opt(p.vs_one_path, |v| format!("{v:.2}×")),
+        opt(p.vs_put, |v| format!("{v:.2}×")),
         opt(p.vs_iperf3, |v| format!("{v:.2}")),
         if spread.is_empty() {
             "n/a".into()
@@ -329,9 +349,26 @@ pub fn summary(r: &MpReport) -> String {
         "Per K: `ferry serve --listen` on s's address on each of the first K links, `ferry put \
          --bind` c's address on each (K = 1: a plain put over link 0)."
     };
+    let copies: Vec<&str> = r
+        .tools
+        .iter()
+        .filter_map(|t| t.strip_prefix("ferry-cp-"))
+        .collect();
+    let copies = if copies.is_empty() {
+        String::new()
+    } else {
+        format!(
+            " After each put, striped copies ({}) with a `ferry serve --third-party` on c, the \
+             K servers (`--third-party` too) as one endpoint `site` of the client's config: \
+             push `ferry cp c:/data/X site:/` (c's server sends, striped over them), pull \
+             `ferry cp --pull site:/X c:/mp-cdest/` (c's server gets, striped from them); the \
+             client runs in c; `vs put` is a copy's median over the put's at that K.",
+            copies.join(", ")
+        )
+    };
     let _ = writeln!(
         s,
-        "{per_k} Data: {}; {}. {} round{}{}, \
+        "{per_k}{copies} Data: {}; {}. {} round{}{}, \
          each every data set at every K ({}); times are process start to exit, every \
          destination checked (files, sizes, BLAKE3).{}\n",
         r.datasets.join(", "),
@@ -358,8 +395,8 @@ pub fn summary(r: &MpReport) -> String {
     );
     s.push_str(
         "| tool | data | K | ok | median s | median Mbit/s | K × link | rate / (K × link) | \
-         vs K=1 | vs iperf3 | bytes per link (share) | streams | bottleneck |\n\
-         |---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---|\n",
+         vs K=1 | vs put | vs iperf3 | bytes per link (share) | streams | bottleneck |\n\
+         |---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---|\n",
     );
     for p in &r.points {
         s.push_str(&table_row(p));
@@ -492,6 +529,60 @@ mod tests {
         assert!(text.contains("1 transfers failed"), "{text}");
         assert!(
             text.contains("at once (one client per link, steady seconds): 580 Mbit/s (290 + 290)"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn a_copy_is_compared_with_the_put_at_its_k() {
+        let g = 1u64 << 30;
+        let tool = |mut r: MpRow, t: &str| {
+            r.tool = t.into();
+            r
+        };
+        let mut r = MpReport {
+            bed: MpBed {
+                links: 2,
+                rate_bps: 300_000_000,
+                striped: true,
+                ..Default::default()
+            },
+            paths: vec![1, 2],
+            tools: vec![
+                "ferry".into(),
+                "ferry-cp-push".into(),
+                "ferry-cp-pull".into(),
+            ],
+            datasets: vec!["file-1GiB".into()],
+            rows: vec![
+                row(1, 1, 30.0, vec![g, 0]),
+                row(1, 2, 16.0, vec![g / 2, g / 2]),
+                tool(row(1, 1, 32.0, vec![g, 0]), "ferry-cp-push"),
+                tool(row(1, 2, 20.0, vec![g / 4, 3 * g / 4]), "ferry-cp-push"),
+                tool(row(1, 2, 16.0, vec![g / 2, g / 2]), "ferry-cp-pull"),
+            ],
+            ..Default::default()
+        };
+        r.summarize();
+        let p = |t: &str, k: usize| {
+            r.points
+                .iter()
+                .find(|p| p.tool == t && p.k == k)
+                .unwrap()
+                .clone()
+        };
+        assert_eq!(p("ferry", 2).vs_put, None);
+        assert!((p("ferry-cp-push", 2).vs_put.unwrap() - 16.0 / 20.0).abs() < 1e-9);
+        assert!((p("ferry-cp-push", 1).vs_put.unwrap() - 30.0 / 32.0).abs() < 1e-9);
+        assert!((p("ferry-cp-pull", 2).vs_put.unwrap() - 1.0).abs() < 1e-9);
+        // No pull at K = 1: no figure, and no ratio to K = 1 for the pull at 2.
+        assert_eq!(p("ferry-cp-pull", 1).vs_put, None);
+        assert_eq!(p("ferry-cp-pull", 2).vs_one_path, None);
+        assert_eq!(p("ferry-cp-push", 2).link_share, [0.25, 0.75]);
+        let text = summary(&r);
+        assert!(text.contains("striped copies (push, pull)"), "{text}");
+        assert!(
+            text.contains("| ferry-cp-push | file-1GiB | 2 | 1/1 | 20.00 | 429 | 600 Mbit/s | 0.72 | 1.60× | 0.80× |"),
             "{text}"
         );
     }

@@ -11,6 +11,12 @@
 //! whose servers share one directory, as the hosts of one site share a parallel file system:
 //! s1 coordinates, s2 to sK run `serve --stripe`, and the client puts to s1 with `--stripe`
 //! over the others (issue 38's striped transfers; K = 1 is the same plain put).
+//!
+//! `--copies push,pull` adds striped third-party copies to that bed, after the put at each K:
+//! a `ferry serve --third-party` on c is the other end, the K servers are one endpoint `site`
+//! (the client's `[endpoints.site]`). Pushed: `ferry cp c:/data/X site:/` (c's server sends,
+//! striped over s1 to sK); pulled: `ferry cp --pull site:/X c:/mp-cdest/` (c's server gets,
+//! striped from them). The client runs in c too; each figure is also a ratio to the put.
 
 use std::fs;
 use std::net::SocketAddr;
@@ -39,6 +45,46 @@ const SERVER: usize = 1;
 const BASE_PORT: u16 = 7000;
 /// The most links a run may ask for: enough for the issue's K = 3 and a margin.
 pub const MAX_PATHS: usize = 8;
+/// The copies' server on c listens on c's address on link 0, on this port.
+const C_PORT: u16 = 7100;
+/// The copies' endpoint name in each K's client config.
+const ENDPOINT: &str = "site";
+
+/// A striped third-party copy between c's server and the K servers (`--copies`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CopyCase {
+    /// `ferry cp c:/data/X site:/`: c's server puts into s1, striped over s2 to sK.
+    Push,
+    /// `ferry cp --pull site:/X c:/dst/`: c's server gets from s1, striped over s2 to sK.
+    Pull,
+}
+
+impl CopyCase {
+    pub const ALL: [CopyCase; 2] = [CopyCase::Push, CopyCase::Pull];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            CopyCase::Push => "push",
+            CopyCase::Pull => "pull",
+        }
+    }
+
+    /// The tool column of its rows and points.
+    pub fn tool(self) -> &'static str {
+        match self {
+            CopyCase::Push => "ferry-cp-push",
+            CopyCase::Pull => "ferry-cp-pull",
+        }
+    }
+
+    /// `push` or `pull`, anything else a message that lists them.
+    pub fn parse(s: &str) -> Result<CopyCase, String> {
+        CopyCase::ALL
+            .into_iter()
+            .find(|c| c.name() == s.trim())
+            .ok_or_else(|| format!("--copies {s}: each case is push or pull"))
+    }
+}
 
 /// What a multipath run does.
 pub struct MpOptions {
@@ -67,6 +113,8 @@ pub struct MpOptions {
     pub iperf3: Option<mpiperf::Span>,
     /// Link i goes to server host i (all sharing one directory) and the put stripes over them.
     pub stripe: bool,
+    /// Striped copies after the put at each K (only with `stripe`), in this order.
+    pub copies: Vec<CopyCase>,
 }
 
 impl MpOptions {
@@ -113,11 +161,33 @@ struct KServer {
     stripes: Vec<(Server, SocketAddr)>,
 }
 
+impl KServer {
+    /// Its hosts' addresses, the coordinator's first: the copies' endpoint.
+    fn hosts(&self, topo: &Topology) -> Vec<SocketAddr> {
+        std::iter::once(server_addr(topo, self.k, 0))
+            .chain(self.stripes.iter().map(|x| x.1))
+            .collect()
+    }
+}
+
+/// The copies' other end: a `ferry serve --third-party` on c whose root is the work directory
+/// (the data under `data/`, a pulled copy's destination `mp-cdest/`).
+struct CServer {
+    server: Server,
+    addr: SocketAddr,
+    token: String,
+    fingerprint: String,
+    /// Where pulled copies land, emptied before and after each.
+    dest: PathBuf,
+}
+
 /// The running bed: the topology, one ferry server per K, and GridFTP's when it runs.
 struct Bed {
     topo: Topology,
     servers: Vec<KServer>,
     grid: Vec<GridServers>,
+    /// With `--copies`.
+    c: Option<CServer>,
     state: PathBuf,
 }
 
@@ -127,46 +197,64 @@ impl Drop for Bed {
         for s in &self.servers {
             let _ = clear_dir(&s.root);
         }
+        if let Some(c) = &self.c {
+            let _ = clear_dir(&c.dest);
+        }
         for g in &self.grid {
             let _ = clear_dir(&g.root);
         }
     }
 }
 
-/// What one transfer runs: ferry or GridFTP, at one K.
+/// What one transfer runs: a ferry put, a striped ferry copy, or GridFTP, at one K.
 #[derive(Clone, Copy)]
 enum Target<'b> {
     Ferry(&'b KServer),
+    Copy(&'b KServer, &'b CServer, CopyCase),
     Grid(&'b GridServers),
 }
 
 impl Target<'_> {
     fn k(&self) -> usize {
         match self {
-            Target::Ferry(s) => s.k,
+            Target::Ferry(s) | Target::Copy(s, ..) => s.k,
             Target::Grid(g) => g.k,
         }
     }
+    /// Where the data lands (checked, then emptied).
     fn root(&self) -> &Path {
         match self {
-            Target::Ferry(s) => &s.root,
+            Target::Ferry(s) | Target::Copy(s, _, CopyCase::Push) => &s.root,
+            Target::Copy(_, c, CopyCase::Pull) => &c.dest,
             Target::Grid(g) => &g.root,
+        }
+    }
+    /// What else the transfer fills (a pull's source, linked into the K servers' directory),
+    /// emptied before and after it.
+    fn also_clear(&self) -> Option<&Path> {
+        match self {
+            Target::Copy(s, _, CopyCase::Pull) => Some(&s.root),
+            _ => None,
         }
     }
     fn tool(&self) -> &'static str {
         match self {
             Target::Ferry(_) => "ferry",
+            Target::Copy(_, _, case) => case.tool(),
             Target::Grid(_) => "gridftp",
         }
     }
 }
 
 impl Bed {
-    /// Every transfer of one round on one data set, K by K, ferry then GridFTP at each.
-    fn targets(&self) -> Vec<Target<'_>> {
+    /// Every transfer of one round on one data set, K by K: the put, the copies, then GridFTP.
+    fn targets<'b>(&'b self, copies: &[CopyCase]) -> Vec<Target<'b>> {
         let mut v = Vec::new();
         for s in &self.servers {
             v.push(Target::Ferry(s));
+            if let Some(c) = &self.c {
+                v.extend(copies.iter().map(|case| Target::Copy(s, c, *case)));
+            }
             if let Some(g) = self.grid.iter().find(|g| g.k == s.k) {
                 v.push(Target::Grid(g));
             }
@@ -212,7 +300,7 @@ impl<'a> MpRunner<'a> {
         }
         if self.o.warmup {
             for (ds, src, want) in &sets {
-                for t in bed.targets() {
+                for t in bed.targets(&self.o.copies) {
                     stop::check()?;
                     let r = self.transfer(&bed, t, 0, ds, src, want);
                     if !r.ok() {
@@ -223,7 +311,7 @@ impl<'a> MpRunner<'a> {
         }
         for run in 1..=self.o.runs {
             for (ds, src, want) in &sets {
-                for t in bed.targets() {
+                for t in bed.targets(&self.o.copies) {
                     stop::check()?;
                     let r = self.transfer(&bed, t, run, ds, src, want);
                     self.say(&r);
@@ -294,6 +382,13 @@ impl<'a> MpRunner<'a> {
                 self.notes.push(n);
             }
         }
+        if let Some(c) = &mut bed.c {
+            if let Ok(Some(st)) = c.server.child.try_wait() {
+                let name = &c.server.name;
+                self.notes
+                    .push(format!("{name} exited during the run ({st})"));
+            }
+        }
     }
 
     fn start_bed(&self) -> Result<Bed> {
@@ -309,12 +404,56 @@ impl<'a> MpRunner<'a> {
                 grid.push(g);
             }
         }
+        let c = match self.o.copies.is_empty() {
+            true => None,
+            false => Some(self.serve_c(&topo, &state, &servers)?),
+        };
         Ok(Bed {
             topo,
             servers,
             grid,
+            c,
             state,
         })
+    }
+
+    /// The copies' server on c, and each K's client config naming the K servers as one
+    /// endpoint (with their token), as a user of a site of several hosts writes it.
+    fn serve_c(&self, topo: &Topology, state: &Path, servers: &[KServer]) -> Result<CServer> {
+        let dest = self.o.work.join("mp-cdest");
+        fs::create_dir_all(&dest).with_context(|| format!("creating {}", dest.display()))?;
+        clear_dir(&dest)?;
+        let dir = state.join("serve-c");
+        let token_file = dir.join("token");
+        let addr = SocketAddr::from((topo.addr(0, End::A), C_PORT));
+        let (server, fingerprint) = self.spawn_serve(
+            topo,
+            (CLIENT, "c"),
+            &[addr],
+            &self.o.work,
+            (&dir, &token_file),
+            &["--third-party"],
+        )?;
+        let token = read_token(&token_file)?;
+        for s in servers {
+            let config = self.cp_dir(state, s.k).join("config").join("ferry");
+            fs::create_dir_all(&config)?;
+            let file = config.join("config.toml");
+            fs::write(&file, endpoint_config(&s.hosts(topo), &s.token))
+                .with_context(|| format!("writing {}", file.display()))?;
+        }
+        Ok(CServer {
+            server,
+            addr,
+            token,
+            fingerprint,
+            dest,
+        })
+    }
+
+    /// The state and config of the copies' client at `k`.
+    fn cp_dir(&self, state: &Path, k: usize) -> PathBuf {
+        state.join(format!("cp-k{k}"))
     }
 
     /// `ferry serve` in the server's host on its address on each of the first `k` links (only
@@ -341,10 +480,7 @@ impl<'a> MpRunner<'a> {
                 stripes.push((s, addr));
             }
         }
-        let token = fs::read_to_string(&token_file)
-            .with_context(|| format!("reading {}", token_file.display()))?
-            .trim()
-            .to_owned();
+        let token = read_token(&token_file)?;
         Ok(KServer {
             k,
             server,
@@ -371,11 +507,34 @@ impl<'a> MpRunner<'a> {
             format!("k{k}-stripe{link}")
         };
         let dir = state.join(format!("serve-{tag}"));
-        fs::create_dir_all(&dir)?;
+        let mut flags = Vec::new();
+        if link > 0 {
+            flags.push("--stripe");
+        }
+        // The copies' ends: each host mints or honours grants (a stripe host too).
+        if !self.o.copies.is_empty() {
+            flags.push("--third-party");
+        }
+        let host = self.o.server_host(link);
+        self.spawn_serve(topo, (host, &tag), listen, root, (&dir, token_file), &flags)
+    }
+
+    /// One `ferry serve` in `host` with its own state `dir`, listening on `listen` with
+    /// `flags`; returns it and its key's fingerprint once it answers.
+    fn spawn_serve(
+        &self,
+        topo: &Topology,
+        (host, tag): (usize, &str),
+        listen: &[SocketAddr],
+        root: &Path,
+        (dir, token_file): (&Path, &Path),
+        flags: &[&str],
+    ) -> Result<(Server, String)> {
+        fs::create_dir_all(dir)?;
         let log = self.logs.join(format!("serve-{tag}.out"));
         let f = fs::File::create(&log)?;
         let mut c = Command::new(&self.o.ferry);
-        c.env("FERRY_STATE_DIR", &dir)
+        c.env("FERRY_STATE_DIR", dir)
             .env("XDG_CONFIG_HOME", dir.join("config"))
             .env_remove("FERRY_TOKEN")
             .arg("serve")
@@ -384,10 +543,8 @@ impl<'a> MpRunner<'a> {
         for a in listen {
             c.arg("--listen").arg(a.to_string());
         }
-        if link > 0 {
-            c.arg("--stripe");
-        }
-        c.arg("--token-file")
+        c.args(flags)
+            .arg("--token-file")
             .arg(token_file)
             .stdin(Stdio::null())
             .stdout(f.try_clone()?)
@@ -395,7 +552,7 @@ impl<'a> MpRunner<'a> {
             .process_group(0);
         let name = format!("ferry serve {tag}");
         let child = topo
-            .spawn_in(self.o.server_host(link), c)
+            .spawn_in(host, c)
             .with_context(|| format!("starting {name}"))?;
         let mut server = Server {
             name,
@@ -419,12 +576,16 @@ impl<'a> MpRunner<'a> {
         want: &Digest,
     ) -> MpRow {
         let mut row = MpRow::new(run, t.tool(), t.k(), ds, want);
-        if let Err(e) = clear_dir(t.root()) {
+        let emptied = std::iter::once(t.root())
+            .chain(t.also_clear())
+            .try_for_each(clear_dir);
+        if let Err(e) = emptied {
             row.error = format!("clearing the destination: {e:#}");
             return row;
         }
         let cmd = match t {
             Target::Ferry(s) => self.put_cmd(bed, s, src),
+            Target::Copy(s, c, case) => self.cp_cmd(bed, (s, c, case), src, ds),
             Target::Grid(g) => mpgridftp::client_cmd(&bed.topo, CLIENT, g, src, ds),
         };
         let cmd = match cmd {
@@ -464,16 +625,79 @@ impl<'a> MpRunner<'a> {
             }
             row.error = format!("{} {}: {msg}", t.tool(), out.code);
         } else {
-            if let Target::Ferry(_) = t {
-                read_report(&mut row, &out.stdout);
+            match t {
+                Target::Ferry(_) => read_report(&mut row, &out.stdout, false),
+                Target::Copy(..) => read_report(&mut row, &out.stdout, true),
+                Target::Grid(_) => {}
             }
             verify(&mut row, &t.root().join(ds.label()), want);
         }
         // Emptied now too, so that the work directory holds one destination at a time.
-        if let Err(e) = clear_dir(t.root()) {
-            fail_unless_failed(&mut row, e);
+        for dir in std::iter::once(t.root()).chain(t.also_clear()) {
+            if let Err(e) = clear_dir(dir) {
+                fail_unless_failed(&mut row, e);
+            }
         }
         row
+    }
+
+    /// `ferry cp` in the client's host between c's server and the K servers as endpoint
+    /// `site`, with ferry's defaults. A pull's source is first linked into the K servers'
+    /// directory (hard links: no copy, not timed).
+    fn cp_cmd(
+        &self,
+        bed: &Bed,
+        (s, c, case): (&KServer, &CServer, CopyCase),
+        src: &Path,
+        ds: &Dataset,
+    ) -> Result<Command> {
+        let dir = self.cp_dir(&bed.state, s.k);
+        let mut cmd = Command::new(&self.o.ferry);
+        cmd.env("FERRY_STATE_DIR", &dir)
+            .env("XDG_CONFIG_HOME", dir.join("config"))
+            .env("FERRY_KNOWN_HOSTS", dir.join("known_hosts"))
+            .env_remove("FERRY_TOKEN")
+            .arg("-q")
+            .arg("cp")
+            .arg("--json");
+        let label = ds.label();
+        match case {
+            CopyCase::Push => {
+                let rel = src.strip_prefix(&self.o.work).with_context(|| {
+                    format!("{} is not under {}", src.display(), self.o.work.display())
+                })?;
+                cmd.arg("--source-token")
+                    .arg(&c.token)
+                    .arg("--source-fingerprint")
+                    .arg(&c.fingerprint)
+                    .arg("--dest-fingerprint")
+                    .arg(&s.fingerprint)
+                    .arg(format!("{}:/{}", c.addr, rel.display()))
+                    .arg(format!("{ENDPOINT}:/"));
+            }
+            CopyCase::Pull => {
+                link_tree(src, &s.root.join(&label))?;
+                let into = c.dest.strip_prefix(&self.o.work).with_context(|| {
+                    format!(
+                        "{} is not under {}",
+                        c.dest.display(),
+                        self.o.work.display()
+                    )
+                })?;
+                // --pull at K = 1 too, where the endpoint is one host: the same direction.
+                cmd.arg("--pull")
+                    .arg("--dest-token")
+                    .arg(&c.token)
+                    .arg("--dest-fingerprint")
+                    .arg(&c.fingerprint)
+                    .arg("--source-fingerprint")
+                    .arg(&s.fingerprint)
+                    .arg(format!("{ENDPOINT}:/{label}"))
+                    .arg(format!("{}:/{}/", c.addr, into.display()));
+            }
+        }
+        bed.topo.enter(CLIENT, &mut cmd)?;
+        Ok(cmd)
     }
 
     /// `ferry put` in the client's host with ferry's defaults (its remembered path included, as
@@ -505,15 +729,17 @@ impl<'a> MpRunner<'a> {
     }
 }
 
-/// The figures of ferry's `--json` report.
-fn read_report(row: &mut MpRow, json: &str) {
+/// The figures of ferry's `--json` report; a copy's are its transfer's (`source_report`: the
+/// pushing source's put, or the pulling destination's get).
+fn read_report(row: &mut MpRow, json: &str, copy: bool) {
     let v: serde_json::Value = serde_json::from_str(json).unwrap_or_default();
-    row.streams = v["tuning"]["streams"].as_u64();
-    row.connections = v["tuning"]["connections"].as_u64();
-    row.bottleneck = v["tuning"]["bottleneck"]
-        .as_str()
-        .unwrap_or_default()
-        .into();
+    let t = match copy {
+        true => &v["source_report"]["tuning"],
+        false => &v["tuning"],
+    };
+    row.streams = t["streams"].as_u64();
+    row.connections = t["connections"].as_u64();
+    row.bottleneck = t["bottleneck"].as_str().unwrap_or_default().into();
     if v["skipped"].as_u64().unwrap_or(0) > 0 {
         row.error = "the data was already at the destination: nothing was measured".into();
     }
@@ -539,6 +765,38 @@ fn verify(row: &mut MpRow, got: &Path, want: &Digest) {
         }
         Err(e) => row.error = format!("verifying {}: {e:#}", got.display()),
     }
+}
+
+/// The token a server wrote at its start.
+fn read_token(file: &Path) -> Result<String> {
+    Ok(fs::read_to_string(file)
+        .with_context(|| format!("reading {}", file.display()))?
+        .trim()
+        .to_owned())
+}
+
+/// A client config naming `hosts` (the coordinator first) as one endpoint with `token`.
+fn endpoint_config(hosts: &[SocketAddr], token: &str) -> String {
+    let list: Vec<String> = hosts.iter().map(|h| format!("\"{h}\"")).collect();
+    format!(
+        "[endpoints.{ENDPOINT}]\nhosts = [{}]\ntoken = \"{token}\"\n",
+        list.join(", ")
+    )
+}
+
+/// `to` made of hard links to `from`'s files (a file, or a tree's directories and files).
+fn link_tree(from: &Path, to: &Path) -> Result<()> {
+    let m = fs::symlink_metadata(from).with_context(|| format!("stat {}", from.display()))?;
+    if !m.is_dir() {
+        return fs::hard_link(from, to)
+            .with_context(|| format!("linking {} to {}", to.display(), from.display()));
+    }
+    fs::create_dir_all(to).with_context(|| format!("creating {}", to.display()))?;
+    for e in fs::read_dir(from).with_context(|| format!("reading {}", from.display()))? {
+        let e = e?;
+        link_tree(&e.path(), &to.join(e.file_name()))?;
+    }
+    Ok(())
 }
 
 /// The address and port of the K-path server on link `link`.
@@ -589,6 +847,7 @@ mod tests {
             gridftp: false,
             iperf3: None,
             stripe: false,
+            copies: Vec::new(),
         }
     }
 
@@ -614,6 +873,47 @@ mod tests {
         assert_eq!(t.hosts, ["c", "s1", "s2", "s3"]);
         let l: Vec<_> = t.links.iter().map(|l| (l.a, l.b)).collect();
         assert_eq!(l, [(0, 1), (0, 2), (0, 3)]);
+    }
+
+    #[test]
+    fn copy_cases_parse_and_a_bad_one_names_both() {
+        assert_eq!(CopyCase::parse("push"), Ok(CopyCase::Push));
+        assert_eq!(CopyCase::parse(" pull"), Ok(CopyCase::Pull));
+        let e = CopyCase::parse("sideways").unwrap_err();
+        assert!(
+            e.contains("--copies sideways") && e.contains("push or pull"),
+            "{e}"
+        );
+        assert_eq!(CopyCase::Push.tool(), "ferry-cp-push");
+    }
+
+    #[test]
+    fn the_endpoint_names_every_host_coordinator_first() {
+        let hosts: Vec<SocketAddr> = vec![
+            "10.0.0.2:7002".parse().unwrap(),
+            "10.0.1.2:7002".parse().unwrap(),
+        ];
+        assert_eq!(
+            endpoint_config(&hosts, "tok"),
+            "[endpoints.site]\nhosts = [\"10.0.0.2:7002\", \"10.0.1.2:7002\"]\ntoken = \"tok\"\n"
+        );
+    }
+
+    #[test]
+    fn a_tree_is_linked_not_copied() {
+        let d = tempfile::tempdir().unwrap();
+        let src = d.path().join("src");
+        fs::create_dir_all(src.join("a/b")).unwrap();
+        fs::write(src.join("top"), b"1").unwrap();
+        fs::write(src.join("a/b/deep"), b"22").unwrap();
+        link_tree(&src, &d.path().join("dst")).unwrap();
+        let ino = |p: &Path| std::os::unix::fs::MetadataExt::ino(&fs::metadata(p).unwrap());
+        for f in ["top", "a/b/deep"] {
+            assert_eq!(ino(&src.join(f)), ino(&d.path().join("dst").join(f)), "{f}");
+        }
+        link_tree(&src.join("top"), &d.path().join("one")).unwrap();
+        assert_eq!(fs::read(d.path().join("one")).unwrap(), b"1");
+        assert!(link_tree(&d.path().join("missing"), &d.path().join("x")).is_err());
     }
 
     #[test]

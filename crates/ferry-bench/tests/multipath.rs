@@ -145,6 +145,95 @@ fn tiny_multipath_put_over_one_and_two_links() {
 }
 
 #[test]
+fn tiny_striped_copies_push_and_pull_beside_the_put() {
+    let test = "tiny_striped_copies_push_and_pull_beside_the_put";
+    let Some(()) = ferry_netem::needs(test, ferry_netem::can_run()) else {
+        return;
+    };
+    let Some(ferry) = ferry_netem::needs(
+        test,
+        ferry_bin().ok_or(
+            "no ferry binary in target/debug or target/release \
+             (run `cargo build -p ferry-cli` first, or set FERRY_BIN)",
+        ),
+    ) else {
+        return;
+    };
+    let t = tempfile::tempdir().unwrap();
+    let (out_dir, work) = (t.path().join("out"), t.path().join("work"));
+    let child = bench()
+        .args(["--mode", "multipath", "--stripe-hosts", "--paths", "1,2"])
+        .args([
+            "--copies",
+            "push,pull",
+            "--sizes",
+            "24M",
+            "--trees",
+            "mixed:10",
+        ])
+        .args(["--runs", "1", "--no-warmup", "--no-iperf3"])
+        .arg("--ferry")
+        .arg(&ferry)
+        .arg("--out")
+        .arg(&out_dir)
+        .arg("--work")
+        .arg(&work)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "ferry-bench failed:\n{err}");
+
+    let text = std::fs::read_to_string(out_dir.join("results.json")).unwrap();
+    let r: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(r["bed"]["striped"], true);
+    assert_eq!(
+        r["tools"],
+        serde_json::json!(["ferry", "ferry-cp-push", "ferry-cp-pull"])
+    );
+    let rows = r["rows"].as_array().unwrap();
+    // Two K, two data sets, three transfers each.
+    assert_eq!(rows.len(), 12, "{text}");
+    for row in rows {
+        assert_eq!(row["verified"], true, "{row:#}");
+        assert_eq!(row["error"], "", "{row:#}");
+        // Every copy crossed the bed's links (c's server is not the K servers' host): the
+        // data's bytes at least, on link 0 alone at K = 1.
+        let links: Vec<u64> = serde_json::from_value(row["link_bytes"].clone()).unwrap();
+        assert!(
+            links.iter().sum::<u64>() >= num(row, "bytes") as u64,
+            "{row:#}"
+        );
+        if row["k"] == 1 {
+            assert!(links[1] < 1 << 20, "{row:#}");
+        }
+        assert!(!row["bottleneck"].as_str().unwrap().is_empty(), "{row:#}");
+    }
+    for p in r["points"].as_array().unwrap() {
+        assert_eq!(p["ok"], 1, "{p:#}");
+        let copy = p["tool"].as_str().unwrap().starts_with("ferry-cp-");
+        assert_eq!(p["vs_put"].as_f64().is_some(), copy, "{p:#}");
+    }
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("| ferry-cp-pull | file-24MiB | 2 | 1/1 |"),
+        "{stdout}"
+    );
+    // Cleaned up: the K servers' directories, the pulls' destination, the namespaces.
+    for d in ["mp-dest/k1", "mp-dest/k2", "mp-cdest"] {
+        let left: Vec<_> = std::fs::read_dir(work.join(d)).unwrap().collect();
+        assert!(left.is_empty(), "{d}: {left:?}");
+    }
+    assert_eq!(
+        ferry_netem::list_netns(&format!("fnm-{pid}-")),
+        Vec::<String>::new()
+    );
+}
+
+#[test]
 fn multipath_mode_refuses_what_does_not_apply() {
     for (args, want) in [
         (
@@ -160,6 +249,11 @@ fn multipath_mode_refuses_what_does_not_apply() {
             "nothing to send",
         ),
         (&["--trees", "lots"][..], "--trees lots"),
+        (&["--copies", "push"][..], "add --stripe-hosts"),
+        (
+            &["--stripe-hosts", "--copies", "push,over"][..],
+            "--copies over: each case is push or pull",
+        ),
     ] {
         let out = bench()
             .args(["--mode", "multipath"])
