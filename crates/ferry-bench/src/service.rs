@@ -1131,6 +1131,7 @@ mod tests {
             dark: Duration::from_secs(60),
             dark_bytes: 200 << 20,
             max_run: Duration::from_secs(900),
+            placement: Placement::Shared,
         }
     }
 

@@ -553,6 +553,29 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_store_locks_takes_are_read_from_metrics_or_not_at_all() {
+        let m = "# TYPE x histogram\n\
+                 ferry_service_store_lock_wait_seconds_bucket{le=\"+Inf\"} 12\n\
+                 ferry_service_store_lock_wait_seconds_sum 0.5\n\
+                 ferry_service_store_lock_wait_seconds_count 12\n\
+                 ferry_service_store_lock_hold_seconds_sum 1.25\n\
+                 ferry_service_store_lock_hold_seconds_count 12\n";
+        assert_eq!(
+            lock_takes(m),
+            Some(LockTakes {
+                takes: 12,
+                wait_s: 0.5,
+                hold_s: 1.25
+            })
+        );
+        assert_eq!(lock_takes(""), None);
+        assert_eq!(
+            lock_takes(&m.replace("_hold_seconds_sum 1.25", "_hold_seconds_sum x")),
+            None
+        );
+    }
+
+    #[test]
     fn quantiles_are_nearest_rank() {
         let v: Vec<f64> = (1..=100).map(f64::from).collect();
         assert_eq!(quantile(&v, 0.5), 50.0);
