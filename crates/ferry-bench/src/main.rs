@@ -101,6 +101,14 @@ struct Cli {
     /// Service mode: the dark-link job's file (default 200M).
     #[arg(long)]
     dark_size: Option<String>,
+    /// Service mode: the CPUs `ferry service` runs on (a list: 0, 0-1, 0,2); with --bed-cpus,
+    /// the bed (servers, links, the bench's clients: other hosts) runs on the others. Without
+    /// both, everything shares every CPU.
+    #[arg(long)]
+    service_cpus: Option<String>,
+    /// Service mode: the CPUs of the bed (see --service-cpus); disjoint from the service's.
+    #[arg(long)]
+    bed_cpus: Option<String>,
     /// Multipath mode: the K values, links between the client and the server (default 1,2,3).
     #[arg(long, value_delimiter = ',')]
     paths: Option<Vec<usize>>,
@@ -680,8 +688,15 @@ fn run(cli: Cli) -> Result<ExitCode> {
     if cli.files.is_some() || cli.backends.is_some() || cli.stats.is_some() || cli.finds.is_some() {
         bail!("--files, --backends, --stats and --finds apply to --mode catalog only");
     }
-    if cli.jobs.is_some() || cli.dark_secs.is_some() || cli.dark_size.is_some() {
-        bail!("--jobs, --dark-secs and --dark-size apply to --mode service only");
+    if cli.jobs.is_some()
+        || cli.dark_secs.is_some()
+        || cli.dark_size.is_some()
+        || cli.service_cpus.is_some()
+        || cli.bed_cpus.is_some()
+    {
+        bail!(
+            "--jobs, --dark-secs, --dark-size, --service-cpus and --bed-cpus apply to --mode service only"
+        );
     }
     let spec = build_spec(&cli)?;
     let iperf_secs = cli.iperf3_secs.unwrap_or(if cli.full { 10 } else { 5 });
@@ -1504,6 +1519,10 @@ fn service_options(cli: &Cli, work: PathBuf, out: PathBuf) -> Result<service::Sv
         dark: std::time::Duration::from_secs(cli.dark_secs.unwrap_or(60)),
         dark_bytes,
         max_run: std::time::Duration::from_secs(cli.max_run_secs.max(1)),
+        placement: service::Placement::from_lists(
+            cli.service_cpus.as_deref(),
+            cli.bed_cpus.as_deref(),
+        )?,
     })
 }
 
@@ -1605,6 +1624,7 @@ fn service_in(cli: &Cli, work: &Path, out: &Path, started: u64) -> Result<ExitCo
             regime: plan::regime_name(o.regime).into(),
         },
         jobs: o.jobs,
+        placement: o.placement.describe(),
         ..Default::default()
     };
     report
@@ -1744,6 +1764,74 @@ mod tests {
             &["--dark-size", "0"],
         ] {
             assert!(service(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn service_mode_places_the_service_and_its_bed_apart_or_says_why_not() {
+        assert_eq!(
+            service(&[]).map(|o| o.placement).unwrap(),
+            service::Placement::Shared
+        );
+        let e = refused(&["--service-cpus", "0", "--bed-cpus", "0"]);
+        assert!(e.contains("CPU 0 is in both"), "{e}");
+        let e = refused(&["--service-cpus", "0"]);
+        assert!(e.contains("go together"), "{e}");
+        let e = refused(&["--bed-cpus", "0"]);
+        assert!(e.contains("go together"), "{e}");
+        for (list, why) in [
+            ("1-0", "from the lower CPU"),
+            ("x", "not a CPU number"),
+            ("0,,1", "an empty entry"),
+            ("", "an empty entry"),
+            ("5000", "numbered below 1024"),
+            ("0-x", "not a CPU number"),
+        ] {
+            let e = refused(&["--service-cpus", list, "--bed-cpus", "1000"]);
+            assert!(
+                e.contains("--service-cpus") && e.contains(why),
+                "{list:?}: {e}"
+            );
+        }
+        // A CPU this process may not run on: 1023 on any host this runs on.
+        let e = refused(&["--service-cpus", "0", "--bed-cpus", "1023"]);
+        assert!(
+            e.contains("CPU 1023: not one this process may run on"),
+            "{e}"
+        );
+        // The CPUs this process may run on, split in two where it has two.
+        let allowed = std::fs::read_to_string("/proc/self/status")
+            .unwrap()
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix("Cpus_allowed_list:")
+                    .map(|v| v.trim().to_owned())
+            })
+            .unwrap();
+        let cpus = service::parse_cpus(&allowed).unwrap();
+        assert_eq!(service::cpu_list(&cpus), allowed.replace(' ', ""));
+        if let [first, rest @ ..] = &cpus[..] {
+            if !rest.is_empty() {
+                let bed = service::cpu_list(rest);
+                let o = service(&["--service-cpus", &first.to_string(), "--bed-cpus", &bed]);
+                assert_eq!(
+                    o.map(|o| o.placement).unwrap(),
+                    service::Placement::Pinned {
+                        service: vec![*first],
+                        bed: rest.to_vec()
+                    }
+                );
+            }
+        }
+        assert_eq!(service::parse_cpus("3,0-1, 1").unwrap(), [0, 1, 3]);
+        assert_eq!(service::cpu_list(&[0, 1, 2, 5, 7, 8]), "0-2,5,7-8");
+    }
+
+    /// Why service mode refuses `args`.
+    fn refused(args: &[&str]) -> String {
+        match service(args) {
+            Ok(_) => panic!("{args:?} accepted"),
+            Err(e) => format!("{e:#}"),
         }
     }
 

@@ -72,6 +72,183 @@ pub struct SvcOptions {
     pub dark_bytes: u64,
     /// Bound on each phase's wait for its jobs to end.
     pub max_run: Duration,
+    /// Which CPUs the service and its bed run on.
+    pub placement: Placement,
+}
+
+/// Where the service and its bed run. The bed (the three `ferry serve`, the links' forwarder
+/// threads, the bench's submitter and pollers) stands for other hosts and the service's
+/// clients; shared, it takes the service's cores, and the API's tail is then mostly a wait
+/// for a core (docs/bench/NOTEBOOK.md, "Issue 40: the service pinned off its bed").
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum Placement {
+    /// Every process on every CPU, as the scheduler places them (the bench's default, and
+    /// its figures before placements).
+    #[default]
+    Shared,
+    /// The service's process on `service`'s CPUs; the bench's threads (the links' forwarders
+    /// and the API's clients among them) and the servers it starts on `bed`'s.
+    Pinned {
+        service: Vec<usize>,
+        bed: Vec<usize>,
+    },
+}
+
+impl Placement {
+    /// From `--service-cpus` and `--bed-cpus`: both or neither, disjoint, each a CPU this
+    /// process may run on.
+    pub fn from_lists(service: Option<&str>, bed: Option<&str>) -> Result<Placement> {
+        let (service, bed) = match (service, bed) {
+            (None, None) => return Ok(Placement::Shared),
+            (Some(s), Some(b)) => (
+                parse_cpus(s).with_context(|| format!("--service-cpus {s:?}"))?,
+                parse_cpus(b).with_context(|| format!("--bed-cpus {b:?}"))?,
+            ),
+            _ => {
+                bail!("--service-cpus and --bed-cpus go together: the service's CPUs and its bed's")
+            }
+        };
+        if let Some(c) = service.iter().find(|c| bed.contains(c)) {
+            bail!("CPU {c} is in both --service-cpus and --bed-cpus: the bed is to stay off the service's CPUs");
+        }
+        let allowed = allowed_cpus()?;
+        if let Some(c) = service.iter().chain(&bed).find(|c| !allowed.contains(c)) {
+            bail!(
+                "CPU {c}: not one this process may run on (it may run on {})",
+                cpu_list(&allowed)
+            );
+        }
+        Ok(Placement::Pinned { service, bed })
+    }
+
+    /// In words, for the report.
+    pub fn describe(&self) -> String {
+        match self {
+            Placement::Shared => "shared: the service and its bed on every CPU".into(),
+            Placement::Pinned { service, bed } => format!(
+                "pinned: the service on CPU {}, its bed (servers, links, the bench's clients) on CPU {}",
+                cpu_list(service),
+                cpu_list(bed)
+            ),
+        }
+    }
+}
+
+/// The most CPUs a list may name (glibc's `CPU_SETSIZE`).
+const MAX_CPUS: usize = 1024;
+
+/// A CPU list as taskset and the kernel write it: `0`, `0-3`, `0,2-3`; sorted, without
+/// repeats. Anything else is an error that says why.
+pub fn parse_cpus(s: &str) -> Result<Vec<usize>> {
+    let mut out = Vec::new();
+    for part in s.split(',').map(str::trim) {
+        let num = |t: &str| -> Result<usize> {
+            let n: usize = t
+                .parse()
+                .map_err(|_| anyhow::anyhow!("{t:?} is not a CPU number"))?;
+            if n >= MAX_CPUS {
+                bail!("CPU {n}: CPUs are numbered below {MAX_CPUS}");
+            }
+            Ok(n)
+        };
+        if part.is_empty() {
+            bail!("an empty entry: write CPUs as 0, 0-3 or 0,2-3");
+        }
+        match part.split_once('-') {
+            Some((a, b)) => {
+                let (a, b) = (num(a.trim())?, num(b.trim())?);
+                if a > b {
+                    bail!("{part:?}: a range goes from the lower CPU to the higher");
+                }
+                out.extend(a..=b);
+            }
+            None => out.push(num(part)?),
+        }
+    }
+    out.sort_unstable();
+    out.dedup();
+    Ok(out)
+}
+
+/// `cpus` as a list: `0-2,5`.
+pub fn cpu_list(cpus: &[usize]) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < cpus.len() {
+        let mut j = i;
+        while j + 1 < cpus.len() && cpus[j + 1] == cpus[j] + 1 {
+            j += 1;
+        }
+        parts.push(if i == j {
+            cpus[i].to_string()
+        } else {
+            format!("{}-{}", cpus[i], cpus[j])
+        });
+        i = j + 1;
+    }
+    parts.join(",")
+}
+
+fn cpu_set(cpus: &[usize]) -> libc::cpu_set_t {
+    // SAFETY: cpu_set_t is plain bits; all zero is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    for &c in cpus {
+        // SAFETY: c < MAX_CPUS (parse_cpus), within the set's bits.
+        unsafe { libc::CPU_SET(c, &mut set) };
+    }
+    set
+}
+
+/// The CPUs this process may run on.
+fn allowed_cpus() -> Result<Vec<usize>> {
+    // SAFETY: a zeroed set filled in by the kernel, its size given.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    let r = unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error()).context("sched_getaffinity");
+    }
+    // SAFETY: reading bits of an initialised set.
+    Ok((0..MAX_CPUS)
+        .filter(|&c| unsafe { libc::CPU_ISSET(c, &set) })
+        .collect())
+}
+
+/// Process `pid`'s `Cpus_allowed_list` (its main thread's), as /proc gives it.
+fn allowed_list(pid: u32) -> Result<String> {
+    let path = format!("/proc/{pid}/status");
+    let text = fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        .map(|v| v.trim().to_owned())
+        .with_context(|| format!("{path} has no Cpus_allowed_list"))
+}
+
+/// Puts thread `tid` (0: the calling one) on `cpus`.
+fn set_affinity(tid: libc::pid_t, cpus: &[usize]) -> std::io::Result<()> {
+    let set = cpu_set(cpus);
+    // SAFETY: a valid set of the size given.
+    if unsafe { libc::sched_setaffinity(tid, std::mem::size_of::<libc::cpu_set_t>(), &set) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Puts every thread of this process on `cpus`; threads started later inherit it from the
+/// thread that starts them, and processes from the thread that spawns them.
+fn pin_this_process(cpus: &[usize]) -> Result<()> {
+    for e in fs::read_dir("/proc/self/task").context("listing /proc/self/task")? {
+        let name = e?.file_name();
+        let Some(tid) = name.to_str().and_then(|t| t.parse::<libc::pid_t>().ok()) else {
+            continue;
+        };
+        match set_affinity(tid, cpus) {
+            Ok(()) => {}
+            // A thread that ended since the listing.
+            Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {}
+            Err(e) => return Err(e).with_context(|| format!("pinning thread {tid}")),
+        }
+    }
+    Ok(())
 }
 
 impl SvcOptions {
@@ -161,9 +338,17 @@ impl<'a> SvcRunner<'a> {
 
     /// The data, the bed, the N jobs, the dark-link job. The bed is torn down however it ends.
     pub fn run(&mut self) -> Result<()> {
+        if let Placement::Pinned { bed, .. } = &self.o.placement {
+            // Before the bed starts: its forwarder threads, servers and clients inherit it.
+            pin_this_process(bed)?;
+        }
         let local = self.o.work.join("svc-local");
         let sets = self.prepare(&local)?;
         let bed = self.start_bed(&local)?;
+        // Where the kernel lets each run, read back: the placement as it ran.
+        let on = |pid: u32| allowed_list(pid).unwrap_or_else(|e| format!("not read: {e:#}"));
+        self.report.cpus_service = on(bed.service.child.id());
+        self.report.cpus_bed = on(std::process::id());
         let r = self.jobs_phase(&bed, &local, &sets);
         let r = r.and_then(|_| {
             if self.o.dark.is_zero() {
@@ -348,6 +533,19 @@ impl<'a> SvcRunner<'a> {
             .stdout(f.try_clone()?)
             .stderr(f)
             .process_group(0);
+        if let Placement::Pinned { service, .. } = &self.o.placement {
+            let set = cpu_set(service);
+            // SAFETY: sched_setaffinity is async-signal-safe; the set is built before the fork.
+            unsafe {
+                c.pre_exec(move || {
+                    if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0
+                    {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
         let child = topo.spawn_in(SVC, c).context("starting ferry service")?;
         let mut s = Server {
             name: "ferry service".into(),
@@ -486,6 +684,7 @@ impl SvcRunner<'_> {
         r.rss = out.rss;
         r.rss_idle_kib = out.rss_idle_kib;
         if let Some(m) = &out.metrics_end {
+            r.store_lock = crate::svcreport::lock_takes(m);
             let path = self.logs.join("service-metrics.txt");
             if let Err(e) = fs::write(&path, m) {
                 r.notes.push(format!("{}: {e}", path.display()));
@@ -932,6 +1131,7 @@ mod tests {
             dark: Duration::from_secs(60),
             dark_bytes: 200 << 20,
             max_run: Duration::from_secs(900),
+            placement: Placement::Shared,
         }
     }
 

@@ -216,6 +216,29 @@ pub struct DarkOutcome {
     pub events: Vec<String>,
 }
 
+/// The job store lock's figures from `/metrics`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct LockTakes {
+    pub takes: u64,
+    pub wait_s: f64,
+    pub hold_s: f64,
+}
+
+/// The store lock's takes and total wait and hold from a `/metrics` text; `None` without them.
+pub fn lock_takes(metrics: &str) -> Option<LockTakes> {
+    let value = |name: &str| {
+        metrics.lines().find_map(|l| {
+            let (k, v) = l.split_once(' ')?;
+            (k == name).then(|| v.trim().parse::<f64>().ok())?
+        })
+    };
+    Some(LockTakes {
+        takes: value("ferry_service_store_lock_wait_seconds_count")? as u64,
+        wait_s: value("ferry_service_store_lock_wait_seconds_sum")?,
+        hold_s: value("ferry_service_store_lock_hold_seconds_sum")?,
+    })
+}
+
 /// A service run's results.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct SvcReport {
@@ -225,6 +248,18 @@ pub struct SvcReport {
     pub storage: String,
     pub bed: SvcBed,
     pub jobs: usize,
+    /// Where the service and its bed ran (`Placement::describe`).
+    #[serde(default)]
+    pub placement: String,
+    /// The CPUs the kernel let the service's process, and the bench's (the bed's), run on.
+    #[serde(default)]
+    pub cpus_service: String,
+    #[serde(default)]
+    pub cpus_bed: String,
+    /// The store lock's takes over the run, and their wait and hold (seconds in all), from
+    /// the service's `/metrics` once every job of the jobs phase ended.
+    #[serde(default)]
+    pub store_lock: Option<LockTakes>,
     pub submitted: usize,
     pub done: usize,
     pub failed: usize,
@@ -349,8 +384,21 @@ pub fn summary(r: &SvcReport) -> String {
         r.bed.regime,
         r.storage
     );
+    let _ = writeln!(
+        s,
+        "Placement: {} (the kernel's CPU lists: service {}, bench and bed {}).\n",
+        r.placement, r.cpus_service, r.cpus_bed
+    );
     jobs_section(&mut s, r);
     api_section(&mut s, r);
+    if let Some(l) = &r.store_lock {
+        let _ = writeln!(
+            s,
+            "Job store lock over the run (the service's `/metrics` at the jobs phase's end): {} \
+             takes, {:.2} s waited, {:.2} s held in all.\n",
+            l.takes, l.wait_s, l.hold_s
+        );
+    }
     memory_section(&mut s, r);
     dark_section(&mut s, r);
     let _ = writeln!(s, "## Host\n");
@@ -503,6 +551,29 @@ fn dark_section(s: &mut String, r: &SvcReport) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_store_locks_takes_are_read_from_metrics_or_not_at_all() {
+        let m = "# TYPE x histogram\n\
+                 ferry_service_store_lock_wait_seconds_bucket{le=\"+Inf\"} 12\n\
+                 ferry_service_store_lock_wait_seconds_sum 0.5\n\
+                 ferry_service_store_lock_wait_seconds_count 12\n\
+                 ferry_service_store_lock_hold_seconds_sum 1.25\n\
+                 ferry_service_store_lock_hold_seconds_count 12\n";
+        assert_eq!(
+            lock_takes(m),
+            Some(LockTakes {
+                takes: 12,
+                wait_s: 0.5,
+                hold_s: 1.25
+            })
+        );
+        assert_eq!(lock_takes(""), None);
+        assert_eq!(
+            lock_takes(&m.replace("_hold_seconds_sum 1.25", "_hold_seconds_sum x")),
+            None
+        );
+    }
 
     #[test]
     fn quantiles_are_nearest_rank() {

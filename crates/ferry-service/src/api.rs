@@ -19,7 +19,9 @@ use ferry_net::access::{Access, Grant};
 use serde::{Deserialize, Serialize};
 
 use crate::error::ServiceError;
-use crate::history::{self, JobRates, LinkHistory, LinkStatus, Links, MAX_HISTORY, RECENT};
+use crate::history::{
+    self, JobRates, LinkHistory, LinkSample, LinkStatus, Links, MAX_HISTORY, RECENT,
+};
 use crate::job::{Job, NewJob, SyncMode};
 use crate::location::Location;
 use crate::runner::classify;
@@ -480,17 +482,28 @@ async fn links(State(app): State<Arc<App>>, headers: HeaderMap) -> Result<Json<L
     Ok(Json(Links { links }))
 }
 
-/// Every link's state, judged from enough of its newest samples to find 20 of each source.
+/// Every link's state, judged from enough of its newest samples to find 20 of each source
+/// (all links' at one take of the store's lock).
 fn link_statuses(app: &App) -> Result<Vec<LinkStatus>, ServiceError> {
-    let store = app.scheduler.store();
-    let mut links = Vec::new();
-    for name in app.scheduler.runner().endpoints.servers() {
-        let samples = store.link_samples(name, i64::MIN, RECENT * 20)?;
-        let mut status = history::status(name, &samples, app.slow_fraction);
-        status.tuning = app.scheduler.link_tuning(name);
-        links.push(status);
-    }
-    Ok(links)
+    let names: Vec<&str> = app.scheduler.runner().endpoints.servers().collect();
+    let samples = app.scheduler.store().links_samples(&names, LINK_SAMPLES)?;
+    Ok(statuses(app, &names, &samples))
+}
+
+/// How many of a link's newest samples its state is judged from.
+const LINK_SAMPLES: usize = RECENT * 20;
+
+/// Each of `names`' state from its `samples`.
+fn statuses(app: &App, names: &[&str], samples: &[Vec<LinkSample>]) -> Vec<LinkStatus> {
+    names
+        .iter()
+        .zip(samples)
+        .map(|(name, samples)| {
+            let mut status = history::status(name, samples, app.slow_fraction);
+            status.tuning = app.scheduler.link_tuning(name);
+            status
+        })
+        .collect()
 }
 
 #[derive(Debug, Deserialize)]
@@ -525,8 +538,7 @@ async fn link_history(
 }
 
 /// Each link's latest rate and RTT, its recent median, and whether it is flagged.
-fn link_metrics(app: &App, out: &mut String) -> Result<(), ApiError> {
-    let links = link_statuses(app)?;
+fn link_metrics(links: &[LinkStatus], out: &mut String) {
     type Metric = (&'static str, &'static str, fn(&LinkStatus) -> Option<f64>);
     let metrics: [Metric; 6] = [
         (
@@ -562,13 +574,12 @@ fn link_metrics(app: &App, out: &mut String) -> Result<(), ApiError> {
     ];
     for (name, help, value) in metrics {
         out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} gauge\n"));
-        for l in &links {
+        for l in links {
             if let Some(v) = value(l) {
                 out.push_str(&format!("{name}{{link=\"{}\"}} {v}\n", label(&l.name)));
             }
         }
     }
-    Ok(())
 }
 
 /// A Prometheus label value: backslash, quote and newline escaped.
@@ -587,7 +598,10 @@ async fn metrics(State(app): State<Arc<App>>) -> Result<Response, ApiError> {
 
 fn render_metrics(app: &App) -> Result<String, ApiError> {
     let s = &app.scheduler;
-    let counts = s.store().counts()?;
+    // The job counts and the links' samples at one take of the store's lock.
+    let names: Vec<&str> = s.runner().endpoints.servers().collect();
+    let seen = s.store().overview(&names, LINK_SAMPLES)?;
+    let counts = seen.counts;
     let mut out = String::new();
     out.push_str("# HELP ferry_service_jobs Jobs the service holds, by state.\n");
     out.push_str("# TYPE ferry_service_jobs gauge\n");
@@ -615,7 +629,7 @@ fn render_metrics(app: &App) -> Result<String, ApiError> {
         "ferry_service_transferred_bytes_total {}\n",
         s.moved()
     ));
-    link_metrics(app, &mut out)?;
+    link_metrics(&statuses(app, &names, &seen.links), &mut out);
     timing_metrics(app, &mut out);
     Ok(out)
 }

@@ -20,7 +20,7 @@ use crate::job::{now_ms, Job, Kind, State};
 use crate::notify::Notifier;
 use crate::optimizer::{LinkTuning, Optimizer, OptimizerConfig};
 use crate::runner::{Failure, JobReporter, Outcome, Runner};
-use crate::store::{Store, TickWrite};
+use crate::store::{Ending, Store, TickWrite};
 
 /// How many jobs run at once, and how failed attempts are retried.
 #[derive(Clone, Debug)]
@@ -73,7 +73,9 @@ const PASS: usize = 256;
 
 struct Running {
     server: String,
-    task: AbortHandle,
+    /// The job's driver; `None` while [`Scheduler::pass`] claims the job in the store (the
+    /// entry holds its place against the limits, probes and a cancel meanwhile).
+    task: Option<AbortHandle>,
     /// What each progress tick reads of the job; its driver holds it too.
     meter: Arc<Mutex<Meter>>,
 }
@@ -320,6 +322,13 @@ impl Scheduler {
         }
     }
 
+    /// `job` has ended, as the store read it back: the notifications go out, in the background.
+    fn ended_as(&self, job: Job) {
+        if let Some(n) = &self.notifier {
+            n.job_ended(job);
+        }
+    }
+
     /// Looks at the queue now (a job was submitted).
     pub fn wake(&self) {
         self.wake.notify_one();
@@ -328,8 +337,8 @@ impl Scheduler {
     /// Stops job `id` if it runs (the store already says cancelled): its transfer is dropped
     /// where it stands, its partial files stay for a later job to resume.
     pub fn stop(&self, id: i64) {
-        if let Some(r) = self.lock().remove(&id) {
-            r.task.abort();
+        if let Some(task) = self.lock().remove(&id).and_then(|r| r.task) {
+            task.abort();
         }
         self.wake();
     }
@@ -378,7 +387,9 @@ impl Scheduler {
         ticker.abort();
         let stopped: Vec<(i64, Running)> = self.lock().drain().collect();
         for (id, r) in stopped {
-            r.task.abort();
+            if let Some(task) = r.task {
+                task.abort();
+            }
             let _ = self
                 .store
                 .retry_later(id, "the service stopped while the job ran", now_ms());
@@ -422,38 +433,60 @@ impl Scheduler {
                 }
                 continue;
             }
-            let mut running = self.lock();
-            if running.len() >= self.limits.total {
-                break;
-            }
-            let on_server = running.values().filter(|r| r.server == job.server).count();
-            let (limit, streams) = {
-                let o = self.optimizer();
-                let limit = o.limit(&job.server).min(self.limits.per_server.max(1));
-                (limit, o.start_streams(&job.server, on_server + 1))
+            let streams = {
+                let mut running = self.lock();
+                if running.len() >= self.limits.total {
+                    break;
+                }
+                let on_server = running.values().filter(|r| r.server == job.server).count();
+                let (limit, streams) = {
+                    let o = self.optimizer();
+                    let limit = o.limit(&job.server).min(self.limits.per_server.max(1));
+                    (limit, o.start_streams(&job.server, on_server + 1))
+                };
+                if on_server >= limit || running.contains_key(&job.id) {
+                    continue;
+                }
+                if self.probing().contains(&job.server) {
+                    continue;
+                }
+                // Its place taken before the claim, the running jobs' lock let go for it: the
+                // claim waits on the store's lock, and the progress tick, a job's end and
+                // `/metrics` wait on this one.
+                let reporter = Arc::new(JobReporter::new(self.moved.clone(), self.runner.pace));
+                running.insert(
+                    job.id,
+                    Running {
+                        server: job.server.clone(),
+                        task: None,
+                        meter: Arc::new(Mutex::new(Meter::new(reporter))),
+                    },
+                );
+                streams
             };
-            if on_server >= limit || running.contains_key(&job.id) {
-                continue;
+            let claimed = self.store.start(job.id);
+            let mut running = self.lock();
+            let kept = matches!(claimed, Ok(true));
+            match running.get_mut(&job.id) {
+                Some(r) if kept => {
+                    let meter = r.meter.clone();
+                    let drive = self.clone().drive(job, streams, meter);
+                    r.task = Some(tokio::spawn(drive).abort_handle());
+                }
+                Some(_) => {
+                    running.remove(&job.id);
+                }
+                None if kept => {
+                    // Stopped while it was claimed: a cancel, which has already marked the
+                    // row (then this does nothing), or a stop for a job not (yet) running here.
+                    // Given back if it is still this service's, as a stopped service does.
+                    drop(running);
+                    self.store
+                        .retry_later(job.id, "stopped as it started", now_ms())?;
+                }
+                None => {}
             }
-            if self.probing().contains(&job.server) {
-                continue;
-            }
-            if !self.store.start(job.id)? {
-                continue;
-            }
-            let server = job.server.clone();
-            let id = job.id;
-            let reporter = Arc::new(JobReporter::new(self.moved.clone(), self.runner.pace));
-            let meter = Arc::new(Mutex::new(Meter::new(reporter)));
-            let task = tokio::spawn(self.clone().drive(job, streams, meter.clone())).abort_handle();
-            running.insert(
-                id,
-                Running {
-                    server,
-                    task,
-                    meter,
-                },
-            );
+            claimed?;
         }
         Ok(true)
     }
@@ -479,6 +512,7 @@ impl Scheduler {
         let meters: Vec<(i64, String, Arc<Mutex<Meter>>)> = self
             .lock()
             .iter()
+            .filter(|(_, r)| r.task.is_some())
             .map(|(&id, r)| (id, r.server.clone(), r.meter.clone()))
             .collect();
         let (now, t_ms) = (Instant::now(), now_ms());
@@ -532,8 +566,9 @@ impl Scheduler {
         let _ = tokio::task::spawn_blocking(ended).await;
     }
 
-    /// The end of one attempt of `job`: its last counters and rate sample (one store call),
-    /// the optimizer told of its last bytes, its state, and, when no other job runs, the
+    /// The end of one attempt of `job`: its last counters and rate sample, its state and, done,
+    /// its rate into its link's history, in one store call ([`Store::conclude`]: one take of
+    /// its lock); the optimizer told of its last bytes; and, when no other job runs, the
     /// memory its transfers held given back.
     fn conclude(
         &self,
@@ -558,16 +593,54 @@ impl Scheduler {
                 now_ms(),
             )),
         };
-        if let Err(e) = self.store.progress_many(&[last]) {
-            tracing::warn!("job {}: recording its last progress: {e}", job.id);
-        }
         self.tell_optimizer(&job, &result, end.bytes_done.saturating_sub(told.0));
-        let done = matches!(&result, Ok(o) if o.errors.is_empty());
-        if let Err(e) = self.record(&job, result) {
-            tracing::warn!("job {}: recording its end: {e}", job.id);
-        }
-        if done {
-            self.add_transfer(&job, end.bytes_done, started.elapsed());
+        // A done job's achieved rate, for its link's history. A copy between two servers is
+        // left out (its bytes never crossed the service's link), as is a job that moved
+        // nothing (a sync with nothing to do has no rate to speak of).
+        let transfer = (job.kind != Kind::Cp && end.bytes_done > 0).then(|| LinkSample {
+            t_ms: now_ms(),
+            rate: end.bytes_done as f64 / started.elapsed().as_secs_f64().max(1e-3),
+            rtt_ms: None,
+            loss: None,
+            source: Source::Transfer,
+            job: Some(job.id),
+        });
+        let why;
+        let ending = match &result {
+            Ok(o) if o.errors.is_empty() => Ending::Final {
+                state: State::Done,
+                error: None,
+            },
+            Ok(o) => {
+                why = format!("{} file(s) failed: {}", o.errors.len(), o.errors.join("; "));
+                Ending::Final {
+                    state: State::Failed,
+                    error: Some(&why),
+                }
+            }
+            // `job.attempts` is the count before this attempt started.
+            Err(f) if f.retryable && job.attempts + 1 < self.limits.max_attempts => {
+                let wait = self.backoff(job.attempts + 1);
+                Ending::Retry {
+                    error: &f.message,
+                    not_before_ms: now_ms().saturating_add(wait.as_millis() as i64),
+                }
+            }
+            Err(f) => Ending::Final {
+                state: State::Failed,
+                error: Some(&f.message),
+            },
+        };
+        let read_back = self.notifier.is_some();
+        let transfer = transfer.as_ref().map(|s| (job.server.as_str(), s));
+        match self.store.conclude(&last, ending, transfer, read_back) {
+            // Not ended here when cancelled meanwhile: the cancel told of it.
+            Ok(c) => {
+                if let Some(j) = c.job {
+                    self.ended_as(j);
+                }
+            }
+            Err(e) => tracing::warn!("job {}: recording its end: {e}", job.id),
         }
         let idle = {
             let mut running = self.lock();
@@ -607,65 +680,6 @@ impl Scheduler {
         o.moved(&job.server, last);
         let streams = result.as_ref().ok().and_then(|r| r.streams);
         o.ended(&job.server, result.is_ok(), streams, sharing);
-    }
-
-    /// A done job's achieved rate, into its link's history. A copy between two servers is left
-    /// out (its bytes never crossed the service's link), as is a job that moved nothing (a
-    /// sync with nothing to do has no rate to speak of).
-    fn add_transfer(&self, job: &Job, bytes: u64, took: Duration) {
-        if job.kind == Kind::Cp || bytes == 0 {
-            return;
-        }
-        // Cancelled in its last moment: the store did not mark it done.
-        if !self
-            .store
-            .get(job.id)
-            .is_ok_and(|j| j.is_some_and(|j| j.state == State::Done))
-        {
-            return;
-        }
-        let s = LinkSample {
-            t_ms: now_ms(),
-            rate: bytes as f64 / took.as_secs_f64().max(1e-3),
-            rtt_ms: None,
-            loss: None,
-            source: Source::Transfer,
-            job: Some(job.id),
-        };
-        if let Err(e) = self.store.add_link_sample(&job.server, &s) {
-            tracing::warn!(
-                "job {}: recording its rate in the link history: {e}",
-                job.id
-            );
-        }
-    }
-
-    fn record(
-        &self,
-        job: &Job,
-        result: Result<Outcome, Failure>,
-    ) -> Result<(), crate::ServiceError> {
-        // `job.attempts` is the count before this attempt started.
-        let attempts = job.attempts + 1;
-        let ended = match result {
-            Ok(o) if o.errors.is_empty() => self.store.finish(job.id, State::Done, None)?,
-            Ok(o) => {
-                let why = format!("{} file(s) failed: {}", o.errors.len(), o.errors.join("; "));
-                self.store.finish(job.id, State::Failed, Some(&why))?
-            }
-            Err(f) if f.retryable && attempts < self.limits.max_attempts => {
-                let wait = self.backoff(attempts);
-                let at = now_ms().saturating_add(wait.as_millis() as i64);
-                self.store.retry_later(job.id, &f.message, at)?;
-                false
-            }
-            Err(f) => self.store.finish(job.id, State::Failed, Some(&f.message))?,
-        };
-        // Not ended here when cancelled meanwhile: the cancel told of it.
-        if ended {
-            self.ended(job.id);
-        }
-        Ok(())
     }
 
     /// The wait after attempt `n` (1-based): `first_backoff` doubled each time, capped.

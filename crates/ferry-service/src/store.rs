@@ -435,12 +435,7 @@ impl Store {
     /// Ends a running job as `state` (done or failed); false if it was no longer running
     /// here (cancelled while it ran, or taken over).
     pub fn finish(&self, id: i64, state: State, error: Option<&str>) -> Result<bool, ServiceError> {
-        let n = self.lock().run(
-            "UPDATE jobs SET state = ?2, last_error = COALESCE(?3, last_error), \
-             finished_ms = ?4, rate = 0 WHERE id = ?1 AND state = 'running' AND runner = ?5",
-            args![id, state.as_str(), error, now_ms(), &self.name],
-        )?;
-        Ok(n == 1)
+        Ok(finish_on(&mut self.lock(), &self.name, id, state, error)? == 1)
     }
 
     /// Puts a job running here back in the queue after a failed attempt, not to start before
@@ -451,12 +446,60 @@ impl Store {
         error: &str,
         not_before_ms: i64,
     ) -> Result<bool, ServiceError> {
-        let n = self.lock().run(
-            "UPDATE jobs SET state = 'queued', last_error = ?2, not_before_ms = ?3, rate = 0 \
-             WHERE id = ?1 AND state = 'running' AND runner = ?4",
-            args![id, error, not_before_ms, &self.name],
-        )?;
-        Ok(n == 1)
+        Ok(retry_on(&mut self.lock(), &self.name, id, error, not_before_ms)? == 1)
+    }
+
+    /// The end of one attempt of a job running here, all under one take of the lock and in
+    /// one transaction: its last counters and rate sample, its end (`ending`), and, when it
+    /// ended done, `transfer` (its link and achieved rate) into the link's history; read back
+    /// when `read_back` and it ended for good (a notification's body). Four takes of the lock
+    /// and four transactions a job were each a wait for the API's calls queued behind them
+    /// under a thousand jobs (docs/bench/NOTEBOOK.md, "Issue 40: one take a job's end").
+    /// Every write is conditional on the job still running here, as each one alone was: a job
+    /// cancelled or taken over meanwhile gets none of them, and `recorded` says so.
+    pub fn conclude(
+        &self,
+        last: &TickWrite,
+        ending: Ending<'_>,
+        transfer: Option<(&str, &LinkSample)>,
+        read_back: bool,
+    ) -> Result<Concluded, ServiceError> {
+        let (name, bound, id) = (self.name.as_str(), self.link_bound as i64, last.id);
+        self.lock().transaction(|tx| -> Result<_, ServiceError> {
+            if progress_on(tx, name, id, &last.progress)? == 1 {
+                if let Some(s) = &last.sample {
+                    add_rate_on(tx, id, s)?;
+                }
+            }
+            let n = match ending {
+                Ending::Final { state, error } => finish_on(tx, name, id, state, error)?,
+                Ending::Retry {
+                    error,
+                    not_before_ms,
+                } => retry_on(tx, name, id, error, not_before_ms)?,
+            };
+            let recorded = n == 1;
+            let ended = recorded && matches!(ending, Ending::Final { .. });
+            if ended
+                && matches!(
+                    ending,
+                    Ending::Final {
+                        state: State::Done,
+                        ..
+                    }
+                )
+            {
+                if let Some((link, s)) = transfer {
+                    add_link_sample_on(tx, bound, link, s)?;
+                }
+            }
+            let job = if ended && read_back {
+                get_on(tx, id)?
+            } else {
+                None
+            };
+            Ok(Concluded { recorded, job })
+        })
     }
 
     /// Says that this service still runs its running jobs, as of `now_ms`.
@@ -541,21 +584,65 @@ impl Store {
 
     /// How many jobs are in each state, for `/metrics`.
     pub fn counts(&self) -> Result<Vec<(State, u64)>, ServiceError> {
-        let rows = self
-            .lock()
-            .rows("SELECT state, COUNT(*) FROM jobs GROUP BY state", &[])?;
-        let mut found = Vec::new();
-        for mut row in rows {
-            let (s, n) = (row.text(0)?, row.int(1)?);
-            if let Some(s) = State::parse(&s) {
-                found.push((s, n as u64));
-            }
-        }
-        Ok(State::ALL
-            .into_iter()
-            .map(|s| (s, found.iter().find(|f| f.0 == s).map_or(0, |f| f.1)))
-            .collect())
+        counts_on(&mut self.lock())
     }
+
+    /// What `/metrics` reads of the store: the jobs by state and each of `links`' newest
+    /// `limit` samples, under one take of the lock (one take for the counts and one a link
+    /// were four waits behind the scheduler's writes for one scrape).
+    pub fn overview(&self, links: &[&str], limit: usize) -> Result<Overview, ServiceError> {
+        let mut db = self.lock();
+        Ok(Overview {
+            counts: counts_on(&mut db)?,
+            links: links
+                .iter()
+                .map(|l| link_samples_on(&mut db, l, i64::MIN, limit))
+                .collect::<Result<_, _>>()?,
+        })
+    }
+
+    /// Each of `links`' newest `limit` samples, oldest first, under one take of the lock.
+    pub fn links_samples(
+        &self,
+        links: &[&str],
+        limit: usize,
+    ) -> Result<Vec<Vec<LinkSample>>, ServiceError> {
+        let mut db = self.lock();
+        links
+            .iter()
+            .map(|l| link_samples_on(&mut db, l, i64::MIN, limit))
+            .collect()
+    }
+}
+
+/// How an attempt ended, as [`Store::conclude`] records it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Ending<'a> {
+    /// Done or failed for good; `error`, when given, becomes its last error.
+    Final {
+        state: State,
+        error: Option<&'a str>,
+    },
+    /// Queued again after a failed attempt, not to start before `not_before_ms`.
+    Retry { error: &'a str, not_before_ms: i64 },
+}
+
+/// What [`Store::conclude`] did.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Concluded {
+    /// The job still ran here: it now stands as the ending said.
+    pub recorded: bool,
+    /// The job as it ended for good, when read back.
+    pub job: Option<Job>,
+}
+
+/// [`Store::overview`]'s reading.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Overview {
+    /// Every state with its count of jobs.
+    pub counts: Vec<(State, u64)>,
+    /// Per link asked for, in that order, its newest samples, oldest first.
+    pub links: Vec<Vec<LinkSample>>,
 }
 
 impl Store {
@@ -586,50 +673,8 @@ impl Store {
     /// every [`PRUNE_EVERY`] samples).
     pub fn add_link_sample(&self, link: &str, s: &LinkSample) -> Result<(), ServiceError> {
         let bound = self.link_bound as i64;
-        self.lock().transaction(|tx| -> Result<(), ServiceError> {
-            // As for a job's id: of two services adding at once, the loser takes the next.
-            let id = loop {
-                let id = tx
-                    .one("SELECT COALESCE(MAX(id), 0) + 1 FROM link_samples", &[])?
-                    .int(0)?;
-                let n = tx.run(
-                    "INSERT INTO link_samples (id, link, t_ms, rate, rtt_ms, loss, source, job) \
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) ON CONFLICT DO NOTHING",
-                    args![
-                        id,
-                        link,
-                        s.t_ms,
-                        s.rate,
-                        s.rtt_ms,
-                        s.loss,
-                        s.source.as_str(),
-                        s.job
-                    ],
-                )?;
-                if n == 1 {
-                    break id;
-                }
-            };
-            // Finding a link's cut-off walks its bound of index entries, so it is done every
-            // PRUNE_EVERY samples, for every link: a link holds at most that many more.
-            if id % PRUNE_EVERY == 0 {
-                let links: Vec<String> = tx
-                    .rows("SELECT DISTINCT link FROM link_samples", &[])?
-                    .into_iter()
-                    .map(|mut r| r.text(0))
-                    .collect::<Result<_, _>>()?;
-                // The link's own oldest beyond the bound (none while it has fewer: NULL
-                // compares false).
-                for l in &links {
-                    tx.run(
-                        "DELETE FROM link_samples WHERE link = ?1 AND id <= (SELECT id FROM \
-                         link_samples WHERE link = ?1 ORDER BY id DESC LIMIT 1 OFFSET ?2)",
-                        args![l, bound],
-                    )?;
-                }
-            }
-            Ok(())
-        })
+        self.lock()
+            .transaction(|tx| add_link_sample_on(tx, bound, link, s))
     }
 
     /// `link`'s newest samples taken at or after `since_ms`, at most `limit`, oldest first.
@@ -639,27 +684,7 @@ impl Store {
         since_ms: i64,
         limit: usize,
     ) -> Result<Vec<LinkSample>, ServiceError> {
-        let rows = self.lock().rows(
-            "SELECT t_ms, rate, rtt_ms, loss, source, job FROM link_samples \
-             WHERE link = ?1 AND t_ms >= ?2 ORDER BY id DESC LIMIT ?3",
-            args![link, since_ms, i64::try_from(limit).unwrap_or(i64::MAX)],
-        )?;
-        let mut out = Vec::with_capacity(rows.len());
-        for mut r in rows {
-            let source = r.text(4)?;
-            out.push(LinkSample {
-                t_ms: r.int(0)?,
-                rate: r.real(1)?,
-                rtt_ms: r.opt_real(2)?,
-                loss: r.opt_real(3)?,
-                source: Source::parse(&source).ok_or_else(|| {
-                    ServiceError::Invalid(format!("stored sample source {source:?}"))
-                })?,
-                job: r.opt_int(5)?,
-            });
-        }
-        out.reverse();
-        Ok(out)
+        link_samples_on(&mut self.lock(), link, since_ms, limit)
     }
 }
 
@@ -731,6 +756,132 @@ fn progress_on(
             p.rate,
             runner
         ],
+    )?)
+}
+
+/// [`Store::add_link_sample`] on a connection the caller holds (in its transaction), the
+/// link's oldest beyond `bound` pruned.
+fn add_link_sample_on(
+    tx: &mut Database,
+    bound: i64,
+    link: &str,
+    s: &LinkSample,
+) -> Result<(), ServiceError> {
+    // As for a job's id: of two services adding at once, the loser takes the next.
+    let id = loop {
+        let id = tx
+            .one("SELECT COALESCE(MAX(id), 0) + 1 FROM link_samples", &[])?
+            .int(0)?;
+        let n = tx.run(
+            "INSERT INTO link_samples (id, link, t_ms, rate, rtt_ms, loss, source, job) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) ON CONFLICT DO NOTHING",
+            args![
+                id,
+                link,
+                s.t_ms,
+                s.rate,
+                s.rtt_ms,
+                s.loss,
+                s.source.as_str(),
+                s.job
+            ],
+        )?;
+        if n == 1 {
+            break id;
+        }
+    };
+    // Finding a link's cut-off walks its bound of index entries, so it is done every
+    // PRUNE_EVERY samples, for every link: a link holds at most that many more.
+    if id % PRUNE_EVERY == 0 {
+        let links: Vec<String> = tx
+            .rows("SELECT DISTINCT link FROM link_samples", &[])?
+            .into_iter()
+            .map(|mut r| r.text(0))
+            .collect::<Result<_, _>>()?;
+        // The link's own oldest beyond the bound (none while it has fewer: NULL
+        // compares false).
+        for l in &links {
+            tx.run(
+                "DELETE FROM link_samples WHERE link = ?1 AND id <= (SELECT id FROM \
+                 link_samples WHERE link = ?1 ORDER BY id DESC LIMIT 1 OFFSET ?2)",
+                args![l, bound],
+            )?;
+        }
+    }
+    Ok(())
+}
+/// [`Store::link_samples`] on a connection the caller holds.
+fn link_samples_on(
+    db: &mut Database,
+    link: &str,
+    since_ms: i64,
+    limit: usize,
+) -> Result<Vec<LinkSample>, ServiceError> {
+    let rows = db.rows(
+        "SELECT t_ms, rate, rtt_ms, loss, source, job FROM link_samples \
+         WHERE link = ?1 AND t_ms >= ?2 ORDER BY id DESC LIMIT ?3",
+        args![link, since_ms, i64::try_from(limit).unwrap_or(i64::MAX)],
+    )?;
+    let mut out = Vec::with_capacity(rows.len());
+    for mut r in rows {
+        let source = r.text(4)?;
+        out.push(LinkSample {
+            t_ms: r.int(0)?,
+            rate: r.real(1)?,
+            rtt_ms: r.opt_real(2)?,
+            loss: r.opt_real(3)?,
+            source: Source::parse(&source)
+                .ok_or_else(|| ServiceError::Invalid(format!("stored sample source {source:?}")))?,
+            job: r.opt_int(5)?,
+        });
+    }
+    out.reverse();
+    Ok(out)
+}
+
+/// How many jobs are in each state, on a connection the caller holds.
+fn counts_on(db: &mut Database) -> Result<Vec<(State, u64)>, ServiceError> {
+    let rows = db.rows("SELECT state, COUNT(*) FROM jobs GROUP BY state", &[])?;
+    let mut found = Vec::new();
+    for mut row in rows {
+        let (s, n) = (row.text(0)?, row.int(1)?);
+        if let Some(s) = State::parse(&s) {
+            found.push((s, n as u64));
+        }
+    }
+    Ok(State::ALL
+        .into_iter()
+        .map(|s| (s, found.iter().find(|f| f.0 == s).map_or(0, |f| f.1)))
+        .collect())
+}
+
+/// Ends job `id` as `state` if it runs as `runner`; how many rows changed (0 or 1).
+fn finish_on(
+    db: &mut Database,
+    runner: &str,
+    id: i64,
+    state: State,
+    error: Option<&str>,
+) -> Result<u64, ServiceError> {
+    Ok(db.run(
+        "UPDATE jobs SET state = ?2, last_error = COALESCE(?3, last_error), \
+         finished_ms = ?4, rate = 0 WHERE id = ?1 AND state = 'running' AND runner = ?5",
+        args![id, state.as_str(), error, now_ms(), runner],
+    )?)
+}
+
+/// Queues job `id` again if it runs as `runner`; how many rows changed (0 or 1).
+fn retry_on(
+    db: &mut Database,
+    runner: &str,
+    id: i64,
+    error: &str,
+    not_before_ms: i64,
+) -> Result<u64, ServiceError> {
+    Ok(db.run(
+        "UPDATE jobs SET state = 'queued', last_error = ?2, not_before_ms = ?3, rate = 0 \
+         WHERE id = ?1 AND state = 'running' AND runner = ?4",
+        args![id, error, not_before_ms, runner],
     )?)
 }
 

@@ -92,6 +92,8 @@ on_both!(
         link_tunings_are_kept_replaced_and_survive_a_reopen,
         a_job_records_its_runner_and_only_a_stale_one_is_taken_over,
         a_tick_writes_its_running_jobs_at_one_take_and_skips_the_others,
+        a_jobs_end_is_one_take_and_writes_nothing_of_a_job_not_its_own,
+        what_metrics_reads_is_one_take,
     ],
     [
         of_services_sharing_a_queue_one_claims_a_job,
@@ -616,4 +618,159 @@ fn a_restart_requeues_only_its_own_running_jobs(b: &Backend) {
         "its new runner's"
     );
     assert_eq!(one.get(j2).unwrap().unwrap().files_done, 9);
+}
+
+/// A job's end (last counters and sample, state, link history, the row read back) is one take
+/// of the lock and one transaction, and, as each write alone was, lands only on a job that
+/// still runs here: not on one cancelled, never started, or run by another service.
+fn a_jobs_end_is_one_take_and_writes_nothing_of_a_job_not_its_own(b: &Backend) {
+    let at = b.fresh();
+    let s = Store::open_at(&at, "here").unwrap();
+    let other = Store::open_at(&at, "there").unwrap();
+    let id = || s.submit(&new_job("a", 0)).unwrap().id;
+    let (done, failed, retried, cancelled, queued, theirs) = (id(), id(), id(), id(), id(), id());
+    for j in [done, failed, retried, cancelled] {
+        assert!(s.start(j).unwrap());
+    }
+    assert!(other.start(theirs).unwrap());
+    s.cancel(cancelled).unwrap();
+    let last = |id: i64| TickWrite {
+        id,
+        progress: Progress {
+            files_done: 2,
+            files_total: 2,
+            bytes_done: 40,
+            bytes_total: 40,
+            rate: 8.0,
+        },
+        sample: Some(RateSample {
+            t_ms: 7,
+            bytes_done: 40,
+            rate: 8.0,
+        }),
+    };
+    let rate = link_sample(50, 8.0, Source::Transfer);
+    let transfer = Some(("h:1", &rate));
+    let takes = || s.lock_times().1.count();
+    let history = || s.link_samples("h:1", i64::MIN, 100).unwrap();
+
+    let before = takes();
+    let done_ending = Ending::Final {
+        state: State::Done,
+        error: None,
+    };
+    let c = s
+        .conclude(&last(done), done_ending, transfer, true)
+        .unwrap();
+    assert_eq!(takes(), before + 1, "one take for a job's end");
+    assert!(c.recorded);
+    let job = c.job.expect("read back");
+    assert_eq!(
+        (job.id, job.state, job.files_done, job.bytes_done),
+        (done, State::Done, 2, 40)
+    );
+    assert!(job.finished_ms.is_some());
+    assert_eq!(s.get(done).unwrap().unwrap(), job);
+    assert_eq!(s.rates(done).unwrap(), vec![last(done).sample.unwrap()]);
+    assert_eq!(history(), vec![rate]);
+
+    let failing = Ending::Final {
+        state: State::Failed,
+        error: Some("1 file(s) failed: x"),
+    };
+    let c = s.conclude(&last(failed), failing, transfer, false).unwrap();
+    assert!(c.recorded && c.job.is_none(), "not read back unless asked");
+    let got = s.get(failed).unwrap().unwrap();
+    assert_eq!(got.state, State::Failed);
+    assert_eq!(got.last_error.as_deref(), Some("1 file(s) failed: x"));
+    assert_eq!(history().len(), 1, "a failed job's rate is not the link's");
+
+    let retry = Ending::Retry {
+        error: "lost",
+        not_before_ms: 1234,
+    };
+    let c = s.conclude(&last(retried), retry, transfer, true).unwrap();
+    assert_eq!(
+        c,
+        Concluded {
+            recorded: true,
+            job: None
+        }
+    );
+    let got = s.get(retried).unwrap().unwrap();
+    assert_eq!(
+        (got.state, got.not_before_ms, got.bytes_done),
+        (State::Queued, 1234, 40)
+    );
+    assert_eq!(got.last_error.as_deref(), Some("lost"));
+    assert_eq!(history().len(), 1);
+
+    for (j, state) in [
+        (cancelled, State::Cancelled),
+        (queued, State::Queued),
+        (theirs, State::Running),
+    ] {
+        let before = takes();
+        let c = s.conclude(&last(j), done_ending, transfer, true).unwrap();
+        assert_eq!(takes(), before + 1);
+        assert_eq!(c, Concluded::default(), "job {j}");
+        let got = s.get(j).unwrap().unwrap();
+        assert_eq!((got.state, got.bytes_done), (state, 0), "job {j}");
+        assert!(s.rates(j).unwrap().is_empty(), "job {j}");
+        let c = s.conclude(&last(j), retry, None, false).unwrap();
+        assert!(!c.recorded, "job {j}");
+        assert_eq!(s.get(j).unwrap().unwrap().state, state, "job {j}");
+    }
+    assert_eq!(history().len(), 1, "no sample for a job not ended here");
+    // The other service ends its own.
+    assert!(
+        other
+            .conclude(&last(theirs), done_ending, None, false)
+            .unwrap()
+            .recorded
+    );
+    assert_eq!(s.get(theirs).unwrap().unwrap().state, State::Done);
+}
+
+/// `/metrics`' reading of the store (job counts, each link's newest samples) and the links'
+/// are one take of the lock each, and read what the single calls read.
+fn what_metrics_reads_is_one_take(b: &Backend) {
+    let s = b.store();
+    for p in [0, 0, 1] {
+        s.submit(&new_job("a", p)).unwrap();
+    }
+    let started = s.submit(&new_job("a", 0)).unwrap().id;
+    assert!(s.start(started).unwrap());
+    for t in 0..5 {
+        s.add_link_sample("h:1", &link_sample(t, 1.0, Source::Probe))
+            .unwrap();
+    }
+    s.add_link_sample("h:2", &link_sample(9, 2.0, Source::Transfer))
+        .unwrap();
+    let links = ["h:1", "h:2", "h:3"];
+    let takes = || s.lock_times().1.count();
+    let before = takes();
+    let seen = s.overview(&links, 3).unwrap();
+    assert_eq!(takes(), before + 1, "one take for /metrics' reading");
+    assert_eq!(seen.counts, s.counts().unwrap());
+    assert_eq!(
+        seen.counts
+            .iter()
+            .map(|(st, n)| (st.as_str(), *n))
+            .filter(|c| c.1 > 0)
+            .collect::<Vec<_>>(),
+        vec![("queued", 3), ("running", 1)]
+    );
+    let single: Vec<Vec<LinkSample>> = links
+        .iter()
+        .map(|l| s.link_samples(l, i64::MIN, 3).unwrap())
+        .collect();
+    assert_eq!(seen.links, single);
+    assert_eq!(
+        seen.links.iter().map(Vec::len).collect::<Vec<_>>(),
+        [3, 1, 0]
+    );
+    let before = takes();
+    assert_eq!(s.links_samples(&links, 3).unwrap(), single);
+    assert_eq!(takes(), before + 1);
 }
