@@ -11,8 +11,8 @@
 //! writes, a million to a statement; a test compares the two), the metadata set with
 //! `meta_set` itself. PostgreSQL is a throwaway cluster (`TestCluster`: fsync and
 //! synchronous commits off) under `--work`, analyzed after the fill as autovacuum would.
-//! `stat` is timed three ways: through the client (a new TCP and TLS connection each, as the
-//! CLI makes), the TCP and TLS handshake alone, and `ferry stat` itself, a process each.
+//! `stat` is timed four ways: through the client (a new TCP and TLS connection each, as the
+//! CLI makes for one path; and all in one kept catalog session), the TCP and TLS handshake alone, and `ferry stat` itself, a process each.
 
 use std::fmt::Write as _;
 use std::fs;
@@ -490,6 +490,29 @@ fn one(
         Some(STAT_TARGET_MS),
         wire,
         String::new(),
+    ));
+    // The same stats in one kept catalog session (what `ferry stat a b c` and a tool asking
+    // many questions make): one connection's set-up for all of them.
+    let mut kept = Vec::new();
+    let opened = rt.block_on(async {
+        let mut session = cat::CatalogSession::new(&cfg, &ferry_core::NoReporter);
+        for p in &picks {
+            let t = Instant::now();
+            let s = session.stat(&format!("/{p}")).await?;
+            kept.push(ms(t.elapsed()));
+            if s.object.path != *p {
+                bail!("stat {p} answered {}", s.object.path);
+            }
+        }
+        let opened = session.connections();
+        session.close().await;
+        Ok(opened)
+    })?;
+    all.push(tag(
+        "stat (client, one kept catalog session)",
+        Some(STAT_TARGET_MS),
+        kept,
+        format!("{opened} connection(s) for {} stats", picks.len()),
     ));
     // What of that is the connection's set-up: a TCP connect and a TLS handshake alone
     // (a new client configuration each, as each CLI process makes), no request.

@@ -21,8 +21,10 @@ pub struct ReachArgs {
 #[derive(Args, Debug)]
 #[command(mut_arg("json", |a| a.help("Print the result as JSON")))]
 pub struct StatArgs {
-    /// Remote file HOST[:PORT]:PATH.
-    pub remote: String,
+    /// Remote file HOST[:PORT]:PATH; more files of the same server as more HOST[:PORT]:PATH
+    /// or /PATH (asked on one connection).
+    #[arg(required = true, num_args = 1..)]
+    pub remotes: Vec<String>,
     #[command(flatten)]
     pub reach: ReachArgs,
 }
@@ -109,8 +111,10 @@ pub struct MetaRmArgs {
 #[derive(Args, Debug)]
 #[command(mut_arg("json", |a| a.help("Print the metadata as JSON")))]
 pub struct MetaLsArgs {
-    /// Remote file HOST[:PORT]:PATH.
-    pub remote: String,
+    /// Remote file HOST[:PORT]:PATH; more files of the same server as more HOST[:PORT]:PATH
+    /// or /PATH (asked on one connection).
+    #[arg(required = true, num_args = 1..)]
+    pub remotes: Vec<String>,
     #[command(flatten)]
     pub reach: ReachArgs,
 }

@@ -149,6 +149,69 @@ fn stat_meta_and_find_with_json_and_without() {
     assert_code(&out, 2);
 }
 
+/// Every JSON document on stdout, in order.
+fn all_json(stdout: &str) -> Vec<Value> {
+    serde_json::Deserializer::from_str(stdout)
+        .into_iter::<Value>()
+        .map(|v| v.unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {stdout:?}")))
+        .collect()
+}
+
+#[test]
+fn stat_and_meta_ls_of_several_files_answer_each_in_turn() {
+    let bed = Bed::new();
+    bed.json(&["meta", "set"], "/data/run/a.h5", &["temp", "42.5", "K"]);
+    // The others as a bare /PATH or the server named again; one object a file, in order.
+    let a = bed.remote("/data/run/a.h5");
+    let c = bed.remote("/data/run/sub/c.h5");
+    let out = bed.ferry(&["stat", "--json"], &[&a, "/data/run/b.txt", &c]);
+    assert_code(&out, 0);
+    let all = all_json(&out.stdout);
+    let paths: Vec<&str> = all.iter().map(|v| v["path"].as_str().unwrap()).collect();
+    assert_eq!(
+        paths,
+        ["/data/run/a.h5", "/data/run/b.txt", "/data/run/sub/c.h5"]
+    );
+    assert_eq!(u64_field(&all[2], "size"), 50_000);
+    assert_eq!(all[0]["metadata"][0]["attr"], "temp");
+    // A refused path is said in its place (and on stderr); the others are answered; exit 1.
+    let out = bed.ferry(&["stat", "--json"], &[&a, "/data/run/none", &c]);
+    assert_code(&out, 1);
+    let all = all_json(&out.stdout);
+    assert_eq!(all.len(), 3, "{}", out.stdout);
+    assert_eq!(all[1]["path"], "/data/run/none");
+    assert!(all[1]["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("not in the catalog"));
+    assert_eq!(all[2]["path"], "/data/run/sub/c.h5");
+    assert!(out.stderr.contains("/data/run/none"), "{}", out.stderr);
+    // As a person reads it: each stat in turn.
+    let out = bed.ferry(&["stat"], &[&a, "/data/run/b.txt"]);
+    assert_code(&out, 0);
+    assert_eq!(out.stdout.matches("path:").count(), 2, "{}", out.stdout);
+    // meta ls of several: each under its path.
+    let out = bed.ferry(&["meta", "ls", "--json"], &[&a, "/data/run/b.txt"]);
+    assert_code(&out, 0);
+    assert_eq!(
+        all_json(&out.stdout),
+        [
+            serde_json::json!({"path": "/data/run/a.h5",
+                "meta": [{"attr": "temp", "value": "42.5", "unit": "K"}]}),
+            serde_json::json!({"path": "/data/run/b.txt", "meta": []}),
+        ]
+    );
+    let out = bed.ferry(&["meta", "ls"], &[&a, "/data/run/b.txt"]);
+    assert_code(&out, 0);
+    assert_eq!(
+        out.stdout.trim(),
+        "/data/run/a.h5:\ntemp = 42.5 K\n\n/data/run/b.txt:"
+    );
+    // Another server in the same command is a usage error.
+    let out = bed.ferry(&["stat"], &[&a, "127.0.0.1:1:/x"]);
+    assert_code(&out, 2);
+}
+
 #[test]
 fn mv_mkdir_and_rm_keep_files_and_catalog_in_step() {
     let bed = Bed::new();

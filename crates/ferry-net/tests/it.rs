@@ -6,6 +6,7 @@
 
 mod autotune;
 mod catalog_ops;
+mod catalog_session;
 mod ending;
 mod hostile_blocks;
 mod multipath;

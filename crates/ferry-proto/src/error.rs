@@ -108,6 +108,7 @@ impl ErrorCode {
             Self::DENIED => "denied",
             Self::SLOW_DOWN => "slow_down",
             Self::NOT_GRANTED => "not_granted",
+            Self::SESSION_ENDED => "session_ended",
             _ => return None,
         })
     }

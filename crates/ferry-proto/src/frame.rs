@@ -305,6 +305,11 @@ impl Capabilities {
     /// it takes a `CopyRequest` with `pull` and runs a get from the source. A client checks
     /// it on every server of the copy before it asks anything an older server lacks.
     pub const PULL_COPY: u64 = 1 << 9;
+    /// After a catalog request's answer the control connection may carry the next catalog
+    /// request (a catalog session), until the client closes or the server's bounds end it
+    /// (`Error{session_ended}`). Both sides set it; without it in the `Welcome` a client opens
+    /// a connection per request, as before.
+    pub const CATALOG_SESSION: u64 = 1 << 10;
 
     /// Everything this build supports.
     pub const fn ours() -> Self {
@@ -314,7 +319,8 @@ impl Capabilities {
                 | Self::RAMP_HELPERS
                 | Self::CATALOG_POLICY
                 | Self::STRIPE_COPY
-                | Self::PULL_COPY,
+                | Self::PULL_COPY
+                | Self::CATALOG_SESSION,
         )
     }
 
@@ -949,4 +955,17 @@ impl ErrorCode {
     /// A data connection beyond the count the session granted: refused on its own, the session
     /// goes on (the client may send every data connection's `Hello` before it knows the grant).
     pub const NOT_GRANTED: Self = Self(17);
+    /// A catalog session's bound (its request count, or its idle time) ended it before this
+    /// request: nothing of the request was done; ask again on a new connection.
+    pub const SESSION_ENDED: Self = Self(18);
+
+    /// Whether an error answering a catalog request in a catalog session ends the session (the
+    /// connection is no longer in step, or a bound ended it); any other is the request's own
+    /// refusal and the next request may follow on the same connection. Both sides decide by it.
+    pub fn ends_catalog_session(self) -> bool {
+        matches!(
+            self,
+            Self::PROTOCOL | Self::TIMEOUT | Self::SESSION_ENDED | Self::INTERNAL
+        )
+    }
 }

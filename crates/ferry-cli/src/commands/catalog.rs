@@ -1,5 +1,5 @@
-//! `ferry stat`, `rm`, `mv`, `mkdir`, `meta set|rm|ls`, `find` and `verify`: one request each to a
-//! server, answered from its catalog (and, for rm, mv and mkdir, done on its files) under the
+//! `ferry stat`, `rm`, `mv`, `mkdir`, `meta set|rm|ls`, `find` and `verify`: requests to a
+//! server (`stat` and `meta ls` of several files on one connection), answered from its catalog (and, for rm, mv and mkdir, done on its files) under the
 //! token's scopes. Paths are shown from the server's root, with a leading `/`.
 
 use std::process::ExitCode;
@@ -27,20 +27,90 @@ fn reach(remote: &str, what: &str, r: &ReachArgs) -> Result<(String, ClientConfi
 }
 
 pub async fn stat(args: StatArgs, quiet: bool) -> Result<ExitCode> {
-    let (path, cfg) = reach(
-        &args.remote,
-        "stat takes a remote file, HOST[:PORT]:PATH",
-        &args.reach,
-    )?;
-    let s = cat::locate(&cfg, &path, &Notices(quiet))
-        .await
-        .context("stat failed")?;
-    if args.reach.output.json {
-        println!("{:#}", stat_json(&s));
-    } else {
-        print_stat(&s);
+    let what = "stat takes remote files, HOST[:PORT]:PATH (more of the same server as /PATH)";
+    let (paths, cfg) = reach_many(&args.remotes, what, &args.reach)?;
+    let notices = Notices(quiet);
+    let mut session = cat::CatalogSession::new(&cfg, &notices);
+    if let [path] = paths.as_slice() {
+        let s = session.locate(path).await.context("stat failed")?;
+        session.close().await;
+        if args.reach.output.json {
+            println!("{:#}", stat_json(&s));
+        } else {
+            print_stat(&s);
+        }
+        return Ok(ExitCode::SUCCESS);
     }
-    Ok(ExitCode::SUCCESS)
+    // Several: each answered in turn on one connection, a refusal reported and the rest asked.
+    let mut failed = false;
+    for (i, path) in paths.iter().enumerate() {
+        match session.locate(path).await {
+            Ok(s) if args.reach.output.json => println!("{:#}", stat_json(&s)),
+            Ok(s) => {
+                if i > 0 {
+                    println!();
+                }
+                print_stat(&s);
+            }
+            Err(e) => {
+                failed = true;
+                refused_one(args.reach.output.json, "stat", path, &e);
+            }
+        }
+    }
+    session.close().await;
+    Ok(if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+/// One path of several refused: said on stderr, and with `--json` as that path's object
+/// (`{"path", "error"}`, the error as a failed command's).
+fn refused_one(json: bool, what: &str, path: &str, e: &ferry_net::SessionError) {
+    eprintln!(
+        "error: {what} {} failed: {}",
+        clean(path),
+        clean(&e.to_string())
+    );
+    if json {
+        let v = json!({
+            "path": path,
+            "error": {"message": e.to_string(), "kind": "failed", "hint": null, "exit_code": 1},
+        });
+        println!("{v:#}");
+    }
+}
+
+/// The remote paths of several arguments naming one server: the first HOST[:PORT]:PATH, the
+/// others that again or a bare /PATH. Another server is a usage error.
+fn reach_many(
+    remotes: &[String],
+    what: &str,
+    r: &ReachArgs,
+) -> Result<(Vec<String>, ClientConfig)> {
+    let Some((first, rest)) = remotes.split_first() else {
+        return Err(usage(anyhow::anyhow!("{what}")));
+    };
+    let (path, cfg) = reach(first, what, r)?;
+    let mut paths = vec![path];
+    for raw in rest {
+        if raw.starts_with('/') || !crate::remote::Remote::looks_remote(raw) {
+            paths.push(raw.clone());
+            continue;
+        }
+        let (other, other_cfg) = reach(raw, what, r)?;
+        if other_cfg.server != cfg.server {
+            return Err(usage(anyhow::anyhow!(
+                "one command asks one server: {} and {} differ",
+                cfg.server,
+                other_cfg.server
+            )));
+        }
+        paths.push(other);
+    }
+    Ok((paths, cfg))
 }
 
 pub async fn rm(args: RmArgs, quiet: bool) -> Result<ExitCode> {
@@ -141,22 +211,63 @@ pub async fn meta(command: MetaCommand, quiet: bool) -> Result<ExitCode> {
                 || format!("removed {} entries of {}", done.objects, a.attr),
             );
         }
-        MetaCommand::Ls(a) => {
-            let (path, cfg) = reach(&a.remote, what, &a.reach)?;
-            let entries = cat::meta_ls(&cfg, &path, &notices)
-                .await
-                .with_context(|| format!("meta ls of {path} failed"))?;
-            if a.reach.output.json {
-                let v: Vec<Value> = entries.iter().map(meta_json).collect();
-                println!("{:#}", Value::Array(v));
-            } else {
-                for e in &entries {
-                    println!("{}", meta_line(e));
-                }
+        MetaCommand::Ls(a) => return meta_ls(a, &notices).await,
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `meta ls` of one file (its entries, a JSON array) or of several on one connection (each
+/// under its path; JSON: one `{"path", "meta"}` object a file).
+async fn meta_ls(a: crate::catalog_args::MetaLsArgs, notices: &Notices) -> Result<ExitCode> {
+    let what = "meta ls takes remote files, HOST[:PORT]:PATH (more of the same server as /PATH)";
+    let (paths, cfg) = reach_many(&a.remotes, what, &a.reach)?;
+    let json = a.reach.output.json;
+    let mut session = cat::CatalogSession::new(&cfg, notices);
+    if let [path] = paths.as_slice() {
+        let entries = session
+            .meta_ls(path)
+            .await
+            .with_context(|| format!("meta ls of {path} failed"))?;
+        session.close().await;
+        if json {
+            let v: Vec<Value> = entries.iter().map(meta_json).collect();
+            println!("{:#}", Value::Array(v));
+        } else {
+            for e in &entries {
+                println!("{}", meta_line(e));
+            }
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    let mut failed = false;
+    for (i, path) in paths.iter().enumerate() {
+        let entries = match session.meta_ls(path).await {
+            Ok(entries) => entries,
+            Err(e) => {
+                failed = true;
+                refused_one(json, "meta ls of", path, &e);
+                continue;
+            }
+        };
+        if json {
+            let v: Vec<Value> = entries.iter().map(meta_json).collect();
+            println!("{:#}", json!({"path": path, "meta": v}));
+        } else {
+            if i > 0 {
+                println!();
+            }
+            println!("{}:", clean(path));
+            for e in &entries {
+                println!("{}", meta_line(e));
             }
         }
     }
-    Ok(ExitCode::SUCCESS)
+    session.close().await;
+    Ok(if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
 }
 
 pub async fn find(args: FindArgs, quiet: bool) -> Result<ExitCode> {

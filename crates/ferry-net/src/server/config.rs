@@ -43,6 +43,11 @@ pub struct ServerConfig {
     pub session_memory: u64,
     pub handshake_timeout: Duration,
     pub idle_timeout: Duration,
+    /// The most catalog requests one control connection carries (a catalog session, with
+    /// `Capabilities::CATALOG_SESSION`); 0: one request a connection, as a server without the bit.
+    pub catalog_session_requests: u32,
+    /// How long a catalog session waits for its next request before it ends.
+    pub catalog_session_idle: Duration,
     /// Delay before answering a wrong token, so guessing is slow.
     pub auth_failure_delay: Duration,
     /// Reader threads (get) and writer threads (put) a session starts with.
@@ -110,6 +115,8 @@ impl ServerConfig {
             session_memory: 1 << 30,
             handshake_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(120),
+            catalog_session_requests: 10_000,
+            catalog_session_idle: Duration::from_secs(30),
             auth_failure_delay: Duration::from_secs(1),
             readers: 4,
             writers: 4,

@@ -11,7 +11,7 @@
 //! copies, each reported `Landed`). `policy` holds the server's declarative policies per
 //! prefix and `replicate` makes the replicas they owe in the background. `catalog` registers every file a put stores and
 //! reconciles a crash's leftovers; `catalog_ops` serves a user's catalog requests (stat, rm,
-//! mv, mkdir, meta, find), their file-system half in `files`, `verify` its fixity audits
+//! mv, mkdir, meta, find), several on one connection in `catalog_session`, their file-system half in `files`, `verify` its fixity audits
 //! (`ferry verify`) and `bundle` a tree streamed as a tar (`get --tar`). `metrics`
 //! counts sessions, bytes and refusals for a scraper.
 
@@ -20,6 +20,7 @@ mod admission;
 mod bundle;
 mod catalog;
 mod catalog_ops;
+mod catalog_session;
 mod config;
 mod copy;
 mod files;

@@ -19,7 +19,7 @@ use super::catalog::{CatalogHook, ScopeDigests, SourceDigests};
 use super::registry::{announce, gather, Named, Unregister};
 use super::state::ServerState;
 use super::wire::welcome_with;
-use super::{catalog_ops, copy, measure, remove};
+use super::{catalog_ops, catalog_session, copy, measure, remove};
 use crate::engine::{frame_queue, Joins, StreamPlan};
 use crate::error::SessionError;
 use crate::transport::conn::{expect_frame, send};
@@ -33,6 +33,14 @@ pub(super) enum Work<'a> {
         what: &'static str,
         files: u64,
         bytes: u64,
+    },
+    /// A catalog request answered (or refused, `refused`: the refusal to send); with
+    /// `session`, the connection may carry the next (`catalog_session`).
+    Catalog {
+        what: &'static str,
+        files: u64,
+        refused: Option<SessionError>,
+        session: bool,
     },
     /// The data connections are still joining: the engine answers offers meanwhile, and the
     /// session stays open to them (`pending`) until all have joined or it ends.
@@ -107,6 +115,10 @@ pub(super) async fn prepare<'a>(
     if whole {
         ours = Capabilities(ours.0 | Capabilities::STRIPE_WHOLE);
     }
+    // A server bounded to one request a connection says so by leaving the bit out.
+    if shared.config.catalog_session_requests == 0 {
+        ours = Capabilities(ours.0 & !Capabilities::CATALOG_SESSION);
+    }
     welcome_with(stream, session, secret, ours).await?;
     if multipath {
         send(stream, &paths(shared, stream)).await?;
@@ -170,12 +182,27 @@ pub(super) async fn prepare<'a>(
         }
         Frame::CatalogRequest(request) => {
             let what = request.name();
-            let files = catalog_ops::serve(shared, stream, grant, request, caps).await?;
-            Ok(Work::Done {
-                what,
-                files,
-                bytes: 0,
-            })
+            // A tar is a stream of data: it keeps its connection to itself.
+            let tar = matches!(request, ferry_proto::CatalogRequest::Tar { .. });
+            let session = !tar
+                && caps.has(Capabilities::CATALOG_SESSION)
+                && ours.has(Capabilities::CATALOG_SESSION);
+            match catalog_ops::serve(shared, stream, grant, request, caps).await {
+                Ok(files) => Ok(Work::Catalog {
+                    what,
+                    files,
+                    refused: None,
+                    session,
+                }),
+                // The first request's own refusal leaves the session open, as a later one's.
+                Err(e) if session && catalog_session::goes_on_after(&e) => Ok(Work::Catalog {
+                    what,
+                    files: 0,
+                    refused: Some(e),
+                    session,
+                }),
+                Err(e) => Err(e),
+            }
         }
         probe @ Frame::ProbeRequest { .. } => {
             measure::serve(shared, stream, grant, named, probe).await?;

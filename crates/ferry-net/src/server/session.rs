@@ -19,8 +19,8 @@ use super::grants::{self, Lease, Refused};
 use super::registry::{find_session, Found, Opening};
 use super::request::{prepare, Work};
 use super::state::{ActiveSession, ServerState};
-use super::stripe;
 use super::wire::{closed_by_peer, linger, refuse_plainly, welcome};
+use super::{catalog_session, stripe};
 use crate::engine::{
     drive_receiver, drive_sender, Limits, ReceiverIo, RecvRun, SendRun, SenderIo, Writers,
 };
@@ -457,6 +457,31 @@ async fn run_request(
     let idle = shared.config.idle_timeout;
     match work {
         Work::Done { what, files, bytes } => Ok(Served { what, files, bytes }),
+        Work::Catalog {
+            what,
+            files,
+            refused,
+            session,
+        } => {
+            if let Some(e) = refused {
+                warn!(token = %grant.name, %what, result = %e, "catalog request refused");
+                send(&mut stream, &e.to_frame()).await?;
+            }
+            if !session {
+                return Ok(Served {
+                    what,
+                    files,
+                    bytes: 0,
+                });
+            }
+            let s = catalog_session::serve(shared, &mut stream, &grant, caps, files).await?;
+            Ok(Served {
+                // One line for the session; one request keeps its own name.
+                what: if s.requests > 1 { "catalog" } else { what },
+                files: s.files,
+                bytes: 0,
+            })
+        }
         Work::Put {
             receiver,
             control,
