@@ -235,9 +235,9 @@ impl<'a> CatalogSession<'a> {
                 self.kept = Some(c);
             } else if !self.ask_again {
                 let said = expect_frame(&mut c, MAX_CONTROL_PAYLOAD, "control");
-                match tokio::time::timeout(self.cfg.connect_timeout, said).await {
-                    Ok(Err(e @ SessionError::Remote { .. })) => return Err(e),
-                    _ => {}
+                let heard = tokio::time::timeout(self.cfg.connect_timeout, said).await;
+                if let Ok(Err(e @ SessionError::Remote { .. })) = heard {
+                    return Err(e);
                 }
             }
         }
