@@ -1423,13 +1423,14 @@ async fn put_once(
         Ok::<_, SessionError>((o.control, o.tls, o.addr, o.session, data, None))
     };
     let (opened, stripes) = tokio::join!(opened, open_stripes(cfg, reporter.clone(), dest));
-    let (control, tls, addr, session, data, multipath, stripes) = match (opened, stripes) {
-        (Ok((c, t, a, s, d, m)), Ok(stripes)) => (c, t, a, s, d, m, stripes),
-        (Err(e), _) | (_, Err(e)) => {
-            sender.close();
-            return Err(e);
-        }
-    };
+    let (control, tls, addr, session, data, multipath, (stripes, left_out)) =
+        match (opened, stripes) {
+            (Ok((c, t, a, s, d, m)), Ok(stripes)) => (c, t, a, s, d, m, stripes),
+            (Err(e), _) | (_, Err(e)) => {
+                sender.close();
+                return Err(e);
+            }
+        };
     // A multipath session has read `Welcome` and `Ready` already: its blocks are cut by the
     // grant from now on, and the engine awaits neither.
     let (granted, paths, whole) = match multipath {
@@ -1474,19 +1475,19 @@ async fn put_once(
     }
     let stripes = std::mem::take(&mut out.stripes);
     let mut report = put_report(cfg, out, t0, (dialled, same_host), security).await;
-    report.stripes = stripes;
+    report.stripes = stripe_reports(cfg, stripes, left_out);
     Ok(report)
 }
 
 /// Opens a stripe session on each of a striped put's other hosts, all at once: logs in with
 /// the put's token, asks to write into `dest` (`StripeRequest`) and joins the data
-/// connections. A host that cannot be reached or refuses fails the put, named: the user
-/// asked for it.
+/// connections. A host that refuses fails the put, named: the user asked for it. One that
+/// cannot be reached is left out and reported failed, as one that dies mid-put is.
 async fn open_stripes(
     cfg: &ClientConfig,
     reporter: Arc<dyn Reporter>,
     dest: &str,
-) -> Result<Vec<StripeIo>, SessionError> {
+) -> Result<Opened, SessionError> {
     let request = Frame::StripeRequest {
         dest: dest.to_owned(),
         opts: cfg.opts.clone(),
@@ -1501,7 +1502,7 @@ async fn open_stripe_reads(
     cfg: &ClientConfig,
     reporter: Arc<dyn Reporter>,
     src: &str,
-) -> Result<Vec<StripeIo>, SessionError> {
+) -> Result<Opened, SessionError> {
     let request = Frame::StripeRead {
         src: src.to_owned(),
         opts: cfg.opts.clone(),
@@ -1509,14 +1510,20 @@ async fn open_stripe_reads(
     open_stripe_hosts(cfg, reporter, request, Capabilities::STRIPE_READ).await
 }
 
+/// The stripe hosts whose sessions opened, and a report for each left out.
+type Opened = (Vec<StripeIo>, Vec<StripeReport>);
+
 /// Opens `request`'s stripe session on every host of `cfg.stripe`; `needs`: capability bits
-/// each host's `Welcome` must set.
+/// each host's `Welcome` must set. A host's refusal is the transfer's error; a host that
+/// cannot be reached or whose connection fails (an error a retry may not see) is left out,
+/// with its reason in its report: the transfer goes on with the others, as when a host
+/// dies mid-way.
 async fn open_stripe_hosts(
     cfg: &ClientConfig,
     reporter: Arc<dyn Reporter>,
     request: Frame,
     needs: u64,
-) -> Result<Vec<StripeIo>, SessionError> {
+) -> Result<Opened, SessionError> {
     let mut opening = tokio::task::JoinSet::new();
     for (i, host) in cfg.stripe.iter().cloned().enumerate() {
         let host_cfg = ClientConfig {
@@ -1558,12 +1565,33 @@ async fn open_stripe_hosts(
         });
     }
     let mut hosts = Vec::with_capacity(opening.len());
+    let mut left_out = Vec::new();
     while let Some(joined) = opening.join_next().await {
         let (i, host) = joined.map_err(|e| SessionError::Protocol(format!("stripe task: {e}")))?;
-        hosts.push((i, host?));
+        match host {
+            Ok(h) => hosts.push((i, h)),
+            Err(e) if e.is_retryable() => left_out.push(StripeReport {
+                host: cfg.stripe[i].server.clone(),
+                failed: Some(format!("{e:#}")),
+                ..StripeReport::default()
+            }),
+            Err(e) => return Err(e),
+        }
     }
     hosts.sort_by_key(|(i, _)| *i);
-    Ok(hosts.into_iter().map(|(_, h)| h).collect())
+    Ok((hosts.into_iter().map(|(_, h)| h).collect(), left_out))
+}
+
+/// The stripe hosts' reports in `cfg.stripe`'s order: those the engine ran and those left
+/// out when their sessions would not open.
+fn stripe_reports(
+    cfg: &ClientConfig,
+    ran: Vec<StripeReport>,
+    left_out: Vec<StripeReport>,
+) -> Vec<StripeReport> {
+    let mut all: Vec<StripeReport> = ran.into_iter().chain(left_out).collect();
+    all.sort_by_key(|r| cfg.stripe.iter().position(|h| h.server == r.host));
+    all
 }
 
 /// A finished put's report: what the server granted, what each end's tuner did, the files'
@@ -1743,12 +1771,12 @@ async fn get_to(
     };
     let stripes = async {
         match cfg.stripe.is_empty() {
-            true => Ok(Vec::new()),
+            true => Ok((Vec::new(), Vec::new())),
             false => open_stripe_reads(cfg, reporter.clone(), src).await,
         }
     };
     let (opened, stripes) = tokio::join!(opened, stripes);
-    let ((c, opts, joining), stripes) = (opened?, stripes?);
+    let ((c, opts, joining), (stripes, left_out)) = (opened?, stripes?);
     let joins = joining.into_joins();
     let security = security_of(&c.control, c.tls.as_ref());
     let (tx, rx) = flume::unbounded();
@@ -1811,7 +1839,7 @@ async fn get_to(
         timeline: out.timeline,
     };
     let mut report = report("get", cfg, &opts, t0, ended);
-    report.stripes = out.stripes;
+    report.stripes = stripe_reports(cfg, out.stripes, left_out);
     Ok(report)
 }
 

@@ -182,6 +182,45 @@ async fn a_stripe_session_is_refused_without_the_setting_or_outside_the_scope() 
     assert_eq!(code, Some(ferry_proto::ErrorCode::DENIED));
 }
 
+/// A stripe host that is down when the transfer starts is left out, reported failed with its
+/// reason, and the put and the get complete on the others, as when one dies mid-way; a host
+/// that refuses (above) still fails the transfer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_stripe_host_down_at_the_start_is_left_out_and_the_transfer_completes() {
+    let (_shared, root, mut servers) = three_hosts().await;
+    let src = tempfile::tempdir().unwrap();
+    let data = bytes(8 << 20, 6);
+    write(&src.path().join("f"), &data);
+    let cfg = striped(&servers);
+    servers[1].kill();
+    let report = ferry_net::client::put(&cfg, &[src.path().join("f")], "/in", reporter())
+        .await
+        .expect("the put goes on without the host that is down");
+    assert!(report.is_success(), "{:?}", report.errors);
+    assert_eq!(b3(&root.join("in/f")), blake3::hash(&data));
+    assert_eq!(report.stripes.len(), 2);
+    let down = &report.stripes[0];
+    assert_eq!(down.host, servers[1].addr.to_string());
+    assert_eq!(down.blocks, 0);
+    assert!(
+        down.failed.as_deref().is_some_and(|f| !f.is_empty()),
+        "{down:?}"
+    );
+    assert!(
+        report.stripes[1].failed.is_none(),
+        "{:?}",
+        report.stripes[1]
+    );
+    let back = src.path().join("back");
+    let report = ferry_net::client::get(&cfg, "/in/f", &back, reporter())
+        .await
+        .expect("the get goes on without the host that is down");
+    assert!(report.is_success(), "{:?}", report.errors);
+    assert_eq!(b3(&back), blake3::hash(&data));
+    assert_eq!(report.stripes[0].host, servers[1].addr.to_string());
+    assert!(report.stripes[0].failed.is_some(), "{:?}", report.stripes);
+}
+
 /// A tree of many one-block files (64 KiB to 256 KiB, the block size) and a few of several
 /// blocks: the stripe hosts write the one-block files too (`STRIPE_WHOLE`), and when one is
 /// killed a quarter of the way through, what it owes (whole small files among it) goes to the
