@@ -591,9 +591,10 @@ pub struct TransferArgs {
     /// End-to-end file digest: blake3, xxh3, sha256 or md5. BLAKE3 (the default) is a tree, so
     /// several readers read and hash one large file at once; with the others one reader reads
     /// each file in order, so a single file goes at most at one core's hash rate (md5 ~400
-    /// MiB/s).
-    #[arg(long, default_value = "blake3")]
-    pub checksum: String,
+    /// MiB/s). Not given: blake3, or on a put the digest the server's policy for the
+    /// destination registers (ferry puts again with it and says so).
+    #[arg(long)]
+    pub checksum: Option<String>,
     /// Replace files that exist at the destination.
     #[arg(long, conflicts_with = "skip_existing")]
     pub overwrite: bool,

@@ -384,12 +384,11 @@ pub fn client_config(args: &TransferArgs, remote: &Remote) -> Result<ClientConfi
         None => (ferry_net::AUTO_MAX_STREAMS, ferry_net::DEFAULT_STREAMS),
         Some(n) => (n, 0),
     };
-    let checksum = ferry_core::digest::parse_algo(&args.checksum).with_context(|| {
-        format!(
-            "--checksum {}: use blake3, xxh3, sha256 or md5",
-            args.checksum
-        )
-    })?;
+    let checksum = match &args.checksum {
+        None => ferry_proto::ChecksumAlgo::Blake3,
+        Some(name) => ferry_core::digest::parse_algo(name)
+            .with_context(|| format!("--checksum {name}: use blake3, xxh3, sha256 or md5"))?,
+    };
     let existing = if args.overwrite {
         ExistingPolicy::Overwrite
     } else if args.skip_existing {
@@ -515,6 +514,9 @@ pub struct Transfer {
     pub conn: ConnArgs,
     /// The token and config file given: a replica's host may have a token of its own there.
     pub auth: AuthArgs,
+    /// `--checksum` given: a put under a policy with another algorithm is refused, not put
+    /// again with the policy's.
+    pub checksum_chosen: bool,
 }
 
 impl Transfer {
@@ -597,6 +599,7 @@ impl Transfer {
             manifest: args.manifest,
             conn: args.conn,
             auth: args.auth,
+            checksum_chosen: args.checksum.is_some(),
         }
     }
 }
@@ -627,6 +630,9 @@ pub struct SyncJob {
     pub filter: Filter,
     pub opts: ferry_net::sync::SyncOpts,
     pub json: bool,
+    /// `--digest` given: a put under a policy with another algorithm is refused, not run
+    /// again with the policy's.
+    pub checksum_chosen: bool,
 }
 
 /// Where a sync's two trees are.
@@ -702,6 +708,7 @@ impl SyncJob {
             filter,
             opts: sync_opts(&args),
             json: args.transfer.output.json,
+            checksum_chosen: args.transfer.checksum.is_some(),
         })
     }
 
@@ -725,6 +732,7 @@ impl SyncJob {
             filter,
             opts: sync_opts(&args),
             json: args.transfer.output.json,
+            checksum_chosen: args.transfer.checksum.is_some(),
         })
     }
 }

@@ -276,8 +276,9 @@ fn retention_refuses_an_early_rm_mv_and_overwrite_and_stat_shows_the_policy() {
     assert_code(&out, 0);
 }
 
-/// `sums/` registers sha256: a put with the default blake3 is refused naming the policy, one
-/// with `--checksum sha256` is stored and registered so.
+/// `sums/` registers sha256: a put with another algorithm chosen is refused naming the policy
+/// before any data moves; one that leaves the choice to ferry is put again with sha256 and
+/// registered so; one with `--checksum sha256` too.
 #[test]
 fn a_policys_checksum_refuses_a_put_with_another_and_registers_its_own() {
     let sb = Sandbox::new();
@@ -286,20 +287,72 @@ fn a_policys_checksum_refuses_a_put_with_another_and_registers_its_own() {
     let a = start(&sb, "a", free_port(), &["--config", &config]);
     let src = sb.path("f.dat");
     write_pattern(&src, 10_000, 3);
-    let out = put(&sb, &a, &src, "/sums/f.dat", &[]);
+    let out = put(&sb, &a, &src, "/sums/f.dat", &["--checksum", "blake3"]);
     assert_ne!(out.code(), Some(0), "{out:?}");
     assert!(
         out.stderr.contains("sha256") && out.stderr.contains("/sums"),
         "{out:?}"
     );
     assert!(!a.root.join("sums/f.dat").exists());
-    assert_code(
-        &put(&sb, &a, &src, "/sums/f.dat", &["--checksum", "sha256"]),
-        0,
+    let out = put(&sb, &a, &src, "/sums/f.dat", &["--json"]);
+    assert_code(&out, 0);
+    assert!(
+        out.stderr.contains("putting with --checksum sha256"),
+        "{out:?}"
     );
+    assert_eq!(one_json(&out.stdout)["checksum"], "sha256", "{out:?}");
     let v = stat(&sb, &a, "/sums/f.dat");
     assert_eq!(v["policy"]["checksum"], "sha256");
     assert_eq!(v["algo"], "sha256", "{v:#}");
+    assert_eq!(
+        fs::read(a.root.join("sums/f.dat")).unwrap(),
+        fs::read(&src).unwrap()
+    );
+    assert_code(
+        &put(&sb, &a, &src, "/sums/g.dat", &["--checksum", "sha256"]),
+        0,
+    );
+    assert_eq!(stat(&sb, &a, "/sums/g.dat")["algo"], "sha256");
+}
+
+/// A sync into `sums/` that leaves the digest to ferry is run again with the policy's sha256;
+/// one with `--digest blake3` chosen is refused.
+#[test]
+fn a_sync_into_a_policys_prefix_takes_its_checksum() {
+    let sb = Sandbox::new();
+    let b = start(&sb, "b", free_port(), &[]);
+    let config = config_for_a(&sb, b.port, &fingerprint(&b));
+    let a = start(&sb, "a", free_port(), &["--config", &config]);
+    let tree = sb.mkdir("tree");
+    write_pattern(&tree.join("x.dat"), 5_000, 1);
+    write_pattern(&tree.join("y.dat"), 7_000, 2);
+    let sync = |extra: &[&str]| {
+        run(
+            sb.client(&a.token)
+                .arg("sync")
+                .args(extra)
+                .arg(&tree)
+                .arg(a.remote("/sums/tree")),
+            CMD_TIMEOUT,
+        )
+    };
+    let out = sync(&["--digest", "blake3"]);
+    assert_ne!(out.code(), Some(0), "{out:?}");
+    assert!(out.stderr.contains("sha256"), "{out:?}");
+    assert!(!a.root.join("sums/tree/x.dat").exists());
+    let out = sync(&[]);
+    assert_code(&out, 0);
+    assert!(
+        out.stderr.contains("syncing with --digest sha256"),
+        "{out:?}"
+    );
+    for f in ["x.dat", "y.dat"] {
+        assert_eq!(
+            fs::read(a.root.join("sums/tree").join(f)).unwrap(),
+            fs::read(tree.join(f)).unwrap()
+        );
+        assert_eq!(stat(&sb, &a, &format!("/sums/tree/{f}"))["algo"], "sha256");
+    }
 }
 
 /// A policy naming a peer with no `[peers.NAME]` table stops the server at start.

@@ -107,6 +107,18 @@ impl SessionError {
         matches!(self, Self::Connect { .. } | Self::Resolve { .. })
     }
 
+    /// The digest algorithm a server's policy registers, when this is its refusal of a put
+    /// made with another (`checksum_policy`): what to put again with when the user left the
+    /// choice to ferry.
+    pub fn policy_checksum(&self) -> Option<ferry_proto::ChecksumAlgo> {
+        match self {
+            Self::Remote { code, message } => code
+                .policy_checksum(message)
+                .and_then(ferry_core::digest::parse_algo),
+            _ => None,
+        }
+    }
+
     /// The code to send to the peer when this error ends a session.
     pub fn code(&self) -> ErrorCode {
         match self {

@@ -109,6 +109,7 @@ impl ErrorCode {
             Self::SLOW_DOWN => "slow_down",
             Self::NOT_GRANTED => "not_granted",
             Self::SESSION_ENDED => "session_ended",
+            Self::CHECKSUM_POLICY => "checksum_policy",
             _ => return None,
         })
     }
@@ -143,6 +144,16 @@ mod tests {
                 PROTOCOL_VERSION
             )
         );
+    }
+
+    #[test]
+    fn a_checksum_policy_refusal_names_its_algorithm_and_no_other_error_does() {
+        let c = ErrorCode::CHECKSUM_POLICY;
+        assert_eq!(c.name(), Some("checksum_policy"));
+        let said = "sha256: /sums/f: the policy for /sums registers sha256 digests";
+        assert_eq!(c.policy_checksum(said), Some("sha256"));
+        assert_eq!(c.policy_checksum("no algorithm here"), None);
+        assert_eq!(ErrorCode::BAD_REQUEST.policy_checksum(said), None);
     }
 
     #[test]

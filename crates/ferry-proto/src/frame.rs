@@ -958,6 +958,20 @@ impl ErrorCode {
     /// A catalog session's bound (its request count, or its idle time) ended it before this
     /// request: nothing of the request was done; ask again on a new connection.
     pub const SESSION_ENDED: Self = Self(18);
+    /// A put under a policy that registers another digest algorithm than the request's, refused
+    /// before any data moves. The message begins with that algorithm's name and `": "`, so a
+    /// client whose user left the algorithm to ferry can put again with it
+    /// ([`ErrorCode::policy_checksum`]).
+    pub const CHECKSUM_POLICY: Self = Self(19);
+
+    /// The algorithm a `checksum_policy` refusal names (its message's first word, the wire's
+    /// name for it); `None` for any other error.
+    pub fn policy_checksum(self, message: &str) -> Option<&str> {
+        if self != Self::CHECKSUM_POLICY {
+            return None;
+        }
+        message.split_once(": ").map(|(algo, _)| algo)
+    }
 
     /// Whether an error answering a catalog request in a catalog session ends the session (the
     /// connection is no longer in step, or a bound ended it); any other is the request's own

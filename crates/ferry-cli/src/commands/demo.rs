@@ -268,7 +268,7 @@ impl DemoServer {
             streams: streams.to_string(),
             block_size: None,
             tcp_window: None,
-            checksum: "blake3".into(),
+            checksum: None,
             overwrite: false,
             skip_existing: false,
             readers: None,

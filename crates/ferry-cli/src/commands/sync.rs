@@ -34,10 +34,28 @@ pub async fn run(args: SyncArgs, quiet: bool) -> Result<ExitCode> {
         }
     }
     let progress = Arc::new(Progress::new(quiet || job.json || job.opts.dry_run));
-    let result = match &job.ends {
+    let result = match &mut job.ends {
         SyncEnds::One { client, direction } => {
             let reporter = progress.clone();
-            ferry_net::sync::sync(client, direction, &job.filter, job.opts, reporter).await
+            let mut r =
+                ferry_net::sync::sync(client, direction, &job.filter, job.opts, reporter).await;
+            // As put: the server's policy registers another digest than the default, and
+            // refused the sync's put before any data moved: sync again with the policy's.
+            if let (Err(e), false) = (&r, job.checksum_chosen) {
+                if let Some(want) = e.policy_checksum().filter(|&a| a != client.opts.checksum) {
+                    if !quiet {
+                        eprintln!(
+                            "note: the server's policy registers {} digests there: syncing with --digest {0}",
+                            ferry_core::digest::algo_name(want)
+                        );
+                    }
+                    client.opts.checksum = want;
+                    let reporter = progress.clone();
+                    r = ferry_net::sync::sync(client, direction, &job.filter, job.opts, reporter)
+                        .await;
+                }
+            }
+            r
         }
         SyncEnds::Between { copy, src, dest } => {
             let (ends, reporter) = ((src.as_str(), dest.as_str()), progress.clone());

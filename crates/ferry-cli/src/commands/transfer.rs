@@ -29,6 +29,7 @@ pub async fn run(t: Transfer, quiet: bool) -> Result<ExitCode> {
         manifest,
         conn,
         auth: _,
+        checksum_chosen,
     } = t;
     warn_fixed_window(&cfg, quiet);
     let profile = profile_for(&mut cfg, &remote);
@@ -44,26 +45,53 @@ pub async fn run(t: Transfer, quiet: bool) -> Result<ExitCode> {
     }
     let oneshot = start_oneshot(&mut cfg, &remote, &conn, false).await?;
     let progress = Arc::new(Progress::new(quiet || json));
-    let result = match &job {
-        Job::Put(sources) => {
-            let to = &remote.path;
-            ferry_net::client::put_filtered(&cfg, sources, &filter, to, progress.clone()).await
+    let mut result = transfer(&cfg, &job, &filter, &remote, &progress).await;
+    // The server's policy registers another digest than the default this put was made with,
+    // and refused it before any data moved: put again with the policy's (once).
+    if let (Err(e), false) = (&result, checksum_chosen) {
+        if let Some(want) = e.policy_checksum().filter(|&a| a != cfg.opts.checksum) {
+            if !quiet {
+                eprintln!(
+                    "note: {}'s policy for {} registers {} digests: putting with --checksum {2}",
+                    remote.host,
+                    remote.path,
+                    ferry_core::digest::algo_name(want),
+                );
+            }
+            cfg.opts.checksum = want;
+            result = transfer(&cfg, &job, &filter, &remote, &progress).await;
         }
-        Job::Untar(archive) => {
-            let to = &remote.path;
-            ferry_net::client::put_untar(&cfg, archive, to, progress.clone()).await
-        }
-        Job::Get(dest) => {
-            let from = &remote.path;
-            ferry_net::client::get_filtered(&cfg, from, &filter, dest, progress.clone()).await
-        }
-    };
+    }
     progress.finish();
     if let Some(o) = oneshot {
         o.finish().await;
     }
     remember(&result, profile, quiet);
     finish(result, json, manifest.as_deref(), quiet, &progress, None)
+}
+
+/// One run of the job (each with its own retries).
+async fn transfer(
+    cfg: &ClientConfig,
+    job: &Job,
+    filter: &ferry_core::filter::Filter,
+    remote: &Remote,
+    progress: &Arc<Progress>,
+) -> Result<TransferReport, SessionError> {
+    match job {
+        Job::Put(sources) => {
+            let to = &remote.path;
+            ferry_net::client::put_filtered(cfg, sources, filter, to, progress.clone()).await
+        }
+        Job::Untar(archive) => {
+            let to = &remote.path;
+            ferry_net::client::put_untar(cfg, archive, to, progress.clone()).await
+        }
+        Job::Get(dest) => {
+            let from = &remote.path;
+            ferry_net::client::get_filtered(cfg, from, filter, dest, progress.clone()).await
+        }
+    }
 }
 
 /// A transfer to `remote` starts from what earlier ones to it learnt (stream count, ramp

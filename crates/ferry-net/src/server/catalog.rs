@@ -136,15 +136,21 @@ impl CatalogHook {
     }
 }
 
-/// A put under a policy's digest algorithm with another, refused with what to do.
+/// A put under a policy's digest algorithm with another, refused with what to do: the
+/// message begins with the algorithm (`checksum_policy`), so a client whose user left the
+/// choice to ferry puts again with it.
 pub(super) fn wrong_checksum(
     policies: &super::policy::Policies,
     rel: &str,
     want: ChecksumAlgo,
 ) -> crate::error::SessionError {
     crate::error::SessionError::Remote {
-        code: ferry_proto::ErrorCode::BAD_REQUEST,
-        message: wrong_checksum_said(policies, rel, want),
+        code: ferry_proto::ErrorCode::CHECKSUM_POLICY,
+        message: format!(
+            "{}: {}",
+            algo_name(want),
+            wrong_checksum_said(policies, rel, want)
+        ),
     }
 }
 
