@@ -199,6 +199,11 @@ struct Cli {
     /// Keep data and destinations on tmpfs (/dev/shm) to isolate the network from the disk.
     #[arg(long, conflicts_with = "work")]
     tmpfs: bool,
+    /// Bed mode: the bed's server runs with `ferry serve --catalog VALUE` (`none`, a SQLite
+    /// file, or a PostgreSQL conninfo reachable from the server's namespace, e.g. a unix
+    /// socket's `host=/dir`); not given: serve's default (SQLite in its state directory).
+    #[arg(long)]
+    server_catalog: Option<String>,
     /// Before each run, drop the page cache (echo 1 > /proc/sys/vm/drop_caches): sources are read
     /// from disk. Affects everything else on the machine.
     #[arg(long)]
@@ -815,6 +820,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
         max_run: std::time::Duration::from_secs(cli.max_run_secs.max(1)),
         initial_window: cli.initial_window,
         fast_open: cli.tcp_fastopen,
+        server_catalog: cli.server_catalog.clone(),
     };
     let command = std::env::args().collect::<Vec<_>>().join(" ");
     let mut meta = Meta {
@@ -1116,6 +1122,7 @@ fn third_party_bad_flags(cli: &Cli) -> Vec<&'static str> {
     bad(cli.drop_caches, "--drop-caches");
     bad(cli.initial_window.is_some(), "--initial-window");
     bad(cli.tcp_fastopen, "--tcp-fastopen");
+    bad(cli.server_catalog.is_some(), "--server-catalog");
     v
 }
 

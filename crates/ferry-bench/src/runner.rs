@@ -60,6 +60,8 @@ pub struct Options {
     pub initial_window: Option<u32>,
     /// Both bed hosts allow TCP Fast Open (`ferry-netem up --tcp-fastopen`).
     pub fast_open: bool,
+    /// The bed server's `--catalog` (`--server-catalog`); None: serve's default.
+    pub server_catalog: Option<String>,
 }
 
 /// Streams of the warm-up transfer: ferry's fixed default, so no profile is written.
@@ -597,6 +599,9 @@ impl<'a> Runner<'a> {
                 .arg(format!("{server_addr}:{FERRY_PORT}"))
                 .arg("--token-file")
                 .arg(&token_file);
+            if let Some(catalog) = &opts.server_catalog {
+                c.arg("--catalog").arg(catalog);
+            }
             let mut s = spawn_server(&bed, "ferry-serve", &c, &logs)?;
             wait_port(&bed, FERRY_PORT, &mut s, 15)?;
             servers.push(s);
