@@ -71,7 +71,7 @@ zcat "$root/usr/share/man/man1/ferry-serve.1.gz" | grep -q -- 'config' || fail "
 # directory.
 mkdir -p "$work/srv"
 sed 's/^# \([a-z_]* = \)/\1/' "$root/etc/ferry/serve.toml" >"$work/serve.toml"
-[ "$(grep -c '^[a-z_]* = ' "$work/serve.toml")" -eq 21 ] || fail "serve.toml documents other than its 21 keys (all but token_file)"
+[ "$(grep -c '^[a-z_]* = ' "$work/serve.toml")" -eq 23 ] || fail "serve.toml documents other than its 23 keys (all but token_file)"
 FERRY_STATE_DIR="$work/state" "$root/usr/bin/ferry" serve --config "$work/serve.toml" \
     --root "$work/srv" --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 \
     --token-file "$work/token" 2>"$work/serve.log" &

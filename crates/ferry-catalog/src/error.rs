@@ -45,6 +45,14 @@ pub enum CatalogError {
     Exists(String),
     #[error("the catalog is {recorded}'s (this server's paths are relative to it), not {asked}'s")]
     OtherRoot { recorded: String, asked: String },
+    /// The local intents file of a PostgreSQL catalog, kept by a server of another root on
+    /// the same state directory: reconciled against this root, its intents would be wrong.
+    #[error("the intents file {file} is for the root {recorded}, not {asked}: give this server a state directory of its own (FERRY_STATE_DIR)")]
+    IntentsElsewhere {
+        file: String,
+        recorded: String,
+        asked: String,
+    },
     /// A record of a copy elsewhere, asked of a catalog that servers share: there each server
     /// registers its own replicas.
     #[error("this catalog is shared by the servers of a zone: each registers its own replicas, none is recorded by another's word")]

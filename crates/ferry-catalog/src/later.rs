@@ -2,8 +2,9 @@
 //! thread of the catalog's own, which registers whatever has queued in one transaction, so the
 //! finalizer that renamed the files never waits for the rows.
 //!
-//! Nothing is lost by the wait: a queued batch's intents are in the catalog already, so a
-//! crash before its registration leaves them for [`Catalog::reconcile`]. Every read and change
+//! Nothing is lost by the wait: a queued batch's intents are written already (in the catalog,
+//! or in the local file of a PostgreSQL catalog's server, cleared only after the registration
+//! commits), so a crash before its registration leaves them for [`Catalog::reconcile`]. Every read and change
 //! of the catalog first waits for what was queued before it ([`Catalog::settle`]), so a client
 //! told its files are stored finds them registered.
 

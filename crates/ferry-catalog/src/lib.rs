@@ -10,7 +10,10 @@
 //! [`Catalog::intend_unsynced`] when the batch's own `syncfs` makes it durable) before it
 //! renames a batch of files into place and registers them after ([`Catalog::register`], or
 //! [`Catalog::register_later`] off its path); at its next start [`Catalog::reconcile`]
-//! settles whatever intents a crash left, looking only at those files.
+//! settles whatever intents a crash left, looking only at those files. A server on a PostgreSQL
+//! catalog keeps its intents in a SQLite file of its own state directory
+//! ([`Catalog::open_with_local_intents`]): only it reconciles them, and there they cost its
+//! put neither a round trip to the database nor a commit of their own.
 
 mod audit;
 mod db;

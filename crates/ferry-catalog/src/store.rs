@@ -29,6 +29,12 @@ pub struct Catalog {
 /// What the catalog's callers and its registering thread ([`Later`]) share.
 pub(crate) struct Shared {
     pub(crate) conn: Mutex<Conn>,
+    /// Where this server's intents are kept when not in `conn`: a SQLite file beside its data
+    /// ([`Catalog::open_with_local_intents`]), so that a PostgreSQL catalog's intents cost the
+    /// put no round trip to the database and no commit of their own.
+    local: Option<Mutex<Conn>>,
+    /// The local intents' file, for an error that names it.
+    local_file: Option<std::path::PathBuf>,
     /// This server's name in `replicas`.
     server: String,
     pub(crate) tracker: Tracker,
@@ -48,8 +54,32 @@ impl Catalog {
     /// Opens (creating if need be) the catalog at `location`; `server` names this server's
     /// replicas.
     pub fn open(location: &Location, server: &str) -> Result<Self, CatalogError> {
+        Self::open_with(location, server, None)
+    }
+
+    /// As [`Self::open`], a PostgreSQL catalog keeping this server's intents in the SQLite
+    /// file `intents` (created if missing; the server's state directory) instead of the
+    /// database: an intent is one server's own business (only it reconciles them, at its
+    /// start), and kept beside its data it is written without a round trip and made durable
+    /// by the batch's own `syncfs` ([`Self::intend_unsynced`]). Intents an older build left
+    /// in the database are reconciled too. A SQLite catalog keeps them in its own file, as
+    /// [`Self::open`] does.
+    pub fn open_with_local_intents(
+        location: &Location,
+        server: &str,
+        intents: &std::path::Path,
+    ) -> Result<Self, CatalogError> {
+        let local = matches!(location, Location::Postgres(_)).then_some(intents);
+        Self::open_with(location, server, local)
+    }
+
+    fn open_with(
+        location: &Location,
+        server: &str,
+        intents: Option<&std::path::Path>,
+    ) -> Result<Self, CatalogError> {
         bounded("server name", server, MAX_ATTR, false)?;
-        let (mut conn, device) = match location {
+        let (mut conn, mut device) = match location {
             Location::Sqlite(path) => {
                 let conn = sqlite(Connection::open(path)?)?;
                 (conn, std::fs::metadata(path).ok().map(|m| m.dev()))
@@ -58,9 +88,21 @@ impl Catalog {
             Location::Postgres(url) => (Conn::Postgres(Pg::connect(url)?), None),
         };
         schema::migrate(&mut conn)?;
+        // The same schema as an embedded catalog's (its `pending` and `roots` are used).
+        let local = match intents {
+            Some(path) => {
+                let mut local = sqlite(Connection::open(path)?)?;
+                schema::migrate(&mut local)?;
+                device = std::fs::metadata(path).ok().map(|m| m.dev());
+                Some(Mutex::new(local))
+            }
+            None => None,
+        };
         Ok(Self {
             shared: Arc::new(Shared {
                 conn: Mutex::new(conn),
+                local,
+                local_file: intents.map(std::path::Path::to_path_buf),
                 server: server.to_owned(),
                 tracker: Tracker::default(),
                 wanted: std::sync::RwLock::default(),
@@ -76,7 +118,8 @@ impl Catalog {
         self.shared_location
     }
 
-    /// The file system (`st_dev`) the catalog's files are on; `None` for one in memory.
+    /// The file system (`st_dev`) the catalog's intents are on (its own file, or the local
+    /// intents' file); `None` for one in memory or a PostgreSQL catalog keeping its intents.
     pub fn device(&self) -> Option<u64> {
         self.device
     }
@@ -85,25 +128,24 @@ impl Catalog {
     /// a catalog kept for another root of the same server is refused.
     pub fn claim_root(&self, root: &str) -> Result<(), CatalogError> {
         bounded("root", root, MAX_PATH, false)?;
-        let mut conn = self.lock();
-        // A row with an empty root is this name as another catalog's `repl` record knew it
-        // (its address only): the server itself claims it.
-        conn.run(
-            "INSERT INTO roots (server, root) VALUES (?1, ?2)
-             ON CONFLICT (server) DO UPDATE SET root = excluded.root WHERE roots.root = ''",
-            args![&self.shared.server, root],
-        )?;
-        let recorded = conn
-            .one(
-                "SELECT root FROM roots WHERE server = ?1",
-                args![&self.shared.server],
-            )?
-            .text(0)?;
-        if recorded != root {
-            return Err(CatalogError::OtherRoot {
-                recorded,
-                asked: root.to_owned(),
-            });
+        claim(&mut self.lock(), &self.shared.server, root)?;
+        // The local intents are this root's too: a state directory's intents file kept for
+        // another root is refused, never reconciled against this one.
+        if let Some(local) = &self.shared.local {
+            match claim(&mut lock(local), &self.shared.server, root) {
+                Err(CatalogError::OtherRoot { recorded, asked }) => {
+                    return Err(CatalogError::IntentsElsewhere {
+                        file: self
+                            .shared
+                            .local_file
+                            .as_deref()
+                            .map_or_else(String::new, |p| p.display().to_string()),
+                        recorded,
+                        asked,
+                    })
+                }
+                r => r?,
+            }
         }
         Ok(())
     }
@@ -164,7 +206,7 @@ impl Catalog {
         for f in files {
             check_commit(f)?;
         }
-        let mut conn = self.lock();
+        let mut conn = self.shared.intents();
         conn.durable(true)?;
         let done = write_intents(&mut conn, &self.shared.server, files);
         conn.durable(false)?;
@@ -180,7 +222,7 @@ impl Catalog {
         for f in files {
             check_commit(f)?;
         }
-        write_intents(&mut self.lock(), &self.shared.server, files)
+        write_intents(&mut self.shared.intents(), &self.shared.server, files)
     }
 
     /// Registers `files` as stored here (a good replica on this server), replacing what was
@@ -250,54 +292,68 @@ impl Catalog {
         self.register(std::slice::from_ref(file))
     }
 
-    /// This server's intents left by a crash, in path order.
+    /// This server's intents left by a crash, in path order: those in the catalog (all of
+    /// them, or those an older build left in a PostgreSQL one), then the local ones.
     pub fn pending(&self) -> Result<Vec<Commit>, CatalogError> {
         self.settled();
-        let rows = self.lock().rows(
-            "SELECT path, size, mtime_ns, digest, algo, stored_by, physical
-             FROM pending WHERE server IN (?1, '') ORDER BY path",
-            args![&self.shared.server],
-        )?;
-        rows.into_iter()
-            .map(|mut r| {
-                Ok(Commit {
-                    path: r.text(0)?,
-                    size: size_u64(r.int(1)?),
-                    mtime_ns: r.int(2)?,
-                    digest: r.blob(3)?,
-                    algo: r.text(4)?,
-                    stored_by: r.text(5)?,
-                    physical: r.text(6)?,
-                })
-            })
-            .collect()
+        let mut all = pending_in(&mut self.lock(), &self.shared.server)?;
+        if let Some(local) = &self.shared.local {
+            all.extend(pending_in(&mut lock(local), &self.shared.server)?);
+        }
+        Ok(all)
     }
 
     /// Settles this server's intents a crash left: each whose file `is_there` (under its final name,
     /// whole) is registered, every other dropped. Looks at the intents only, never the tree.
+    /// The catalog's own intents are settled in the catalog's transaction; the local ones are
+    /// cleared only once it has committed (a crash between leaves them to register again).
     pub fn reconcile(
         &self,
         is_there: impl Fn(&Commit) -> bool,
     ) -> Result<Reconciled, CatalogError> {
-        let pending = self.pending()?;
+        self.settled();
+        let server = &self.shared.server;
+        let kept = pending_in(&mut self.lock(), server)?;
+        let local = match &self.shared.local {
+            Some(l) => pending_in(&mut lock(l), server)?,
+            None => Vec::new(),
+        };
         let at = now_ns();
         let wanted = self.shared.wanted_fn();
-        let (there, gone): (Vec<Commit>, Vec<Commit>) = pending.into_iter().partition(&is_there);
-        transaction(&mut *self.lock(), |tx| {
+        let (kept_there, kept_gone): (Vec<Commit>, Vec<Commit>) =
+            kept.into_iter().partition(&is_there);
+        let (local_there, local_gone): (Vec<Commit>, Vec<Commit>) =
+            local.into_iter().partition(&is_there);
+        // A path in both: the local intent is the newer (written since the upgrade), so it
+        // is registered last.
+        let there: Vec<Commit> = kept_there.into_iter().chain(local_there.clone()).collect();
+        let done = transaction(&mut *self.lock(), |tx| {
             let mut done = Reconciled::default();
-            let ids = register_many(tx, &self.shared.server, &there, at)?;
+            let ids = register_many(tx, server, &there, at, true)?;
             for (c, id) in there.iter().zip(ids) {
-                crate::owed::owe_in(tx, &self.shared.server, wanted.as_ref(), id, &c.path, at)?;
+                crate::owed::owe_in(tx, server, wanted.as_ref(), id, &c.path, at)?;
                 done.registered += 1;
             }
-            for c in &gone {
-                tx.run(
-                    "DELETE FROM pending WHERE server IN (?1, '') AND path = ?2",
-                    args![&self.shared.server, &c.path],
-                )?;
+            for c in &kept_gone {
+                drop_intent(tx, server, &c.path)?;
                 done.dropped += 1;
             }
             Ok(done)
+        })?;
+        if let Some(l) = &self.shared.local {
+            transaction(&mut *lock(l), |tx| {
+                for run in unique_runs(&local_there) {
+                    clear_intents(tx, server, run)?;
+                }
+                for c in &local_gone {
+                    drop_intent(tx, server, &c.path)?;
+                }
+                Ok(())
+            })?;
+        }
+        Ok(Reconciled {
+            dropped: done.dropped + local_gone.len() as u64,
+            ..done
         })
     }
 
@@ -509,14 +565,33 @@ impl Shared {
         let at = now_ns();
         let wanted = self.wanted_fn();
         transaction(&mut *self.lock(), |tx| {
-            let ids = register_many(tx, &self.server, files, at)?;
+            let ids = register_many(tx, &self.server, files, at, self.local.is_none())?;
             if wanted.is_some() {
                 for (f, id) in files.iter().zip(ids) {
                     crate::owed::owe_in(tx, &self.server, wanted.as_ref(), id, &f.path, at)?;
                 }
             }
             Ok(())
-        })
+        })?;
+        // Cleared once the registration has committed, without a sync: an intent that outlives
+        // a crash is registered again at the next start, to the same rows.
+        if let Some(local) = &self.local {
+            transaction(&mut *lock(local), |tx| {
+                for run in unique_runs(files) {
+                    clear_intents(tx, &self.server, run)?;
+                }
+                Ok(())
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Where this server's intents are written: the local file, else the catalog.
+    fn intents(&self) -> MutexGuard<'_, Conn> {
+        match &self.local {
+            Some(local) => lock(local),
+            None => self.lock(),
+        }
     }
 }
 
@@ -650,6 +725,7 @@ fn register_many(
     server: &str,
     files: &[Commit],
     at: i64,
+    clear: bool,
 ) -> Result<Vec<i64>, CatalogError> {
     use std::collections::HashMap;
     let mut ids = Vec::with_capacity(files.len());
@@ -745,10 +821,69 @@ fn register_many(
             ),
             &a,
         )?;
-        clear_intents(tx, server, chunk)?;
+        if clear {
+            clear_intents(tx, server, chunk)?;
+        }
         ids.extend(chunk_ids);
     }
     Ok(ids)
+}
+
+/// A connection's lock, taken over a panic's poison (each statement leaves it consistent).
+fn lock(conn: &Mutex<Conn>) -> MutexGuard<'_, Conn> {
+    conn.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Records that `server`'s paths are relative to `root`, or checks that they were. A row with
+/// an empty root is this name as another catalog's `repl` record knew it (its address only):
+/// the server itself claims it.
+fn claim(conn: &mut Conn, server: &str, root: &str) -> Result<(), CatalogError> {
+    conn.run(
+        "INSERT INTO roots (server, root) VALUES (?1, ?2)
+         ON CONFLICT (server) DO UPDATE SET root = excluded.root WHERE roots.root = ''",
+        args![server, root],
+    )?;
+    let recorded = conn
+        .one("SELECT root FROM roots WHERE server = ?1", args![server])?
+        .text(0)?;
+    if recorded != root {
+        return Err(CatalogError::OtherRoot {
+            recorded,
+            asked: root.to_owned(),
+        });
+    }
+    Ok(())
+}
+
+/// `server`'s intents in `conn` (with those from before the server column), in path order.
+fn pending_in(conn: &mut Conn, server: &str) -> Result<Vec<Commit>, CatalogError> {
+    let rows = conn.rows(
+        "SELECT path, size, mtime_ns, digest, algo, stored_by, physical
+         FROM pending WHERE server IN (?1, '') ORDER BY path",
+        args![server],
+    )?;
+    rows.into_iter()
+        .map(|mut r| {
+            Ok(Commit {
+                path: r.text(0)?,
+                size: size_u64(r.int(1)?),
+                mtime_ns: r.int(2)?,
+                digest: r.blob(3)?,
+                algo: r.text(4)?,
+                stored_by: r.text(5)?,
+                physical: r.text(6)?,
+            })
+        })
+        .collect()
+}
+
+/// Drops `server`'s intent of `path` (a file not there to register).
+fn drop_intent(tx: &mut Conn, server: &str, path: &str) -> Result<(), CatalogError> {
+    tx.run(
+        "DELETE FROM pending WHERE server IN (?1, '') AND path = ?2",
+        args![server, path],
+    )?;
+    Ok(())
 }
 
 /// Clears the intents of files of distinct paths, only those of exactly these contents (a

@@ -14,7 +14,9 @@ use crate::*;
 /// Where a test's catalogs are.
 enum Backend {
     Sqlite(tempfile::TempDir, AtomicU32),
-    Postgres(TestCluster),
+    /// The cluster, and a directory for the servers' local intents (as a server's state
+    /// directory holds them).
+    Postgres(TestCluster, tempfile::TempDir),
 }
 
 impl Backend {
@@ -29,17 +31,32 @@ impl Backend {
                 dir.path()
                     .join(format!("c{}.sqlite", n.fetch_add(1, Ordering::Relaxed))),
             ),
-            Self::Postgres(cluster) => cluster.database(),
+            Self::Postgres(cluster, _) => cluster.database(),
         }
     }
 
-    /// A new, empty catalog of the server `here` (SQLite's in memory).
+    /// A new, empty catalog of the server `here` (SQLite's in memory; PostgreSQL's keeping its
+    /// intents in a local file, as `ferry serve` opens it).
     fn catalog(&self) -> Catalog {
-        let location = match self {
-            Self::Sqlite(..) => Location::Memory,
-            Self::Postgres(cluster) => cluster.database(),
-        };
-        Catalog::open(&location, "here").unwrap()
+        match self {
+            Self::Sqlite(..) => Catalog::open(&Location::Memory, "here").unwrap(),
+            Self::Postgres(cluster, _) => self.open(&cluster.database(), "here"),
+        }
+    }
+
+    /// The catalog at `location` as the server `server` opens it: on PostgreSQL with its
+    /// intents in a local file of its own (the same file for the same location and server).
+    fn open(&self, location: &Location, server: &str) -> Catalog {
+        match self {
+            Self::Sqlite(..) => Catalog::open(location, server).unwrap(),
+            Self::Postgres(_, dir) => {
+                use std::hash::{Hash, Hasher};
+                let mut h = std::collections::hash_map::DefaultHasher::new();
+                (location.to_string(), server).hash(&mut h);
+                let file = dir.path().join(format!("{:x}.sqlite", h.finish()));
+                Catalog::open_with_local_intents(location, server, &file).unwrap()
+            }
+        }
     }
 }
 
@@ -63,7 +80,7 @@ macro_rules! on_both {
             ) else {
                 return;
             };
-            let b = Backend::Postgres(cluster);
+            let b = Backend::Postgres(cluster, tempfile::tempdir().unwrap());
             let mut failed = Vec::new();
             $(if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| $name(&b))).is_err() {
                 failed.push(stringify!($name));
@@ -356,16 +373,18 @@ fn intents_are_reconciled_by_what_is_there(b: &Backend) {
 
 fn queued_registrations_are_seen_by_every_read_after_them(b: &Backend) {
     let loc = b.fresh();
-    let c = Catalog::open(&loc, "here").unwrap();
-    match (b, &loc) {
-        (Backend::Sqlite(dir, _), _) => assert_eq!(
-            c.device(),
-            Some(std::os::unix::fs::MetadataExt::dev(
-                &std::fs::metadata(dir.path()).unwrap()
-            ))
-        ),
+    let c = b.open(&loc, "here");
+    // The intents' file system: the SQLite catalog's own, or PostgreSQL's local intents'.
+    let (Backend::Sqlite(dir, _) | Backend::Postgres(_, dir)) = b;
+    assert_eq!(
+        c.device(),
+        Some(std::os::unix::fs::MetadataExt::dev(
+            &std::fs::metadata(dir.path()).unwrap()
+        ))
+    );
+    if let Backend::Postgres(..) = b {
         // Not a file of this machine: no sync of a local file system makes it durable.
-        (Backend::Postgres(_), _) => assert_eq!(c.device(), None),
+        assert_eq!(Catalog::open(&loc, "here").unwrap().device(), None);
     }
     let files: Vec<Commit> = (0..3000).map(|i| commit(&format!("q/{i:04}"), 7)).collect();
     for chunk in files.chunks(100) {
@@ -381,7 +400,7 @@ fn queued_registrations_are_seen_by_every_read_after_them(b: &Backend) {
     c.intend_unsynced(&[commit("last", 1)]).unwrap();
     c.register_later(vec![commit("last", 1)]);
     drop(c);
-    let c = Catalog::open(&loc, "here").unwrap();
+    let c = b.open(&loc, "here");
     assert!(c.stat("last").unwrap().is_some());
     assert!(c.pending().unwrap().is_empty());
 }
@@ -810,6 +829,119 @@ fn metadata_round_trips(b: &Backend) {
             Ok(())
         })
         .unwrap();
+}
+
+/// A server on PostgreSQL killed between a batch's intents and their registration (the
+/// catalog dropped with nothing queued, as `kill -9` leaves it): the intents are in its local
+/// file, none in the database, and its next start registers those whose files are there.
+#[test]
+fn a_postgresql_catalogs_intents_are_local_and_registered_at_the_next_start() {
+    let Some(cluster) = ferry_netem::needs(
+        "ferry_catalog::tests::a_postgresql_catalogs_intents_are_local_and_registered_at_the_next_start",
+        TestCluster::start(),
+    ) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (loc, file) = (cluster.database(), dir.path().join("intents.sqlite"));
+    let c = Catalog::open_with_local_intents(&loc, "here", &file).unwrap();
+    c.claim_root("/srv").unwrap();
+    let files: Vec<Commit> = (0..700).map(|i| commit(&format!("d/{i:03}"), 5)).collect();
+    c.intend_unsynced(&files).unwrap();
+    c.intend(&[commit("gone", 1)]).unwrap();
+    drop(c);
+    // The database has none of them; the file all.
+    let in_db = Catalog::open(&loc, "here").unwrap();
+    assert!(in_db.pending().unwrap().is_empty());
+    let in_file = Catalog::open(&Location::Sqlite(file.clone()), "here").unwrap();
+    assert_eq!(in_file.pending().unwrap().len(), 701);
+    drop(in_file);
+
+    let c = Catalog::open_with_local_intents(&loc, "here", &file).unwrap();
+    c.claim_root("/srv").unwrap();
+    assert_eq!(c.pending().unwrap().len(), 701);
+    let r = c.reconcile(|f| f.path != "gone").unwrap();
+    assert_eq!(
+        r,
+        Reconciled {
+            registered: 700,
+            dropped: 1
+        }
+    );
+    assert!(c.pending().unwrap().is_empty());
+    assert_eq!(in_db.count().unwrap(), 700);
+    assert!(in_db.stat("gone").unwrap().is_none());
+    // A registration queued as a put queues it clears its local intents once it committed.
+    c.intend_unsynced(&[commit("later", 2)]).unwrap();
+    c.register_later(vec![commit("later", 2)]);
+    c.settle().unwrap();
+    assert!(c.pending().unwrap().is_empty());
+    assert!(in_db.stat("later").unwrap().is_some());
+    // The file is this root's: a server of the same name on the same state directory, with
+    // another catalog for another root, is refused it.
+    drop(c);
+    let other = Catalog::open_with_local_intents(&cluster.database(), "here", &file).unwrap();
+    let e = other.claim_root("/elsewhere").unwrap_err();
+    assert!(matches!(e, CatalogError::IntentsElsewhere { .. }), "{e}");
+}
+
+/// Intents an older build left in a PostgreSQL catalog (written there, before intents were
+/// kept locally) are reconciled at the first start of this one, beside the local ones, and a
+/// path in both registers the local (newer) contents.
+#[test]
+fn intents_an_older_build_left_in_postgresql_are_reconciled_too() {
+    let Some(cluster) = ferry_netem::needs(
+        "ferry_catalog::tests::intents_an_older_build_left_in_postgresql_are_reconciled_too",
+        TestCluster::start(),
+    ) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (loc, file) = (cluster.database(), dir.path().join("intents.sqlite"));
+    // The older build: its intents in the database itself, as its statement wrote them.
+    let old = Catalog::open(&loc, "here").unwrap();
+    let mut conn = old.lock();
+    for (path, size) in [("old", 1_i64), ("both", 2), ("old-gone", 3)] {
+        conn.run(
+            "INSERT INTO pending
+                 (server, path, size, mtime_ns, digest, algo, stored_by, physical, since)
+             VALUES ('here', ?1, ?2, 1000, ?3, 'blake3', 'alice', ?4, 0)",
+            args![path, size, &vec![7_u8; 32], &format!("/srv/{path}")],
+        )
+        .unwrap();
+    }
+    drop(conn);
+    assert_eq!(old.pending().unwrap().len(), 3);
+
+    let c = Catalog::open_with_local_intents(&loc, "here", &file).unwrap();
+    c.intend_unsynced(&[commit("new", 4), commit("both", 5)])
+        .unwrap();
+    assert_eq!(
+        paths_of(c.pending().unwrap()),
+        ["both", "old", "old-gone", "both", "new"]
+    );
+    let r = c.reconcile(|f| f.path != "old-gone").unwrap();
+    assert_eq!(
+        r,
+        Reconciled {
+            registered: 4,
+            dropped: 1
+        }
+    );
+    assert!(c.pending().unwrap().is_empty());
+    assert!(
+        old.pending().unwrap().is_empty(),
+        "none left in the database"
+    );
+    assert_eq!(
+        paths(c.find(&Query::default()).unwrap()),
+        ["both", "new", "old"]
+    );
+    assert_eq!(c.stat("both").unwrap().unwrap().object.size, 5);
+    assert_eq!(
+        c.stat("old").unwrap().unwrap().object.digest,
+        vec![7_u8; 32]
+    );
 }
 
 /// A server's PostgreSQL catalog works again after the database restarts, without a restart

@@ -540,6 +540,15 @@ pub struct ServeArgs {
     /// unlimited), so that an audit cannot starve transfers.
     #[arg(long, default_value = "256M", value_name = "SIZE")]
     pub verify_rate: String,
+    /// The most catalog requests (stat, rm, mv, mkdir, meta, find, verify) one client
+    /// connection carries, one after another; 0: one request a connection. Bounds how long one
+    /// client holds a connection slot.
+    #[arg(long, default_value_t = 10_000, value_name = "N")]
+    pub catalog_session_requests: u32,
+    /// How long a connection that carried a catalog request waits for the next before it
+    /// ends (e.g. 30s; at least 1s).
+    #[arg(long, default_value = "30s", value_name = "DURATION")]
+    pub catalog_session_idle: String,
     /// The longest wait between two tries of a replication a `[[policy]]` of the --config
     /// file owes (each failure doubles the wait from 1 s up to this).
     #[arg(long, default_value = "10m", value_name = "DURATION")]

@@ -39,6 +39,8 @@ pub struct ServeFile {
     catalog_name: Option<String>,
     advertise: Option<String>,
     verify_rate: Option<String>,
+    catalog_session_requests: Option<u32>,
+    catalog_session_idle: Option<String>,
     policy_retry_max: Option<String>,
     log_format: Option<LogFormat>,
     /// Declarative policies per path prefix (docs/DESIGN.md, "Policies").
@@ -185,6 +187,16 @@ fn merge(args: &mut ServeArgs, file: ServeFile, base: &Path) -> Result<()> {
         unset("verify_rate"),
     );
     set(
+        &mut args.catalog_session_requests,
+        file.catalog_session_requests,
+        unset("catalog_session_requests"),
+    );
+    set(
+        &mut args.catalog_session_idle,
+        file.catalog_session_idle,
+        unset("catalog_session_idle"),
+    );
+    set(
         &mut args.policy_retry_max,
         file.policy_retry_max,
         unset("policy_retry_max"),
@@ -329,6 +341,35 @@ mod tests {
         let file = toml::from_str("advertise = \"dtn1.example.org:7070\"\n").unwrap();
         merge(&mut a, file, Path::new("/x")).unwrap();
         assert_eq!(a.advertise.as_deref(), Some("dtn1.example.org:7070"));
+    }
+
+    #[test]
+    fn catalog_session_bounds_from_the_file_unless_given() {
+        let file = || {
+            toml::from_str::<ServeFile>(
+                "catalog_session_requests = 50\ncatalog_session_idle = \"5s\"\n",
+            )
+            .unwrap()
+        };
+        let mut a = parsed(&["ferry", "serve", "--root", "/"]);
+        merge(&mut a, file(), Path::new("/x")).unwrap();
+        assert_eq!(
+            (a.catalog_session_requests, a.catalog_session_idle.as_str()),
+            (50, "5s")
+        );
+        let mut a = parsed(&[
+            "ferry",
+            "serve",
+            "--root",
+            "/",
+            "--catalog-session-requests",
+            "7",
+        ]);
+        merge(&mut a, file(), Path::new("/x")).unwrap();
+        assert_eq!(
+            (a.catalog_session_requests, a.catalog_session_idle.as_str()),
+            (7, "5s")
+        );
     }
 
     #[test]

@@ -139,3 +139,102 @@ fn an_unreachable_catalog_is_a_clear_error_at_start() {
     );
     assert!(!out.stderr.contains("s3cret"), "{out:?}");
 }
+
+/// Files stored under final names in the directories of `dir` (`dNN/fNNNN`), partial files
+/// left out: cheap enough to poll while a put runs.
+fn stored_under(dir: &std::path::Path) -> Vec<String> {
+    let mut out = Vec::new();
+    for d in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        for f in std::fs::read_dir(d.path()).into_iter().flatten().flatten() {
+            let name = f.file_name().to_string_lossy().into_owned();
+            if !name.starts_with(".ferry-") {
+                out.push(format!("{}/{name}", d.file_name().to_string_lossy()));
+            }
+        }
+    }
+    out
+}
+
+/// A server on PostgreSQL killed (SIGKILL) in the middle of a put: its intents were in the
+/// intents file of its state directory, never in the database, and at its next start every
+/// file stored under a final name is registered with its size, none that is not, and the file
+/// holds no intent any more.
+#[test]
+fn a_server_on_postgresql_killed_mid_put_registers_its_local_intents_at_the_next_start() {
+    const FILES: usize = 2000;
+    let Some(cluster) = ferry_netem::needs(
+        "ferry_cli::shared_catalog::a_server_on_postgresql_killed_mid_put_registers_its_local_intents_at_the_next_start",
+        ferry_catalog::TestCluster::start(),
+    ) else {
+        return;
+    };
+    let url = cluster.database_url();
+    let sb = Sandbox::new();
+    let root = sb.mkdir("root");
+    for i in 0..FILES {
+        write_pattern(
+            &sb.path(&format!("src/tree/d{:02}/f{i:04}", i % 20)),
+            2048,
+            i as u64,
+        );
+    }
+    let args = ["--catalog", url.as_str(), "--catalog-name", "one"];
+    let server = Server::start(&sb, &root, Some(&sb.path("token")), &args);
+    let mut put = ChildGuard(Some(
+        sb.client(&server.token)
+            .arg("put")
+            .arg("--quiet")
+            .arg(sb.path("src/tree"))
+            .arg(server.remote("/in/"))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    ));
+    let tree = root.join("in/tree");
+    assert!(
+        wait_until(std::time::Duration::from_secs(30), || stored_under(&tree)
+            .len()
+            >= FILES / 10),
+        "the put gets under way"
+    );
+    server.signal("KILL");
+    // The client would retry a while against a server that is gone: its outcome is not this
+    // test's business.
+    let _ = put.child().kill();
+    let _ = put.wait_for(std::time::Duration::from_secs(10));
+    let stored = stored_under(&tree);
+    assert!(stored.len() < FILES, "killed before the put ended");
+    let location = ferry_catalog::Location::parse(&url).unwrap();
+    let in_db = ferry_catalog::Catalog::open(&location, "one").unwrap();
+    assert!(
+        in_db.pending().unwrap().is_empty(),
+        "no intent in the database"
+    );
+    let intents = sb.state_dir().join("intents.sqlite");
+    let left =
+        ferry_catalog::Catalog::open(&ferry_catalog::Location::Sqlite(intents.clone()), "one")
+            .unwrap()
+            .pending()
+            .unwrap()
+            .len();
+    drop(server);
+
+    let server = Server::start(&sb, &root, Some(&sb.path("token")), &args);
+    let registered = in_db.count().unwrap();
+    eprintln!(
+        "stored {} of {FILES} before the kill, {left} intents left in the file; after the restart {registered} registered",
+        stored.len()
+    );
+    assert_eq!(registered, stored.len() as u64, "{}", server.stderr());
+    for p in &stored {
+        let s = in_db.stat(&format!("in/tree/{p}")).unwrap().expect(p);
+        assert_eq!(s.object.size, 2048, "{p}");
+    }
+    let after = ferry_catalog::Catalog::open(&ferry_catalog::Location::Sqlite(intents), "one")
+        .unwrap()
+        .pending()
+        .unwrap();
+    assert!(after.is_empty(), "{after:?}");
+    drop(server);
+}

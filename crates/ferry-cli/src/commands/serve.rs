@@ -211,8 +211,10 @@ fn open_catalog(
         None if host.is_empty() => "localhost",
         None => &host,
     };
-    // A location's password is never shown: `Location`'s Display hides it.
-    let catalog = ferry_catalog::Catalog::open(&location, host)
+    // A location's password is never shown: `Location`'s Display hides it. A PostgreSQL
+    // catalog's intents are kept in the state directory, beside this server's data.
+    let intents = state.join("intents.sqlite");
+    let catalog = ferry_catalog::Catalog::open_with_local_intents(&location, host, &intents)
         .with_context(|| format!("opening the catalog {location}"))?;
     let root = std::fs::canonicalize(root).unwrap_or_else(|_| root.to_owned());
     match catalog.claim_root(&root.to_string_lossy()) {
@@ -294,6 +296,11 @@ fn limits(config: &mut ServerConfig, args: &ServeArgs) -> Result<()> {
         .map_err(usage)?;
     config.policy_retry_max = parse_duration(&args.policy_retry_max)
         .with_context(|| format!("--policy-retry-max {}", args.policy_retry_max))
+        .map_err(usage)?
+        .max(Duration::from_secs(1));
+    config.catalog_session_requests = args.catalog_session_requests;
+    config.catalog_session_idle = parse_duration(&args.catalog_session_idle)
+        .with_context(|| format!("--catalog-session-idle {}", args.catalog_session_idle))
         .map_err(usage)?
         .max(Duration::from_secs(1));
     config.policies = Arc::new(args.policies.clone());
@@ -485,7 +492,53 @@ pub(super) async fn shutdown_signal() {
 
 #[cfg(test)]
 mod tests {
-    use super::advertised;
+    use super::{advertised, limits};
+    use clap::Parser;
+    use ferry_net::ServerConfig;
+    use std::time::Duration;
+
+    /// `ferry serve`'s arguments as main parses them.
+    fn serve_args(argv: &[&str]) -> crate::args::ServeArgs {
+        let cli = crate::args::Cli::try_parse_from(argv).unwrap();
+        let crate::args::Command::Serve(a) = cli.command else {
+            panic!("not serve")
+        };
+        a
+    }
+
+    #[test]
+    fn the_catalog_session_bounds_reach_the_servers_config() {
+        let mut config = ServerConfig::new("/", "t");
+        limits(&mut config, &serve_args(&["ferry", "serve", "--root", "/"])).unwrap();
+        assert_eq!(config.catalog_session_requests, 10_000);
+        assert_eq!(config.catalog_session_idle, Duration::from_secs(30));
+        let args = serve_args(&[
+            "ferry",
+            "serve",
+            "--root",
+            "/",
+            "--catalog-session-requests",
+            "0",
+            "--catalog-session-idle",
+            "2m",
+        ]);
+        limits(&mut config, &args).unwrap();
+        assert_eq!(config.catalog_session_requests, 0);
+        assert_eq!(config.catalog_session_idle, Duration::from_secs(120));
+        let args = serve_args(&[
+            "ferry",
+            "serve",
+            "--root",
+            "/",
+            "--catalog-session-idle",
+            "x",
+        ]);
+        let e = limits(&mut config, &args).unwrap_err();
+        assert!(
+            format!("{e:#}").contains("--catalog-session-idle x"),
+            "{e:#}"
+        );
+    }
 
     #[test]
     fn the_advertised_address_is_given_or_the_first_specific_listen_address() {

@@ -44,14 +44,17 @@ impl CatalogHook {
     }
 }
 
-/// Why the order is durable: the intents are written before the batch's `syncfs`, so when
-/// the catalog shares that file system the one flush puts them on disk with the batch's
-/// data, before any rename (a killed process loses nothing in any case: SQLite has handed them
-/// to the kernel). A catalog elsewhere, or a lone file's batch (an `fsync`, not a `syncfs`),
-/// syncs its intents itself. The renames are
-/// then durable (their directories synced) before the files are queued for registration; a
-/// crash at any point leaves each renamed file either registered or with its intent, which
-/// [`reconcile`] registers at the next start.
+/// Why the order is durable: the intents are written before the batch's `syncfs`, into a
+/// SQLite file (the embedded catalog's, or beside a PostgreSQL catalog the server's own intents
+/// file in its state directory: no round trip to the database on the put's path), so when that
+/// file shares the batch's file system the one flush puts them on disk with the batch's data,
+/// before any rename (a killed process loses nothing in any case: SQLite has handed them to the
+/// kernel). A file elsewhere, or a lone file's batch (an `fsync`, not a `syncfs`), syncs its
+/// intents itself. The renames are then durable (their directories synced) before the files
+/// are queued for registration, and an intent is cleared only after its registration has
+/// committed (in PostgreSQL, then the local file); a crash at any point leaves each renamed
+/// file either registered or with its intent, which [`reconcile`] registers at the next start
+/// (with any intents an older build left in PostgreSQL).
 impl CommitHook for CatalogHook {
     fn before_sync(&self, files: &[Stored], syncfs: Option<u64>) -> std::io::Result<()> {
         let commits = self.commits(files);
