@@ -180,6 +180,17 @@ impl TestCluster {
         self.run()
     }
 
+    /// Stops the server, keeping its data, until [`Self::resume`] (a database that went
+    /// away for a while).
+    pub fn pause(&mut self) {
+        self.stop("fast");
+    }
+
+    /// Starts the server [`Self::pause`] stopped.
+    pub fn resume(&mut self) -> Result<(), String> {
+        self.run()
+    }
+
     /// Stops the server: `immediate` when nothing in it needs keeping (the cluster runs
     /// with asynchronous commits, so that loses the last ones), `fast` to keep them.
     fn stop(&mut self, mode: &str) {

@@ -55,6 +55,8 @@ pub enum CatalogError {
     },
     /// A record of a copy elsewhere, asked of a catalog that servers share: there each server
     /// registers its own replicas.
+    #[error("{files} stored files wait for their registration, which failed ({why}) and is being tried again; no new files until it succeeds")]
+    Unregistered { files: usize, why: String },
     #[error("this catalog is shared by the servers of a zone: each registers its own replicas, none is recorded by another's word")]
     Shared,
     #[error("bad find condition {0:?}: {1}")]

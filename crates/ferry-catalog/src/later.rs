@@ -8,9 +8,10 @@
 //! of the catalog first waits for what was queued before it ([`Catalog::settle`]), so a client
 //! told its files are stored finds them registered.
 
-use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use crate::store::Shared;
 use crate::{Catalog, CatalogError, Commit};
@@ -19,7 +20,13 @@ use crate::{Catalog, CatalogError, Commit};
 /// the connection while it runs.
 const MOST_PER_TX: usize = 1024;
 
-/// Called with a registration's error (a server logs it; the intents stay for the next start).
+/// A registration that failed is tried again after this, then after twice as long, up to
+/// [`RETRY_MOST`], until it commits (the database back, the disk freed).
+const RETRY_FIRST: Duration = Duration::from_secs(1);
+const RETRY_MOST: Duration = Duration::from_secs(30);
+
+/// Called with a registration's error, each time it fails (a server logs it; the thread tries
+/// again, and the intents stay for the next start if it never succeeds).
 pub type OnError = Box<dyn Fn(&CatalogError, usize) + Send + Sync>;
 
 /// The queue and the thread that drains it, started by the first batch.
@@ -38,6 +45,10 @@ pub(crate) struct Progress {
     queued: u64,
     done: u64,
     error: Option<CatalogError>,
+    /// Files renamed into place whose registration failed and is being tried again, and why
+    /// it last failed: while there are any, no new intents are taken ([`Catalog::intend`]).
+    unregistered: usize,
+    why: String,
 }
 
 /// What the registering thread and the callers share.
@@ -81,7 +92,7 @@ impl Catalog {
         if let Err(mpsc::SendError(files)) = tx.send(files) {
             // The thread is gone (it panicked): register here rather than not at all.
             let r = self.shared.register(&files);
-            self.shared.finished(1, files.len(), r);
+            self.shared.finished(1, files, r);
         }
     }
 
@@ -103,6 +114,20 @@ impl Catalog {
     pub(crate) fn settled(&self) {
         drop(self.shared.tracker.wait());
     }
+
+    /// Refuses new intents while stored files wait for a registration that failed (the
+    /// database down, the disk full): the files and the catalog would otherwise drift apart
+    /// for as long as it lasts. The registering thread tries those again on its own.
+    pub(crate) fn no_backlog(&self) -> Result<(), CatalogError> {
+        let p = self.shared.tracker.lock();
+        match p.unregistered {
+            0 => Ok(()),
+            files => Err(CatalogError::Unregistered {
+                files,
+                why: p.why.clone(),
+            }),
+        }
+    }
 }
 
 impl Drop for Catalog {
@@ -123,8 +148,28 @@ impl Drop for Catalog {
 /// The registering thread: everything queued by now, in transactions of at most
 /// [`MOST_PER_TX`] files, until the catalog closes.
 fn drain(shared: &Arc<Shared>, rx: &Receiver<Vec<Commit>>) {
-    while let Ok(mut files) = rx.recv() {
-        let mut batches = 1;
+    // Files stored whose registration failed: registered first in the next transaction (their
+    // paths' later contents, queued since, then land last), or alone after `wait`.
+    let mut backlog: Vec<Commit> = Vec::new();
+    let mut wait = RETRY_FIRST;
+    loop {
+        let (mut files, mut batches) = if backlog.is_empty() {
+            match rx.recv() {
+                Ok(files) => (files, 1),
+                Err(_) => return,
+            }
+        } else {
+            match rx.recv_timeout(wait) {
+                Ok(files) => (files, 1),
+                Err(RecvTimeoutError::Timeout) => (Vec::new(), 0),
+                // The catalog is closing: one last try; what fails stays in the intents.
+                Err(RecvTimeoutError::Disconnected) => {
+                    let r = shared.register(&backlog);
+                    shared.finished(0, std::mem::take(&mut backlog), r);
+                    return;
+                }
+            }
+        };
         while files.len() < MOST_PER_TX {
             match rx.try_recv() {
                 Ok(more) => {
@@ -134,22 +179,48 @@ fn drain(shared: &Arc<Shared>, rx: &Receiver<Vec<Commit>>) {
                 Err(_) => break,
             }
         }
-        let r = shared.register(&files);
-        shared.finished(batches, files.len(), r);
+        let retrying = !backlog.is_empty();
+        backlog.append(&mut files);
+        let r = shared.register(&backlog);
+        let failed = r.is_err();
+        backlog = shared.finished(batches, backlog, r);
+        wait = match (failed, retrying) {
+            (false, _) => RETRY_FIRST,
+            (true, false) => RETRY_FIRST,
+            (true, true) => (wait * 2).min(RETRY_MOST),
+        };
     }
 }
 
 impl Shared {
-    fn finished(&self, batches: u64, files: usize, r: Result<(), CatalogError>) {
+    /// Counts `batches` done; returns what is left to register: nothing, or all of `files`
+    /// when the registration failed.
+    fn finished(
+        &self,
+        batches: u64,
+        files: Vec<Commit>,
+        r: Result<(), CatalogError>,
+    ) -> Vec<Commit> {
         let mut p = self.tracker.lock();
         p.done += batches;
-        if let Err(e) = r {
-            if let Some(f) = self.tracker.on_error.get() {
-                f(&e, files);
+        let left = match r {
+            Ok(()) => {
+                p.unregistered = 0;
+                p.why.clear();
+                Vec::new()
             }
-            p.error.get_or_insert(e);
-        }
+            Err(e) => {
+                if let Some(f) = self.tracker.on_error.get() {
+                    f(&e, files.len());
+                }
+                p.unregistered = files.len();
+                p.why = e.to_string();
+                p.error.get_or_insert(e);
+                files
+            }
+        };
         drop(p);
         self.tracker.moved.notify_all();
+        left
     }
 }

@@ -206,6 +206,7 @@ impl Catalog {
         for f in files {
             check_commit(f)?;
         }
+        self.no_backlog()?;
         let mut conn = self.shared.intents();
         conn.durable(true)?;
         let done = write_intents(&mut conn, &self.shared.server, files);
@@ -222,6 +223,7 @@ impl Catalog {
         for f in files {
             check_commit(f)?;
         }
+        self.no_backlog()?;
         write_intents(&mut self.shared.intents(), &self.shared.server, files)
     }
 

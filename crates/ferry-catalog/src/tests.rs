@@ -834,6 +834,51 @@ fn metadata_round_trips(b: &Backend) {
 /// A server on PostgreSQL killed between a batch's intents and their registration (the
 /// catalog dropped with nothing queued, as `kill -9` leaves it): the intents are in its local
 /// file, none in the database, and its next start registers those whose files are there.
+/// A registration that fails (the database gone for a while) is tried again on its own: the
+/// stored files wait for it, no new intents are taken meanwhile (so files and catalog cannot
+/// drift apart for as long as the database is away), and once it is back they are registered
+/// without a restart.
+#[test]
+fn a_failed_registration_is_tried_again_and_holds_new_intents_back_meanwhile() {
+    let Some(mut cluster) = ferry_netem::needs(
+        "ferry_catalog::tests::a_failed_registration_is_tried_again_and_holds_new_intents_back_meanwhile",
+        TestCluster::start(),
+    ) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (loc, file) = (cluster.database(), dir.path().join("intents.sqlite"));
+    let c = Catalog::open_with_local_intents(&loc, "here", &file).unwrap();
+    c.claim_root("/srv").unwrap();
+    let files: Vec<Commit> = (0..10).map(|i| commit(&format!("a/f{i}"), 3)).collect();
+    c.intend_unsynced(&files).unwrap();
+    cluster.pause();
+    c.register_later(files);
+    assert!(c.settle().is_err(), "registered with the database down");
+    match c.intend_unsynced(&[commit("b", 1)]) {
+        Err(CatalogError::Unregistered { files: 10, .. }) => {}
+        other => panic!("a new intent with 10 files unregistered: {other:?}"),
+    }
+    cluster.resume().unwrap();
+    // Tried again after 1, 2, 4… s (the first try after the restart may meet the old
+    // connection cut): within a minute, or the test fails.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        match c.intend_unsynced(&[commit("b", 1)]) {
+            Ok(()) => break,
+            Err(CatalogError::Unregistered { .. }) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(100))
+            }
+            Err(e) => panic!("not registered again within a minute: {e}"),
+        }
+    }
+    assert_eq!(c.count().unwrap(), 10);
+    assert_eq!(c.stat("a/f7").unwrap().unwrap().object.size, 3);
+    // Their intents are cleared; "b"'s, just written, is the only one left.
+    let left: Vec<String> = c.pending().unwrap().into_iter().map(|p| p.path).collect();
+    assert_eq!(left, ["b"]);
+}
+
 #[test]
 fn a_postgresql_catalogs_intents_are_local_and_registered_at_the_next_start() {
     let Some(cluster) = ferry_netem::needs(

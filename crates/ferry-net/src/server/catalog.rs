@@ -225,11 +225,15 @@ fn lookup(
         })
 }
 
-/// Logs a queued registration that failed: its files stay stored, their intents are
-/// registered at the next start.
+/// Logs a queued registration that failed: its files stay stored with their intents, the
+/// catalog tries the registration again on its own (and takes no new intents, so no new files,
+/// until it succeeds); a crash meanwhile leaves them to the next start's reconciliation.
 pub(super) fn log_register_errors(catalog: &Catalog) {
     catalog.on_register_error(Box::new(|e, files| {
-        warn!(files, "catalog: registering stored files: {e}");
+        warn!(
+            files,
+            "catalog: registering stored files (tried again): {e}"
+        );
     }));
 }
 
