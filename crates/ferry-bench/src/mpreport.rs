@@ -40,6 +40,10 @@ pub struct MpRow {
     /// and what it names as the limit (network, storage, cpu); GridFTP's rows have none.
     pub streams: Option<u64>,
     pub connections: Option<u64>,
+    /// A striped transfer's hosts, the coordinator first: data connections that carried
+    /// blocks / opened, as `--json` reports them (the coordinator's from its tuning).
+    #[serde(default)]
+    pub host_connections: Vec<String>,
     pub bottleneck: String,
     pub error: String,
 }
@@ -59,6 +63,7 @@ impl MpRow {
             link_bytes: Vec::new(),
             streams: None,
             connections: None,
+            host_connections: Vec::new(),
             bottleneck: String::new(),
             error: String::new(),
         }

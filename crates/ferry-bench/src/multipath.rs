@@ -739,6 +739,21 @@ fn read_report(row: &mut MpRow, json: &str, copy: bool) {
     };
     row.streams = t["streams"].as_u64();
     row.connections = t["connections"].as_u64();
+    let stripes = match copy {
+        true => &v["source_report"]["stripes"],
+        false => &v["stripes"],
+    };
+    if let Some(hosts) = stripes.as_array().filter(|h| !h.is_empty()) {
+        let n = |x: &serde_json::Value| x.as_u64().map_or("?".into(), |n| n.to_string());
+        row.host_connections =
+            std::iter::once(format!("{}/{}", n(&t["streams"]), n(&t["connections"])))
+                .chain(
+                    hosts
+                        .iter()
+                        .map(|h| format!("{}/{}", n(&h["carried"]), n(&h["connections"]))),
+                )
+                .collect();
+    }
     row.bottleneck = t["bottleneck"].as_str().unwrap_or_default().into();
     if v["skipped"].as_u64().unwrap_or(0) > 0 {
         row.error = "the data was already at the destination: nothing was measured".into();

@@ -38,6 +38,8 @@ struct Got {
     /// Offsets of the blocks sent early (before the file's decision was in).
     early: Vec<u64>,
     file_digest: Option<Vec<u8>>,
+    /// The digest sent apart on control (`FileDigest`), when the receiver had every block.
+    digest_apart: Option<Vec<u8>>,
 }
 
 /// Sends the tree under `dir/src` through a [`Sender`] with `readers` readers, answering every
@@ -47,6 +49,18 @@ fn send_tree(
     dir: &Path,
     readers: u32,
     block: u32,
+    decide: impl Fn(&str) -> Decision + Send + 'static,
+) -> BTreeMap<String, Got> {
+    send_tree_with(dir, readers, block, false, decide)
+}
+
+/// [`send_tree`], with the receiver taking a file's digest apart when it has every block
+/// (`apart`: `Sender::digest_apart`).
+fn send_tree_with(
+    dir: &Path,
+    readers: u32,
+    block: u32,
+    apart: bool,
     decide: impl Fn(&str) -> Decision + Send + 'static,
 ) -> BTreeMap<String, Got> {
     let root = Root::open(dir).unwrap();
@@ -73,17 +87,31 @@ fn send_tree(
         Arc::new(NoReporter),
     ));
     sender.grant(block, 4);
-    // The receiver's side of the offers: a decision for every file, by its path.
+    if apart {
+        sender.digest_apart();
+    }
+    // The receiver's side of the offers: a decision for every file, by its path; and the
+    // digests sent apart, by path.
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let apart_got = Arc::new(std::sync::Mutex::new(Vec::<(String, Vec<u8>)>::new()));
     let answering = {
-        let (sender, stop) = (sender.clone(), stop.clone());
+        let (sender, stop, apart_got) = (sender.clone(), stop.clone(), apart_got.clone());
         std::thread::spawn(move || {
+            let mut paths = std::collections::HashMap::new();
             let deadline = Instant::now() + Duration::from_secs(120);
             while !stop.load(std::sync::atomic::Ordering::Relaxed) && Instant::now() < deadline {
                 let Ok(frame) = control.recv_timeout(Duration::from_millis(20)) else {
                     continue;
                 };
+                if let Frame::FileDigest { file, digest } = &frame {
+                    let path: &String = &paths[file];
+                    let rel = path.strip_prefix("src/").unwrap().to_string();
+                    apart_got.lock().unwrap().push((rel, digest.to_vec()));
+                }
                 if let Frame::Offer { entries } = frame {
+                    for e in &entries {
+                        paths.insert(e.file, e.path.clone());
+                    }
                     let decisions = entries
                         .iter()
                         .map(|e| FileDecision {
@@ -153,6 +181,11 @@ fn send_tree(
     let sender = Arc::into_inner(sender).expect("the answering thread is gone");
     drop(frames);
     sender.finish();
+    for (rel, d) in std::mem::take(&mut *apart_got.lock().unwrap()) {
+        let g = got.entry(rel.clone()).or_default();
+        assert!(g.digest_apart.is_none(), "{rel}: two digests apart");
+        g.digest_apart = Some(d);
+    }
     got
 }
 
@@ -310,4 +343,57 @@ fn a_resumed_split_file_sends_only_what_is_missing() {
     let missing: u64 = size - have.iter().map(|(s, e)| e - s).sum::<u64>();
     assert_eq!(sent, missing + last.1, "only the gaps and the last block");
     assert_eq!(hex(g.file_digest.as_deref().unwrap()), blake3_of(&path));
+}
+
+/// One-block files the receiver has whole (a striped get's stripe hosts brought them): with
+/// `digest_apart` each one not sent early is read and hashed, and only its digest goes, on
+/// control; one that left early (before its decision) keeps its block with the digest. Either
+/// way each file's digest arrives once and is the file's.
+#[test]
+fn a_file_the_receiver_has_whole_gets_its_digest_apart() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src");
+    std::fs::create_dir(&src).unwrap();
+    let n = 60u64;
+    for i in 0..n {
+        std::fs::write(src.join(format!("s{i}")), pattern(i, 1000 + i * 1500)).unwrap();
+    }
+    let got = send_tree_with(dir.path(), 2, MIB as u32, true, |_| Decision::Resume {
+        have: Vec::new(),
+    });
+    // With no ranges had, every file's block is sent: nothing apart.
+    assert!(got.values().all(|g| g.digest_apart.is_none()));
+    let sizes: std::collections::HashMap<String, u64> =
+        (0..n).map(|i| (format!("s{i}"), 1000 + i * 1500)).collect();
+    let whole = sizes.clone();
+    let got = send_tree_with(dir.path(), 2, MIB as u32, true, move |p| {
+        let rel = p.strip_prefix("src/").unwrap();
+        Decision::Resume {
+            have: vec![(0, whole[rel])],
+        }
+    });
+    let mut apart = 0;
+    for i in 0..n {
+        let rel = format!("s{i}");
+        let want = blake3_of(&src.join(&rel));
+        let g = got
+            .get(&rel)
+            .unwrap_or_else(|| panic!("{rel}: nothing arrived"));
+        match (&g.file_digest, &g.digest_apart) {
+            (Some(_), None) => assert_eq!(g.early, [0], "{rel}: only an early block is sent"),
+            (None, Some(d)) => {
+                assert!(
+                    g.blocks.is_empty(),
+                    "{rel}: a block went with the digest apart"
+                );
+                apart += 1;
+                assert_eq!(hex(d), want, "{rel}");
+                continue;
+            }
+            other => panic!("{rel}: {other:?}"),
+        }
+        assert_eq!(hex(g.file_digest.as_deref().unwrap()), want, "{rel}");
+    }
+    // The early budget covers a few files at most: most went apart.
+    assert!(apart > n / 2, "{apart} of {n}");
 }

@@ -556,11 +556,13 @@ fn hello_with(role: Role, extra: u64) -> Frame {
 
 /// What a session's control `Hello` offers beyond the usual: a striped put asks its
 /// coordinator to share every partial copy (`STRIPE_WHOLE`), so that stripe hosts take small
-/// files and last blocks too.
+/// files and last blocks too; a striped get asks it to send a file's digest apart
+/// (`STRIPE_DIGEST`), so that stripe hosts bring one-block files. Each server keeps the bit
+/// its request uses.
 fn control_extra(cfg: &ClientConfig) -> u64 {
     match cfg.stripe.is_empty() {
         true => 0,
-        false => Capabilities::STRIPE_WHOLE,
+        false => Capabilities::STRIPE_WHOLE | Capabilities::STRIPE_DIGEST,
     }
 }
 
@@ -1805,6 +1807,7 @@ async fn get_to(
             stripes,
             opts.block_size,
             ferry_core::send::EARLY_PER_STREAM * u64::from(opts.streams),
+            c.caps.has(Capabilities::STRIPE_DIGEST),
         ),
     };
     let run = RecvRun {

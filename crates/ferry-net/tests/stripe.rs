@@ -299,3 +299,37 @@ async fn a_striped_tree_of_small_files_completes_byte_identical_when_a_stripe_ho
         report.stripes
     );
 }
+
+/// A striped put of one file of 64 blocks over equal (loopback) links, two fixed streams on
+/// each host: every host's connections carry blocks, at most as many as the coordinator has,
+/// and each host, the coordinator too, carries at least 1/(2K) of the blocks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_striped_puts_hosts_each_carry_a_share_of_the_blocks() {
+    let (_shared, root, servers) = three_hosts().await;
+    let src = tempfile::tempdir().unwrap();
+    let blocks = 64u64;
+    let data = bytes((blocks << 18) as usize, 77);
+    write(&src.path().join("f"), &data);
+    let mut cfg = striped(&servers);
+    cfg.opts.streams = 2;
+    let report = ferry_net::client::put(&cfg, &[src.path().join("f")], "/in/", reporter())
+        .await
+        .expect("striped put");
+    assert!(report.is_success(), "{:?}", report.errors);
+    assert_eq!(b3(&root.join("in/f")), blake3::hash(&data));
+    let k = report.stripes.len() as u64 + 1;
+    assert_eq!(k, 3);
+    let hosts: u64 = report.stripes.iter().map(|s| s.blocks).sum();
+    for s in &report.stripes {
+        assert!(s.failed.is_none(), "{s:?}");
+        assert_eq!(s.connections, 2, "{s:?}");
+        assert!(s.carried >= 1 && s.carried <= 2, "{s:?}");
+        assert!(s.blocks * 2 * k >= blocks, "{:?}", report.stripes);
+    }
+    let coordinator = blocks - hosts.min(blocks);
+    assert!(
+        coordinator * 2 * k >= blocks,
+        "{coordinator} {:?}",
+        report.stripes
+    );
+}

@@ -198,3 +198,127 @@ async fn a_stripe_read_session_is_refused_without_the_setting_or_outside_the_sco
     let (code, _) = refusal(&mut raw, Duration::from_secs(5)).await;
     assert_eq!(code, Some(ferry_proto::ErrorCode::DENIED));
 }
+
+/// A tree of one-block files (1 KiB to 64 KiB) written under `root`/`name`: the paths and
+/// their total bytes.
+fn small_tree(root: &Path, name: &str, n: u64) -> (Vec<String>, u64) {
+    let mut files = Vec::new();
+    let mut total = 0;
+    for i in 0..n {
+        let size = (1 << 10) + (i * 7919) % (63 << 10);
+        let rel = format!("d{}/s{i}", i % 7);
+        write(&root.join(name).join(&rel), &bytes(size as usize, 200 + i));
+        files.push(rel);
+        total += size;
+    }
+    (files, total)
+}
+
+/// A get of a tree of 300 one-block files: the coordinator sends each striped file's digest
+/// apart (`STRIPE_DIGEST`) and every stripe host brings whole files; the tree is
+/// byte-identical, and a second get of it finds every file in place and fetches nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_striped_get_of_small_files_has_every_stripe_host_serve_files() {
+    let (_shared, root, servers) = three_hosts().await;
+    let (files, total) = small_tree(&root, "small", 300);
+    let mut cfg = striped(&servers);
+    cfg.opts.streams = 2;
+    let local = tempfile::tempdir().unwrap();
+    let report = ferry_net::client::get(&cfg, "/small", local.path(), reporter())
+        .await
+        .expect("striped get of small files");
+    assert!(report.is_success(), "{:?}", report.errors);
+    assert_eq!(report.files, files.len() as u64);
+    assert_eq!(
+        snapshot(&local.path().join("small")),
+        snapshot(&root.join("small"))
+    );
+    assert_eq!(report.stripes.len(), 2);
+    for s in &report.stripes {
+        // Whole files: a block each, of at most 64 KiB; on connections the host opened.
+        assert!(s.blocks >= 10 && s.failed.is_none(), "{s:?}");
+        assert!(s.bytes <= s.blocks * (64 << 10), "{s:?}");
+        assert!(s.carried >= 1 && s.carried <= s.connections, "{s:?}");
+    }
+    // What the stripe hosts brought did not also come over the coordinator's connections.
+    let coordinator: u64 = report.streams.iter().map(|s| s.bytes).sum();
+    let fetched: u64 = report.stripes.iter().map(|s| s.bytes).sum();
+    assert!(
+        coordinator + fetched >= total,
+        "{coordinator} {fetched} {total}"
+    );
+    assert!(
+        coordinator < total,
+        "{coordinator} {total} {:?}",
+        report.stripes
+    );
+    assert!(
+        leftovers(local.path()).is_empty(),
+        "{:?}",
+        leftovers(local.path())
+    );
+    // Rerun: everything is in place; nothing is fetched from anyone.
+    let again = ferry_net::client::get(&cfg, "/small", local.path(), reporter())
+        .await
+        .expect("second get");
+    assert!(again.is_success(), "{:?}", again.errors);
+    assert_eq!(again.stripes.iter().map(|s| s.blocks).sum::<u64>(), 0);
+    assert_eq!(
+        snapshot(&local.path().join("small")),
+        snapshot(&root.join("small"))
+    );
+}
+
+/// A striped get of a tree of one-block files whose last stripe host is killed a quarter of
+/// the way through: the files it owed come from the other host or the coordinator, and the
+/// tree arrives byte-identical.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_striped_get_of_small_files_completes_byte_identical_when_a_stripe_host_dies() {
+    let (_shared, root, mut servers) = three_hosts().await;
+    let (files, total) = small_tree(&root, "small", 1200);
+    let mut cfg = striped(&servers);
+    cfg.opts.streams = 2;
+    let local = tempfile::tempdir().unwrap();
+    let progress = Arc::new(Progress::default());
+    let get = {
+        let (cfg, dest, progress) = (cfg.clone(), local.path().to_owned(), progress.clone());
+        tokio::spawn(async move { ferry_net::client::get(&cfg, "/small", &dest, progress).await })
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while progress.0.load(Ordering::Relaxed) < total / 4 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the get did not start"
+        );
+        assert!(!get.is_finished(), "the get ended before the kill");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    servers[2].kill();
+    let report = tokio::time::timeout(Duration::from_secs(60), get)
+        .await
+        .expect("the get ends")
+        .unwrap()
+        .expect("the get completes without the dead host");
+    assert!(report.is_success(), "{:?}", report.errors);
+    assert_eq!(report.files, files.len() as u64);
+    assert_eq!(
+        snapshot(&local.path().join("small")),
+        snapshot(&root.join("small"))
+    );
+    assert!(
+        leftovers(local.path()).is_empty(),
+        "{:?}",
+        leftovers(local.path())
+    );
+    assert!(
+        report.stripes[1].failed.is_some(),
+        "{:?}",
+        report.stripes[1]
+    );
+    assert!(
+        report.stripes[0].failed.is_none(),
+        "{:?}",
+        report.stripes[0]
+    );
+    assert!(report.stripes[0].blocks > 0, "{:?}", report.stripes[0]);
+}

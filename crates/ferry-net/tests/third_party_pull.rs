@@ -397,3 +397,31 @@ async fn a_pulled_copy_from_one_host_resumes_when_run_again() {
         data.len()
     );
 }
+
+/// A pulled copy of a tree of 300 one-block files from the endpoint: B's get stripes them
+/// whole (`STRIPE_DIGEST`), every source stripe host sends files, and the tree arrives
+/// byte-identical.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_pulled_copy_of_small_files_has_every_source_host_send_files() {
+    let (_shared, root, sources, b) = bed(true, true).await;
+    let tree = root.join("small");
+    for i in 0..300u64 {
+        let size = (1 << 10) + (i * 7919) % (63 << 10);
+        write(
+            &tree.join(format!("d{}/s{i}", i % 7)),
+            &bytes(size as usize, 300 + i),
+        );
+    }
+    let mut cfg = from_endpoint(&sources, &b);
+    cfg.source.opts.streams = 2;
+    let report = copy(&cfg, "/small", "/in/", reporter())
+        .await
+        .expect("pulled striped copy of small files");
+    assert!(report.is_success(), "{report:?}");
+    assert_eq!(report.files, 300);
+    assert_eq!(snapshot(&tree), snapshot(&b.root.join("in/small")));
+    assert!(leftovers(&b.root).is_empty(), "{:?}", leftovers(&b.root));
+    let hosts = stripes(&report);
+    assert_eq!(hosts.len(), 2);
+    assert!(hosts.iter().all(|(b, f)| *b >= 10 && !f), "{hosts:?}");
+}

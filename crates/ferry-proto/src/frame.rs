@@ -310,6 +310,12 @@ impl Capabilities {
     /// (`Error{session_ended}`). Both sides set it; without it in the `Welcome` a client opens
     /// a connection per request, as before.
     pub const CATALOG_SESSION: u64 = 1 << 10;
+    /// A striped get stripes one-block files too. Offered by the client of a striped get to
+    /// its coordinator, which then sends a file's digest apart (`FileDigest` on control) in
+    /// place of its last block when the client's `Resume` has every block of the file (the
+    /// stripe hosts bring them), and says so in its `Welcome`; without it in the `Welcome`
+    /// one-block files come from the coordinator.
+    pub const STRIPE_DIGEST: u64 = 1 << 11;
 
     /// Everything this build supports.
     pub const fn ours() -> Self {
@@ -327,7 +333,7 @@ impl Capabilities {
     /// Everything this build understands: what it offers by default and what it offers on
     /// request ([`Capabilities::MULTIPATH`]). A server keeps these bits of a client's `Hello`.
     pub const fn known() -> Self {
-        Self(Self::ours().0 | Self::MULTIPATH | Self::STRIPE_WHOLE)
+        Self(Self::ours().0 | Self::MULTIPATH | Self::STRIPE_WHOLE | Self::STRIPE_DIGEST)
     }
 
     pub fn intersect(self, other: Self) -> Self {

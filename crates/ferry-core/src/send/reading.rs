@@ -282,9 +282,14 @@ pub(super) fn stream_file(
             Err(over) => return over,
         };
         let last = offset + len == meta.size;
-        if !last && covered(&have, offset, offset + len) {
-            offset += len;
-            continue;
+        if covered(&have, offset, offset + len) {
+            if !last {
+                offset += len;
+                continue;
+            }
+            if !early && shared.digest_apart.load(Ordering::Acquire) {
+                return digest_apart(shared, record, read.file_digest);
+            }
         }
         if !queue_block(shared, record, offset, read, early) {
             return Streamed::Over;
@@ -298,6 +303,28 @@ pub(super) fn stream_file(
             shared.reporter.on_file_done();
             return Streamed::Finished;
         }
+    }
+}
+
+/// The receiver has every block of a file (a striped get's stripe hosts brought them) and
+/// takes its digest apart: on the control connection, which carries its offer before it.
+fn digest_apart(shared: &SenderState, record: &FileRecord, digest: Option<Bytes>) -> Streamed {
+    let Some(digest) = digest else {
+        // Only the last block's read has the digest; not reached for any other.
+        return Streamed::failed(shared.fail_file(
+            record,
+            ErrorCode::IO,
+            format!("no digest of {}", record.meta.path),
+        ));
+    };
+    shared.reporter.on_file_done();
+    let told = shared.control.send(Frame::FileDigest {
+        file: record.meta.id,
+        digest,
+    });
+    match told {
+        Ok(()) => Streamed::Finished,
+        Err(_) => Streamed::Over,
     }
 }
 

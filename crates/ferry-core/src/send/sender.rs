@@ -86,6 +86,7 @@ impl Sender {
             decisions: Mutex::default(),
             decided: Condvar::new(),
             closed: AtomicBool::new(false),
+            digest_apart: AtomicBool::new(false),
             reporter,
             records: Mutex::default(),
             skipped: Mutex::default(),
@@ -160,6 +161,14 @@ impl Sender {
             .streams
             .store(u32::from(streams), Ordering::Release);
         self.shared.granted.store(true, Ordering::Release);
+    }
+
+    /// The receiver takes a file's digest apart (`FileDigest` on control, with
+    /// `Capabilities::STRIPE_DIGEST`): a file whose every block it has (a `Resume` of all of
+    /// it, its blocks fetched from a striped get's stripe hosts) is read and hashed, and only
+    /// its digest is sent, not its last block.
+    pub fn digest_apart(&self) {
+        self.shared.digest_apart.store(true, Ordering::Release);
     }
 
     /// The reader pool's gate.

@@ -126,6 +126,9 @@ pub(super) struct SenderState {
     pub(super) decided: Condvar,
     /// Set when the session ends: readers waiting for a decision give up.
     pub(super) closed: AtomicBool,
+    /// The receiver takes a file's digest apart (`FileDigest` on control) when it has every
+    /// block of the file: a striped get's client, whose stripe hosts bring one-block files.
+    pub(super) digest_apart: AtomicBool,
     pub(super) reporter: Arc<dyn Reporter>,
     pub(super) records: Mutex<HashMap<FileId, Arc<FileRecord>>>,
     pub(super) skipped: Mutex<HashSet<FileId>>,

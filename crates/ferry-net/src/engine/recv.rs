@@ -55,9 +55,10 @@ pub(crate) struct ReceiverIo {
     pub(crate) receiver: Arc<Receiver>,
     /// The file side's frames for the control connection (decisions, failures).
     pub(crate) control_out: flume::Receiver<Frame>,
-    /// A striped get's other hosts, with the session's block size and the bytes of a file's
-    /// head the coordinator may send early (empty: no striping).
-    pub(crate) stripes: (Vec<StripeIo>, u32, u64),
+    /// A striped get's other hosts, with the session's block size, the bytes of a file's
+    /// head the coordinator may send early, and whether it sends a file's digest apart
+    /// (`STRIPE_DIGEST`: one-block files are striped too) (empty: no striping).
+    pub(crate) stripes: (Vec<StripeIo>, u32, u64, bool),
 }
 
 /// How the receiving end runs. `leave_early`: once `Complete` is sent and the sender's
@@ -162,7 +163,7 @@ impl RecvDriver {
             joins,
             receiver,
             control_out,
-            stripes: (hosts, block_size, early),
+            stripes: (hosts, block_size, early, small),
         } = io;
         let activity = Activity::new();
         let (ctrl_r, ctrl_w) = tokio::io::split(control);
@@ -194,8 +195,8 @@ impl RecvDriver {
             limit: run.limits.idle,
         };
         let (stripe_tx, stripe_out) = mpsc::unbounded_channel();
-        let stripes =
-            (!hosts.is_empty()).then(|| StripeReads::start(hosts, to_writers.clone(), stripe_tx));
+        let stripes = (!hosts.is_empty())
+            .then(|| StripeReads::start(hosts, small, to_writers.clone(), stripe_tx));
         Ok(Self {
             session,
             receiver,

@@ -210,6 +210,7 @@ impl SendDriver {
             stripes,
             run.stripe_whole,
             &frames,
+            &active,
             &Outlets {
                 bounce: bounce_tx,
                 landed: landed_tx,

@@ -2,7 +2,10 @@
 //! system and write blocks into the partial copies the coordinator opened.
 //!
 //! Each host's data connections take frames from the sender's one queue like the
-//! coordinator's, but keep only what a stripe host may write (`for_stripe_host`): a block
+//! coordinator's, as many at once as the coordinator's tuner lets carry data (connection `i`
+//! only while `i` < its active count: each host's link then carries about as much as the
+//! coordinator's, where a host's every granted connection taking blocks left the
+//! coordinator's link the least loaded), but keep only what a stripe host may write (`for_stripe_host`): a block
 //! sent after its file's decision (not `early`: before it the coordinator may still discard or
 //! truncate the partial copy) that fits the host's block size; when the coordinator does not
 //! share every partial copy (no `STRIPE_WHOLE` in its `Welcome`), also only one that does not
@@ -27,7 +30,7 @@ use ferry_core::Reporter;
 use ferry_proto::{FileId, Frame, MAX_CONTROL_PAYLOAD};
 use serde::Serialize;
 use tokio::io::{AsyncWriteExt, BufWriter, ReadHalf};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 
 use crate::conn::{read_frame, write_frame};
@@ -55,6 +58,9 @@ pub struct StripeReport {
     pub bytes: u64,
     /// Blocks the host handed back or still owed when it failed, moved elsewhere.
     pub bounced: u64,
+    /// Data connections the host's session opened, and how many of them carried a block.
+    pub connections: u64,
+    pub carried: u64,
     /// Why the host dropped out of the put, if it did.
     pub failed: Option<String>,
 }
@@ -109,6 +115,7 @@ impl StripeHosts {
         hosts: Vec<StripeIo>,
         whole: bool,
         frames: &flume::Receiver<Frame>,
+        active: &watch::Receiver<u32>,
         out: &Outlets,
     ) -> Self {
         let mut tasks = JoinSet::new();
@@ -118,10 +125,12 @@ impl StripeHosts {
         for h in hosts {
             let report = Arc::new(Mutex::new(StripeReport {
                 host: h.host.clone(),
+                connections: h.data.len() as u64,
                 ..StripeReport::default()
             }));
             reports.push(report.clone());
             let host = Host {
+                active: active.clone(),
                 owed: Arc::default(),
                 heard: Arc::new(Mutex::new(std::time::Instant::now())),
                 report,
@@ -175,6 +184,8 @@ pub(super) async fn end_sessions(
 /// One stripe host: what it owes and where things go.
 #[derive(Clone)]
 struct Host {
+    /// The coordinator's tuner: how many connections carry data, on every host alike.
+    active: watch::Receiver<u32>,
     owed: Owed,
     heard: Heard,
     report: Arc<Mutex<StripeReport>>,
@@ -201,8 +212,8 @@ impl Host {
         } = io;
         let (ctrl_r, mut ctrl_w) = tokio::io::split(control);
         let mut conns = JoinSet::new();
-        for s in data {
-            conns.spawn(self.clone().feed(s, frames.clone(), block_size));
+        for (i, s) in data.into_iter().enumerate() {
+            conns.spawn(self.clone().feed(i, s, frames.clone(), block_size));
         }
         let why = tokio::select! {
             e = self.clone().answers(ctrl_r) => e,
@@ -252,10 +263,12 @@ impl Host {
         self.whole.load(Ordering::Acquire)
     }
 
-    /// One data connection: takes frames from the queue, keeps what the host may write and
+    /// One data connection, the host's `index`th: while the coordinator's tuner lets that
+    /// many carry data, takes frames from the queue, keeps what the host may write and
     /// bounces the rest. A block is owed from before it is written until it lands.
     async fn feed(
-        self,
+        mut self,
+        index: usize,
         s: Stream,
         frames: flume::Receiver<Frame>,
         block_size: u32,
@@ -263,7 +276,16 @@ impl Host {
         let (_rd, wr) = tokio::io::split(s);
         let mut w = BufWriter::with_capacity(256 << 10, wr);
         let mut scratch = BytesMut::with_capacity(8 << 10);
+        let is_active = move |n: &u32| index < *n as usize;
+        // The gate is watched until the coordinator's session lets it go (it is ending).
+        let mut gated = true;
+        let mut carried = false;
         loop {
+            if gated && !is_active(&self.active.borrow()) {
+                w.flush().await?;
+                gated = self.active.wait_for(is_active).await.is_ok();
+                continue;
+            }
             // The bounce queue has no bound of its own (a frame is never held in an await
             // that an abort could drop): it is held to one by taking nothing while it is full.
             while self.bounce.len() >= BOUNCE_MAX {
@@ -298,6 +320,10 @@ impl Host {
                     self.hear();
                 }
                 owed.insert(key, frame.clone());
+            }
+            if !carried {
+                carried = true;
+                lock(&self.report).carried += 1;
             }
             write_frame(&mut w, &frame, &mut scratch).await?;
         }

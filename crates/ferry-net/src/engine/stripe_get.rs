@@ -12,6 +12,12 @@
 //! which the client hands to its writers as if the coordinator had sent it: the writers check
 //! its XXH3 and hash it into the file's digest, which must equal the coordinator's.
 //!
+//! A file of one block, with `STRIPE_DIGEST` in the coordinator's `Welcome`, is striped
+//! whole: of those the client takes (after the head of the offers the coordinator may have
+//! sent early), all but every (hosts' count)th are queued for the stripe hosts and answered
+//! `Resume` of the whole file; the coordinator reads and hashes the file and sends its
+//! digest apart (`FileDigest` on control) instead of the block.
+//!
 //! A block stays owed by its host until it arrives. One the host hands back (`Resend`) is
 //! asked of the coordinator (`Resend`); when a host fails, or owes blocks and sends nothing
 //! for [`SILENCE`], what it owes goes back on the queue for the others, or, when none is
@@ -40,10 +46,11 @@ use crate::stream::Stream;
 /// connection busy while the next is read, few enough that a host's pace decides its share.
 const IN_FLIGHT_PER_STREAM: usize = 2;
 
-/// At most this many blocks asked of one host at once, however many connections it has: an
-/// auto-tuned session opens dozens, and a window that large let the first host to wake take
-/// a whole file's queue (the CLI's endpoint test: 13 blocks, one host took all). Eight blocks
-/// of 8 MiB cover 10 Gbit/s at 50 ms.
+/// At most this many blocks' bytes (of the session's size) asked of one host at once, however
+/// many connections it has: an auto-tuned session opens dozens, and a window that large let
+/// the first host to wake take a whole file's queue (the CLI's endpoint test: 13 blocks, one
+/// host took all). Eight blocks of 8 MiB cover 10 Gbit/s at 50 ms. Counted in bytes, so that
+/// a host fetching small files keeps as much in flight as one fetching whole blocks.
 const IN_FLIGHT_MAX: usize = 8;
 
 /// One block to fetch.
@@ -59,6 +66,8 @@ struct Want {
 struct Dispatch {
     queue: VecDeque<Want>,
     live: usize,
+    /// One-block files taken whole so far: every (hosts' count)th stays on the coordinator.
+    small: u64,
 }
 
 struct Shared {
@@ -66,6 +75,12 @@ struct Shared {
     /// The queue grew: hosts with room take from it.
     more: Notify,
     offered: Mutex<HashMap<FileId, OfferEntry>>,
+    /// Where each offered file starts in the offers' bytes: the head, which the coordinator
+    /// may send early, is not fetched elsewhere.
+    starts: Mutex<(u64, HashMap<FileId, u64>)>,
+    /// The coordinator sends a file's digest apart (`STRIPE_DIGEST`): one-block files are
+    /// striped too.
+    whole_small: bool,
     /// To the coordinator's control connection: `Resend` of what no host can bring.
     coordinator: mpsc::UnboundedSender<Frame>,
     /// The receiver's writers.
@@ -85,6 +100,7 @@ impl StripeReads {
     /// coordinator instead goes on `coordinator`.
     pub(crate) fn start(
         hosts: Vec<StripeIo>,
+        whole_small: bool,
         writers: flume::Sender<Frame>,
         coordinator: mpsc::UnboundedSender<Frame>,
     ) -> Self {
@@ -92,9 +108,12 @@ impl StripeReads {
             dispatch: Mutex::new(Dispatch {
                 queue: VecDeque::new(),
                 live: hosts.len(),
+                small: 0,
             }),
             more: Notify::new(),
             offered: Mutex::default(),
+            starts: Mutex::default(),
+            whole_small,
             coordinator,
             writers,
         });
@@ -104,6 +123,7 @@ impl StripeReads {
         for io in hosts {
             let report = Arc::new(Mutex::new(StripeReport {
                 host: io.host.clone(),
+                connections: io.data.len() as u64,
                 ..StripeReport::default()
             }));
             reports.push(report.clone());
@@ -128,8 +148,12 @@ impl StripeReads {
     /// fetched of them.
     pub(crate) fn offered(&self, entries: &[OfferEntry]) {
         let mut offered = lock(&self.shared.offered);
+        let mut starts = lock(&self.shared.starts);
         for e in entries {
             offered.insert(e.file, e.clone());
+            let at = starts.0;
+            starts.1.insert(e.file, at);
+            starts.0 = at.saturating_add(e.size);
         }
     }
 
@@ -161,6 +185,9 @@ impl StripeReads {
             return Decision::Send;
         };
         let bs = u64::from(block_size.max(1));
+        if size > 0 && size <= bs && self.shared.whole_small {
+            return self.stripe_small(file, size, early);
+        }
         if size <= WHOLE_MIN_SIZE || size <= 2 * bs {
             return Decision::Send;
         }
@@ -194,6 +221,37 @@ impl StripeReads {
         }
     }
 
+    /// A one-block file: fetched whole from a stripe host, its digest sent apart by the
+    /// coordinator, unless it lies in the offers' head that the coordinator may have sent
+    /// early (its one block then carries the digest and a copy fetched too would cross a link
+    /// for nothing) or it is the coordinator's share.
+    fn stripe_small(&self, file: FileId, size: u64, early: u64) -> Decision {
+        let start = lock(&self.shared.starts).1.remove(&file);
+        if start.is_none_or(|s| s < early) {
+            return Decision::Send;
+        }
+        let mut dispatch = lock(&self.shared.dispatch);
+        if dispatch.live == 0 {
+            return Decision::Send;
+        }
+        let hosts = dispatch.live as u64 + 1;
+        let n = dispatch.small;
+        dispatch.small += 1;
+        if n.is_multiple_of(hosts) {
+            return Decision::Send;
+        }
+        dispatch.queue.push_back(Want {
+            file,
+            offset: 0,
+            len: size as u32,
+        });
+        drop(dispatch);
+        self.shared.more.notify_waiters();
+        Decision::Resume {
+            have: vec![(0, size)],
+        }
+    }
+
     /// Ends every host's session (the get is over) and reports what each did.
     pub(crate) async fn finish(mut self) -> Vec<StripeReport> {
         super::stripe::end_sessions(&self.over, &mut self.tasks, &self.reports).await
@@ -221,7 +279,8 @@ impl Host {
             block_size,
             ..
         } = io;
-        let window = (IN_FLIGHT_PER_STREAM * data.len().max(1)).min(IN_FLIGHT_MAX);
+        let window = (IN_FLIGHT_PER_STREAM * data.len().max(1)).min(IN_FLIGHT_MAX) as u64
+            * u64::from(block_size.max(1));
         let (ctrl_r, mut w) = tokio::io::split(control);
         let mut conns = JoinSet::new();
         let max = Limits::new(Duration::ZERO, block_size).data_frame;
@@ -281,7 +340,7 @@ impl Host {
     }
 
     /// Asks the host for queued blocks while it has room.
-    async fn ask(&self, w: &mut WriteHalf<Stream>, window: usize, block_size: u32) -> SessionError {
+    async fn ask(&self, w: &mut WriteHalf<Stream>, window: u64, block_size: u32) -> SessionError {
         let mut scratch = BytesMut::new();
         loop {
             let more = self.shared.more.notified();
@@ -290,7 +349,7 @@ impl Host {
             more.as_mut().enable();
             room.as_mut().enable();
             let mut asked = false;
-            while lock(&self.owed).len() < window {
+            while owed_bytes(&lock(&self.owed)) < window {
                 let Some(want) = self.take(block_size) else {
                     break;
                 };
@@ -350,6 +409,7 @@ impl Host {
     /// writers as the client's own record of the file says.
     async fn blocks(self, s: Stream, max: u32) -> Result<(), SessionError> {
         let mut r = tokio::io::BufReader::with_capacity(256 << 10, s);
+        let mut carried = false;
         loop {
             let frame = match read_frame(&mut r, max).await? {
                 Some(f) => f,
@@ -412,6 +472,10 @@ impl Host {
                 let mut rep = lock(&self.report);
                 rep.blocks += 1;
                 rep.bytes += len;
+                if !carried {
+                    carried = true;
+                    rep.carried += 1;
+                }
             }
             self.room.notify_waiters();
         }
@@ -461,6 +525,11 @@ impl Host {
     fn hear(&self) {
         *lock(&self.heard) = Instant::now();
     }
+}
+
+/// The bytes a host owes: what counts against its window.
+fn owed_bytes(owed: &HashMap<(FileId, u64), Want>) -> u64 {
+    owed.values().map(|w| u64::from(w.len)).sum()
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {

@@ -115,6 +115,10 @@ pub(super) async fn prepare<'a>(
     if whole {
         ours = Capabilities(ours.0 | Capabilities::STRIPE_WHOLE);
     }
+    // A striped get's coordinator sends a file's digest apart; any server can be one.
+    if caps.has(Capabilities::STRIPE_DIGEST) {
+        ours = Capabilities(ours.0 | Capabilities::STRIPE_DIGEST);
+    }
     // A server bounded to one request a connection says so by leaving the bit out.
     if shared.config.catalog_session_requests == 0 {
         ours = Capabilities(ours.0 & !Capabilities::CATALOG_SESSION);
@@ -654,6 +658,9 @@ async fn prepare_get<'a>(
     let sender = Sender::start(vec![source], config, tx, ctl_tx, shared.metrics.sending());
     // The grant is this server's own: blocks are cut by it from the first.
     sender.grant(opts.block_size, opts.streams);
+    if caps.has(Capabilities::STRIPE_DIGEST) {
+        sender.digest_apart();
+    }
     let gathered = gather(&shared.registry, stream, named, &opts, Some(&offers)).await;
     let (data, permits, pending) = match gathered {
         Ok(g) => g,

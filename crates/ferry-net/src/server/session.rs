@@ -502,7 +502,7 @@ async fn run_request(
                     joins,
                     receiver,
                     control_out: control,
-                    stripes: (Vec::new(), 0, 0),
+                    stripes: (Vec::new(), 0, 0, false),
                 },
                 RecvRun {
                     writers,
