@@ -428,14 +428,16 @@ pub fn parse_algo(s: &str) -> Option<ChecksumAlgo> {
     })
 }
 
+/// Lower-case hex of `bytes`. By table, not `write!` per byte: a put spells every file's
+/// digest for its report, which was 1 % of a tiny tree's client CPU through the formatter.
 pub fn hex(bytes: &[u8]) -> String {
-    use std::fmt::Write;
-    bytes
-        .iter()
-        .fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
-            let _ = write!(s, "{b:02x}");
-            s
-        })
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut s = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        s.push(char::from(DIGITS[usize::from(b >> 4)]));
+        s.push(char::from(DIGITS[usize::from(b & 0xf)]));
+    }
+    s
 }
 
 /// The 32 bytes that 64 hex digits (either case) spell, for digests and fingerprints typed or
@@ -466,6 +468,14 @@ pub trait KnownDigests: Send + Sync {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn hex_spells_every_nibble_in_lower_case() {
+        let all: Vec<u8> = (0..=255).collect();
+        let want: String = all.iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(hex(&all), want);
+        assert_eq!(hex(&[]), "");
+    }
 
     /// Deterministic bytes that differ at every offset (a repeated pattern would hide a piece
     /// filed at the wrong place).
