@@ -110,8 +110,14 @@ async fn a_striped_copy_of_a_tree_is_byte_identical() {
     assert_eq!(report.files, 23, "22 files and the empty one");
     assert_eq!(snapshot(&tree), snapshot(&root.join("in/run")));
     assert!(leftovers(&root).is_empty(), "{:?}", leftovers(&root));
+    // The stripe hosts took part and none failed. Which of them carried blocks is a race on
+    // loopback: the tree's two striped files are 44 blocks, which the coordinator's and one
+    // host's connections can take before a host slow to be scheduled has written one (seen
+    // under CI's load); every host carrying blocks is the large file's test.
     let hosts = stripes(&report);
-    assert!(hosts.iter().all(|(b, f)| *b > 0 && !f), "{hosts:?}");
+    assert_eq!(hosts.len(), 2);
+    assert!(hosts.iter().all(|(_, failed)| !failed), "{hosts:?}");
+    assert!(hosts.iter().map(|(b, _)| b).sum::<u64>() > 0, "{hosts:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
