@@ -182,12 +182,11 @@ fn drain(shared: &Arc<Shared>, rx: &Receiver<Vec<Commit>>) {
         let retrying = !backlog.is_empty();
         backlog.append(&mut files);
         let r = shared.register(&backlog);
-        let failed = r.is_err();
         backlog = shared.finished(batches, backlog, r);
-        wait = match (failed, retrying) {
-            (false, _) => RETRY_FIRST,
-            (true, false) => RETRY_FIRST,
-            (true, true) => (wait * 2).min(RETRY_MOST),
+        // Doubled only when a retry failed again: a first failure waits the first interval.
+        wait = match retrying && !backlog.is_empty() {
+            true => (wait * 2).min(RETRY_MOST),
+            false => RETRY_FIRST,
         };
     }
 }

@@ -556,7 +556,7 @@ impl Catalog {
 
 impl Shared {
     pub(crate) fn lock(&self) -> MutexGuard<'_, Conn> {
-        self.conn.lock().unwrap_or_else(|e| e.into_inner())
+        lock(&self.conn)
     }
 
     /// See [`Catalog::register`].

@@ -831,9 +831,6 @@ fn metadata_round_trips(b: &Backend) {
         .unwrap();
 }
 
-/// A server on PostgreSQL killed between a batch's intents and their registration (the
-/// catalog dropped with nothing queued, as `kill -9` leaves it): the intents are in its local
-/// file, none in the database, and its next start registers those whose files are there.
 /// A registration that fails (the database gone for a while) is tried again on its own: the
 /// stored files wait for it, no new intents are taken meanwhile (so files and catalog cannot
 /// drift apart for as long as the database is away), and once it is back they are registered
@@ -879,6 +876,9 @@ fn a_failed_registration_is_tried_again_and_holds_new_intents_back_meanwhile() {
     assert_eq!(left, ["b"]);
 }
 
+/// A server on PostgreSQL killed between a batch's intents and their registration (the
+/// catalog dropped with nothing queued, as `kill -9` leaves it): the intents are in its local
+/// file, none in the database, and its next start registers those whose files are there.
 #[test]
 fn a_postgresql_catalogs_intents_are_local_and_registered_at_the_next_start() {
     let Some(cluster) = ferry_netem::needs(

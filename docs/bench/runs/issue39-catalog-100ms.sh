@@ -5,6 +5,7 @@
 # unix socket from the server's namespace), ROUNDS rounds of the three in turn, one recorded run
 # each after the bench's warm-up. Prints each run's wall time; medians by mode at the end.
 set -e
+. "$(dirname "$0")/catalog-bench-lib.sh"
 BENCH=${BENCH:-target/release/ferry-bench}
 FERRY=${FERRY:-target/release/ferry}
 ROUNDS=${ROUNDS:-3}
@@ -12,15 +13,7 @@ RTT=${RTT:-100}
 MODES=${MODES:-none sqlite postgres}
 W=${W:-/tmp/ferry-catalog-100ms}
 mkdir -p "$W"; W=$(realpath "$W")
-case " $MODES " in *" postgres "*)
-  pgbin=$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -1)
-  rm -rf "$W/pg"; mkdir -p "$W/pg"; chown postgres: "$W/pg"; chmod 755 "$W"
-  as_pg() { setpriv --reuid=postgres --regid=postgres --clear-groups "$@"; }
-  as_pg $pgbin/initdb -D "$W/pg/data" -U postgres -A trust -E UTF8 --locale=C >/dev/null
-  as_pg $pgbin/pg_ctl -D "$W/pg/data" -l "$W/pg/log" -w \
-    -o "-c listen_addresses='' -c unix_socket_directories=$W/pg" start >/dev/null
-  trap "as_pg $pgbin/pg_ctl -D $W/pg/data -m fast stop >/dev/null" EXIT
-;; esac
+case " $MODES " in *" postgres "*) pg_start "$W" ;; esac
 for r in $(seq "$ROUNDS"); do
   for mode in $MODES; do
     case $mode in

@@ -5,29 +5,15 @@
 # directory, postgres = a throwaway PostgreSQL cluster under $W/pg (unix socket only, a fresh
 # database each run; needs Debian's postgresql, run as root: the cluster runs as `postgres`).
 set -e
+. "$(dirname "$0")/catalog-bench-lib.sh"
 FERRY=${FERRY:-target/debug/ferry}
 ROUNDS=${ROUNDS:-3}
 MODES=${MODES:-none catalog}
 W=${W:-/tmp/ferry-catalog-bench}
 rm -rf $W/src $W/state* $W/root* $W/home; mkdir -p $W/src $W/home
-W=$W python3 - <<'PY'
-import os
-for i in range(10000):
-    d=f"{os.environ['W']}/src/tree/d{i%100:02d}"
-    os.makedirs(d,exist_ok=True)
-    with open(f"{d}/f{i:05d}","wb") as f: f.write(os.urandom(10240))
-PY
+tiny_tree $W
 export HOME=$W/home XDG_CONFIG_HOME=$W/home/.config FERRY_NO_PROGRESS=1
-pgbin=
-case " $MODES " in *" postgres "*)
-  pgbin=$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -1)
-  rm -rf $W/pg; mkdir -p $W/pg; chown postgres: $W/pg; chmod 755 $W
-  as_pg() { setpriv --reuid=postgres --regid=postgres --clear-groups "$@"; }
-  as_pg $pgbin/initdb -D $W/pg/data -U postgres -A trust -E UTF8 --locale=C >/dev/null
-  as_pg $pgbin/pg_ctl -D $W/pg/data -l $W/pg/log -w \
-    -o "-c listen_addresses='' -c unix_socket_directories=$W/pg" start >/dev/null
-  trap "as_pg $pgbin/pg_ctl -D $W/pg/data -m fast stop >/dev/null" EXIT
-;; esac
+case " $MODES " in *" postgres "*) pg_start $W ;; esac
 port=17171
 for mode in $(for r in $(seq $ROUNDS); do echo $MODES; done); do
   rm -rf $W/root $W/state; mkdir -p $W/root $W/state

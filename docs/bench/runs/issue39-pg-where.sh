@@ -7,25 +7,15 @@
 # thread, spawned from the finalizer). With STRACE=1 the server runs under strace for its
 # syncfs/fsync calls (count and time: the finalizer's batches). Run as root.
 set -e
+. "$(dirname "$0")/catalog-bench-lib.sh"
 FERRY=${FERRY:-target/release/ferry}
 ROUNDS=${ROUNDS:-1}
 W=${W:-/tmp/ferry-pg-where}
 rm -rf $W/src $W/state* $W/root* $W/home; mkdir -p $W/src $W/home
-W=$W python3 - <<'PY'
-import os
-for i in range(10000):
-    d=f"{os.environ['W']}/src/tree/d{i%100:02d}"
-    os.makedirs(d,exist_ok=True)
-    with open(f"{d}/f{i:05d}","wb") as f: f.write(os.urandom(10240))
-PY
+tiny_tree $W
 export HOME=$W/home XDG_CONFIG_HOME=$W/home/.config FERRY_NO_PROGRESS=1
-pgbin=$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -1)
-rm -rf $W/pg; mkdir -p $W/pg; chown postgres: $W/pg; chmod 755 $W
-as_pg() { setpriv --reuid=postgres --regid=postgres --clear-groups "$@"; }
-as_pg $pgbin/initdb -D $W/pg/data -U postgres -A trust -E UTF8 --locale=C >/dev/null
-as_pg $pgbin/pg_ctl -D $W/pg/data -l $W/pg/log -w \
-  -o "-c listen_addresses='' -c unix_socket_directories=$W/pg -c shared_preload_libraries=pg_stat_statements -c track_wal_io_timing=on -c pg_stat_statements.track_utility=on" start >/dev/null
-trap "as_pg $pgbin/pg_ctl -D $W/pg/data -m fast stop >/dev/null" EXIT
+pg_start $W -c shared_preload_libraries=pg_stat_statements -c track_wal_io_timing=on \
+  -c pg_stat_statements.track_utility=on
 psql() { as_pg $pgbin/psql -q -h $W/pg -U postgres "$@"; }
 pgcpu() { # ticks of every postgres process, plus what the postmaster reaped
   local pm=$(head -1 $W/pg/data/postmaster.pid) t=0

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use anyhow::Result;
 use ferry_net::sync::{Plan, SyncReport};
 
-use super::transfer::start_oneshot;
+use super::transfer::{policy_checksum, start_oneshot};
 use crate::args::SyncArgs;
 use crate::config::{SyncEnds, SyncJob};
 use crate::error::usage;
@@ -41,19 +41,17 @@ pub async fn run(args: SyncArgs, quiet: bool) -> Result<ExitCode> {
                 ferry_net::sync::sync(client, direction, &job.filter, job.opts, reporter).await;
             // As put: the server's policy registers another digest than the default, and
             // refused the sync's put before any data moved: sync again with the policy's.
-            if let (Err(e), false) = (&r, job.checksum_chosen) {
-                if let Some(want) = e.policy_checksum().filter(|&a| a != client.opts.checksum) {
-                    if !quiet {
-                        eprintln!(
-                            "note: the server's policy registers {} digests there: syncing with --digest {0}",
-                            ferry_core::digest::algo_name(want)
-                        );
-                    }
-                    client.opts.checksum = want;
-                    let reporter = progress.clone();
-                    r = ferry_net::sync::sync(client, direction, &job.filter, job.opts, reporter)
-                        .await;
+            let chosen = job.checksum_chosen;
+            if let Some(want) = policy_checksum(&r, chosen, client.opts.checksum) {
+                if !quiet {
+                    eprintln!(
+                        "note: the server's policy registers {} digests there: syncing with --digest {0}",
+                        ferry_core::digest::algo_name(want)
+                    );
                 }
+                client.opts.checksum = want;
+                let reporter = progress.clone();
+                r = ferry_net::sync::sync(client, direction, &job.filter, job.opts, reporter).await;
             }
             r
         }

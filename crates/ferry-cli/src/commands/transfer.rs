@@ -48,19 +48,17 @@ pub async fn run(t: Transfer, quiet: bool) -> Result<ExitCode> {
     let mut result = transfer(&cfg, &job, &filter, &remote, &progress).await;
     // The server's policy registers another digest than the default this put was made with,
     // and refused it before any data moved: put again with the policy's (once).
-    if let (Err(e), false) = (&result, checksum_chosen) {
-        if let Some(want) = e.policy_checksum().filter(|&a| a != cfg.opts.checksum) {
-            if !quiet {
-                eprintln!(
-                    "note: {}'s policy for {} registers {} digests: putting with --checksum {2}",
-                    remote.host,
-                    remote.path,
-                    ferry_core::digest::algo_name(want),
-                );
-            }
-            cfg.opts.checksum = want;
-            result = transfer(&cfg, &job, &filter, &remote, &progress).await;
+    if let Some(want) = policy_checksum(&result, checksum_chosen, cfg.opts.checksum) {
+        if !quiet {
+            eprintln!(
+                "note: {}'s policy for {} registers {} digests: putting with --checksum {2}",
+                remote.host,
+                remote.path,
+                ferry_core::digest::algo_name(want),
+            );
         }
+        cfg.opts.checksum = want;
+        result = transfer(&cfg, &job, &filter, &remote, &progress).await;
     }
     progress.finish();
     if let Some(o) = oneshot {
@@ -68,6 +66,19 @@ pub async fn run(t: Transfer, quiet: bool) -> Result<ExitCode> {
     }
     remember(&result, profile, quiet);
     finish(result, json, manifest.as_deref(), quiet, &progress, None)
+}
+
+/// The digest algorithm to put again with: the one a server's policy registers, when it
+/// refused `now` for it and the user chose none (`--checksum`, sync's `--digest`).
+pub(super) fn policy_checksum<T>(
+    result: &Result<T, SessionError>,
+    chosen: bool,
+    now: ferry_proto::ChecksumAlgo,
+) -> Option<ferry_proto::ChecksumAlgo> {
+    match (result, chosen) {
+        (Err(e), false) => e.policy_checksum().filter(|&a| a != now),
+        _ => None,
+    }
 }
 
 /// One run of the job (each with its own retries).

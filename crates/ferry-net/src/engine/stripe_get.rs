@@ -70,14 +70,26 @@ struct Dispatch {
     small: u64,
 }
 
+/// The offered files, and the offers' bytes so far.
+#[derive(Default)]
+struct Offers {
+    files: HashMap<FileId, Offered>,
+    bytes: u64,
+}
+
+/// An offered file: the client's own record of it, and where it starts in the offers' bytes
+/// (taken at its decision: the head, which the coordinator may send early, is not fetched
+/// elsewhere).
+struct Offered {
+    entry: OfferEntry,
+    start: Option<u64>,
+}
+
 struct Shared {
     dispatch: Mutex<Dispatch>,
     /// The queue grew: hosts with room take from it.
     more: Notify,
-    offered: Mutex<HashMap<FileId, OfferEntry>>,
-    /// Where each offered file starts in the offers' bytes: the head, which the coordinator
-    /// may send early, is not fetched elsewhere.
-    starts: Mutex<(u64, HashMap<FileId, u64>)>,
+    offered: Mutex<Offers>,
     /// The coordinator sends a file's digest apart (`STRIPE_DIGEST`): one-block files are
     /// striped too.
     whole_small: bool,
@@ -112,7 +124,6 @@ impl StripeReads {
             }),
             more: Notify::new(),
             offered: Mutex::default(),
-            starts: Mutex::default(),
             whole_small,
             coordinator,
             writers,
@@ -147,13 +158,12 @@ impl StripeReads {
     /// The coordinator offered these files: the client's record of each, for the blocks
     /// fetched of them.
     pub(crate) fn offered(&self, entries: &[OfferEntry]) {
-        let mut offered = lock(&self.shared.offered);
-        let mut starts = lock(&self.shared.starts);
+        let mut offers = lock(&self.shared.offered);
         for e in entries {
-            offered.insert(e.file, e.clone());
-            let at = starts.0;
-            starts.1.insert(e.file, at);
-            starts.0 = at.saturating_add(e.size);
+            let start = Some(offers.bytes);
+            offers.bytes = offers.bytes.saturating_add(e.size);
+            let entry = e.clone();
+            offers.files.insert(e.file, Offered { entry, start });
         }
     }
 
@@ -181,7 +191,11 @@ impl StripeReads {
 
     /// Queues a file's striped blocks and says what the coordinator is to send.
     fn stripe(&self, file: FileId, block_size: u32, early: u64) -> Decision {
-        let Some(size) = lock(&self.shared.offered).get(&file).map(|e| e.size) else {
+        let Some(size) = lock(&self.shared.offered)
+            .files
+            .get(&file)
+            .map(|o| o.entry.size)
+        else {
             return Decision::Send;
         };
         let bs = u64::from(block_size.max(1));
@@ -226,7 +240,10 @@ impl StripeReads {
     /// early (its one block then carries the digest and a copy fetched too would cross a link
     /// for nothing) or it is the coordinator's share.
     fn stripe_small(&self, file: FileId, size: u64, early: u64) -> Decision {
-        let start = lock(&self.shared.starts).1.remove(&file);
+        let start = lock(&self.shared.offered)
+            .files
+            .get_mut(&file)
+            .and_then(|o| o.start.take());
         if start.is_none_or(|s| s < early) {
             return Decision::Send;
         }
@@ -353,7 +370,11 @@ impl Host {
                 let Some(want) = self.take(block_size) else {
                     break;
                 };
-                let Some(entry) = lock(&self.shared.offered).get(&want.file).cloned() else {
+                let entry = lock(&self.shared.offered)
+                    .files
+                    .get(&want.file)
+                    .map(|o| o.entry.clone());
+                let Some(entry) = entry else {
                     // Never offered: nothing to fetch (cannot happen; the coordinator asks).
                     self.to_coordinator(&want);
                     continue;
@@ -442,7 +463,11 @@ impl Host {
                     want.len
                 )));
             }
-            let Some(entry) = lock(&self.shared.offered).get(&b.file.id).cloned() else {
+            let entry = lock(&self.shared.offered)
+                .files
+                .get(&b.file.id)
+                .map(|o| o.entry.clone());
+            let Some(entry) = entry else {
                 lock(&self.owed).remove(&key);
                 continue;
             };
