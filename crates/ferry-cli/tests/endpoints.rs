@@ -53,10 +53,7 @@ fn a_put_to_and_a_get_from_an_endpoint_stripe_over_its_hosts() {
     let report = one_json(&out.stdout);
     let stripes = report["stripes"].as_array().expect("stripes in the report");
     assert_eq!(stripes.len(), 2, "{report}");
-    for (s, host) in stripes.iter().zip(&hosts[1..]) {
-        assert_eq!(s["host"].as_str(), Some(host.as_str()), "{s}");
-        assert!(u64_field(s, "blocks") > 0 && s["failed"].is_null(), "{s}");
-    }
+    assert_striped(stripes, &hosts[1..], &report.to_string());
     assert_eq!(
         std::fs::read(root.join("in/big.bin")).unwrap(),
         std::fs::read(&src).unwrap()
@@ -88,13 +85,25 @@ fn a_put_to_and_a_get_from_an_endpoint_stripe_over_its_hosts() {
     let report = one_json(&out.stdout);
     let stripes = report["stripes"].as_array().expect("stripes in the report");
     assert_eq!(stripes.len(), 2, "{report}");
-    let mut served = 0;
-    for (s, host) in stripes.iter().zip(&hosts[1..]) {
+    assert_striped(stripes, &hosts[1..], &report.to_string());
+}
+
+/// Each stripe host in the report is the one named, opened its data connections and did not
+/// fail, and together they carried blocks. How many each took is their pace's: on a loaded
+/// machine one host's connections may open after the others took every block of so small a
+/// file (CI once saw a host with four connections and none carried), so only the sum is
+/// asserted; ferry-net's `stripe` tests show every host used on a larger file.
+fn assert_striped(stripes: &[serde_json::Value], hosts: &[String], report: &str) {
+    let mut carried = 0;
+    for (s, host) in stripes.iter().zip(hosts) {
         assert_eq!(s["host"].as_str(), Some(host.as_str()), "{s}");
-        assert!(s["failed"].is_null(), "{s}");
-        served += u64_field(s, "blocks");
+        assert!(
+            u64_field(s, "connections") > 0 && s["failed"].is_null(),
+            "{s}"
+        );
+        carried += u64_field(s, "blocks");
     }
-    assert!(served > 0, "no stripe host served a block: {report}");
+    assert!(carried > 0, "no stripe host carried a block: {report}");
 }
 
 /// The server's log once it holds `text`, or as it is after `wait`.
@@ -165,10 +174,7 @@ fn a_copy_into_an_endpoint_or_with_stripe_stripes_over_its_hosts() {
             .as_array()
             .expect("the source's stripes in the report");
         assert_eq!(stripes.len(), 2, "{report}");
-        for (s, host) in stripes.iter().zip(&hosts[1..]) {
-            assert_eq!(s["host"].as_str(), Some(host.as_str()), "{s}");
-            assert!(u64_field(s, "blocks") > 0 && s["failed"].is_null(), "{s}");
-        }
+        assert_striped(stripes, &hosts[1..], &report.to_string());
         assert_eq!(
             std::fs::read(root.join(dest).join("big.bin")).unwrap(),
             std::fs::read(&src).unwrap()
@@ -218,13 +224,7 @@ fn a_copy_into_an_endpoint_or_with_stripe_stripes_over_its_hosts() {
         .expect("the destination's get reports the source's stripes");
     assert_eq!(stripes.len(), 2, "{report}");
     // Which host takes how many is their pace's on loopback (see the get above): their sum.
-    let mut served = 0;
-    for (s, host) in stripes.iter().zip(&hosts[1..]) {
-        assert_eq!(s["host"].as_str(), Some(host.as_str()), "{s}");
-        assert!(s["failed"].is_null(), "{s}");
-        served += u64_field(s, "blocks");
-    }
-    assert!(served > 0, "no source stripe host served a block: {report}");
+    assert_striped(stripes, &hosts[1..], &report.to_string());
     assert_eq!(
         std::fs::read(a.root.join("third/big.bin")).unwrap(),
         std::fs::read(&src).unwrap()
