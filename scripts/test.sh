@@ -5,7 +5,18 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-bash scripts/deps.sh
+# Each step's wall time, printed at the end: CI has a budget (25 minutes) and the steps' share
+# of it says where to cut when the suite grows.
+steps=()
+step() {
+    local name="$1" start=$SECONDS r=0
+    shift
+    "$@" || r=$?
+    steps+=("$name $((SECONDS - start)) s")
+    return "$r"
+}
+
+step deps bash scripts/deps.sh
 
 # The tests write up to about 1.6 GiB of temporary files at once (measured on a full run) and the
 # build needs about 5 GiB. A nearly full disk made a whole run fail with ENOSPC in a dozen
@@ -45,25 +56,26 @@ export TMPDIR="$work/tmp" FERRY_TEST_NEEDS_DIR="$work/needs"
 cargo fmt --all -- --check
 # Under the test profile, as nextest builds: otherwise the C libraries' build scripts (aws-lc,
 # SQLite) ran twice per CI, once for each profile.
-cargo clippy --workspace --all-targets --profile test -- -D warnings
+step clippy cargo clippy --workspace --all-targets --profile test -- -D warnings
 # The WAN-emulator tests measure rates and delays, so they run alone, after everything else,
 # not next to CPU-heavy transfer tests on a 2-core machine.
 rc=0
 if cargo nextest --version >/dev/null 2>&1; then
-    cargo nextest run --workspace --no-fail-fast -E 'not package(ferry-netem)' || rc=$?
-    cargo nextest run -p ferry-netem --no-fail-fast --test-threads 1 || rc=$?
+    step tests cargo nextest run --workspace --no-fail-fast -E 'not package(ferry-netem)' || rc=$?
+    step netem cargo nextest run -p ferry-netem --no-fail-fast --test-threads 1 || rc=$?
 else
-    cargo test --workspace --no-fail-fast --exclude ferry-netem || rc=$?
-    cargo test -p ferry-netem --no-fail-fast -- --test-threads 1 || rc=$?
+    step tests cargo test --workspace --no-fail-fast --exclude ferry-netem || rc=$?
+    step netem cargo test -p ferry-netem --no-fail-fast -- --test-threads 1 || rc=$?
 fi
 # The Debian package, built from the debug binary the tests used, installed into a throwaway
 # root (a few seconds).
 tested_bin="${CARGO_TARGET_DIR:-target}/debug/ferry"
 if [ -x "$tested_bin" ]; then
-    FERRY_BIN="$(realpath "$tested_bin")" bash packaging/test-deb.sh || rc=$?
+    FERRY_BIN="$(realpath "$tested_bin")" step deb bash packaging/test-deb.sh || rc=$?
 else
-    bash packaging/test-deb.sh || rc=$?
+    step deb bash packaging/test-deb.sh || rc=$?
 fi
+echo "test.sh: wall time per step: ${steps[*]/%/,} in all ${SECONDS} s" >&2
 
 # How many tests needed privileges or host facilities, and how many of them could not run.
 ran="$(ls "$work/needs/ran" 2>/dev/null || true)"
