@@ -1389,7 +1389,7 @@ async fn put_once(
     // the first blocks each data connection's `Hello` (`Block::early`), all cut by what was
     // asked for until the server says what it grants (it may lower both).
     let asked = StreamPlan::from_opts(&cfg.opts);
-    let (tx, rx) = frame_queue(&asked, cfg.opts.streams, 1 + cfg.stripe.len());
+    let (tx, rx) = frame_queue(&asked, cfg.opts.streams);
     let (ctl_tx, ctl_rx) = flume::unbounded();
     let config = SenderConfig {
         block_size: cfg.opts.block_size,

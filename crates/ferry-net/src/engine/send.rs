@@ -70,17 +70,12 @@ pub(crate) struct SenderOutcome {
     pub(crate) stripes: Vec<StripeReport>,
 }
 
-/// The bounded queue between the readers and the data connections, sized by `plan` for each
-/// of `hosts` (the coordinator and a striped put's stripe hosts): every host's connections
-/// take from it, as many carrying data as the coordinator's, so a queue sized for the
-/// coordinator's alone ran empty at K = 3 on a tree of small files (issue 38, notebook "the
-/// mixed tree and the pulled file at K = 3").
+/// The bounded queue between the readers and the data connections, sized by `plan`.
 pub(crate) fn frame_queue(
     plan: &StreamPlan,
     streams: u16,
-    hosts: usize,
 ) -> (flume::Sender<Frame>, flume::Receiver<Frame>) {
-    flume::bounded(plan.queue_len(streams) * hosts.max(1))
+    flume::bounded(plan.queue_len(streams))
 }
 
 /// The sending end's connections and the file side, as the session starts.
@@ -856,31 +851,4 @@ async fn send_frames(
         }
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use ferry_proto::{ChecksumAlgo, ExistingPolicy, TransferOpts};
-
-    /// A striped put's queue holds as many frames for each stripe host as for the coordinator:
-    /// every host's connections take from it.
-    #[test]
-    fn the_frame_queue_holds_frames_for_every_hosts_connections() {
-        for auto_start in [0, 4] {
-            let plan = StreamPlan::from_opts(&TransferOpts {
-                streams: 16,
-                block_size: 8 << 20,
-                checksum: ChecksumAlgo::Blake3,
-                existing: ExistingPolicy::Fail,
-                tcp_window: 0,
-                auto_start,
-                storage_threads: 0,
-            });
-            let one = frame_queue(&plan, 16, 1).0.capacity().unwrap();
-            assert_eq!(one, plan.queue_len(16));
-            assert_eq!(frame_queue(&plan, 16, 0).0.capacity(), Some(one));
-            assert_eq!(frame_queue(&plan, 16, 3).0.capacity(), Some(3 * one));
-        }
-    }
 }

@@ -634,7 +634,7 @@ async fn prepare_get<'a>(
         },
         ..StreamPlan::from_opts(&opts)
     };
-    let (tx, frames) = frame_queue(&plan, opts.streams, 1);
+    let (tx, frames) = frame_queue(&plan, opts.streams);
     let (ctl_tx, offers) = flume::unbounded();
     let config = SenderConfig {
         block_size: opts.block_size,
