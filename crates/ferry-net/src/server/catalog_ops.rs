@@ -124,7 +124,7 @@ pub(super) async fn serve(
             let rel = readable(shared, grant, &path)?;
             let catalog = needed(catalog)?;
             let n = blocking(move || {
-                let n = catalog.record_replicas(&rel, recursive, &server, &physical)?;
+                let n = catalog.record_replicas(&rel, recursive, &server, &physical, None)?;
                 if n > 0 && !address.is_empty() {
                     catalog.note_address(&server, &address)?;
                 }

@@ -222,7 +222,7 @@ async fn to_peer(
     let c = catalog.clone();
     tokio::task::spawn_blocking(move || {
         for (server, physical) in &copies {
-            c.record_replicas(&path, false, server, physical)?;
+            c.record_replicas(&path, false, server, physical, None)?;
         }
         Ok::<_, ferry_catalog::CatalogError>(())
     })
