@@ -62,17 +62,30 @@ impl Catalog {
     /// Records that `server`, another server, holds a good copy of each object this server
     /// holds a good replica of at `path` (with `tree`, under it too), at `physical` followed
     /// by the rest of the object's path below `path`: what a `repl` to a server with a catalog
-    /// of its own leaves here, so that `stat` here knows the copy there. Returns how many
-    /// (none when `server` is this server's own name).
+    /// of its own leaves here, so that `stat` here knows the copy there. `at` is where the copy
+    /// is on that server (under its root), when not at `path`: each replica's own path is
+    /// `at` followed by the same rest, fetched there by a client. Returns how many (none when
+    /// `server` is this server's own name).
     pub fn record_replicas(
         &self,
         path: &str,
         tree: bool,
         server: &str,
         physical: &str,
+        at: Option<&str>,
     ) -> Result<u64, CatalogError> {
         bounded("server name", server, MAX_ATTR, false)?;
         bounded("physical path", physical, 2 * MAX_PATH, false)?;
+        let at = match at.map(|a| a.trim_matches('/')) {
+            Some(a) => {
+                bounded("replica path", a, MAX_PATH, false)?;
+                if let Some(bad) = a.split('/').find(|c| matches!(*c, "" | "." | "..")) {
+                    return Err(CatalogError::BadPath(a.to_owned(), component(bad)));
+                }
+                Some(a).filter(|a| *a != path.trim_matches('/'))
+            }
+            None => None,
+        };
         // In a shared catalog every server registers its own: a record could otherwise mark
         // another server's bad copy good.
         if self.is_shared() {
@@ -119,15 +132,24 @@ impl Catalog {
                     } else {
                         p.get(path.len() + 1..).unwrap_or_default()
                     };
-                    let at = match rest {
+                    let below = |top: &str| match rest {
                         "" => top.to_owned(),
                         rest => format!("{top}/{rest}"),
                     };
-                    upsert_replica(tx, *id, server, &at)?;
+                    let own = at.map(below);
+                    upsert_replica(tx, *id, server, &below(top), own.as_deref())?;
                 }
                 Ok(())
             })?;
             recorded += page.len() as u64;
         }
+    }
+}
+
+/// Why a replica path's component is refused.
+fn component(c: &str) -> &'static str {
+    match c {
+        "" => "an empty component (`//`)",
+        _ => "a `.` or `..` component",
     }
 }

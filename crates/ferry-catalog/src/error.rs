@@ -59,6 +59,8 @@ pub enum CatalogError {
     Unregistered { files: usize, why: String },
     #[error("this catalog is shared by the servers of a zone: each registers its own replicas, none is recorded by another's word")]
     Shared,
+    #[error("replica path {0:?}: {1}")]
+    BadPath(String, &'static str),
     #[error("bad find condition {0:?}: {1}")]
     BadCondition(String, &'static str),
 }

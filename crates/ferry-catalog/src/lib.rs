@@ -136,6 +136,9 @@ pub struct Replica {
     pub server: String,
     pub physical: String,
     pub state: ReplicaState,
+    /// Its path on its server (under that server's root), when a `repl` put it elsewhere than
+    /// the object's path; `None`: at the object's path.
+    pub path: Option<String>,
     /// Where its server is reachable (`host:port`), as the server advertised it or a `repl`
     /// recorded it; empty when unknown.
     pub address: String,

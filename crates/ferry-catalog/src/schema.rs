@@ -12,8 +12,15 @@ use crate::error::CatalogError;
 
 /// Each migration's version and statements; a version is never edited once released, only
 /// followed by another.
-pub(crate) const MIGRATIONS: &[(i64, &str)] =
-    &[(1, V1), (2, V2), (3, V3), (4, V4), (5, V5), (6, V6)];
+pub(crate) const MIGRATIONS: &[(i64, &str)] = &[
+    (1, V1),
+    (2, V2),
+    (3, V3),
+    (4, V4),
+    (5, V5),
+    (6, V6),
+    (7, V7),
+];
 
 /// Longest attribute name, value and unit of a metadata entry, in bytes (SECURITY.md).
 pub const MAX_ATTR: usize = 256;
@@ -156,6 +163,13 @@ DROP TABLE metadata;
 ALTER TABLE metadata_v6 RENAME TO metadata;
 CREATE INDEX metadata_value ON metadata (attr, value);
 CREATE INDEX metadata_num ON metadata (attr, num);
+";
+
+/// A replica's own path on its server (under its root, `/`-separated), for a copy that a
+/// `repl` made at another path than the object's: a client fetches it there. NULL is the
+/// object's path, so every row from before stays right.
+const V7: &str = "
+ALTER TABLE replicas ADD COLUMN path TEXT;
 ";
 
 /// Brings the catalog to the newest schema this build knows, one server at a time.

@@ -375,7 +375,8 @@ impl Catalog {
         let object = object_at(&mut row, 1)?;
         let replicas = conn
             .rows(
-                "SELECT r.server, r.physical, r.state, COALESCE(s.address, '')
+                "SELECT r.server, r.physical, r.state, COALESCE(s.address, ''),
+                        COALESCE(r.path, '')
                  FROM replicas r LEFT JOIN roots s ON s.server = r.server
                  WHERE r.object = ?1 ORDER BY r.server",
                 args![id],
@@ -387,6 +388,7 @@ impl Catalog {
                     physical: r.text(1)?,
                     state: ReplicaState::parse(&r.text(2)?),
                     address: r.text(3)?,
+                    path: Some(r.text(4)?).filter(|p| !p.is_empty()),
                 })
             })
             .collect::<Result<_, CatalogError>>()?;
@@ -818,7 +820,7 @@ fn register_many(
             &format!(
                 "INSERT INTO replicas (object, physical, server, state) VALUES {}
                  ON CONFLICT (object, server) DO UPDATE SET physical = excluded.physical,
-                     state = 'good'",
+                     state = 'good', path = NULL",
                 numbered(1, 2, chunk.len(), ", ?1, 'good'")
             ),
             &a,
@@ -1006,18 +1008,21 @@ fn forget_shared(
     Ok(n)
 }
 
-/// `server`'s replica of object `id` at `physical`, good.
+/// `server`'s replica of object `id` at `physical`, good, at `path` on its server (`None`:
+/// the object's path).
 pub(crate) fn upsert_replica(
     tx: &mut Conn,
     id: i64,
     server: &str,
     physical: &str,
+    path: Option<&str>,
 ) -> Result<(), CatalogError> {
     tx.run(
-        "INSERT INTO replicas (object, server, physical, state) VALUES (?1, ?2, ?3, 'good')
+        "INSERT INTO replicas (object, server, physical, state, path)
+         VALUES (?1, ?2, ?3, 'good', ?4)
          ON CONFLICT (object, server) DO UPDATE SET physical = excluded.physical,
-             state = 'good'",
-        args![id, server, physical],
+             state = 'good', path = excluded.path",
+        args![id, server, physical, path],
     )?;
     Ok(())
 }

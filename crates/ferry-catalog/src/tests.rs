@@ -116,6 +116,7 @@ on_both!(
     removing_a_subtree_leaves_no_replica_or_metadata_of_it,
     a_numeric_find_under_a_prefix_answers_the_same_every_time,
     a_batch_registers_what_one_file_at_a_time_would,
+    a_catalog_of_schema_6_reads_its_replicas_at_the_objects_path,
 );
 
 fn commit(path: &str, size: u64) -> Commit {
@@ -167,7 +168,7 @@ fn an_audit_pages_this_servers_objects_and_marks_its_replicas(b: &Backend) {
 
 fn register_then_stat_shows_the_object_and_its_replica(b: &Backend) {
     let c = b.catalog();
-    assert_eq!(c.schema_version().unwrap(), 6);
+    assert_eq!(c.schema_version().unwrap(), 7);
     c.register_commit(&commit("a/b.txt", 7)).unwrap();
     let s = c.stat("a/b.txt").unwrap().unwrap();
     assert_eq!(s.object.size, 7);
@@ -180,6 +181,7 @@ fn register_then_stat_shows_the_object_and_its_replica(b: &Backend) {
             server: "here".into(),
             physical: "/srv/a/b.txt".into(),
             state: ReplicaState::Good,
+            path: None,
             address: String::new(),
         }]
     );
@@ -197,7 +199,7 @@ fn reopening_keeps_what_was_registered_and_migrates_once(b: &Backend) {
         .register_commit(&commit("x", 1))
         .unwrap();
     let c = Catalog::open(&loc, "here").unwrap();
-    assert_eq!(c.schema_version().unwrap(), 6);
+    assert_eq!(c.schema_version().unwrap(), 7);
     assert_eq!(c.count().unwrap(), 1);
     let migrations = c
         .lock()
@@ -205,7 +207,7 @@ fn reopening_keeps_what_was_registered_and_migrates_once(b: &Backend) {
         .unwrap()
         .int(0)
         .unwrap();
-    assert_eq!(migrations, 6);
+    assert_eq!(migrations, 7);
     let conn = c.lock();
     if let Conn::Sqlite(conn) = &*conn {
         let mode: String = conn
@@ -271,7 +273,11 @@ fn replicas_carry_their_servers_addresses(b: &Backend) {
         return;
     }
     // Separate catalogs: the other server is known by a repl's record and its address.
-    assert_eq!(one.record_replicas("f", false, "two", "/b/f").unwrap(), 1);
+    assert_eq!(
+        one.record_replicas("f", false, "two", "/b/f", None)
+            .unwrap(),
+        1
+    );
     assert_eq!(
         addresses(&one),
         [
@@ -315,7 +321,7 @@ fn a_newer_schema_is_refused(b: &Backend) {
             e,
             CatalogError::TooNew {
                 found: 99,
-                known: 6
+                known: 7
             }
         ),
         "{e}"
@@ -1084,7 +1090,7 @@ fn replicas_elsewhere_are_recorded_under_a_path(b: &Backend) {
         // Each server of a shared catalog registers its own replicas; none is recorded.
         c.register_commit(&commit("v", 2)).unwrap();
         assert!(matches!(
-            c.record_replicas("v", false, "far", "/v"),
+            c.record_replicas("v", false, "far", "/v", None),
             Err(CatalogError::Shared)
         ));
         return;
@@ -1094,7 +1100,10 @@ fn replicas_elsewhere_are_recorded_under_a_path(b: &Backend) {
     }
     c.set_replica_state("t/sub/b", ReplicaState::Bad).unwrap();
     // A tree: each object this server holds good, at the remote top plus its rest.
-    assert_eq!(c.record_replicas("t", true, "far", "/x/t/").unwrap(), 1);
+    assert_eq!(
+        c.record_replicas("t", true, "far", "/x/t/", None).unwrap(),
+        1
+    );
     let far = |path: &str| {
         c.stat(path)
             .unwrap()
@@ -1112,14 +1121,18 @@ fn replicas_elsewhere_are_recorded_under_a_path(b: &Backend) {
     );
     assert_eq!(far("t0"), None);
     // A file alone, and the whole tree from the root.
-    assert_eq!(c.record_replicas("u", false, "far", "/y/u").unwrap(), 1);
+    assert_eq!(
+        c.record_replicas("u", false, "far", "/y/u", None).unwrap(),
+        1
+    );
     assert_eq!(far("u"), Some(("/y/u".to_owned(), ReplicaState::Good)));
-    assert_eq!(c.record_replicas("t", false, "far", "/z").unwrap(), 0);
-    assert_eq!(c.record_replicas("", true, "other", "/r").unwrap(), 3);
+    assert_eq!(c.record_replicas("t", false, "far", "/z", None).unwrap(), 0);
+    assert_eq!(c.record_replicas("", true, "other", "/r", None).unwrap(), 3);
     assert_eq!(c.stat("t0").unwrap().unwrap().replicas[1].physical, "/r/t0");
     // Never this server's own replicas, by a client's word.
     assert_eq!(
-        c.record_replicas("u", false, "here", "/elsewhere").unwrap(),
+        c.record_replicas("u", false, "here", "/elsewhere", None)
+            .unwrap(),
         0
     );
     let replicas = c.stat("u").unwrap().unwrap().replicas;
@@ -1128,6 +1141,48 @@ fn replicas_elsewhere_are_recorded_under_a_path(b: &Backend) {
         (own.physical.as_str(), own.state),
         ("/srv/u", ReplicaState::Good)
     );
+    // A copy at another path keeps its own there, each object's below the copy's top; at
+    // the object's own path it keeps none (the object's path is its path).
+    let own = |path: &str, server: &str| {
+        c.stat(path)
+            .unwrap()
+            .unwrap()
+            .replicas
+            .into_iter()
+            .find(|r| r.server == server)
+            .map(|r| (r.physical, r.path))
+    };
+    assert_eq!(
+        c.record_replicas("t", true, "moved", "/m/x/t2", Some("/x/t2/"))
+            .unwrap(),
+        1
+    );
+    assert_eq!(
+        own("t/a", "moved"),
+        Some(("/m/x/t2/a".to_owned(), Some("x/t2/a".to_owned())))
+    );
+    assert_eq!(
+        c.record_replicas("u", false, "moved", "/m/u", Some("u"))
+            .unwrap(),
+        1
+    );
+    assert_eq!(own("u", "moved"), Some(("/m/u".to_owned(), None)));
+    // Recorded again at the object's path, the copy's own path goes.
+    c.record_replicas("t", true, "moved", "/m/t", None).unwrap();
+    assert_eq!(own("t/a", "moved"), Some(("/m/t/a".to_owned(), None)));
+    for bad in ["x/../y", "x//y", "./x"] {
+        assert!(
+            matches!(
+                c.record_replicas("u", false, "moved", "/m/u", Some(bad)),
+                Err(CatalogError::BadPath(..))
+            ),
+            "{bad}"
+        );
+    }
+    assert!(matches!(
+        c.record_replicas("u", false, "moved", "/m/u", Some("/")),
+        Err(CatalogError::Empty(_))
+    ));
     // A later put of other contents makes the recorded copy stale.
     c.register_commit(&Commit {
         digest: vec![9; 32],
@@ -1169,7 +1224,7 @@ fn a_policy_path_registered_owes_its_replicas_until_met(b: &Backend) {
     // A second good replica known (separate catalogs: a record) meets the policy: the same
     // contents registered again owe nothing.
     if !c.is_shared() {
-        c.record_replicas("raw/a", false, "far", "/far/raw/a")
+        c.record_replicas("raw/a", false, "far", "/far/raw/a", None)
             .unwrap();
         c.owed_met("raw/a").unwrap();
         c.register_commit(&commit("raw/a", 1)).unwrap();
@@ -1350,7 +1405,7 @@ fn replicas_and_metadata_survive_the_migration_without_foreign_keys() {
     .unwrap();
     drop(conn);
     let c = Catalog::open(&Location::Sqlite(path), "here").unwrap();
-    assert_eq!(c.schema_version().unwrap(), 6);
+    assert_eq!(c.schema_version().unwrap(), 7);
     let s = c.stat("a/x").unwrap().unwrap();
     assert_eq!(s.replicas.len(), 2);
     assert_eq!(s.metadata, [avu("exposure", "30", "s")]);
@@ -1377,4 +1432,55 @@ fn replicas_and_metadata_survive_the_migration_without_foreign_keys() {
     assert_eq!(indexes, ["metadata_num", "metadata_value"]);
     assert_eq!(c.remove_prefix("a").unwrap(), 1);
     assert_eq!(rows_of(&c, "replicas") + rows_of(&c, "metadata"), 0);
+}
+
+/// A catalog made at schema 6 (no replica paths) migrates to 7: its replicas read back at
+/// their object's path (none of their own), and a replica with a path of its own reads it.
+fn a_catalog_of_schema_6_reads_its_replicas_at_the_objects_path(b: &Backend) {
+    let loc = b.fresh();
+    let mut conn = match &loc {
+        Location::Sqlite(p) => Conn::Sqlite(rusqlite::Connection::open(p).unwrap()),
+        Location::Postgres(url) => Conn::Postgres(crate::pg::Pg::connect(url).unwrap()),
+        Location::Memory => unreachable!("a fresh catalog has a location"),
+    };
+    schema::migrate_on(&mut conn, "catalog_migrations", &schema::MIGRATIONS[..6], 0).unwrap();
+    conn.run(
+        "INSERT INTO objects (id, path, size, mtime_ns, digest, algo, stored_by, stored_at)
+         VALUES (1, 'a/x', 3, 3000, ?1, 'blake3', 'alice', 0)",
+        args![&[3u8][..]],
+    )
+    .unwrap();
+    for (server, physical) in [("here", "/srv/a/x"), ("there", "/m/a/x")] {
+        conn.run(
+            "INSERT INTO replicas (object, server, physical, state) VALUES (1, ?1, ?2, 'good')",
+            args![server, physical],
+        )
+        .unwrap();
+    }
+    drop(conn);
+    let c = b.open(&loc, "here");
+    assert_eq!(c.schema_version().unwrap(), 7);
+    let paths = |c: &Catalog| -> Vec<(String, Option<String>)> {
+        c.stat("a/x")
+            .unwrap()
+            .unwrap()
+            .replicas
+            .into_iter()
+            .map(|r| (r.server, r.path))
+            .collect()
+    };
+    assert_eq!(
+        paths(&c),
+        [("here".to_owned(), None), ("there".to_owned(), None)]
+    );
+    c.lock()
+        .run(
+            "UPDATE replicas SET path = ?1 WHERE server = 'there'",
+            args!["b/y"],
+        )
+        .unwrap();
+    assert_eq!(paths(&c)[1], ("there".to_owned(), Some("b/y".to_owned())));
+    // This server's registration of its own copy keeps its replica at the object's path.
+    c.register_commit(&commit("a/x", 3)).unwrap();
+    assert_eq!(paths(&c)[0], ("here".to_owned(), None));
 }

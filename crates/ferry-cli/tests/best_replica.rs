@@ -40,6 +40,12 @@ fn serve(sb: &Sandbox, name: &str, catalog: Option<&str>) -> Server {
 impl Pair {
     /// `a` holds `/data/f.bin` (`len` bytes), replicated to `b` by `ferry repl`.
     fn start(catalog: Option<&str>, len: u64) -> Self {
+        Self::start_to(catalog, len, "")
+    }
+
+    /// As [`Self::start`], the replica at `to` on `b` (`:/PATH`, its directory made there;
+    /// empty: the same path).
+    fn start_to(catalog: Option<&str>, len: u64, to: &str) -> Self {
         let sb = Sandbox::new();
         let a = serve(&sb, "a", catalog);
         // The same token on b: the get's one token serves for both hosts.
@@ -57,13 +63,16 @@ impl Pair {
         );
         assert_code(&out, 0);
         fs::create_dir_all(b.root.join("data")).unwrap();
+        if let Some(parent) = Path::new(to.trim_start_matches(":/")).parent() {
+            fs::create_dir_all(b.root.join(parent)).unwrap();
+        }
         let out = run(
             sb.ferry()
                 .args(["repl", "--json", "--retry-for", "0"])
                 .args(["--source-token", &a.token, "--dest-token", &b.token])
                 .arg(a.remote("/data/f.bin"))
                 .arg("--to")
-                .arg(format!("127.0.0.1:{}", b.port)),
+                .arg(format!("127.0.0.1:{}{}", b.port, to)),
             CMD_TIMEOUT,
         );
         assert_code(&out, 0);
@@ -151,6 +160,21 @@ fn pair(list: &[(&str, &str)]) -> Vec<(String, String)> {
         .collect()
 }
 
+/// Each replica of a `stat --json` answer: (server, its path on that server).
+fn replica_paths(v: &Value) -> Vec<(String, String)> {
+    v["replicas"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["server"].as_str().unwrap().to_owned(),
+                r["path"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect()
+}
+
 /// Corrupts `path` behind ferry's back: same size, mtime kept, other bytes.
 fn corrupt(path: &Path) {
     let mtime = fs::metadata(path).unwrap().modified().unwrap();
@@ -192,6 +216,11 @@ fn best_replica_then_fallbacks(catalog: Option<&str>) {
     assert_eq!(
         addresses,
         pair(&[("a", &Pair::address(&p.a)), ("b", &Pair::address(&p.b))])
+    );
+    // A replica at the same path is at the object's path.
+    assert_eq!(
+        replica_paths(&v),
+        pair(&[("a", "/data/f.bin"), ("b", "/data/f.bin")])
     );
 
     // b is the better path: it serves.
@@ -297,4 +326,60 @@ fn an_unpinned_replica_host_is_not_contacted() {
     assert!(!fs::read_to_string(&known)
         .unwrap()
         .contains(&format!("{} ", Pair::address(&p.b))));
+}
+
+/// `repl` to another path and name on `b` (catalogs of their own): `a`'s catalog records the
+/// copy with its own path there and `stat` shows it; with `a`'s copy bad, a get of `a`'s path
+/// fetches `b`'s copy at its path (byte-identical, under the name asked for), and
+/// `verify --repair --from b` restores `a`'s copy from there.
+#[test]
+fn a_replica_at_another_path_is_fetched_and_repaired_from_there() {
+    let p = Pair::start_to(None, 300_000, ":/elsewhere/g.bin");
+    let want = p.original();
+    assert_eq!(file_b3(&p.b.root.join("elsewhere/g.bin")), want);
+    let stat = |human: bool| {
+        let mut cmd = p.sb.client(&p.a.token);
+        cmd.arg("stat");
+        if !human {
+            cmd.arg("--json");
+        }
+        let out = run(cmd.arg(p.a.remote("/data/f.bin")), CMD_TIMEOUT);
+        assert_code(&out, 0);
+        out.stdout
+    };
+    assert_eq!(
+        replica_paths(&one_json(&stat(false))),
+        pair(&[("a", "/data/f.bin"), ("b", "/elsewhere/g.bin")])
+    );
+    assert!(stat(true).contains("good") && stat(true).contains(" as /elsewhere/g.bin"));
+
+    // a's copy corrupted and a measured faster: a's digest fails, b serves at its own path.
+    p.measured(900_000_000, 10_000_000);
+    let bad = p.a.root.join("data/f.bin");
+    corrupt(&bad);
+    let out = p.get("got", &[]);
+    assert_code(&out, 0);
+    let v = one_json(&out.stdout);
+    assert_eq!(
+        tried(&v),
+        pair(&[("a", "failed"), ("b", "served")]),
+        "{out:?}"
+    );
+    let served = &v["replicas"]["tried"][1];
+    assert_eq!(served["path"], "/elsewhere/g.bin", "{out:?}");
+    assert_eq!(file_b3(&p.sb.path("got/f.bin")), want);
+    assert!(!p.sb.path("got/g.bin").exists());
+
+    // The repair takes b's copy where it is.
+    let out = run(
+        p.sb.client(&p.a.token)
+            .args(["verify", "--json", "--retry-for", "0", "--repair"])
+            .args(["--from", &Pair::address(&p.b), "--from-token", &p.b.token])
+            .arg(p.a.remote("/data/f.bin")),
+        CMD_TIMEOUT,
+    );
+    assert_code(&out, 0);
+    let v = one_json(&out.stdout);
+    assert_eq!(v["repaired"][0]["path"], "/data/f.bin", "{out:?}");
+    assert_eq!(file_b3(&bad), want);
 }

@@ -3,7 +3,8 @@
 //! put under a `replicas = 2` prefix ends with a good replica on the peer (the server copies it
 //! itself, in the background); one owed to a peer that is down follows once it is up, across
 //! a restart of the source; retention refuses an early rm and mv; a policy's checksum refuses
-//! a put with another; `stat` shows all of it.
+//! a put with another, and a put, sync or cp that leaves it to ferry takes it; `stat` shows
+//! all of it.
 
 use crate::util;
 
@@ -352,6 +353,57 @@ fn a_sync_into_a_policys_prefix_takes_its_checksum() {
             fs::read(tree.join(f)).unwrap()
         );
         assert_eq!(stat(&sb, &a, &format!("/sums/tree/{f}"))["algo"], "sha256");
+    }
+}
+
+/// A third-party copy into `sums/` that leaves the algorithm to ferry is run again with the
+/// policy's sha256 (pushed, the refusal comes through the source's put; pulled, from the
+/// destination itself); one with `--checksum blake3` chosen is refused.
+#[test]
+fn a_cp_into_a_policys_prefix_takes_its_checksum() {
+    let sb = Sandbox::new();
+    let b = start(&sb, "b", free_port(), &["--third-party"]);
+    let config = config_for_a(&sb, b.port, &fingerprint(&b));
+    let a = start(
+        &sb,
+        "a",
+        free_port(),
+        &["--config", &config, "--third-party"],
+    );
+    let src = sb.path("f.dat");
+    write_pattern(&src, 20_000, 5);
+    assert_code(&put(&sb, &b, &src, "/f.dat", &[]), 0);
+    let cp = |extra: &[&str], to: &str| {
+        run(
+            sb.ferry()
+                .args(["cp", "--json", "--retry-for", "0"])
+                .args(["--source-token", &b.token, "--dest-token", &a.token])
+                .args(extra)
+                .arg(b.remote("/f.dat"))
+                .arg(a.remote(to)),
+            CMD_TIMEOUT,
+        )
+    };
+    let out = cp(&["--checksum", "blake3"], "/sums/f.dat");
+    assert_ne!(out.code(), Some(0), "{out:?}");
+    assert!(
+        out.stderr.contains("sha256") && out.stderr.contains("/sums"),
+        "{out:?}"
+    );
+    assert!(!a.root.join("sums/f.dat").exists());
+    for (extra, to) in [(&[][..], "/sums/f.dat"), (&["--pull"][..], "/sums/g.dat")] {
+        let out = cp(extra, to);
+        assert_code(&out, 0);
+        assert!(
+            out.stderr.contains("copying with --checksum sha256"),
+            "{out:?}"
+        );
+        assert_eq!(stat(&sb, &a, to)["algo"], "sha256", "{to}");
+        let name = to.trim_start_matches('/');
+        assert_eq!(
+            fs::read(a.root.join(name)).unwrap(),
+            fs::read(&src).unwrap()
+        );
     }
 }
 

@@ -184,6 +184,7 @@ impl<'a> CatalogSession<'a> {
         path: &str,
         recursive: bool,
         (server, physical, address): (&str, &str, &str),
+        at: &str,
     ) -> Result<Changed, SessionError> {
         let request = CatalogRequest::Replicated {
             path: path.to_owned(),
@@ -191,6 +192,7 @@ impl<'a> CatalogSession<'a> {
             server: server.to_owned(),
             physical: physical.to_owned(),
             address: address.to_owned(),
+            at: at.to_owned(),
         };
         changed(self.one(request).await?)
     }
@@ -413,15 +415,18 @@ pub async fn meta_ls(
 /// copy of each object at `path` (with `recursive`, under it too) that this server holds good,
 /// at `physical` followed by the rest of the object's path, reachable at `address` (empty:
 /// unknown): what `repl` leaves in a source's catalog that does not see the destination's.
+/// `at` is the copy's path on `server` when not `path` (empty: at `path`): an older server
+/// refuses it as a protocol error, and records nothing.
 pub async fn replicated(
     cfg: &ClientConfig,
     path: &str,
     recursive: bool,
-    at: (&str, &str, &str),
+    there: (&str, &str, &str),
+    at: &str,
     reporter: &dyn Reporter,
 ) -> Result<Changed, SessionError> {
     CatalogSession::new(cfg, reporter)
-        .replicated(path, recursive, at)
+        .replicated(path, recursive, there, at)
         .await
 }
 

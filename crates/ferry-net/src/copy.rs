@@ -647,7 +647,7 @@ fn at(side: &str, server: &str, e: SessionError) -> SessionError {
                      servers needs (an older ferry): {message}"
                 )
             } else {
-                format!("{side} {server}: {message}")
+                crate::error::within(code, &format!("{side} {server}"), &message)
             };
             SessionError::Remote { code, message }
         }

@@ -135,3 +135,38 @@ impl SessionError {
         }
     }
 }
+
+/// `message` from a peer said within `context` (`"put to dtn2"`): `context: message`, except
+/// that a `checksum_policy` refusal keeps its algorithm first, the word a client reads it by
+/// (`ErrorCode::policy_checksum`), so that a copy's client can run again with it.
+pub(crate) fn within(code: ErrorCode, context: &str, message: &str) -> String {
+    match code.policy_checksum(message) {
+        Some(algo) => format!(
+            "{algo}: {context}: {}",
+            message.get(algo.len() + 2..).unwrap_or_default()
+        ),
+        None => format!("{context}: {message}"),
+    }
+}
+
+#[cfg(test)]
+#[test]
+fn a_checksum_policy_refusal_keeps_its_algorithm_first_within_a_context() {
+    let said = within(
+        ErrorCode::CHECKSUM_POLICY,
+        "put to b:1",
+        "sha256: /sums/f: the policy for /sums registers sha256 digests",
+    );
+    assert_eq!(
+        said,
+        "sha256: put to b:1: /sums/f: the policy for /sums registers sha256 digests"
+    );
+    assert_eq!(
+        ErrorCode::CHECKSUM_POLICY.policy_checksum(&said),
+        Some("sha256")
+    );
+    assert_eq!(
+        within(ErrorCode::DENIED, "put to b:1", "sha256: no"),
+        "put to b:1: sha256: no"
+    );
+}

@@ -187,19 +187,22 @@ pub async fn repl(
     // Each catalog is told of the good copies the other one knows at this path (the other
     // server's own among them; a catalog skips its own name), as their tops: the rest of each
     // object's path follows.
+    // A copy at another path than the object's is recorded with its path there, so that a
+    // get fetches it where it is.
     let tree = file.is_none();
-    for r in candidates(&there, &format!("/{dest}{rest}")) {
-        let top = r.physical.strip_suffix(&rest).unwrap_or(&r.physical);
+    for (r, top, at) in candidates(&there, &rest) {
         let address = address_of(r, &here, &cfg.dest.server);
+        let at = other_than(at, &src);
         let asked = cat::replicated(
             &cfg.source,
             &format!("/{src}"),
             tree,
             (&r.server, top, address),
+            at,
             reporter.as_ref(),
         )
         .await;
-        let Some(n) = recorded(asked, &cfg.source.server, &mut report.notes)? else {
+        let Some(n) = recorded(asked, &cfg.source.server, at, &mut report.notes)? else {
             break;
         };
         if n > 0 && report.dest_server.is_empty() {
@@ -207,18 +210,19 @@ pub async fn repl(
         }
         report.recorded += n;
     }
-    for r in candidates(&here, &format!("/{src}{rest}")) {
-        let top = r.physical.strip_suffix(&rest).unwrap_or(&r.physical);
+    for (r, top, at) in candidates(&here, &rest) {
         let address = address_of(r, &there, &cfg.source.server);
+        let at = other_than(at, &dest);
         let asked = cat::replicated(
             &cfg.dest,
             &format!("/{dest}"),
             tree,
             (&r.server, top, address),
+            at,
             reporter.as_ref(),
         )
         .await;
-        let Some(n) = recorded(asked, &cfg.dest.server, &mut report.notes)? else {
+        let Some(n) = recorded(asked, &cfg.dest.server, at, &mut report.notes)? else {
             break;
         };
         report.recorded_at_dest += n;
@@ -226,14 +230,36 @@ pub async fn repl(
     Ok(report)
 }
 
-/// The good replicas `stat` shows of an object at the same path below the server's root.
+/// The good replicas `stat` shows of an object whose rest below the copy's top is `rest`
+/// (`/sub/f`, or empty for a file), each with the copy's top on its server: its physical
+/// path, and its path under that server's root (the replica's own, else the object's). A
+/// replica without a path of its own whose physical path does not end with the object's was
+/// recorded by an older ferry for a copy elsewhere: where it is there is not known.
 fn candidates<'a>(
     stat: &'a CatalogStat,
-    suffix: &'a str,
-) -> impl Iterator<Item = &'a CatalogReplica> + 'a {
+    rest: &'a str,
+) -> impl Iterator<Item = (&'a CatalogReplica, &'a str, &'a str)> + 'a {
+    let object = stat.object.path.trim_start_matches('/');
     stat.replicas
         .iter()
-        .filter(move |r| r.state == ReplicaHealth::Good && r.physical.ends_with(suffix))
+        .filter(|r| r.state == ReplicaHealth::Good)
+        .filter_map(move |r| {
+            if r.path.is_empty() && !r.physical.ends_with(&format!("/{object}")) {
+                return None;
+            }
+            let top = r.physical.strip_suffix(rest)?;
+            let at = r.path_or(object).strip_suffix(rest)?;
+            Some((r, top, at.trim_matches('/')))
+        })
+}
+
+/// The copy's path for a record of it in the catalog of `path`'s server: empty when it is
+/// the same path (an older server takes that record too).
+fn other_than<'a>(at: &'a str, path: &str) -> &'a str {
+    match at == path.trim_matches('/') {
+        true => "",
+        false => at,
+    }
 }
 
 /// Where the server of `r` (a replica one side's catalog shows) is reachable, for the other
@@ -250,16 +276,27 @@ fn address_of<'a>(r: &'a CatalogReplica, other: &CatalogStat, dialed: &'a str) -
 }
 
 /// A record's count; a catalog that takes no records (a zone's shared one: its own servers
-/// register their replicas) is a note, `None`, not a failure of the copy.
+/// register their replicas), or an older server asked to record a copy at another path
+/// (`at`), is a note, `None`, not a failure of the copy.
 fn recorded(
     asked: Result<crate::catalog::Changed, SessionError>,
     server: &str,
+    at: &str,
     notes: &mut Vec<String>,
 ) -> Result<Option<u64>, ReplError> {
     match asked {
         Ok(c) => Ok(Some(c.objects)),
         Err(SessionError::Remote { code, message }) if code == ErrorCode::BAD_REQUEST => {
             notes.push(format!("{server} recorded no replica: {message}"));
+            Ok(None)
+        }
+        Err(SessionError::Remote { code, message })
+            if code == ErrorCode::PROTOCOL && !at.is_empty() =>
+        {
+            notes.push(format!(
+                "{server} recorded no replica: it cannot record a copy at another path (an \
+                 older ferry): {message}"
+            ));
             Ok(None)
         }
         Err(e) => Err(e.into()),
@@ -315,7 +352,8 @@ async fn repair_one(
     reporter: Arc<dyn Reporter>,
 ) -> Result<String, String> {
     let said = |e: SessionError| e.to_string();
-    let stat = cat::stat(target, path, reporter.as_ref())
+    // With addresses: a server of `from` is matched to its replica (and so its path there).
+    let stat = cat::locate(target, path, reporter.as_ref())
         .await
         .map_err(said)?;
     let good: Vec<&str> = stat
@@ -336,31 +374,58 @@ async fn repair_one(
     let mut tried = Vec::new();
     for cfg in from {
         let server = cfg.source.server.clone();
-        match repair_from(cfg, path, &stat, reporter.clone()).await {
-            Ok(()) => return Ok(server),
-            Err(why) => tried.push(format!("{server}: {why}")),
+        for there in paths_there(&stat, path, &server) {
+            match repair_from(cfg, (&there, path), &stat, reporter.clone()).await {
+                Ok(()) => return Ok(server),
+                Err(why) if there == path => tried.push(format!("{server}: {why}")),
+                Err(why) => tried.push(format!("{server} at {there}: {why}")),
+            }
         }
     }
     Err(tried.join("; "))
 }
 
-/// One attempt from one server: its copy checked first (registered alike, verified good),
-/// then copied over the target's, which is verified again.
+/// Where a server of `--from` (reached at `dialed`) may hold `path` (as shown, `/…`): the
+/// own path of a good replica whose server has that address, then the object's path, then
+/// the other good replicas' own paths (a server's address is not always the one dialled).
+fn paths_there(stat: &CatalogStat, path: &str, dialed: &str) -> Vec<String> {
+    let good: Vec<&CatalogReplica> = stat
+        .replicas
+        .iter()
+        .filter(|r| r.state == ReplicaHealth::Good)
+        .collect();
+    let own = |r: &CatalogReplica| match r.path.is_empty() {
+        true => path.to_owned(),
+        false => format!("/{}", r.path),
+    };
+    let mut out: Vec<String> = Vec::new();
+    let first = good.iter().filter(|r| r.address == dialed).map(|r| own(r));
+    let rest = good.iter().map(|r| own(r));
+    for p in first.chain([path.to_owned()]).chain(rest) {
+        if !out.contains(&p) {
+            out.push(p);
+        }
+    }
+    out
+}
+
+/// One attempt from one server, its copy at `there`: checked first (registered alike,
+/// verified good), then copied over the target's at `path`, which is verified again.
 async fn repair_from(
     cfg: &CopyConfig,
-    path: &str,
+    (there, path): (&str, &str),
     stat: &CatalogStat,
     reporter: Arc<dyn Reporter>,
 ) -> Result<(), String> {
     let said = |e: SessionError| e.to_string();
-    let theirs = cat::stat(&cfg.source, path, reporter.as_ref())
+    let theirs = cat::stat(&cfg.source, there, reporter.as_ref())
         .await
         .map_err(said)?;
     let (a, b) = (&theirs.object, &stat.object);
     if (a.size, a.mtime_ns, &a.digest, &a.algo) != (b.size, b.mtime_ns, &b.digest, &b.algo) {
         return Err("its copy is registered with other contents".into());
     }
-    let checked = cat::verify(&cfg.source, path, false, reporter.as_ref())
+    let checked = cat::verify(&cfg.source, there, false, reporter.as_ref())
         .await
         .map_err(said)?;
     if checked.counts.good != 1 || !checked.clean() {
@@ -371,7 +436,7 @@ async fn repair_from(
     if let Some(algo) = parse_algo(&b.algo) {
         cfg.source.opts.checksum = algo;
     }
-    let copied = copy(&cfg, path, path, reporter.clone())
+    let copied = copy(&cfg, there, path, reporter.clone())
         .await
         .map_err(said)?;
     if !copied.is_success() {

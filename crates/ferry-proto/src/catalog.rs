@@ -123,6 +123,10 @@ pub enum CatalogRequest {
         /// Where `server` is reachable (`host:port`); empty when unknown. Sent as op 13 when
         /// given, so that an older server is asked op 11 as before.
         address: String,
+        /// Where the copy is on `server` (under its root), when not at `path`: each object's
+        /// replica there is at `at` followed by the rest of its path. Empty: at `path`. Sent
+        /// as op 14 when given, only to a server with `Capabilities::REPLICA_PATH`.
+        at: String,
     },
 }
 
@@ -191,6 +195,20 @@ pub struct CatalogReplica {
     /// Where its server is reachable (`host:port`); empty when unknown, and always in the
     /// answer to a `Stat` (only `Locate` asks for addresses).
     pub address: String,
+    /// Its path on its server (under that root), when a `repl` put it elsewhere than the
+    /// object's path; empty: at the object's path (and always so for a client without
+    /// `Capabilities::REPLICA_PATH`).
+    pub path: String,
+}
+
+impl CatalogReplica {
+    /// Where a client asks its server for it: its own path, else `object_path`.
+    pub fn path_or<'a>(&'a self, object_path: &'a str) -> &'a str {
+        match self.path.is_empty() {
+            true => object_path,
+            false => &self.path,
+        }
+    }
 }
 
 /// An object with its replicas and metadata.

@@ -316,6 +316,12 @@ impl Capabilities {
     /// stripe hosts bring them), and says so in its `Welcome`; without it in the `Welcome`
     /// one-block files come from the coordinator.
     pub const STRIPE_DIGEST: u64 = 1 << 11;
+    /// The client reads each replica's own path in a `stat` answer (tag 7: a `repl` made the
+    /// copy at another path than the object's) and the server takes `Replicated` with one (op
+    /// 14). A server sends tag 7 only to a client that offered it; a client sends op 14 only
+    /// to a server that set it in its `Welcome`. Without it every replica is at the object's
+    /// path.
+    pub const REPLICA_PATH: u64 = 1 << 12;
 
     /// Everything this build supports.
     pub const fn ours() -> Self {
@@ -326,7 +332,8 @@ impl Capabilities {
                 | Self::CATALOG_POLICY
                 | Self::STRIPE_COPY
                 | Self::PULL_COPY
-                | Self::CATALOG_SESSION,
+                | Self::CATALOG_SESSION
+                | Self::REPLICA_PATH,
         )
     }
 

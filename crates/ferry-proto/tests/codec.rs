@@ -582,13 +582,14 @@ fn catalog_request() -> impl Strategy<Value = CatalogRequest> {
         (text(), any::<bool>())
             .prop_map(|(path, recursive)| CatalogRequest::Verify { path, recursive }),
         (text(), vec(text(), 0..4)).prop_map(|(path, paths)| CatalogRequest::Tar { path, paths }),
-        (text(), any::<bool>(), text(), text(), text()).prop_map(
-            |(path, recursive, server, physical, address)| CatalogRequest::Replicated {
+        (text(), any::<bool>(), text(), text(), text(), text()).prop_map(
+            |(path, recursive, server, physical, address, at)| CatalogRequest::Replicated {
                 path,
                 recursive,
                 server,
                 physical,
                 address,
+                at,
             }
         ),
         text().prop_map(|path| CatalogRequest::Locate { path }),
@@ -653,12 +654,14 @@ fn catalog_answer() -> impl Strategy<Value = CatalogAnswer> {
             Just(ReplicaHealth::Bad)
         ],
         proptest::option::of(text()),
+        proptest::option::of(text()),
     )
-        .prop_map(|(server, physical, state, address)| CatalogReplica {
+        .prop_map(|(server, physical, state, address, path)| CatalogReplica {
             server,
             physical,
             state,
             address: address.unwrap_or_default(),
+            path: path.unwrap_or_default(),
         });
     prop_oneof![
         (any::<u64>(), any::<u64>())
@@ -1226,6 +1229,7 @@ fn sample_catalog_frames() -> Vec<Frame> {
             server: "dtn2".into(),
             physical: "/srv/ferry/incoming/run42".into(),
             address: String::new(),
+            at: String::new(),
         },
         CatalogRequest::Replicated {
             path: "/incoming/run42".into(),
@@ -1233,6 +1237,15 @@ fn sample_catalog_frames() -> Vec<Frame> {
             server: "dtn2".into(),
             physical: "/srv/ferry/incoming/run42".into(),
             address: "dtn2.example.org:7070".into(),
+            at: String::new(),
+        },
+        CatalogRequest::Replicated {
+            path: "/incoming/run42".into(),
+            recursive: true,
+            server: "dtn2".into(),
+            physical: "/srv/ferry/archive/run42".into(),
+            address: "dtn2.example.org:7070".into(),
+            at: "archive/run42".into(),
         },
         CatalogRequest::Locate {
             path: "/incoming/run42/a.dat".into(),
@@ -1250,6 +1263,7 @@ fn sample_catalog_frames() -> Vec<Frame> {
                 physical: "/srv/ferry/incoming/run42/a.dat".into(),
                 state: ReplicaHealth::Good,
                 address: String::new(),
+                path: String::new(),
             }],
             metadata: vec![entry.clone()],
             policy: Some(CatalogPolicy {
@@ -1272,12 +1286,14 @@ fn sample_catalog_frames() -> Vec<Frame> {
                     physical: "/srv/ferry/incoming/run42/a.dat".into(),
                     state: ReplicaHealth::Good,
                     address: "dtn1.example.org:7070".into(),
+                    path: String::new(),
                 },
                 CatalogReplica {
                     server: "tape".into(),
                     physical: "/archive/run42/a.dat".into(),
                     state: ReplicaHealth::Bad,
                     address: String::new(),
+                    path: "archive/run42/a.dat".into(),
                 },
             ],
             metadata: vec![entry.clone()],
@@ -2680,6 +2696,7 @@ fn pinned_catalog_frames_and_their_limits() {
         physical: "p".repeat(MAX_PHYSICAL),
         state: ReplicaHealth::Bad,
         address: "a".repeat(MAX_ADDRESS),
+        path: "r".repeat(MAX_PATH),
     };
     let stat = Frame::CatalogAnswer(CatalogAnswer::Stat(Box::new(CatalogStat {
         object,
@@ -2712,6 +2729,7 @@ fn pinned_replica_address_frames() {
             server: "b".into(),
             physical: "c".into(),
             address: address.into(),
+            at: String::new(),
         })
     };
     assert_eq!(
@@ -2754,6 +2772,7 @@ fn pinned_replica_address_frames() {
                 physical: "c".into(),
                 state: ReplicaHealth::Good,
                 address: address.into(),
+                path: String::new(),
             }],
             metadata: Vec::new(),
             policy: None,
@@ -2785,6 +2804,82 @@ fn pinned_replica_address_frames() {
     ));
     let too_long = stat(&"h".repeat(MAX_ADDRESS + 1));
     assert!(decode(encode(&too_long)).is_err());
+}
+
+#[test]
+fn pinned_replica_path_frames() {
+    // A record of a copy at another path is op 14: its address (empty here) then its path.
+    let record = |address: &str, at: &str| {
+        Frame::CatalogRequest(CatalogRequest::Replicated {
+            path: "a".into(),
+            recursive: false,
+            server: "b".into(),
+            physical: "c".into(),
+            address: address.into(),
+            at: at.into(),
+        })
+    };
+    assert_eq!(
+        &encode(&record("", "d"))[..],
+        &[0x1E, 0, 0, 0, 16, 14, 0, 0, 1, b'a', 0, 1, b'b', 0, 1, b'c', 0, 0, 0, 1, b'd']
+    );
+    assert_eq!(decode(encode(&record("h:1", "d"))), Ok(record("h:1", "d")));
+    // Op 14 with an empty path would be op 11's or 13's second encoding.
+    let refused = Frame::decode(
+        FrameType::CATALOG_REQUEST,
+        Bytes::from_static(&[14, 0, 0, 1, b'a', 0, 1, b'b', 0, 1, b'c', 0, 0, 0, 0]),
+    )
+    .unwrap_err();
+    assert!(
+        matches!(refused, DecodeError::InvalidValue { field: "at", .. }),
+        "{refused:?}"
+    );
+    // A stat's replicas carry their paths (tag 7, with the addresses) only when one has one.
+    let object = CatalogObject {
+        path: "a".into(),
+        size: 1,
+        mtime_ns: 2,
+        digest: vec![3],
+        algo: "blake3".into(),
+        stored_by: "t".into(),
+        stored_at: 4,
+    };
+    let stat = |path: &str| {
+        Frame::CatalogAnswer(CatalogAnswer::Stat(Box::new(CatalogStat {
+            object: object.clone(),
+            replicas: vec![CatalogReplica {
+                server: "b".into(),
+                physical: "c".into(),
+                state: ReplicaHealth::Good,
+                address: String::new(),
+                path: path.into(),
+            }],
+            metadata: Vec::new(),
+            policy: None,
+        })))
+    };
+    let without = encode(&stat(""));
+    let with = encode(&stat("x/a"));
+    assert_eq!((without[5], with[5]), (2, 7));
+    assert_eq!(
+        with.len(),
+        without.len() + 2 + 2 + 3,
+        "an empty address and the path are added"
+    );
+    assert_eq!(decode(with.clone()), Ok(stat("x/a")));
+    // Tag 7 with every path empty: refused (that is tag 2 or 6).
+    let state_at = without.len() - 2 - 1;
+    let mut bytes = without[..=state_at].to_vec();
+    bytes[5] = 7;
+    bytes.extend_from_slice(&[0, 0, 0, 0]);
+    bytes.extend_from_slice(&without[state_at + 1..]);
+    let len = (bytes.len() - 5) as u32;
+    bytes[1..5].copy_from_slice(&len.to_be_bytes());
+    assert!(matches!(
+        decode(BytesMut::from(&bytes[..])),
+        Err(DecodeError::InvalidValue { field: "tag", .. })
+    ));
+    assert!(decode(encode(&stat(&"r".repeat(MAX_PATH + 1)))).is_err());
 }
 
 #[test]

@@ -49,6 +49,10 @@ pub struct Tried {
     pub why: String,
     /// What this client last measured of the path to it (bytes a second), if anything.
     pub measured_bytes_per_s: Option<u64>,
+    /// Where its server holds the file, when not at the path asked for (a `repl` to another
+    /// path).
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub path: String,
 }
 
 /// A good replica with an address: where a get may fetch from.
@@ -59,6 +63,9 @@ struct Candidate {
     rate: Option<u64>,
     /// The server the command named.
     named: bool,
+    /// Where its server holds the file (`/…`): the replica's own path (a `repl` to another
+    /// path), else the path the command named.
+    path: String,
 }
 
 /// Runs `get` of `t` with replica selection; falls back to a plain get where the catalog has
@@ -88,7 +95,8 @@ pub async fn run(t: Transfer, choice: Choice, quiet: bool) -> Result<ExitCode> {
         }
     };
     let profiles = Profiles::default_location();
-    let (candidates, mut tried) = candidates(&stat, &t.remote.server(), profiles.as_ref());
+    let named = (t.remote.server(), t.remote.path.as_str());
+    let (candidates, mut tried) = candidates(&stat, named, profiles.as_ref());
     let candidates = match &choice {
         Choice::Best => candidates,
         Choice::Named(name) => {
@@ -115,11 +123,17 @@ pub async fn run(t: Transfer, choice: Choice, quiet: bool) -> Result<ExitCode> {
 /// rate last measured on the path to each (`Profiles::load_path`), highest first; paths never
 /// measured after them, the named server first among those. The named server is a candidate
 /// even when its catalog gives it no address, unless a replica at its address is not good.
+/// `named` is the server the command named and the path it named there.
 fn candidates(
     stat: &CatalogStat,
-    named: &str,
+    (named, asked): (String, &str),
     profiles: Option<&Profiles>,
 ) -> (Vec<Candidate>, Vec<Tried>) {
+    let named = named.as_str();
+    let path_of = |r: &ferry_proto::CatalogReplica| match r.path.is_empty() {
+        true => asked.to_owned(),
+        false => format!("/{}", r.path),
+    };
     let rate = |a: &str| profiles.and_then(|p| p.load_path(a)).map(|p| p.bytes_per_s);
     let mut out: Vec<Candidate> = Vec::new();
     let mut skipped = Vec::new();
@@ -132,6 +146,10 @@ fn candidates(
             outcome: "skipped",
             why,
             measured_bytes_per_s: rate(&r.address),
+            path: match r.path.is_empty() {
+                true => String::new(),
+                false => format!("/{}", r.path),
+            },
         };
         if r.state != ReplicaHealth::Good {
             skipped.push(skip(format!("the catalog reports it {}", r.state.as_str())));
@@ -143,6 +161,7 @@ fn candidates(
                 address: r.address.clone(),
                 rate: rate(&r.address),
                 named: r.address == named,
+                path: path_of(r),
             });
         }
     }
@@ -152,6 +171,7 @@ fn candidates(
             address: named.to_owned(),
             rate: rate(named),
             named: true,
+            path: asked.to_owned(),
         });
     }
     // Measured paths first, fastest first; then the named server; the catalog's order else.
@@ -194,11 +214,12 @@ async fn fetch(
         false => dest.to_owned(),
     };
     let mut wrote_bad = false;
+    let asked = t.remote.path.as_str();
     for c in candidates {
         let mut cfg = match config_for(t, &c) {
             Ok(cfg) => cfg,
             Err(why) => {
-                tried.push(outcome(&c, "skipped", why));
+                tried.push(outcome(&c, "skipped", why, asked));
                 continue;
             }
         };
@@ -212,7 +233,7 @@ async fn fetch(
         let remote = Remote {
             host: String::new(),
             port: 0,
-            path: t.remote.path.clone(),
+            path: c.path.clone(),
             ssh_user: None,
         };
         let remote = match address_host_port(&c.address) {
@@ -222,7 +243,12 @@ async fn fetch(
                 ..remote
             },
             Err(e) => {
-                tried.push(outcome(&c, "skipped", format!("not an address: {e:#}")));
+                tried.push(outcome(
+                    &c,
+                    "skipped",
+                    format!("not an address: {e:#}"),
+                    asked,
+                ));
                 continue;
             }
         };
@@ -230,24 +256,23 @@ async fn fetch(
         if let Ok(dir) = crate::state::state_dir() {
             apply_disk_profile(&mut cfg, &dir, dest, false);
         }
+        // A copy at another path lands where the named one would: under the name asked for.
+        let into = match c.path == t.remote.path {
+            true => dest,
+            false => target.as_path(),
+        };
         let progress = Arc::new(Progress::new(quiet || t.json));
-        let result = ferry_net::client::get_filtered(
-            &cfg,
-            &t.remote.path,
-            &t.filter,
-            dest,
-            progress.clone(),
-        )
-        .await;
+        let result =
+            ferry_net::client::get_filtered(&cfg, &c.path, &t.filter, into, progress.clone()).await;
         progress.finish();
         let report = match result {
             Ok(r) if r.is_success() => r,
             Ok(r) => {
-                tried.push(outcome(&c, "failed", r.errors.join("; ")));
+                tried.push(outcome(&c, "failed", r.errors.join("; "), asked));
                 continue;
             }
             Err(e) => {
-                tried.push(outcome(&c, "failed", failed(&e)));
+                tried.push(outcome(&c, "failed", failed(&e), asked));
                 continue;
             }
         };
@@ -262,10 +287,11 @@ async fn fetch(
                     "its bytes have digest {}:{got}, not the registered {}:{want}",
                     stat.object.algo, stat.object.algo
                 ),
+                asked,
             ));
             continue;
         }
-        tried.push(outcome(&c, "served", String::new()));
+        tried.push(outcome(&c, "served", String::new(), asked));
         remember(&Ok(report.clone()), profile, quiet);
         if !quiet && !t.json && tried.len() > 1 {
             eprintln!("{}", summary(&tried));
@@ -334,13 +360,17 @@ fn config_for(t: &Transfer, c: &Candidate) -> Result<ClientConfig, String> {
     Ok(cfg)
 }
 
-fn outcome(c: &Candidate, outcome: &'static str, why: String) -> Tried {
+fn outcome(c: &Candidate, outcome: &'static str, why: String, asked: &str) -> Tried {
     Tried {
         server: c.server.clone(),
         address: c.address.clone(),
         outcome,
         why,
         measured_bytes_per_s: c.rate,
+        path: match c.path == asked {
+            true => String::new(),
+            false => c.path.clone(),
+        },
     }
 }
 
@@ -353,10 +383,13 @@ fn summary(tried: &[Tried]) -> String {
     let each: Vec<String> = tried
         .iter()
         .map(|r| {
-            let who = match r.server.is_empty() {
+            let mut who = match r.server.is_empty() {
                 true => r.address.clone(),
                 false => format!("{} at {}", r.server, r.address),
             };
+            if !r.path.is_empty() {
+                who = format!("{who} {}", crate::output::clean(&r.path));
+            }
             match r.why.is_empty() {
                 true => format!("{who}: {}", r.outcome),
                 false => format!("{who}: {} ({})", r.outcome, r.why),
@@ -389,6 +422,7 @@ mod tests {
                     physical: format!("/srv/{server}/f"),
                     state: *state,
                     address: (*address).into(),
+                    path: String::new(),
                 })
                 .collect(),
             metadata: Vec::new(),
@@ -410,7 +444,7 @@ mod tests {
             ("e", "e:1", ReplicaHealth::Bad),
             ("f", "", ReplicaHealth::Good),
         ]);
-        let (c, skipped) = candidates(&s, "d:1", Some(&p));
+        let (c, skipped) = candidates(&s, ("d:1".into(), "/f"), Some(&p));
         let order: Vec<&str> = c.iter().map(|c| c.server.as_str()).collect();
         assert_eq!(order, ["c", "b", "d", "a"]);
         assert!(c[2].named && !c[0].named);
@@ -428,16 +462,36 @@ mod tests {
     }
 
     #[test]
+    fn a_replica_at_a_path_of_its_own_is_fetched_there() {
+        let mut s = stat(&[
+            ("a", "a:1", ReplicaHealth::Good),
+            ("b", "b:1", ReplicaHealth::Good),
+        ]);
+        s.replicas[1].path = "elsewhere/g".into();
+        let (c, _) = candidates(&s, ("a:1".into(), "/f"), None);
+        let paths: Vec<(&str, &str)> = c
+            .iter()
+            .map(|c| (c.server.as_str(), c.path.as_str()))
+            .collect();
+        assert_eq!(paths, [("a", "/f"), ("b", "/elsewhere/g")]);
+        let shown = outcome(&c[1], "failed", "down".into(), "/f");
+        assert_eq!(
+            summary(&[shown]),
+            "replicas: b at b:1 /elsewhere/g: failed (down)"
+        );
+    }
+
+    #[test]
     fn the_named_server_is_tried_unless_its_catalog_reports_its_copy_bad() {
         let s = stat(&[("b", "b:1", ReplicaHealth::Good)]);
-        let (c, _) = candidates(&s, "a:1", None);
+        let (c, _) = candidates(&s, ("a:1".into(), "/f"), None);
         let order: Vec<(&str, bool)> = c.iter().map(|c| (c.address.as_str(), c.named)).collect();
         assert_eq!(order, [("a:1", true), ("b:1", false)]);
         let s = stat(&[
             ("a", "a:1", ReplicaHealth::Stale),
             ("b", "b:1", ReplicaHealth::Good),
         ]);
-        let (c, skipped) = candidates(&s, "a:1", None);
+        let (c, skipped) = candidates(&s, ("a:1".into(), "/f"), None);
         assert_eq!(c.len(), 1);
         assert_eq!(c[0].server, "b");
         assert_eq!(skipped[0].why, "the catalog reports it stale");

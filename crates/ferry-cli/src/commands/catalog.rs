@@ -570,7 +570,7 @@ fn stat_json(s: &CatalogStat) -> Value {
         .iter()
         .map(|r| {
             json!({"server": r.server, "physical": r.physical, "state": r.state.as_str(),
-                   "address": r.address})
+                   "address": r.address, "path": format!("/{}", r.path_or(&s.object.path))})
         })
         .collect();
     let metadata: Vec<Value> = s.metadata.iter().map(meta_json).collect();
@@ -656,6 +656,11 @@ fn print_stat(s: &CatalogStat) {
         let at = match r.address.is_empty() {
             true => String::new(),
             false => format!(" (at {})", clean(&r.address)),
+        };
+        // A copy a `repl` made at another path: where its server holds it.
+        let at = match r.path.is_empty() {
+            true => at,
+            false => format!(" as /{}{at}", clean(&r.path)),
         };
         println!(
             "{head:<10} {} {} {}{at}",

@@ -10,7 +10,7 @@ use anyhow::{bail, Context, Result};
 use ferry_net::copy::{CopyConfig, CopyReport};
 use ferry_units::units::format_bytes_2dp as human_bytes;
 
-use super::transfer::{failure, start_oneshot};
+use super::transfer::{failure, policy_checksum, start_oneshot};
 use crate::args::CpArgs;
 use crate::config::cp_config;
 use crate::error::usage;
@@ -31,10 +31,31 @@ pub async fn run(args: CpArgs, quiet: bool) -> Result<ExitCode> {
         return result;
     }
     let progress = Arc::new(Progress::new(quiet || json));
-    let result = match args.pull {
-        true => ferry_net::copy::pull(&cfg, &src.path, &dst.path, progress.clone()).await,
-        false => ferry_net::copy::copy(&cfg, &src.path, &dst.path, progress.clone()).await,
+    let copy = |cfg: CopyConfig, progress: Arc<Progress>| {
+        let (src, dst) = (src.path.clone(), dst.path.clone());
+        async move {
+            match args.pull {
+                true => ferry_net::copy::pull(&cfg, &src, &dst, progress).await,
+                false => ferry_net::copy::copy(&cfg, &src, &dst, progress).await,
+            }
+        }
     };
+    let mut result = copy(cfg.clone(), progress.clone()).await;
+    // As put: the destination's policy registers another digest than the default this copy
+    // was made with, and refused it before any data moved: copy again with the policy's.
+    let chosen = args.transfer.checksum.is_some();
+    if let Some(want) = policy_checksum(&result, chosen, cfg.source.opts.checksum) {
+        if !quiet {
+            eprintln!(
+                "note: {}'s policy for {} registers {} digests: copying with --checksum {2}",
+                dst.host,
+                dst.path,
+                ferry_core::digest::algo_name(want),
+            );
+        }
+        cfg.source.opts.checksum = want;
+        result = copy(cfg.clone(), progress.clone()).await;
+    }
     progress.finish();
     for o in [source_ssh, dest_ssh].into_iter().flatten() {
         o.finish().await;

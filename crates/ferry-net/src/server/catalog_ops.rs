@@ -40,8 +40,10 @@ pub(super) async fn serve(
         return Err(denied(grant, request.name(), "anything"));
     }
     let catalog = shared.config.catalog.clone();
-    // Addresses only to a client that asked for them: an older one reads tag 2 alone.
+    // Addresses only to a client that asked for them: an older one reads tag 2 alone; a
+    // replica's own path only to one that reads tag 7.
     let addresses = matches!(request, CatalogRequest::Locate { .. });
+    let paths = caps.has(Capabilities::REPLICA_PATH);
     let answer = match request {
         CatalogRequest::Stat { path } | CatalogRequest::Locate { path } => {
             let rel = readable(shared, grant, &path)?;
@@ -63,7 +65,7 @@ pub(super) async fn serve(
             .await?;
             match stat.map_err(|e| refused(e, &path))? {
                 (Some(s), owed) => {
-                    let mut stat = stat_of(s, addresses);
+                    let mut stat = stat_of(s, addresses, paths);
                     stat.policy = policy.map(|p| policy_of(&p, owed));
                     CatalogAnswer::Stat(Box::new(stat))
                 }
@@ -117,6 +119,7 @@ pub(super) async fn serve(
             server,
             physical,
             address,
+            at,
         } => {
             // A record of a copy elsewhere, made by the client's `repl` with what it may read
             // here: it never touches this server's own replicas or files (SECURITY.md). The
@@ -124,7 +127,8 @@ pub(super) async fn serve(
             let rel = readable(shared, grant, &path)?;
             let catalog = needed(catalog)?;
             let n = blocking(move || {
-                let n = catalog.record_replicas(&rel, recursive, &server, &physical)?;
+                let at = Some(at.as_str()).filter(|a| !a.is_empty());
+                let n = catalog.record_replicas(&rel, recursive, &server, &physical, at)?;
                 if n > 0 && !address.is_empty() {
                     catalog.note_address(&server, &address)?;
                 }
@@ -506,6 +510,7 @@ fn refused(e: CatalogError, raw: &str) -> SessionError {
         CatalogError::TooLong { .. }
         | CatalogError::Empty(_)
         | CatalogError::BadCondition(..)
+        | CatalogError::BadPath(..)
         | CatalogError::Shared => ErrorCode::BAD_REQUEST,
         _ => ErrorCode::IO,
     };
@@ -553,8 +558,9 @@ fn entry_of(a: Avu) -> MetaEntry {
     }
 }
 
-/// The catalog's stat on the wire; each replica's address only when `addresses` (a `Locate`).
-fn stat_of(s: ferry_catalog::Stat, addresses: bool) -> CatalogStat {
+/// The catalog's stat on the wire; each replica's address only when `addresses` (a `Locate`),
+/// its own path only when `paths` (a client that reads them).
+fn stat_of(s: ferry_catalog::Stat, addresses: bool, paths: bool) -> CatalogStat {
     CatalogStat {
         object: object_of(s.object),
         replicas: s
@@ -571,6 +577,10 @@ fn stat_of(s: ferry_catalog::Stat, addresses: bool) -> CatalogStat {
                 },
                 address: match addresses {
                     true => r.address,
+                    false => String::new(),
+                },
+                path: match paths {
+                    true => r.path.unwrap_or_default(),
                     false => String::new(),
                 },
             })

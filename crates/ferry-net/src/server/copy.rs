@@ -392,7 +392,7 @@ fn to_peer(doing: &str, peer: &str, e: SessionError) -> SessionError {
     };
     SessionError::Remote {
         code,
-        message: format!("{doing} {peer}: {message}"),
+        message: crate::error::within(code, &format!("{doing} {peer}"), &message),
     }
 }
 

@@ -210,19 +210,23 @@ async fn to_peer(
         return Ok(());
     }
     let me = catalog.name().to_owned();
-    let copies: Vec<(String, String)> = theirs
+    // Each with its path there: a replica the peer's catalog knows at another path.
+    let copies: Vec<(String, String, String)> = theirs
         .replicas
         .iter()
         .filter(|r| r.state == ReplicaHealth::Good && r.server != me)
-        .map(|r| (r.server.clone(), r.physical.clone()))
+        .map(|r| {
+            let at = r.path_or(&theirs.object.path).to_owned();
+            (r.server.clone(), r.physical.clone(), at)
+        })
         .collect();
     if copies.is_empty() {
         return Err("its catalog shows no good replica of its own".into());
     }
     let c = catalog.clone();
     tokio::task::spawn_blocking(move || {
-        for (server, physical) in &copies {
-            c.record_replicas(&path, false, server, physical)?;
+        for (server, physical, at) in &copies {
+            c.record_replicas(&path, false, server, physical, Some(at))?;
         }
         Ok::<_, ferry_catalog::CatalogError>(())
     })

@@ -30,6 +30,8 @@ const OP_REPLICATED: u8 = 11;
 const OP_LOCATE: u8 = 12;
 /// `Replicated` with the other server's address.
 const OP_REPLICATED_AT: u8 = 13;
+/// `Replicated` with the copy's own path there (and an address, empty when unknown).
+const OP_REPLICATED_PATH: u8 = 14;
 
 const ANSWER_DONE: u8 = 1;
 const ANSWER_STAT: u8 = 2;
@@ -38,6 +40,8 @@ const ANSWER_FOUND: u8 = 4;
 const ANSWER_VERIFIED: u8 = 5;
 /// A stat whose replicas carry addresses (only when one has one: the encoding is canonical).
 const ANSWER_STAT_AT: u8 = 6;
+/// A stat whose replicas carry addresses and paths of their own (only when one has a path).
+const ANSWER_STAT_PATH: u8 = 7;
 
 /// A find's optional parts, present when their bit is set.
 const FIND_NAME: u8 = 1;
@@ -122,17 +126,22 @@ pub(super) fn put_request(out: &mut BytesMut, req: &CatalogRequest) {
             server,
             physical,
             address,
+            at,
         } => {
-            out.put_u8(match address.is_empty() {
-                true => OP_REPLICATED,
-                false => OP_REPLICATED_AT,
+            out.put_u8(match (at.is_empty(), address.is_empty()) {
+                (false, _) => OP_REPLICATED_PATH,
+                (true, true) => OP_REPLICATED,
+                (true, false) => OP_REPLICATED_AT,
             });
             out.put_u8(u8::from(*recursive));
             put_str(out, path);
             put_str(out, server);
             put_str(out, physical);
-            if !address.is_empty() {
+            if !address.is_empty() || !at.is_empty() {
                 put_str(out, address);
+            }
+            if !at.is_empty() {
+                put_str(out, at);
             }
         }
     }
@@ -224,20 +233,31 @@ pub(super) fn decode_request(r: &mut Reader<'_>) -> Result<Frame, DecodeError> {
             }
             CatalogRequest::Tar { path, paths }
         }
-        op @ (OP_REPLICATED | OP_REPLICATED_AT) => CatalogRequest::Replicated {
-            recursive: flag(r, "recursive")?,
-            path: r.str("path", MAX_PATH)?,
-            server: r.str("server", MAX_SERVER_NAME)?,
-            physical: r.str("physical", MAX_PHYSICAL)?,
-            address: match op {
-                OP_REPLICATED => String::new(),
-                // Op 11 says "no address": an empty one here would be a second encoding.
-                _ => match r.str("address", MAX_ADDRESS)? {
-                    a if a.is_empty() => return Err(invalid("address", 0u8)),
-                    a => a,
+        op @ (OP_REPLICATED | OP_REPLICATED_AT | OP_REPLICATED_PATH) => {
+            CatalogRequest::Replicated {
+                recursive: flag(r, "recursive")?,
+                path: r.str("path", MAX_PATH)?,
+                server: r.str("server", MAX_SERVER_NAME)?,
+                physical: r.str("physical", MAX_PHYSICAL)?,
+                address: match op {
+                    OP_REPLICATED => String::new(),
+                    OP_REPLICATED_PATH => r.str("address", MAX_ADDRESS)?,
+                    // Op 11 says "no address": an empty one here would be a second encoding.
+                    _ => match r.str("address", MAX_ADDRESS)? {
+                        a if a.is_empty() => return Err(invalid("address", 0u8)),
+                        a => a,
+                    },
                 },
-            },
-        },
+                at: match op {
+                    // Likewise ops 11 and 13 say "at `path`".
+                    OP_REPLICATED_PATH => match r.str("at", MAX_PATH)? {
+                        a if a.is_empty() => return Err(invalid("at", 0u8)),
+                        a => a,
+                    },
+                    _ => String::new(),
+                },
+            }
+        }
         OP_LOCATE => CatalogRequest::Locate {
             path: r.str("path", MAX_PATH)?,
         },
@@ -309,8 +329,13 @@ pub(super) fn put_answer(out: &mut BytesMut, answer: &CatalogAnswer) {
             out.put_u64(*objects);
         }
         CatalogAnswer::Stat(s) => {
-            let at = s.replicas.iter().any(|r| !r.address.is_empty());
-            out.put_u8(if at { ANSWER_STAT_AT } else { ANSWER_STAT });
+            let paths = s.replicas.iter().any(|r| !r.path.is_empty());
+            let at = paths || s.replicas.iter().any(|r| !r.address.is_empty());
+            out.put_u8(match (paths, at) {
+                (true, _) => ANSWER_STAT_PATH,
+                (false, true) => ANSWER_STAT_AT,
+                (false, false) => ANSWER_STAT,
+            });
             put_object(out, &s.object);
             out.put_u16(wire_len(s.replicas.len(), "replicas"));
             for rep in &s.replicas {
@@ -319,6 +344,9 @@ pub(super) fn put_answer(out: &mut BytesMut, answer: &CatalogAnswer) {
                 out.put_u8(rep.state as u8);
                 if at {
                     put_str(out, &rep.address);
+                }
+                if paths {
+                    put_str(out, &rep.path);
                 }
             }
             put_metas(out, &s.metadata);
@@ -426,8 +454,9 @@ pub(super) fn decode_answer(r: &mut Reader<'_>) -> Result<Frame, DecodeError> {
             entries: r.u64("entries")?,
             objects: r.u64("objects")?,
         },
-        tag @ (ANSWER_STAT | ANSWER_STAT_AT) => {
-            let at = tag == ANSWER_STAT_AT;
+        tag @ (ANSWER_STAT | ANSWER_STAT_AT | ANSWER_STAT_PATH) => {
+            let paths = tag == ANSWER_STAT_PATH;
+            let at = paths || tag == ANSWER_STAT_AT;
             let object = decode_object(r)?;
             let n = count(r, "replicas", MAX_REPLICAS)?;
             let mut replicas = Vec::with_capacity(n.min(r.remaining() / MIN_REPLICA_LEN));
@@ -445,10 +474,18 @@ pub(super) fn decode_answer(r: &mut Reader<'_>) -> Result<Frame, DecodeError> {
                         true => r.str("address", MAX_ADDRESS)?,
                         false => String::new(),
                     },
+                    path: match paths {
+                        true => r.str("replica path", MAX_PATH)?,
+                        false => String::new(),
+                    },
                 });
             }
-            // Addresses are sent only when one is known: none would be the other encoding.
-            if at && replicas.iter().all(|r| r.address.is_empty()) {
+            // Addresses are sent only when one is known, paths only when one is a replica's
+            // own: none would be another tag's encoding.
+            if paths && replicas.iter().all(|r| r.path.is_empty()) {
+                return Err(invalid("tag", tag));
+            }
+            if tag == ANSWER_STAT_AT && replicas.iter().all(|r| r.address.is_empty()) {
                 return Err(invalid("tag", tag));
             }
             let metadata = decode_metas(r)?;
