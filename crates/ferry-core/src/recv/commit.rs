@@ -15,8 +15,10 @@ pub struct Stored {
     pub algo: ChecksumAlgo,
 }
 
-/// Told of each batch the finalizer commits, on the finalizer's thread (a blocking call is
-/// fine there; it delays only the batch's renames).
+/// Told of each batch the finalizer commits, on the finalizer's threads (a blocking call is
+/// fine there; it delays only the batch's renames): `before_sync` on the one that syncs,
+/// `after_rename` on the one that names, so a batch's `after_rename` may overlap the next
+/// batch's `before_sync`.
 pub trait CommitHook: Send + Sync {
     /// Before the batch's sync and its renames. `syncfs`: the file system (its `st_dev`) the
     /// batch's `syncfs` flushes, so that what the hook has written there by its return is

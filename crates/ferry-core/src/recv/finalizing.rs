@@ -129,26 +129,60 @@ fn finish_tree(file: &File, mut tree: Blake3Tree) -> std::io::Result<Vec<u8>> {
 impl Receiver {
     /// Makes ready files durable in batches, then gives them their final names. Holds only a weak
     /// reference, so that dropping the receiver ends it.
+    ///
+    /// Two stages: this thread syncs batch k+1 while a second one names batch k (its links and
+    /// directory syncs), so a batch's names no longer wait behind the next batch's `syncfs`,
+    /// nor that `syncfs` behind the names (the tiny tree's tail at 100 ms was this one thread's
+    /// backlog; docs/bench/NOTEBOOK.md, "Issue 37: the server's small-file writes on ext4"). At
+    /// most one synced batch waits for the namer, so memory stays bounded.
     pub(super) fn finalizer(
         receiver: std::sync::Weak<Receiver>,
         jobs: flume::Receiver<FinalizeJob>,
     ) {
-        while let Ok(first) = jobs.recv() {
-            let mut batch = vec![first];
-            while batch.len() < 4096 {
-                match jobs.try_recv() {
-                    Ok(j) => batch.push(j),
-                    Err(_) => break,
+        let (synced_tx, synced) = flume::bounded::<Vec<FinalizeJob>>(1);
+        std::thread::scope(|s| {
+            let namer = std::thread::Builder::new()
+                .name("ferry-name".into())
+                .spawn_scoped(s, || {
+                    while let Ok(batch) = synced.recv() {
+                        let Some(rx) = receiver.upgrade() else { return };
+                        rx.name_batch(batch);
+                    }
+                });
+            while let Ok(first) = jobs.recv() {
+                let mut batch = vec![first];
+                while batch.len() < 4096 {
+                    match jobs.try_recv() {
+                        Ok(j) => batch.push(j),
+                        Err(_) => break,
+                    }
+                }
+                let Some(rx) = receiver.upgrade() else { return };
+                let Some(batch) = rx.sync_batch(batch) else {
+                    continue;
+                };
+                drop(rx);
+                match &namer {
+                    Ok(_) => {
+                        if synced_tx.send(batch).is_err() {
+                            return;
+                        }
+                    }
+                    // No second thread: named here, in series, as one stage.
+                    Err(_) => {
+                        let Some(rx) = receiver.upgrade() else { return };
+                        rx.name_batch(batch);
+                    }
                 }
             }
-            let Some(rx) = receiver.upgrade() else { return };
-            rx.finalize_batch(batch);
-        }
+            drop(synced_tx);
+        });
     }
 
-    /// Makes a batch of verified files, their mode and mtime set, durable and gives each its
-    /// final name.
-    pub(super) fn finalize_batch(&self, ok: Vec<FinalizeJob>) {
+    /// Tells the commit hook of a batch and makes it durable: one sync for the batch, `syncfs`
+    /// when several files share it (a hook's records ride on it), `fsync` for a lone file.
+    /// `None` when the batch failed (every file of it is failed).
+    fn sync_batch(&self, ok: Vec<FinalizeJob>) -> Option<Vec<FinalizeJob>> {
         let hook = self.commit_hook.get().filter(|_| !ok.is_empty());
         if let Some(hook) = hook {
             if let Err(e) = self.tell_before_sync(hook.as_ref(), &ok) {
@@ -156,11 +190,9 @@ impl Receiver {
                     let msg = format!("{}: cannot record it before storing: {e}", job.meta.path);
                     self.finalize_failed(job, msg, std::io::Error::new(e.kind(), e.to_string()));
                 }
-                return;
+                return None;
             }
         }
-        // One sync for the batch: syncfs when several files share it (a hook's records ride on
-        // it), fsync for a lone file.
         let sync = match ok.as_slice() {
             [] => Ok(()),
             [one] => root::fsync(&*one.file),
@@ -174,8 +206,15 @@ impl Receiver {
                     std::io::Error::from(e.kind()),
                 );
             }
-            return;
+            return None;
         }
+        Some(ok)
+    }
+
+    /// Gives each file of a durable batch its final name and makes the names durable, then
+    /// tells the hook and resolves them.
+    fn name_batch(&self, ok: Vec<FinalizeJob>) {
+        let hook = self.commit_hook.get().filter(|_| !ok.is_empty());
         let renamed = self.rename_batch(ok);
         // Told before the files resolve, so a sender told they are stored finds them recorded
         // (a hook that registers them later settles that before answering for them).
