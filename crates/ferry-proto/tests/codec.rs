@@ -772,12 +772,17 @@ proptest! {
         let mut payload = payload_of(&frame).to_vec();
         payload.extend_from_slice(&extra);
         let ty = frame.frame_type();
-        // A plain copy's request may end with its optional flags byte: a 1 there is `only`,
-        // and only what follows it is trailing; a 2 or 3 says stripe hosts follow, and what
-        // follows is read as them.
-        let flagless = matches!(&frame, Frame::CopyRequest(c) if !c.only && c.stripes.is_empty());
-        let optional = flagless && extra[0] == 1;
-        let striped = flagless && matches!(extra[0], 2 | 3);
+        // A plain copy's request may end with its optional flags byte (bit 0 `only`, bit 1
+        // stripe hosts follow, bit 2 `pull`): one without stripes is read as the flags, and
+        // only what follows it is trailing; one with the stripe bit says stripe hosts follow,
+        // and what follows is read as them.
+        let flagless = matches!(
+            &frame,
+            Frame::CopyRequest(c) if !c.only && !c.pull && c.stripes.is_empty()
+        );
+        let flags = extra[0];
+        let optional = flagless && matches!(flags, 1 | 4 | 5);
+        let striped = flagless && matches!(flags, 2 | 3 | 6 | 7);
         let decoded = Frame::decode(ty, payload.into());
         // A stat without a policy may be followed by one: what follows is read as a policy,
         // and refused as one (a tag other than 1, or too short).
@@ -788,7 +793,14 @@ proptest! {
         if bare_stat || striped {
             prop_assert!(decoded.is_err(), "{:?}", decoded);
         } else if optional && extra.len() == 1 {
-            prop_assert!(matches!(decoded, Ok(Frame::CopyRequest(c)) if c.only));
+            prop_assert!(
+                matches!(
+                    &decoded,
+                    Ok(Frame::CopyRequest(c)) if c.only == (flags & 1 != 0) && c.pull == (flags & 4 != 0)
+                ),
+                "{:?}",
+                decoded
+            );
         } else {
             prop_assert_eq!(
                 decoded,
