@@ -146,10 +146,7 @@ fn candidates(
             outcome: "skipped",
             why,
             measured_bytes_per_s: rate(&r.address),
-            path: match r.path.is_empty() {
-                true => String::new(),
-                false => format!("/{}", r.path),
-            },
+            path: shown(&path_of(r), asked),
         };
         if r.state != ReplicaHealth::Good {
             skipped.push(skip(format!("the catalog reports it {}", r.state.as_str())));
@@ -367,10 +364,15 @@ fn outcome(c: &Candidate, outcome: &'static str, why: String, asked: &str) -> Tr
         outcome,
         why,
         measured_bytes_per_s: c.rate,
-        path: match c.path == asked {
-            true => String::new(),
-            false => c.path.clone(),
-        },
+        path: shown(&c.path, asked),
+    }
+}
+
+/// A replica's path as a report shows it: empty when it is the path asked for.
+fn shown(path: &str, asked: &str) -> String {
+    match path == asked {
+        true => String::new(),
+        false => path.to_owned(),
     }
 }
 
