@@ -621,11 +621,13 @@ pub(crate) fn sqlite(conn: Connection) -> Result<Conn, CatalogError> {
     conn.pragma_update(None, "synchronous", "NORMAL")?;
     conn.pragma_update(None, "foreign_keys", true)?;
     conn.pragma_update(None, "cache_size", -65_536)?;
+    // The registration's statements, one per size and kind, besides the catalog's others.
+    conn.set_prepared_statement_cache_capacity(128);
     conn.busy_timeout(std::time::Duration::from_secs(5))?;
     Ok(Conn::Sqlite(conn))
 }
 
-/// The intents of `files`, in one transaction: a statement for up to [`BULK_ROWS`] of them
+/// The intents of `files`, in one transaction: a statement for up to 256 of them ([`RUN_SIZES`])
 /// (a statement per file cost a PostgreSQL catalog a round trip per file on the finalizer's
 /// path). A path twice in `files` keeps its last intent, as one statement each would.
 fn write_intents(conn: &mut Conn, server: &str, files: &[Commit]) -> Result<(), CatalogError> {
@@ -645,7 +647,7 @@ fn write_intents(conn: &mut Conn, server: &str, files: &[Commit]) -> Result<(), 
                     &f.physical
                 ]);
             }
-            tx.rows_planned(
+            tx.run(
                 &format!(
                     "INSERT INTO pending
                          (path, size, mtime_ns, digest, algo, stored_by, physical, since, server)
@@ -663,7 +665,7 @@ fn write_intents(conn: &mut Conn, server: &str, files: &[Commit]) -> Result<(), 
     })
 }
 
-/// `files` in runs of at most [`BULK_ROWS`] in which no path is twice, in order: one
+/// `files` in runs in which no path is twice, in order, each of one of [`RUN_SIZES`]: one
 /// statement may not upsert a row twice (PostgreSQL refuses it), and a path's later commit
 /// must land after its earlier one.
 fn unique_runs(files: &[Commit]) -> Vec<&[Commit]> {
@@ -671,15 +673,37 @@ fn unique_runs(files: &[Commit]) -> Vec<&[Commit]> {
     let mut start = 0;
     let mut seen = std::collections::HashSet::new();
     for (i, f) in files.iter().enumerate() {
-        if i - start == BULK_ROWS || !seen.insert(f.path.as_str()) {
-            runs.push(&files[start..i]);
+        if i - start == RUN_SIZES[0] || !seen.insert(f.path.as_str()) {
+            runs.extend(sized(&files[start..i]));
             start = i;
             seen.clear();
             seen.insert(f.path.as_str());
         }
     }
-    if start < files.len() {
-        runs.push(&files[start..]);
+    runs.extend(sized(&files[start..]));
+    runs
+}
+
+/// The row counts of the statements that register a put's files: a run of any length goes
+/// as a few statements of these sizes (255 rows as 12), so that each database keeps one
+/// prepared statement per size and kind, instead of parsing (and PostgreSQL planning) a new
+/// text for each count a batch happened to have (the tails' texts were most of SQLite's
+/// `prepare` in a tiny-tree put's profile). 256 rows of 7 parameters: under either
+/// database's limit.
+const RUN_SIZES: [usize; 5] = [256, 64, 16, 4, 1];
+
+/// `items` cut into runs of [`RUN_SIZES`], largest first, in order.
+fn sized<T>(mut items: &[T]) -> Vec<&[T]> {
+    let mut runs = Vec::new();
+    while !items.is_empty() {
+        let n = RUN_SIZES
+            .iter()
+            .copied()
+            .find(|&n| n <= items.len())
+            .unwrap_or(1);
+        let (run, rest) = items.split_at(n);
+        runs.push(run);
+        items = rest;
     }
     runs
 }
@@ -714,16 +738,15 @@ fn listed(first: usize, n: usize) -> String {
 }
 
 /// Registers `files` as stored here, each upserting its object and this server's replica and
-/// clearing its intent, a few statements for up to [`BULK_ROWS`] of them instead of five a
+/// clearing its intent, a few statements for up to 256 of them ([`RUN_SIZES`]) instead of five a
 /// file (one PostgreSQL round trip each: 5.4 s of a 10,000-file put's 6.8, notebook "Issue
 /// 39: the catalog's cost on the tiny tree, quiet, statements per batch"): the objects of
 /// these paths are read (and, on PostgreSQL, key-share locked) at once; those with the same
 /// contents keep their row, the others are upserted in one statement and the other servers'
 /// replicas of them made stale in one; this server's replicas are upserted in one; the
 /// intents of exactly these contents are cleared. Returns the objects' ids in `files`' order.
-/// These statements, and [`write_intents`]', run unprepared (`rows_planned`): their text
-/// varies with the count, and PostgreSQL would keep each count's prepared statement for the
-/// connection's life.
+/// Every statement is for one of [`RUN_SIZES`] rows, prepared once per connection, but the
+/// one making other servers' copies stale, which only an overwrite runs.
 fn register_many(
     tx: &mut Conn,
     server: &str,
@@ -736,7 +759,8 @@ fn register_many(
     for chunk in unique_runs(files) {
         let paths: Vec<crate::db::Arg<'_>> = chunk.iter().map(|f| (&f.path).into()).collect();
         let mut same: HashMap<String, i64> = HashMap::with_capacity(chunk.len());
-        let rows = tx.rows_planned(
+        let mut existing: std::collections::HashSet<&str> = std::collections::HashSet::new();
+        let rows = tx.rows(
             &format!(
                 "SELECT id, path, size, mtime_ns, digest, algo FROM objects WHERE path IN ({}){}",
                 listed(0, chunk.len()),
@@ -748,13 +772,15 @@ fn register_many(
         for mut r in rows {
             let (id, path) = (r.int(0)?, r.text(1)?);
             let (size, mtime, digest, algo) = (r.int(2)?, r.int(3)?, r.blob(4)?, r.text(5)?);
-            if let Some(f) = by_path.get(path.as_str()) {
+            if let Some((&key, f)) = by_path.get_key_value(path.as_str()) {
                 if size == size_i64(f.size)
                     && mtime == f.mtime_ns
                     && digest == f.digest
                     && algo == f.algo
                 {
                     same.insert(path, id);
+                } else {
+                    existing.insert(key);
                 }
             }
         }
@@ -763,10 +789,10 @@ fn register_many(
             .filter(|f| !same.contains_key(&f.path))
             .collect();
         let mut upserted: HashMap<String, i64> = HashMap::with_capacity(changed.len());
-        if !changed.is_empty() {
-            let mut a = Vec::with_capacity(1 + changed.len() * 6);
+        for run in sized(&changed) {
+            let mut a = Vec::with_capacity(1 + run.len() * 6);
             a.extend_from_slice(args![at]);
-            for f in &changed {
+            for f in run {
                 a.extend_from_slice(args![
                     &f.path,
                     size_i64(f.size),
@@ -783,21 +809,28 @@ fn register_many(
                      mtime_ns = excluded.mtime_ns, digest = excluded.digest, algo = excluded.algo,
                      stored_by = excluded.stored_by, stored_at = excluded.stored_at
                  RETURNING id, path",
-                numbered(1, 6, changed.len(), ", ?1")
+                numbered(1, 6, run.len(), ", ?1")
             );
-            for mut r in tx.rows_planned(&sql, &a)? {
+            for mut r in tx.rows(&sql, &a)? {
                 let id = r.int(0)?;
                 upserted.insert(r.text(1)?, id);
             }
-            // A new copy here makes the other servers' copies stale until they are
-            // replicated again.
-            let mut a = Vec::with_capacity(1 + upserted.len());
+        }
+        // A new copy here of an object that was registered makes the other servers' copies
+        // stale until they are replicated again (a new object has no other copies).
+        let overwritten: Vec<i64> = changed
+            .iter()
+            .filter(|f| existing.contains(f.path.as_str()))
+            .filter_map(|f| upserted.get(&f.path).copied())
+            .collect();
+        if !overwritten.is_empty() {
+            let mut a = Vec::with_capacity(1 + overwritten.len());
             a.push(server.into());
-            a.extend(upserted.values().map(|&id| crate::db::Arg::Int(id)));
+            a.extend(overwritten.iter().map(|&id| crate::db::Arg::Int(id)));
             tx.rows_planned(
                 &format!(
                     "UPDATE replicas SET state = 'stale' WHERE server <> ?1 AND object IN ({})",
-                    listed(1, upserted.len())
+                    listed(1, overwritten.len())
                 ),
                 &a,
             )?;
@@ -816,7 +849,7 @@ fn register_many(
         for (f, &id) in chunk.iter().zip(&chunk_ids) {
             a.extend_from_slice(args![id, &f.physical]);
         }
-        tx.rows_planned(
+        tx.run(
             &format!(
                 "INSERT INTO replicas (object, physical, server, state) VALUES {}
                  ON CONFLICT (object, server) DO UPDATE SET physical = excluded.physical,
@@ -897,7 +930,7 @@ fn clear_intents(tx: &mut Conn, server: &str, files: &[Commit]) -> Result<(), Ca
     let mut a = Vec::with_capacity(1 + files.len());
     a.push(server.into());
     a.extend(files.iter().map(|f| crate::db::Arg::from(&f.path)));
-    let rows = tx.rows_planned(
+    let rows = tx.rows(
         &format!(
             "SELECT server, path, size, mtime_ns, digest FROM pending
              WHERE server IN (?1, '') AND path IN ({})",
@@ -923,19 +956,18 @@ fn clear_intents(tx: &mut Conn, server: &str, files: &[Commit]) -> Result<(), Ca
         }
     }
     for (owner, paths) in [(server, here), ("", before)] {
-        if paths.is_empty() {
-            continue;
+        for run in sized(&paths) {
+            let mut a = Vec::with_capacity(1 + run.len());
+            a.push(owner.into());
+            a.extend(run.iter().map(crate::db::Arg::from));
+            tx.run(
+                &format!(
+                    "DELETE FROM pending WHERE server = ?1 AND path IN ({})",
+                    listed(1, run.len())
+                ),
+                &a,
+            )?;
         }
-        let mut a = Vec::with_capacity(1 + paths.len());
-        a.push(owner.into());
-        a.extend(paths.iter().map(crate::db::Arg::from));
-        tx.rows_planned(
-            &format!(
-                "DELETE FROM pending WHERE server = ?1 AND path IN ({})",
-                listed(1, paths.len())
-            ),
-            &a,
-        )?;
     }
     Ok(())
 }
@@ -1090,4 +1122,52 @@ pub(crate) fn size_i64(n: u64) -> i64 {
 
 pub(crate) fn size_u64(n: i64) -> u64 {
     u64::try_from(n).unwrap_or(0)
+}
+
+#[cfg(test)]
+mod runs {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn commit(path: &str) -> Commit {
+        Commit {
+            path: path.to_owned(),
+            size: 1,
+            mtime_ns: 0,
+            digest: vec![0; 32],
+            algo: "blake3".into(),
+            stored_by: String::new(),
+            physical: String::new(),
+        }
+    }
+
+    proptest! {
+        /// Every run is of a size a statement is prepared for, holds no path twice, and the
+        /// runs together are the files in their order.
+        #[test]
+        fn runs_are_of_the_prepared_sizes_unique_and_in_order(
+            paths in proptest::collection::vec("[a-e]{1,2}", 0..700),
+        ) {
+            let files: Vec<Commit> = paths.iter().map(|p| commit(p)).collect();
+            let runs = unique_runs(&files);
+            let mut again = Vec::new();
+            for run in &runs {
+                prop_assert!(RUN_SIZES.contains(&run.len()), "a run of {}", run.len());
+                let distinct: std::collections::HashSet<&str> =
+                    run.iter().map(|f| f.path.as_str()).collect();
+                prop_assert_eq!(distinct.len(), run.len());
+                again.extend(run.iter().map(|f| f.path.clone()));
+            }
+            prop_assert_eq!(again, paths);
+        }
+    }
+
+    #[test]
+    fn a_long_run_goes_as_few_statements() {
+        let files: Vec<Commit> = (0..1024 + 255).map(|i| commit(&format!("f{i}"))).collect();
+        let sizes: Vec<usize> = unique_runs(&files).iter().map(|r| r.len()).collect();
+        let mut want = vec![256; 4];
+        want.extend([64, 64, 64, 16, 16, 16, 4, 4, 4, 1, 1, 1]);
+        assert_eq!(sizes, want);
+    }
 }

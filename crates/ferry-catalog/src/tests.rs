@@ -635,7 +635,7 @@ fn known_digests_are_this_servers_good_ones(b: &Backend) {
 
 /// Two servers on one catalog: each registers its own replica, a new copy on one makes the
 /// other's stale, and each knows every replica.
-/// A registration of many files at once (a few statements per 500) keeps every rule of one
+/// A registration of many files at once (a few statements per 256) keeps every rule of one
 /// file's: the same contents add a replica and keep the object, other contents replace it and
 /// make the other servers' copies stale, a path twice takes its later contents, and each
 /// intent of exactly the registered contents is cleared.
@@ -647,7 +647,7 @@ fn a_batch_registers_what_one_file_at_a_time_would(b: &Backend) {
         .unwrap();
     let before = one.stat("same").unwrap().unwrap().object;
     let mut batch = vec![commit("same", 3), commit("changed", 4)];
-    // A path twice, next to each other and across the 500-row statements.
+    // A path twice, next to each other and across the 256-row statements.
     batch.extend([commit("dup", 1), commit("dup", 2)]);
     batch.extend((0..1200).map(|i| commit(&format!("n/{i:04}"), 5)));
     batch.push(commit("dup", 6));
