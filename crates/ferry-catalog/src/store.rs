@@ -440,26 +440,57 @@ impl Catalog {
             if taken {
                 return Err(CatalogError::Exists(to.to_owned()));
             }
+            let (lo, hi) = under(from);
+            let from_chars = i64::try_from(from.chars().count() + 1).unwrap_or(i64::MAX);
+            // Only this server's files move: another server's copy stays where it was, so
+            // its replica keeps the old path as its own (a replica's own path, migration 7).
+            tx.run(
+                "UPDATE replicas
+                 SET path = (SELECT o.path FROM objects o WHERE o.id = replicas.object)
+                 WHERE server <> ?1 AND (path IS NULL OR path = '')
+                   AND object IN (SELECT id FROM objects
+                                  WHERE path = ?2 OR (path >= ?3 AND path < ?4))",
+                args![self.server(), from, &lo, &hi],
+            )?;
+            // This server's copies moved: their physical paths (its root, then the object's
+            // path) end in the new path.
+            tx.run(
+                "UPDATE replicas
+                 SET physical = (SELECT substr(replicas.physical, 1,
+                                               length(replicas.physical) - length(o.path))
+                                        || ?5 || substr(o.path, ?6)
+                                 FROM objects o WHERE o.id = replicas.object)
+                 WHERE server = ?1
+                   AND object IN (SELECT id FROM objects
+                                  WHERE path = ?2 OR (path >= ?3 AND path < ?4))
+                   AND (SELECT substr(replicas.physical,
+                                      length(replicas.physical) - length(o.path) + 1) = o.path
+                        FROM objects o WHERE o.id = replicas.object)",
+                args![self.server(), from, &lo, &hi, to, from_chars],
+            )?;
             let mut n = tx.run(
                 "UPDATE objects SET path = ?2 WHERE path = ?1",
                 args![from, to],
             )?;
-            let (lo, hi) = under(from);
             // The part after `from` is kept: `substr` counts characters, so the cut is by the
             // character length of `from/`.
             n += tx.run(
                 "UPDATE objects SET path = ?3 || substr(path, ?4)
                  WHERE path >= ?1 AND path < ?2",
-                args![
-                    &lo,
-                    &hi,
-                    to,
-                    i64::try_from(from.chars().count() + 1).unwrap_or(i64::MAX)
-                ],
+                args![&lo, &hi, to, from_chars],
             )?;
             if n == 0 {
                 return Err(CatalogError::NotFound(from.to_owned()));
             }
+            // A copy pinned at the path an object now has again (moved back) is at the
+            // object's path: its own path is dropped, as a repl to the same path records it.
+            tx.run(
+                "UPDATE replicas SET path = NULL
+                 WHERE path = (SELECT o.path FROM objects o WHERE o.id = replicas.object)
+                   AND object IN (SELECT id FROM objects
+                                  WHERE path = ?1 OR (path >= ?2 AND path < ?3))",
+                args![to, &tlo, &thi],
+            )?;
             Ok(n)
         })
     }

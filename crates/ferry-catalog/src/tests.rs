@@ -103,6 +103,7 @@ on_both!(
     registering_older_contents_keeps_a_newer_intent_of_the_same_path,
     remove_and_remove_prefix_touch_only_their_paths,
     rename_moves_a_file_or_a_directory_and_refuses_to_clobber,
+    a_move_leaves_other_servers_copies_where_they_are,
     metadata_set_rm_ls_and_bounds,
     find_combines_metadata_name_age_size_and_prefix,
     known_digests_are_this_servers_good_ones,
@@ -474,6 +475,76 @@ fn rename_moves_a_file_or_a_directory_and_refuses_to_clobber(b: &Backend) {
     assert_eq!(c.rename("ab", "é/ü").unwrap(), 1);
     assert_eq!(c.rename("é", "e").unwrap(), 1);
     assert!(c.stat("e/ü").unwrap().is_some());
+}
+
+/// A `mv` moves this server's files only: another server's copy keeps the path it is at (its
+/// replica's own path), this server's replica gets its physical path under the new name, and
+/// a move back to where the other copy is drops that copy's own path again.
+fn a_move_leaves_other_servers_copies_where_they_are(b: &Backend) {
+    let loc = b.fresh();
+    let here = b.open(&loc, "here");
+    let paths = ["d/x", "d/s/y", "f"];
+    for p in paths {
+        here.register_commit(&commit(p, 1)).unwrap();
+    }
+    if here.is_shared() {
+        // A server of the same zone registers its own copies.
+        let far = b.open(&loc, "far");
+        for p in paths {
+            let c = Commit {
+                physical: format!("/far/{p}"),
+                ..commit(p, 1)
+            };
+            far.register_commit(&c).unwrap();
+        }
+    } else {
+        // A server of another catalog, as a `repl` records it.
+        here.record_replicas("d", true, "far", "/far/d", None)
+            .unwrap();
+        here.record_replicas("f", false, "far", "/far/f", None)
+            .unwrap();
+    }
+    assert_eq!(here.rename("d", "e/d2").unwrap(), 2);
+    assert_eq!(here.rename("f", "g").unwrap(), 1);
+    let at = |path: &str| -> Vec<(String, String, Option<String>)> {
+        let mut r: Vec<_> = here
+            .stat(path)
+            .unwrap()
+            .unwrap()
+            .replicas
+            .into_iter()
+            .map(|r| (r.server, r.physical, r.path))
+            .collect();
+        r.sort();
+        r
+    };
+    let row = |s: &str, physical: &str, path: Option<&str>| {
+        (s.to_owned(), physical.to_owned(), path.map(str::to_owned))
+    };
+    assert_eq!(
+        at("e/d2/s/y"),
+        [
+            row("far", "/far/d/s/y", Some("d/s/y")),
+            row("here", "/srv/e/d2/s/y", None)
+        ]
+    );
+    assert_eq!(
+        at("e/d2/x"),
+        [
+            row("far", "/far/d/x", Some("d/x")),
+            row("here", "/srv/e/d2/x", None)
+        ]
+    );
+    assert_eq!(
+        at("g"),
+        [row("far", "/far/f", Some("f")), row("here", "/srv/g", None)]
+    );
+    // Moved back where the far copy is: at the object's path again.
+    assert_eq!(here.rename("g", "f").unwrap(), 1);
+    assert_eq!(
+        at("f"),
+        [row("far", "/far/f", None), row("here", "/srv/f", None)]
+    );
 }
 
 fn metadata_set_rm_ls_and_bounds(b: &Backend) {
