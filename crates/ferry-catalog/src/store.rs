@@ -420,12 +420,15 @@ impl Catalog {
     }
 
     /// Renames an object, or a directory's worth (everything under `from/`), to `to`; how
-    /// many objects moved. Refuses when `to` is registered already.
+    /// many objects moved. Refuses when `to` is registered already. What this server owed
+    /// for the old paths goes; the new paths owe what their policy wants of them.
     pub fn rename(&self, from: &str, to: &str) -> Result<u64, CatalogError> {
         bounded("path", to, MAX_PATH, false)?;
         let from = from.trim_end_matches('/');
         let to = to.trim_end_matches('/');
         self.settled();
+        let wanted = self.shared.wanted_fn();
+        let at = now_ns();
         transaction(&mut *self.lock(), |tx| {
             let (tlo, thi) = under(to);
             let taken = tx
@@ -491,6 +494,24 @@ impl Catalog {
                                   WHERE path = ?1 OR (path >= ?2 AND path < ?3))",
                 args![to, &tlo, &thi],
             )?;
+            // What was owed follows the policy of where the objects are now: the old paths'
+            // debts go (another prefix may want fewer copies, or none), and each moved object
+            // owes what its new path's policy wants beyond the good copies it has (counted
+            // wherever they are, as a registration counts them).
+            tx.run(
+                "DELETE FROM owed WHERE server = ?1 AND (path = ?2 OR (path >= ?3 AND path < ?4))",
+                args![self.server(), from, &lo, &hi],
+            )?;
+            if let Some(wanted) = &wanted {
+                let moved = tx.rows(
+                    "SELECT id, path FROM objects WHERE path = ?1 OR (path >= ?2 AND path < ?3)",
+                    args![to, &tlo, &thi],
+                )?;
+                for mut r in moved {
+                    let (id, path) = (r.int(0)?, r.text(1)?);
+                    crate::owed::owe_in(tx, self.server(), Some(wanted), id, &path, at)?;
+                }
+            }
             Ok(n)
         })
     }

@@ -112,6 +112,7 @@ on_both!(
     metadata_round_trips,
     replicas_elsewhere_are_recorded_under_a_path,
     a_policy_path_registered_owes_its_replicas_until_met,
+    a_move_carries_what_is_owed_to_the_new_paths_policy,
     newest_stored_is_measured_at_a_path_or_under_it,
     register_new_writes_what_register_writes_many_rows_at_once,
     removing_a_subtree_leaves_no_replica_or_metadata_of_it,
@@ -1261,6 +1262,32 @@ fn replicas_elsewhere_are_recorded_under_a_path(b: &Backend) {
     })
     .unwrap();
     assert_eq!(far("u"), Some(("/y/u".to_owned(), ReplicaState::Stale)));
+}
+
+/// A `mv` settles what is owed by where the objects are now: out of a replicated prefix
+/// nothing is owed any more, into one the moved objects owe its copies, within one the debt
+/// follows the new paths.
+fn a_move_carries_what_is_owed_to_the_new_paths_policy(b: &Backend) {
+    let c = b.catalog();
+    c.set_wanted(std::sync::Arc::new(|p: &str| match p.starts_with("raw/") {
+        true => 2,
+        false => 1,
+    }));
+    for p in ["raw/a", "raw/d/b", "cooked/c"] {
+        c.register_commit(&commit(p, 1)).unwrap();
+    }
+    let owed = || {
+        let mut o = owed_paths(c.owed_due(i64::MAX, 10).unwrap());
+        o.sort();
+        o
+    };
+    assert_eq!(owed(), ["raw/a", "raw/d/b"]);
+    c.rename("raw/a", "cooked/a").unwrap();
+    c.rename("cooked/c", "raw/c").unwrap();
+    c.rename("raw/d", "raw/e").unwrap();
+    assert_eq!(owed(), ["raw/c", "raw/e/b"]);
+    let moved = c.owed("raw/c").unwrap().unwrap();
+    assert_eq!((moved.wanted, moved.tries), (2, 0));
 }
 
 fn a_policy_path_registered_owes_its_replicas_until_met(b: &Backend) {
