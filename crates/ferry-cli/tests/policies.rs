@@ -131,7 +131,8 @@ fn good_servers(v: &Value) -> Vec<String> {
 }
 
 /// A put under `raw/` on `a`: it answers at once, and `a` then copies the file to `b` and
-/// knows it as a good replica there; `b`'s file is byte-identical.
+/// knows it as a good replica there; `b`'s file is byte-identical. A file moved into the
+/// prefix is copied too; one moved out leaves `b`'s copy where it is, known at that path.
 fn a_put_under_a_replicated_prefix_reaches_the_peer(catalog: Option<&str>) {
     let sb = Sandbox::new();
     let shared: Vec<&str> = catalog.map_or(Vec::new(), |c| vec!["--catalog", c]);
@@ -157,6 +158,37 @@ fn a_put_under_a_replicated_prefix_reaches_the_peer(catalog: Option<&str>) {
     let v = stat(&sb, &a, "/other.bin");
     assert!(v["policy"].is_null(), "{v:#}");
     assert!(!b.root.join("other.bin").exists());
+    // Moved into the prefix, it owes its copy there and gets it.
+    let mv = |from: &str, to: &str| {
+        let out = run(
+            sb.client(&a.token).arg("mv").arg(a.remote(from)).arg(to),
+            CMD_TIMEOUT,
+        );
+        assert_code(&out, 0);
+    };
+    mv("/other.bin", "/raw/moved.bin");
+    let v = wait_for_two_good(&sb, &a, "/raw/moved.bin");
+    assert_eq!(good_servers(&v), ["a", "b"]);
+    assert_eq!(file_b3(&b.root.join("raw/moved.bin")), file_b3(&src));
+    // Moved out of it: a's file moves, b's copy stays where it is and is known there.
+    mv("/raw/run1.bin", "/cooked.bin");
+    let v = stat(&sb, &a, "/cooked.bin");
+    assert!(v["policy"].is_null(), "{v:#}");
+    let at = |server: &str| -> String {
+        v["replicas"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["server"] == server)
+            .map(|r| r["path"].as_str().unwrap().to_owned())
+            .unwrap_or_default()
+    };
+    assert_eq!(
+        (at("a"), at("b")),
+        ("/cooked.bin".into(), "/raw/run1.bin".into()),
+        "{v:#}"
+    );
+    assert!(b.root.join("raw/run1.bin").exists());
 }
 
 #[test]
