@@ -797,8 +797,8 @@ fn listed(first: usize, n: usize) -> String {
 /// contents keep their row, the others are upserted in one statement and the other servers'
 /// replicas of them made stale in one; this server's replicas are upserted in one; the
 /// intents of exactly these contents are cleared. Returns the objects' ids in `files`' order.
-/// Every statement is for one of [`RUN_SIZES`] rows, prepared once per connection, but the
-/// one making other servers' copies stale, which only an overwrite runs.
+/// Every statement is for one of [`RUN_SIZES`] rows, prepared once per connection; the one
+/// making other servers' copies stale runs on SQLite only for an overwrite.
 fn register_many(
     tx: &mut Conn,
     server: &str,
@@ -868,21 +868,25 @@ fn register_many(
                 upserted.insert(r.text(1)?, id);
             }
         }
-        // A new copy here of an object that was registered makes the other servers' copies
-        // stale until they are replicated again (a new object has no other copies).
+        // A new copy here makes the other servers' copies stale until they are replicated
+        // again. On SQLite (one server, its one connection) an object the read above did not
+        // find is new and has no other copies; on PostgreSQL another server of the zone may
+        // have registered it and its copy since that read (its new row is not locked by it),
+        // so every upserted object is looked at.
+        let sole_writer = matches!(tx, Conn::Sqlite(_));
         let overwritten: Vec<i64> = changed
             .iter()
-            .filter(|f| existing.contains(f.path.as_str()))
+            .filter(|f| !sole_writer || existing.contains(f.path.as_str()))
             .filter_map(|f| upserted.get(&f.path).copied())
             .collect();
-        if !overwritten.is_empty() {
-            let mut a = Vec::with_capacity(1 + overwritten.len());
+        for run in sized(&overwritten) {
+            let mut a = Vec::with_capacity(1 + run.len());
             a.push(server.into());
-            a.extend(overwritten.iter().map(|&id| crate::db::Arg::Int(id)));
-            tx.rows_planned(
+            a.extend(run.iter().map(|&id| crate::db::Arg::Int(id)));
+            tx.run(
                 &format!(
                     "UPDATE replicas SET state = 'stale' WHERE server <> ?1 AND object IN ({})",
-                    listed(1, overwritten.len())
+                    listed(1, run.len())
                 ),
                 &a,
             )?;
