@@ -445,16 +445,28 @@ impl Catalog {
             }
             let (lo, hi) = under(from);
             let from_chars = i64::try_from(from.chars().count() + 1).unwrap_or(i64::MAX);
-            // Only this server's files move: another server's copy stays where it was, so
-            // its replica keeps the old path as its own (a replica's own path, migration 7).
-            tx.run(
-                "UPDATE replicas
-                 SET path = (SELECT o.path FROM objects o WHERE o.id = replicas.object)
-                 WHERE server <> ?1 AND (path IS NULL OR path = '')
-                   AND object IN (SELECT id FROM objects
-                                  WHERE path = ?2 OR (path >= ?3 AND path < ?4))",
-                args![self.server(), from, &lo, &hi],
-            )?;
+            // Only this server's files move; another server's copy stays where it was. A
+            // server of another catalog is a record here: its replica keeps the old path as
+            // its own (a replica's own path, migration 7), where a get fetches it. A server of
+            // this shared catalog keeps its replicas at the objects' paths (its verify, puts,
+            // rm and policies know them there): its copy is no longer this object's, so it is
+            // stale until replicated again.
+            let other_copies = match self.is_shared() {
+                true => {
+                    "UPDATE replicas SET state = 'stale'
+                         WHERE server <> ?1 AND state = 'good'
+                           AND object IN (SELECT id FROM objects
+                                          WHERE path = ?2 OR (path >= ?3 AND path < ?4))"
+                }
+                false => {
+                    "UPDATE replicas
+                          SET path = (SELECT o.path FROM objects o WHERE o.id = replicas.object)
+                          WHERE server <> ?1 AND (path IS NULL OR path = '')
+                            AND object IN (SELECT id FROM objects
+                                           WHERE path = ?2 OR (path >= ?3 AND path < ?4))"
+                }
+            };
+            tx.run(other_copies, args![self.server(), from, &lo, &hi])?;
             // This server's copies moved: their physical paths (its root, then the object's
             // path) end in the new path.
             tx.run(
@@ -496,16 +508,19 @@ impl Catalog {
             )?;
             // What was owed follows the policy of where the objects are now: the old paths'
             // debts go (another prefix may want fewer copies, or none), and each moved object
-            // owes what its new path's policy wants beyond the good copies it has (counted
-            // wherever they are, as a registration counts them).
+            // this server holds good owes what its new path's policy wants beyond the good
+            // copies it has (counted wherever they are, as a registration counts them); one
+            // it does not hold is another server's to copy.
             tx.run(
                 "DELETE FROM owed WHERE server = ?1 AND (path = ?2 OR (path >= ?3 AND path < ?4))",
                 args![self.server(), from, &lo, &hi],
             )?;
             if let Some(wanted) = &wanted {
                 let moved = tx.rows(
-                    "SELECT id, path FROM objects WHERE path = ?1 OR (path >= ?2 AND path < ?3)",
-                    args![to, &tlo, &thi],
+                    "SELECT o.id, o.path FROM objects o
+                     JOIN replicas r ON r.object = o.id AND r.server = ?4 AND r.state = 'good'
+                     WHERE o.path = ?1 OR (o.path >= ?2 AND o.path < ?3)",
+                    args![to, &tlo, &thi, self.server()],
                 )?;
                 for mut r in moved {
                     let (id, path) = (r.int(0)?, r.text(1)?);
@@ -793,10 +808,10 @@ fn listed(first: usize, n: usize) -> String {
 /// clearing its intent, a few statements for up to 256 of them ([`RUN_SIZES`]) instead of five a
 /// file (one PostgreSQL round trip each: 5.4 s of a 10,000-file put's 6.8, notebook "Issue
 /// 39: the catalog's cost on the tiny tree, quiet, statements per batch"): the objects of
-/// these paths are read (and, on PostgreSQL, key-share locked) at once; those with the same
-/// contents keep their row, the others are upserted in one statement and the other servers'
-/// replicas of them made stale in one; this server's replicas are upserted in one; the
-/// intents of exactly these contents are cleared. Returns the objects' ids in `files`' order.
+/// these paths are read (and, on PostgreSQL, locked against another server's change) at once;
+/// those with the same contents keep their row, the others are upserted and the other
+/// servers' replicas of them made stale; this server's replicas are upserted; the intents of
+/// exactly these contents are cleared: a statement of each kind per run of [`RUN_SIZES`]. Returns the objects' ids in `files`' order.
 /// Every statement is for one of [`RUN_SIZES`] rows, prepared once per connection; the one
 /// making other servers' copies stale runs on SQLite only for an overwrite.
 fn register_many(
@@ -816,7 +831,7 @@ fn register_many(
             &format!(
                 "SELECT id, path, size, mtime_ns, digest, algo FROM objects WHERE path IN ({}){}",
                 listed(0, chunk.len()),
-                key_share(tx)
+                no_key_update(tx)
             ),
             &paths,
         )?;
@@ -1034,6 +1049,17 @@ fn clear_intents(tx: &mut Conn, server: &str, files: &[Commit]) -> Result<(), Ca
 fn key_share(conn: &Conn) -> &'static str {
     match conn {
         Conn::Postgres(_) => " FOR KEY SHARE",
+        Conn::Sqlite(_) => "",
+    }
+}
+
+/// ` FOR NO KEY UPDATE` on PostgreSQL, for the registration's read of the objects it may keep:
+/// a row of the same contents is kept, so no other server's registration may change it
+/// before this one's replica is written (under `FOR KEY SHARE` one could: this server's copy
+/// would then be marked good beside the other's contents). Blocks [`forget`]'s delete too.
+fn no_key_update(conn: &Conn) -> &'static str {
+    match conn {
+        Conn::Postgres(_) => " FOR NO KEY UPDATE",
         Conn::Sqlite(_) => "",
     }
 }

@@ -478,9 +478,10 @@ fn rename_moves_a_file_or_a_directory_and_refuses_to_clobber(b: &Backend) {
     assert!(c.stat("e/ü").unwrap().is_some());
 }
 
-/// A `mv` moves this server's files only: another server's copy keeps the path it is at (its
-/// replica's own path), this server's replica gets its physical path under the new name, and
-/// a move back to where the other copy is drops that copy's own path again.
+/// A `mv` moves this server's files only: this server's replica gets its physical path under
+/// the new name; another catalog's server's copy (a record) keeps the path it is at (its
+/// replica's own path) and a move back to where it is drops that path again; a copy of a
+/// server sharing the catalog, which knows its replicas at the objects' paths, is stale.
 fn a_move_leaves_other_servers_copies_where_they_are(b: &Backend) {
     let loc = b.fresh();
     let here = b.open(&loc, "here");
@@ -522,30 +523,51 @@ fn a_move_leaves_other_servers_copies_where_they_are(b: &Backend) {
     let row = |s: &str, physical: &str, path: Option<&str>| {
         (s.to_owned(), physical.to_owned(), path.map(str::to_owned))
     };
+    let shared = here.is_shared();
+    // A record keeps its copy's old path; a zone server's copy is not pinned.
+    let pinned = |p: &'static str| (!shared).then_some(p);
     assert_eq!(
         at("e/d2/s/y"),
         [
-            row("far", "/far/d/s/y", Some("d/s/y")),
+            row("far", "/far/d/s/y", pinned("d/s/y")),
             row("here", "/srv/e/d2/s/y", None)
         ]
     );
     assert_eq!(
         at("e/d2/x"),
         [
-            row("far", "/far/d/x", Some("d/x")),
+            row("far", "/far/d/x", pinned("d/x")),
             row("here", "/srv/e/d2/x", None)
         ]
     );
     assert_eq!(
         at("g"),
-        [row("far", "/far/f", Some("f")), row("here", "/srv/g", None)]
+        [
+            row("far", "/far/f", pinned("f")),
+            row("here", "/srv/g", None)
+        ]
     );
+    let far_state = |path: &str| {
+        here.stat(path)
+            .unwrap()
+            .unwrap()
+            .replicas
+            .into_iter()
+            .find(|r| r.server == "far")
+            .map(|r| r.state)
+    };
+    let moved_far = match shared {
+        true => ReplicaState::Stale,
+        false => ReplicaState::Good,
+    };
+    assert_eq!(far_state("g"), Some(moved_far));
     // Moved back where the far copy is: at the object's path again.
     assert_eq!(here.rename("g", "f").unwrap(), 1);
     assert_eq!(
         at("f"),
         [row("far", "/far/f", None), row("here", "/srv/f", None)]
     );
+    assert_eq!(far_state("f"), Some(moved_far));
 }
 
 fn metadata_set_rm_ls_and_bounds(b: &Backend) {
@@ -1268,13 +1290,22 @@ fn replicas_elsewhere_are_recorded_under_a_path(b: &Backend) {
 /// nothing is owed any more, into one the moved objects owe its copies, within one the debt
 /// follows the new paths.
 fn a_move_carries_what_is_owed_to_the_new_paths_policy(b: &Backend) {
-    let c = b.catalog();
+    let loc = b.fresh();
+    let c = b.open(&loc, "here");
     c.set_wanted(std::sync::Arc::new(|p: &str| match p.starts_with("raw/") {
         true => 2,
         false => 1,
     }));
     for p in ["raw/a", "raw/d/b", "cooked/c"] {
         c.register_commit(&commit(p, 1)).unwrap();
+    }
+    if c.is_shared() {
+        // An object only another server of the zone holds is that server's to copy: moved
+        // into the prefix by this one, it owes nothing here.
+        let far = b.open(&loc, "far");
+        far.register_commit(&commit("cooked/z", 1)).unwrap();
+        c.rename("cooked/z", "raw/z").unwrap();
+        assert_eq!(c.owed("raw/z").unwrap(), None);
     }
     let owed = || {
         let mut o = owed_paths(c.owed_due(i64::MAX, 10).unwrap());

@@ -132,7 +132,8 @@ fn good_servers(v: &Value) -> Vec<String> {
 
 /// A put under `raw/` on `a`: it answers at once, and `a` then copies the file to `b` and
 /// knows it as a good replica there; `b`'s file is byte-identical. A file moved into the
-/// prefix is copied too; one moved out leaves `b`'s copy where it is, known at that path.
+/// prefix is copied too; one moved out leaves `b`'s copy where it is (known at that path with
+/// a catalog each, stale in a shared one).
 fn a_put_under_a_replicated_prefix_reaches_the_peer(catalog: Option<&str>) {
     let sb = Sandbox::new();
     let shared: Vec<&str> = catalog.map_or(Vec::new(), |c| vec!["--catalog", c]);
@@ -170,22 +171,31 @@ fn a_put_under_a_replicated_prefix_reaches_the_peer(catalog: Option<&str>) {
     let v = wait_for_two_good(&sb, &a, "/raw/moved.bin");
     assert_eq!(good_servers(&v), ["a", "b"]);
     assert_eq!(file_b3(&b.root.join("raw/moved.bin")), file_b3(&src));
-    // Moved out of it: a's file moves, b's copy stays where it is and is known there.
+    // Moved out of it: a's file moves, b's copy stays where it is: known there when b has a
+    // catalog of its own (a's record of it), stale when b shares a's catalog (b knows its
+    // replicas at the objects' paths).
     mv("/raw/run1.bin", "/cooked.bin");
     let v = stat(&sb, &a, "/cooked.bin");
     assert!(v["policy"].is_null(), "{v:#}");
-    let at = |server: &str| -> String {
+    let at = |server: &str| -> (String, String) {
         v["replicas"]
             .as_array()
             .unwrap()
             .iter()
             .find(|r| r["server"] == server)
-            .map(|r| r["path"].as_str().unwrap().to_owned())
+            .map(|r| {
+                let s = |k: &str| r[k].as_str().unwrap().to_owned();
+                (s("path"), s("state"))
+            })
             .unwrap_or_default()
+    };
+    let b_copy = match catalog {
+        None => ("/raw/run1.bin".to_owned(), "good".to_owned()),
+        Some(_) => ("/cooked.bin".to_owned(), "stale".to_owned()),
     };
     assert_eq!(
         (at("a"), at("b")),
-        ("/cooked.bin".into(), "/raw/run1.bin".into()),
+        (("/cooked.bin".into(), "good".into()), b_copy),
         "{v:#}"
     );
     assert!(b.root.join("raw/run1.bin").exists());
