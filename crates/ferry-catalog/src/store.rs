@@ -499,13 +499,16 @@ impl Catalog {
             }
             // A copy pinned at the path an object now has again (moved back) is at the
             // object's path: its own path is dropped, as a repl to the same path records it.
-            tx.run(
-                "UPDATE replicas SET path = NULL
-                 WHERE path = (SELECT o.path FROM objects o WHERE o.id = replicas.object)
-                   AND object IN (SELECT id FROM objects
-                                  WHERE path = ?1 OR (path >= ?2 AND path < ?3))",
-                args![to, &tlo, &thi],
-            )?;
+            // Only records are pinned, and a shared catalog takes none.
+            if !self.is_shared() {
+                tx.run(
+                    "UPDATE replicas SET path = NULL
+                     WHERE path = (SELECT o.path FROM objects o WHERE o.id = replicas.object)
+                       AND object IN (SELECT id FROM objects
+                                      WHERE path = ?1 OR (path >= ?2 AND path < ?3))",
+                    args![to, &tlo, &thi],
+                )?;
+            }
             // What was owed follows the policy of where the objects are now: the old paths'
             // debts go (another prefix may want fewer copies, or none), and each moved object
             // this server holds good owes what its new path's policy wants beyond the good
@@ -754,8 +757,9 @@ fn unique_runs(files: &[Commit]) -> Vec<&[Commit]> {
 /// The row counts of the statements that register a put's files: a run of any length goes
 /// as a few statements of these sizes (255 rows as 12), so that each database keeps one
 /// prepared statement per size and kind, instead of parsing (and PostgreSQL planning) a new
-/// text for each count a batch happened to have (the tails' texts were most of SQLite's
-/// `prepare` in a tiny-tree put's profile). 256 rows of 7 parameters: under either
+/// text for each count a batch happened to have (SQLite's `prepare` was 3.6 % of the server's
+/// samples in a tiny-tree put's profile; notebook "Issue 39: the catalog's tiny-tree cost,
+/// quiet, with fixed-size registration statements"). 256 rows of 7 parameters: under either
 /// database's limit.
 const RUN_SIZES: [usize; 5] = [256, 64, 16, 4, 1];
 
@@ -810,10 +814,10 @@ fn listed(first: usize, n: usize) -> String {
 /// 39: the catalog's cost on the tiny tree, quiet, statements per batch"): the objects of
 /// these paths are read (and, on PostgreSQL, locked against another server's change) at once;
 /// those with the same contents keep their row, the others are upserted and the other
-/// servers' replicas of them made stale; this server's replicas are upserted; the intents of
-/// exactly these contents are cleared: a statement of each kind per run of [`RUN_SIZES`]. Returns the objects' ids in `files`' order.
-/// Every statement is for one of [`RUN_SIZES`] rows, prepared once per connection; the one
-/// making other servers' copies stale runs on SQLite only for an overwrite.
+/// servers' replicas of them made stale (on SQLite only for an overwrite); this server's
+/// replicas are upserted; the intents of exactly these contents are cleared: a statement of
+/// each kind per run of [`RUN_SIZES`], prepared once per connection. Returns the objects' ids
+/// in `files`' order.
 fn register_many(
     tx: &mut Conn,
     server: &str,
